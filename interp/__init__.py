@@ -1,0 +1,1 @@
+"""What is done to models: tasks, training, interventions, dynamics, figures, reports, CLI."""

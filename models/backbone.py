@@ -1,0 +1,116 @@
+"""SequenceModel: embed -> blocks(norm -> mixer -> residual [-> norm -> mlp -> residual]) -> norm -> unembed."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.config import ModelConfig
+from models.hooks import HookedMixin, HookPoint, unknown_name_message
+from models.mixers import MIXERS
+
+
+def make_norm(kind: str, d_model: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(d_model)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model)
+    return nn.Identity()
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, ratio * d_model)
+        self.down = nn.Linear(ratio * d_model, d_model)
+        self.hook_out = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+        return self.hook_out(self.down(nn.functional.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        mixer_cls, _ = MIXERS[cfg.mixer]
+        self.residual = cfg.residual
+        self.hook_resid_pre = HookPoint()
+        self.norm_mixer = make_norm(cfg.norm, cfg.d_model)
+        self.mixer = mixer_cls(cfg, layer_idx)
+        self.hook_resid_mid = HookPoint()
+        if cfg.mlp:
+            self.norm_mlp = make_norm(cfg.norm, cfg.d_model)
+            self.mlp = MLP(cfg.d_model, cfg.mlp_ratio)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+        x = self.hook_resid_pre(x)
+        mixed = self.mixer(self.norm_mixer(x))
+        x = self.hook_resid_mid(x + mixed if self.residual else mixed)
+        if hasattr(self, "mlp"):
+            out = self.mlp(self.norm_mlp(x))
+            x = x + out if self.residual else out
+        return self.hook_resid_post(x)
+
+
+class SequenceModel(HookedMixin, nn.Module):
+    """A stack of mixer blocks over a token embedding, with named hook points everywhere.
+
+    forward(tokens [B, T] int) -> logits [B, T, vocab_size].
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.mixer not in MIXERS:
+            raise ValueError(unknown_name_message("mixer", cfg.mixer, list(MIXERS)))
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.positional == "learned":
+            self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm_final = make_norm(cfg.norm, cfg.d_model)
+        self.hook_final = HookPoint()
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+        self.hook_logits = HookPoint()
+        self.setup_hooks()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.check_tokens(tokens)
+        x = self.embed(tokens)
+        if hasattr(self, "pos_embed"):
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+        x = self.hook_embed(x)
+        for block in self.blocks:
+            x = block(x)
+        x = self.hook_final(self.norm_final(x))
+        return self.hook_logits(self.unembed(x))
+
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of int ids [B, T]; got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must have an integer dtype; got {tokens.dtype}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have rank 2 [B, T]; got shape {tuple(tokens.shape)}")
+        if tokens.shape[1] == 0:
+            raise ValueError("tokens must have at least one position (T >= 1); got T = 0")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.cfg.vocab_size:
+            raise ValueError(
+                f"tokens must lie in [0, vocab_size={self.cfg.vocab_size}); got values in [{low}, {high}]"
+            )
+        if hasattr(self, "pos_embed") and tokens.shape[1] > self.cfg.max_len:
+            raise ValueError(
+                f"tokens has length {tokens.shape[1]} but learned positions allow max_len={self.cfg.max_len}"
+            )
+
+    def set_execution_path(self, path: str) -> "SequenceModel":
+        """'auto' (fast unless a hook needs per-step values), 'fast' or 'instrumented'."""
+        if path not in ("auto", "fast", "instrumented"):
+            raise ValueError(f"path must be 'auto', 'fast' or 'instrumented'; got {path!r}")
+        for block in self.blocks:
+            block.mixer.execution_path = path
+        return self

@@ -1,0 +1,123 @@
+"""ModelConfig: every architecture's hyperparameters in one JSON-round-trippable dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+NORMS = ("layernorm", "rmsnorm", "none")
+POSITIONALS = ("none", "learned", "rope")
+
+
+@dataclass
+class ModelConfig:
+    """Hyperparameters of a SequenceModel.
+
+    mixer: registered mixer name (see `models.mixers.MIXERS`).
+    d_hidden: recurrent width of RNN-style mixers (default d_model).
+    d_head: per-head width (default d_model // n_heads).
+    d_state: SSM state size per channel (Mamba N).
+    expand: inner width factor of gated mixers (Mamba d_inner = expand * d_model).
+    d_conv: short causal convolution width (1 = no mixing across time).
+    beta_scale: delta-rule step-size scale s (beta = s * sigmoid); a float or one per head.
+    positional: positions for attention ("none", "learned", "rope"); max_len bounds "learned".
+    residual: wrap mixer and MLP in residual connections (off gives a plain RNN stack).
+    mixer_options: extra keyword options passed to the mixer, documented in the mixer's file.
+    """
+
+    mixer: str = "tanh_rnn"
+    vocab_size: int = 16
+    d_model: int = 64
+    n_layers: int = 1
+    d_hidden: int | None = None
+    n_heads: int = 4
+    d_head: int | None = None
+    d_state: int = 16
+    expand: int = 2
+    d_conv: int = 4
+    beta_scale: float | list[float] = 1.0
+    positional: str = "none"
+    max_len: int = 2048
+    norm: str = "layernorm"
+    residual: bool = True
+    mlp: bool = False
+    mlp_ratio: int = 4
+    tie_embeddings: bool = False
+    mixer_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_state", "expand",
+                     "d_conv", "max_len", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        for name in ("d_hidden", "d_head"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or a positive int; got {value!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}")
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}; got {self.positional!r}")
+        if self.d_head is None and self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
+                "unless d_head is given"
+            )
+        scales = self.beta_scales
+        if len(scales) != self.n_heads or any(not 0.0 <= s <= 2.0 for s in scales):
+            raise ValueError(
+                f"beta_scale must be a float in [0, 2] or a list of n_heads={self.n_heads} such "
+                f"floats; got {self.beta_scale!r}"
+            )
+        if not isinstance(self.mixer_options, dict):
+            raise TypeError(f"mixer_options must be a dict; got {type(self.mixer_options).__name__}")
+
+    @property
+    def hidden(self) -> int:
+        return self.d_hidden or self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def beta_scales(self) -> list[float]:
+        if isinstance(self.beta_scale, (int, float)):
+            return [float(self.beta_scale)] * self.n_heads
+        return [float(s) for s in self.beta_scale]
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; valid: {self.field_names()}")
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise TypeError(f"a model config must be a dict; got {type(data).__name__}")
+        unknown = set(data) - set(cls.field_names())
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; valid: {cls.field_names()}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        return cls.from_dict(json.loads(text))

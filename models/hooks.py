@@ -1,0 +1,312 @@
+"""Hook points, the hook-name grammar, and the run_with_cache / run_with_hooks interface.
+
+Every activation a researcher may read or replace passes through a `HookPoint`, an identity
+module whose name is its path in the model (`blocks.0.mixer.hook_state`). Two kinds of callbacks
+attach to a hook point:
+
+* patches (`run_with_hooks(fwd_hooks=[(name, fn)])`): `fn(tensor, hook) -> tensor | None`. A
+  returned tensor replaces the activation; it must keep the shape. Patches are ordinary torch
+  forward hooks, so other tools that hook modules (nnsight) see the same sites.
+* readers (`run_with_cache`): observe the final value after all patches; never modify.
+
+`hook_state` is special: the mixer scans once, passes the per-step states through the hook point,
+and every (example, step) whose state the patches changed is *pinned* to the patched value; the
+recurrence is then re-run so that later steps continue from the pinned states (a causal state
+patch). Steps before the first pin are untouched. Readers see the states after the re-run.
+
+Grammar (shapes batch-first):
+
+    hook_embed                                    [B, T, d_model]
+    blocks.{l}.hook_resid_pre | _mid | _post      [B, T, d_model]
+    blocks.{l}.mixer.hook_in | hook_out           [B, T, d_model]
+    blocks.{l}.mixer.hook_conv                    [B, T, d_inner]
+    blocks.{l}.mixer.hook_q | hook_k | hook_v     [B, T, H, d_head]
+    blocks.{l}.mixer.hook_beta                    [B, T, H]
+    blocks.{l}.mixer.hook_dt                      [B, T, d_inner]
+    blocks.{l}.mixer.hook_gate                    [B, T, ...]
+    blocks.{l}.mixer.hook_state                   [B, T, *state_shape]
+    blocks.{l}.mixer.hook_pattern                 [B, H, T, T]
+    blocks.{l}.mlp.hook_out                       [B, T, d_model]
+    hook_final | hook_logits                      [B, T, d_model] | [B, T, vocab]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
+Reader = Callable[[torch.Tensor, "HookPoint"], None]
+NameFilter = "None | str | Sequence[str] | Callable[[str], bool]"
+
+
+class HookPoint(nn.Module):
+    """Identity module marking one named activation site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name: str = "<unnamed>"
+        self._readers: list[Reader] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def __call__(self, x: torch.Tensor, defer_readers: bool = False) -> torch.Tensor:
+        out = super().__call__(x)
+        if not defer_readers:
+            self.emit(out)
+        return out
+
+    def emit(self, x: torch.Tensor) -> None:
+        """Hand the final value to every reader (cache)."""
+        for reader in self._readers:
+            reader(x, self)
+
+    @property
+    def has_patches(self) -> bool:
+        """True when something may replace this activation (our patches, nnsight, any hook)."""
+        return bool(self._forward_hooks) or bool(self._forward_pre_hooks) or _forced_instrumented()
+
+    @property
+    def is_active(self) -> bool:
+        """True when the activation is read or patched: the mixer must materialise it."""
+        return self.has_patches or bool(self._readers)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"
+
+
+# A global switch used by tests and nnsight: treat every hook point as active so mixers take their
+# instrumented path even with no hook attached.
+_FORCE_INSTRUMENTED = [False]
+
+
+def _forced_instrumented() -> bool:
+    return _FORCE_INSTRUMENTED[0]
+
+
+@contextlib.contextmanager
+def instrumented() -> Iterator[None]:
+    """Within this context every mixer runs its instrumented (per-step state) path."""
+    previous = _FORCE_INSTRUMENTED[0]
+    _FORCE_INSTRUMENTED[0] = True
+    try:
+        yield
+    finally:
+        _FORCE_INSTRUMENTED[0] = previous
+
+
+def state_pins(
+    before: torch.Tensor, after: torch.Tensor, n_state_dims: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where a patch changed per-step states.
+
+    before, after: [B, T, *state_shape]. Returns (mask [B, T] bool, values [B, T, *state_shape])
+    or None when nothing changed. A mixer re-runs its recurrence so that state (b, t) equals
+    values[b, t] wherever mask[b, t], continuing from it.
+    """
+    if after.shape != before.shape:
+        raise ValueError(
+            f"a hook_state patch must keep the shape {tuple(before.shape)}; got {tuple(after.shape)}"
+        )
+    changed = after != before
+    if n_state_dims:
+        changed = changed.flatten(2).any(-1)
+    if not bool(changed.any()):
+        return None
+    return changed, after
+
+
+def apply_pin(
+    state: torch.Tensor, pins: tuple[torch.Tensor, torch.Tensor] | None, t: int
+) -> torch.Tensor:
+    """Replace state [B, *S] by the pinned value at step t where a pin is set."""
+    if pins is None:
+        return state
+    mask, values = pins
+    step_mask = mask[:, t].reshape(-1, *([1] * (state.dim() - 1)))
+    return torch.where(step_mask, values[:, t].to(state.dtype), state)
+
+
+class Cache(Mapping):
+    """Activations by hook name, read with `cache[name]` or stacked with `cache.stack(pattern)`."""
+
+    def __init__(self, store: dict[str, torch.Tensor] | None = None) -> None:
+        self._store: dict[str, torch.Tensor] = dict(store or {})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._store:
+            raise KeyError(unknown_name_message("cache key", name, list(self._store)))
+        return self._store[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._store[name] = value
+
+    def stack(self, pattern: str) -> torch.Tensor:
+        """Stack every entry matching a glob pattern along a new first axis, ordered by layer.
+
+        `cache.stack("blocks.*.hook_resid_post")` -> [L, B, T, d_model].
+        """
+        names = sorted((n for n in self._store if fnmatch.fnmatchcase(n, pattern)), key=_natural_key)
+        if not names:
+            raise KeyError(
+                f"pattern {pattern!r} matches no cached name; cached: {sorted(self._store)[:20]}"
+            )
+        return torch.stack([self._store[n] for n in names])
+
+    def __repr__(self) -> str:
+        return f"Cache({len(self)} entries: {list(self._store)[:6]}{'...' if len(self) > 6 else ''})"
+
+
+def _natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def unknown_name_message(what: str, name: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
+    hint = f"closest valid names: {close}" if close else f"valid names include: {sorted(valid)[:12]}"
+    return f"unknown {what} {name!r}; {hint}"
+
+
+class HookedMixin:
+    """Gives an nn.Module the hook interface: hook_names, run_with_cache, run_with_hooks.
+
+    Call `self.setup_hooks()` at the end of `__init__` to name every HookPoint by its path.
+    """
+
+    def setup_hooks(self) -> None:
+        self.hook_dict: dict[str, HookPoint] = {}
+        for path, module in self.named_modules():  # type: ignore[attr-defined]
+            if isinstance(module, HookPoint):
+                module.name = path
+                self.hook_dict[path] = module
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    def resolve_hook_names(self, names: NameFilter) -> list[str]:  # type: ignore[valid-type]
+        """None -> all; a string or list -> those names (checked); a predicate -> matching names."""
+        if names is None:
+            return self.hook_names()
+        if callable(names):
+            return [n for n in self.hook_dict if names(n)]
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, (list, tuple)):
+            raise TypeError(
+                f"names must be None, a hook name, a list of hook names or a predicate; got {type(names).__name__}"
+            )
+        for name in names:
+            self.hook_point(name)
+        return list(names)
+
+    def hook_point(self, name: str) -> HookPoint:
+        if not isinstance(name, str):
+            raise TypeError(f"hook name must be a str; got {type(name).__name__}")
+        if name not in self.hook_dict:
+            raise ValueError(unknown_name_message("hook name", name, self.hook_names()))
+        return self.hook_dict[name]
+
+    @contextlib.contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+        readers: Sequence[tuple[str, Reader]] = (),
+    ) -> Iterator["HookedMixin"]:
+        """Attach patches and readers for the duration of the context; always removed after."""
+        handles = []
+        attached_readers: list[tuple[HookPoint, Reader]] = []
+        try:
+            for name, fn in fwd_hooks:
+                targets = [n for n in self.hook_dict if name(n)] if callable(name) else [name]
+                for target in targets:
+                    point = self.hook_point(target)
+                    handles.append(point.register_forward_hook(_as_torch_hook(fn)))
+            for name, reader in readers:
+                point = self.hook_point(name)
+                point._readers.append(reader)
+                attached_readers.append((point, reader))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            for point, reader in attached_readers:
+                point._readers.remove(reader)
+
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (), **kwargs):
+        """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)]."""
+        with self.hooks(fwd_hooks):
+            return self(tokens, **kwargs)  # type: ignore[operator]
+
+    def run_with_cache(
+        self,
+        tokens: torch.Tensor,
+        names: NameFilter = None,  # type: ignore[valid-type]
+        fwd_hooks: Sequence[tuple] = (),
+        detach: bool = True,
+        **kwargs,
+    ) -> tuple[torch.Tensor, Cache]:
+        """Forward pass returning (logits, Cache) of the named activations (after any patches)."""
+        cache = Cache()
+
+        def store(x: torch.Tensor, hook: HookPoint) -> None:
+            cache[hook.name] = x.detach() if detach else x
+
+        selected = self.resolve_hook_names(names)
+        with self.hooks(fwd_hooks, readers=[(n, store) for n in selected]):
+            logits = self(tokens, **kwargs)  # type: ignore[operator]
+        return logits, cache
+
+
+def _as_torch_hook(fn: HookFn):
+    """Adapt fn(tensor, hook) -> tensor | None to a torch forward hook with a shape check."""
+
+    def torch_hook(module: HookPoint, inputs, output):
+        result = fn(output, module)
+        if result is None:
+            return None
+        if not isinstance(result, torch.Tensor):
+            raise TypeError(
+                f"hook on {module.name!r} must return a tensor or None; got {type(result).__name__}"
+            )
+        if result.shape != output.shape:
+            raise ValueError(
+                f"hook on {module.name!r} returned shape {tuple(result.shape)}; the activation has "
+                f"shape {tuple(output.shape)} and a patch must keep it"
+            )
+        return result
+
+    return torch_hook
+
+
+def scan_with_state_hook(
+    hook: HookPoint,
+    run_scan: Callable[[tuple[torch.Tensor, torch.Tensor] | None], tuple[torch.Tensor, torch.Tensor]],
+    n_state_dims: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run an instrumented scan through `hook_state` with causal state patches.
+
+    run_scan(pins) -> (outputs, states [B, T, *S]) must honour pins with `apply_pin` (or the
+    kernels' equivalent). The scan runs once; if a patch changed any state it runs again with
+    those states pinned, so the change propagates to every later step. Readers see final states.
+    """
+    outputs, states = run_scan(None)
+    if hook.has_patches:
+        patched = hook(states.clone(), defer_readers=True)
+        pins = state_pins(states, patched, n_state_dims)
+        if pins is not None:
+            outputs, states = run_scan(pins)
+    hook.emit(states)
+    return outputs, states

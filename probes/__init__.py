@@ -1,0 +1,1 @@
+"""Read-outs of representations. Takes arrays; never imports `interp` or `models`."""

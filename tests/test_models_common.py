@@ -1,0 +1,103 @@
+"""Properties every registered model must have: fast == instrumented, causality, state patches."""
+
+import pytest
+import torch
+
+import models
+
+VOCAB, B, T = 7, 3, 12
+SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
+
+
+def small_model(name: str) -> models.SequenceModel:
+    torch.manual_seed(0)
+    return models.build(name, **SMALL)
+
+
+def state_hooks(model) -> list[str]:
+    return [n for n in model.hook_names() if n.endswith("hook_state")]
+
+
+@pytest.fixture
+def tokens():
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_fast_path_equals_instrumented_path(name, tokens):
+    model = small_model(name)
+    fast = model.set_execution_path("fast")(tokens)
+    (grad_fast,) = torch.autograd.grad(fast.square().sum(), model.embed.weight)
+    slow = model.set_execution_path("instrumented")(tokens)
+    (grad_slow,) = torch.autograd.grad(slow.square().sum(), model.embed.weight)
+    torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_slow, grad_fast, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", models.list_models())
+@pytest.mark.parametrize("path", ["fast", "instrumented"])
+def test_causal(name, path, tokens):
+    model = small_model(name).set_execution_path(path)
+    changed = tokens.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1) % VOCAB
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    torch.testing.assert_close(after[:, :7], before[:, :7], atol=1e-6, rtol=1e-6)
+    assert (after[:, 7:] - before[:, 7:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_state_patch_with_own_value_is_a_no_op(name, tokens):
+    model = small_model(name)
+    names = state_hooks(model)
+    if not names:
+        pytest.skip(f"{name} has no recurrent state")
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens, names=names)
+        hooks = [(n, lambda s, hook, v=cache[n]: v.clone()) for n in names]
+        patched = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    assert torch.equal(patched, clean)
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_state_patch_changes_only_later_steps(name, tokens):
+    model = small_model(name).set_execution_path("instrumented")
+    names = state_hooks(model)
+    if not names:
+        pytest.skip(f"{name} has no recurrent state")
+    t = 5
+
+    def scramble(state, hook):
+        state[:, t] = torch.randn_like(state[:, t]) * 3
+        return state
+
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens, names=names)
+        patched, patched_cache = model.run_with_cache(tokens, names=names, fwd_hooks=[(names[0], scramble)])
+    assert torch.equal(patched[:, :t], clean[:, :t])
+    assert (patched[:, t:] - clean[:, t:]).abs().max() > 1e-4
+    first = patched_cache[names[0]]
+    # the patched step holds the patched value; later states differ from the clean run's
+    assert (first[:, t + 1] - cache[names[0]][:, t + 1]).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_state_patch_of_wrong_shape_raises(name, tokens):
+    model = small_model(name)
+    names = state_hooks(model)
+    if not names:
+        pytest.skip(f"{name} has no recurrent state")
+    with pytest.raises(ValueError, match="shape"):
+        model.run_with_hooks(tokens, fwd_hooks=[(names[0], lambda s, hook: s[:, :-1])])
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_every_hook_caches_with_batch_first_shape(name, tokens):
+    model = small_model(name)
+    _, cache = model.run_with_cache(tokens)
+    assert set(cache) == set(model.hook_names())
+    for hook_name, value in cache.items():
+        if hook_name.endswith("hook_pattern"):
+            assert value.shape[0] == B and value.shape[-2:] == (T, T), hook_name
+        else:
+            assert value.shape[:2] == (B, T), (hook_name, tuple(value.shape))
