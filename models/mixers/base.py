@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.hooks import HookPoint
+from models.hooks import HookPoint, apply_pin, scan_with_state_hook
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -67,3 +67,65 @@ class Mixer(nn.Module):
         if self.execution_path == "fast":
             return False
         return any(h.is_active for h in hooks)
+
+
+class RecurrentMixer(Mixer):
+    """A mixer with a recurrent state h_t = step(inputs_t, h_{t-1}), h_0 = 0.
+
+    Subclasses define:
+      state_shape        per-example state shape S (a d-vector, a matrix per head, ...)
+      prepare(x)         per-step inputs: dict of [B, T, ...] tensors computed in parallel
+      step(inputs_t, h)  one step: dict of [B, ...] tensors, h [B, *S] -> h_t [B, *S]
+      readout(x, states, inputs)   [B, T, *S] states -> [B, T, D] output
+    and may override fast_states(inputs) (fused or chunked, no hooks) and scan(inputs, pins)
+    (kernels with state patches). Affine mixers also define transition(inputs_t) -> A_t, either
+    [B, *S] (diagonal: h_t = A_t * h_{t-1} + b_t) or [B, n, n] with n = prod(S) (dense), which
+    `interp.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
+    """
+
+    is_affine = False
+    state_shape: tuple[int, ...] = ()
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.hook_state = HookPoint()
+
+    def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def readout(self, x: torch.Tensor, states: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError(f"{self.mixer_name} is not affine; use autograd Jacobians")
+
+    def initial_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        return like.new_zeros(batch, *self.state_shape)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        inputs = self.prepare(x)
+        if self.use_instrumented(self.hook_state):
+            _, states = scan_with_state_hook(
+                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
+            )
+        else:
+            states = self.fast_states(inputs)
+        return self.readout(x, states, inputs)
+
+    def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.scan(inputs, None)[1]
+
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference step loop honouring pins; returns (states, states) [B, T, *S]."""
+        first = next(iter(inputs.values()))
+        batch, length = first.shape[:2]
+        h = self.initial_state(batch, first)
+        states = []
+        for t in range(length):
+            h = apply_pin(self.step({k: v[:, t] for k, v in inputs.items()}, h), pins, t)
+            states.append(h)
+        states = torch.stack(states, dim=1)
+        return states, states
