@@ -77,8 +77,9 @@ class RecurrentMixer(Mixer):
       prepare(x)         per-step inputs: dict of [B, T, ...] tensors computed in parallel
       step(inputs_t, h)  one step: dict of [B, ...] tensors, h [B, *S] -> h_t [B, *S]
       readout(x, states, inputs)   [B, T, *S] states -> [B, T, D] output
-    and may override fast_states(inputs) (fused or chunked, no hooks) and scan(inputs, pins)
-    (kernels with state patches). Affine mixers also define transition(inputs_t) -> A_t, either
+    and may override fast_states(inputs) (fused or chunked, no hooks), fast_forward(x) (the whole
+    fast path, when a fused kernel makes prepare unnecessary) and scan(inputs, pins) (kernels with
+    state patches). Affine mixers also define transition(inputs_t) -> A_t, either
     [B, *S] (diagonal: h_t = A_t * h_{t-1} + b_t) or [B, n, n] with n = prod(S) (dense), which
     `interp.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
     """
@@ -106,14 +107,18 @@ class RecurrentMixer(Mixer):
         return like.new_zeros(batch, *self.state_shape)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        if not self.use_instrumented(self.hook_state):
+            return self.fast_forward(x)
         inputs = self.prepare(x)
-        if self.use_instrumented(self.hook_state):
-            _, states = scan_with_state_hook(
-                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
-            )
-        else:
-            states = self.fast_states(inputs)
+        _, states = scan_with_state_hook(
+            self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
+        )
         return self.readout(x, states, inputs)
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole mixer without per-step hooks; override when a fused kernel skips prepare."""
+        inputs = self.prepare(x)
+        return self.readout(x, self.fast_states(inputs), inputs)
 
     def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.scan(inputs, None)[1]

@@ -25,13 +25,13 @@ class TanhRNN(RecurrentMixer):
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         drive = x @ self.rnn.weight_ih_l0.T + self.rnn.bias_ih_l0 + self.rnn.bias_hh_l0  # [B, T, H]
-        return {"x": x, "drive": drive}
+        return {"drive": drive}
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
         return torch.tanh(inputs_t["drive"] + h @ self.rnn.weight_hh_l0.T)  # [B, H]
 
-    def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.rnn(inputs["x"])[0]  # [B, T, H]
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.rnn(x)[0])  # nn.RNN: [B, T, H]
 
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states)
