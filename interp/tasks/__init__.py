@@ -1,0 +1,68 @@
+"""Synthetic tasks with ground-truth latent state and named positions.
+
+    make_task(spec, **options) -> Task
+    task.sample(n, length, seed) -> Batch(tokens, targets, loss_mask, states, roles)
+
+Specs:
+    a group name       word problem (`word_problems`): "C2", "Z5", "S3", "S5", "A5", "A4xZ5", ...
+                       options: format = "outcome" | "acot" | "cot"
+    "AR", "MQAR"       associative recall (`recall`)
+    "ATR"              associative treecall over a random PCFG (`treecall`)
+
+Every task has `name`, `vocab_size`, `sample(n, length, seed)` and `options()`, a JSON-able dict
+with `make_task(task.name, **task.options())` rebuilding the same task.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from interp.tasks.base import Batch, Task
+from interp.tasks.common import check_options
+from interp.tasks.groups import EXAMPLE_NAMES, Group, group
+from interp.tasks.word_problems import FORMATS, WordProblem, running_product
+
+_NAMED: dict[str, type] = {}
+
+
+def _register_named() -> None:
+    import importlib
+
+    for module, names in (("recall", {"AR": "AssociativeRecall", "MQAR": "MultiQueryRecall"}),
+                          ("treecall", {"ATR": "AssociativeTreecall"})):
+        try:
+            loaded = importlib.import_module(f"interp.tasks.{module}")
+        except ModuleNotFoundError:
+            continue
+        _NAMED.update({name: getattr(loaded, cls) for name, cls in names.items()})
+
+
+def task_names() -> tuple[str, ...]:
+    """The named (non-group) tasks; any group name (see `groups`) is a word problem too."""
+    if not _NAMED:
+        _register_named()
+    return tuple(_NAMED)
+
+
+def make_task(spec: str, **options) -> Task:
+    """The task called `spec` with `options`; ValueError for unknown names or options."""
+    if not isinstance(spec, str):
+        raise TypeError(f"task spec must be a str; got {type(spec).__name__}")
+    named = task_names()
+    if spec in named:
+        cls = _NAMED[spec]
+        check_options(spec, options, cls.OPTIONS)
+        return cls(**options)
+    try:
+        group(spec)
+    except ValueError:
+        close = difflib.get_close_matches(spec, named + EXAMPLE_NAMES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown task {spec!r}: allowed {', '.join(named)} or a group name "
+                         f"(C<n>, Z<n>, S<k>, A<k>, products like A4xZ5){hint}") from None
+    check_options(spec, options, WordProblem.OPTIONS)
+    return WordProblem(spec, **options)
+
+
+__all__ = ["Batch", "Task", "Group", "group", "make_task", "task_names", "WordProblem", "FORMATS",
+           "running_product"]
