@@ -1,10 +1,20 @@
-"""Instrumented sequence kernels.
+"""Instrumented sequence kernels: every kernel can return and replace the states it scans.
 
 short_conv(x [B,T,C], weight [C,W], bias [C] | None, initial_state [B,C,W-1] | None = None,
-           output_final_state=False, impl="auto") -> y [B,T,C] (or (y, final_state [B,C,W-1]))
+           output_final_state=False, impl="auto" | "naive" | "torch")
+    -> y [B,T,C], or (y, final_state [B,C,W-1]) when output_final_state
     causal depthwise convolution with a carried state (models/kernels/short_conv.py).
+
+diag_scan(a [B,T,*S], b [B,T,*S], c None | [B,T,N] | [B,T,*S] = None, *, initial_state [B,*S],
+          output_final_state=False, export_at=None (time indices), pins=(mask [B,T], values [B,T,*S]),
+          patches={t: state [B,*S]}, impl="auto" | "naive" | "chunked" | "triton", chunk_size=64)
+    -> ScanOutput(output, final_state, states_at)
+    h_t = a_t * h_{t-1} + b_t, real or complex; output = states [B,T,*S] or, with c, the read-out
+    y_t = sum_n c_t[..., n] h_t[..., n] [B,T,*lead] without returning the states
+    (models/kernels/diag_scan.py). A pin at t replaces h_t; the scan continues from it.
 """
 
+from models.kernels.diag_scan import ScanOutput, diag_scan
 from models.kernels.short_conv import short_conv
 
-__all__ = ["short_conv"]
+__all__ = ["ScanOutput", "diag_scan", "short_conv"]

@@ -1,0 +1,335 @@
+"""Diagonal affine scan with state export and state patches (pins).
+
+    h_t = a_t * h_{t-1} + b_t          h_{-1} = initial_state (zeros when None)
+    y_t = sum_n c_t[..., n] h_t[..., n]    (optional read-out; `D x` is added by the caller)
+
+Shapes (batch-first): a, b [B, T, *S] (real or complex, S = (*lead, N)); c None, [B, T, N]
+(shared across the lead dims, Mamba's C) or [B, T, *S]; initial_state [B, *S].
+
+    diag_scan(a, b, c=None, *, initial_state=None, output_final_state=False, export_at=None,
+              pins=None, patches=None, impl="auto", chunk_size=64)
+      -> ScanOutput(output, final_state, states_at)
+
+  output       c is None: the states h [B, T, *S]; else the read-out y [B, T, *lead]
+  final_state  h_{T-1} [B, *S] when output_final_state, else None
+  states_at    h at the time indices `export_at` (ints in [-T, T), any order, repeats allowed)
+               [B, K, *S], else None
+  pins         (mask [B, T] bool, values [B, T, *S]): where mask[b, t], the state after step t is
+               replaced by values[b, t]; the read-out at t and every later step use the new state
+  patches      {t: new_state [B, *S]}: the same for every batch row (converted to pins; give
+               pins or patches, not both)
+  impl         "naive"   the sequential loop, the definition (autograd through the loop)
+               "chunked" pure torch, parallel across chunks (below), custom backward
+               "triton"  GPU kernel (models/kernels/triton_diag_scan.py), real dtypes
+               "auto"    triton for CUDA tensors of a real dtype, chunked otherwise
+
+Chunked algorithm (choice and numeric limits). Mamba's transition is diagonal per (channel,
+state) pair, so the segment-sum ("attention") form used for scalar decays would need an
+[L, L] decay matrix per state element, L times the state memory; and the cumulative log-decay
+form exp(L_t - L_s) leaves the float32 range for |a| near 0 (log 0 = -inf) and needs a sign or
+phase for negative and complex a. We therefore use exact products only: the sequence is cut into
+chunks of length L; the within-chunk scan with zero start runs L vectorised steps over all chunks
+at once, the cumulative products P (torch.cumprod) carry each chunk's transition, the chunk-end
+states are themselves a diagonal scan of length T/L solved recursively, and
+h_t = loc_t + P_t * H_{chunk-1}. No logarithm, division or exponent appears, so a = 0, negative
+and complex a are exact up to float rounding (the association order differs from the loop, so
+results agree to a few ulps times the growth of the recurrence; |a| > 1 over long spans overflows
+like the loop does). The backward pass recomputes the states (nothing [B, T, *S] is kept for
+autograd when a read-out c is given) and runs the same scan in reverse for the adjoint:
+g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t.
+Pins split the sequence: the chunked scan runs up to the pinned step, the pinned step itself is
+one explicit step with the replacement, and the scan resumes from the pinned state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import torch
+
+IMPLS = ("auto", "naive", "chunked", "triton")
+
+
+class ScanOutput(NamedTuple):
+    output: torch.Tensor  # states [B, T, *S] or read-out [B, T, *lead]
+    final_state: torch.Tensor | None  # [B, *S]
+    states_at: torch.Tensor | None  # [B, K, *S]
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _shape(x) -> object:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _check_inputs(a, b, c, initial_state, impl, chunk_size) -> None:
+    if not isinstance(a, torch.Tensor) or a.dim() < 3:
+        raise ValueError(f"a must be a [B, T, *S] tensor with at least one state dim; got {_shape(a)}")
+    if not isinstance(b, torch.Tensor) or b.shape != a.shape:
+        raise ValueError(f"b must be a tensor of a's shape {tuple(a.shape)}; got {_shape(b)}")
+    if a.shape[1] < 1:
+        raise ValueError(f"a must have at least one time step; got shape {tuple(a.shape)}")
+    batch, length, n = a.shape[0], a.shape[1], a.shape[-1]
+    if c is not None and (
+        not isinstance(c, torch.Tensor)
+        or (tuple(c.shape) != (batch, length, n) and c.shape != a.shape)
+    ):
+        raise ValueError(
+            f"c must be None, a [B, T, N]={batch, length, n} or a [B, T, *S]={tuple(a.shape)} "
+            f"tensor; got {_shape(c)}"
+        )
+    state = (batch, *a.shape[2:])
+    if initial_state is not None and (
+        not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != state
+    ):
+        raise ValueError(f"initial_state must be None or a [B, *S]={state} tensor; got {_shape(initial_state)}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 2:
+        raise ValueError(f"chunk_size must be an int >= 2; got {chunk_size!r}")
+
+
+def _export_index(export_at, length: int, device) -> torch.Tensor | None:
+    """export_at (ints or a 1-D integer tensor in [-T, T)) -> LongTensor [K] in [0, T)."""
+    if export_at is None:
+        return None
+    if isinstance(export_at, torch.Tensor):
+        if export_at.dim() != 1 or export_at.dtype.is_floating_point or export_at.is_complex():
+            raise ValueError(f"export_at must be a 1-D integer tensor or a sequence of ints; got {export_at!r}")
+        idx = export_at.to(device=device, dtype=torch.long)
+    else:
+        if isinstance(export_at, int) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in export_at
+        ):
+            raise ValueError(f"export_at must be a sequence of ints; got {export_at!r}")
+        idx = torch.tensor(list(export_at), dtype=torch.long, device=device)
+    if idx.numel() and (int(idx.min()) < -length or int(idx.max()) >= length):
+        raise ValueError(f"export_at indices must lie in [-T, T) = [{-length}, {length}); got {export_at!r}")
+    return idx % length
+
+
+def _as_pins(pins, patches, a: torch.Tensor):
+    """pins or patches -> (mask [B, T] bool, values [B, T, *S]) or None."""
+    batch, length = a.shape[:2]
+    state = tuple(a.shape[2:])
+    if pins is not None and patches is not None:
+        raise ValueError("give pins or patches, not both")
+    if patches is not None:
+        if not isinstance(patches, dict):
+            raise TypeError(f"patches must be a dict {{t: state [B, *S]}}; got {type(patches).__name__}")
+        mask = torch.zeros(batch, length, dtype=torch.bool, device=a.device)
+        rows = [torch.zeros(batch, *state, dtype=a.dtype, device=a.device)] * length
+        for t, value in patches.items():
+            if not isinstance(t, int) or not -length <= t < length:
+                raise ValueError(f"patches keys must be ints in [-T, T) = [{-length}, {length}); got {t!r}")
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (batch, *state):
+                raise ValueError(f"patches[{t}] must be a [B, *S]={(batch, *state)} tensor; got {_shape(value)}")
+            mask[:, t % length] = True
+            rows[t % length] = value
+        return mask, torch.stack(rows, dim=1)
+    if pins is None:
+        return None
+    if not isinstance(pins, (tuple, list)) or len(pins) != 2:
+        raise ValueError(f"pins must be a (mask [B, T], values [B, T, *S]) pair; got {type(pins).__name__}")
+    mask, values = pins
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (batch, length):
+        raise ValueError(f"pins mask must be a bool [B, T]={(batch, length)} tensor; got {_shape(mask)}")
+    if not isinstance(values, torch.Tensor) or tuple(values.shape) != tuple(a.shape):
+        raise ValueError(f"pins values must be a [B, T, *S]={tuple(a.shape)} tensor; got {_shape(values)}")
+    return mask, values
+
+
+# ----------------------------------------------------------------------------- read-out
+
+
+def _readout(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """h [B, T, *S], c [B, T, N] or [B, T, *S] -> y [B, T, *lead]."""
+    if c.dim() != h.dim():
+        c = c.reshape(*c.shape[:2], *([1] * (h.dim() - 3)), c.shape[-1])
+    return (h * c).sum(-1)
+
+
+# ----------------------------------------------------------------------------- naive
+
+
+def _naive(a, b, c, h0, export_idx, pins):
+    h = h0
+    states = []
+    for t in range(a.shape[1]):
+        h = a[:, t] * h + b[:, t]  # [B, *S]
+        if pins is not None:
+            mask = pins[0][:, t].reshape(-1, *([1] * (h.dim() - 1)))
+            h = torch.where(mask, pins[1][:, t], h)
+        states.append(h)
+    hs = torch.stack(states, dim=1)  # [B, T, *S]
+    out = hs if c is None else _readout(hs, c)
+    exported = None if export_idx is None else hs.index_select(1, export_idx)
+    return out, hs[:, -1], exported
+
+
+# ----------------------------------------------------------------------------- chunked core
+
+
+def scan_states(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunk: int) -> torch.Tensor:
+    """All states of h_t = a_t h_{t-1} + b_t without autograd: a, b [B, T, M], h0 [B, M] -> [B, T, M]."""
+    batch, length, width = a.shape
+    if length <= chunk:  # one chunk: the loop
+        out = torch.empty_like(b)
+        h = h0
+        for t in range(length):
+            h = torch.addcmul(b[:, t], a[:, t], h)
+            out[:, t] = h
+        return out
+    n_chunks = math.ceil(length / chunk)
+    pad = n_chunks * chunk - length
+    if pad:  # identity steps at the end: a = 1, b = 0
+        a = torch.cat([a, a.new_ones(batch, pad, width)], dim=1)
+        b = torch.cat([b, b.new_zeros(batch, pad, width)], dim=1)
+    a4 = a.reshape(batch, n_chunks, chunk, width)
+    loc = b.reshape(batch, n_chunks, chunk, width).clone()  # within-chunk states from zero
+    for k in range(1, chunk):
+        loc[:, :, k].addcmul_(a4[:, :, k], loc[:, :, k - 1])
+    prod = torch.cumprod(a4, dim=2)  # [B, nC, L, M] transition from chunk start to step k
+    ends = scan_states(prod[:, :, -1], loc[:, :, -1], h0, chunk)  # [B, nC, M] chunk-end states
+    starts = torch.cat([h0[:, None], ends[:, :-1]], dim=1)  # [B, nC, M] state before each chunk
+    loc.addcmul_(prod, starts[:, :, None])
+    return loc.reshape(batch, n_chunks * chunk, width)[:, :length]
+
+
+def _reverse_adjoint(a, g_direct, chunk):
+    """g_t = g_direct_t + conj(a_{t+1}) g_{t+1}, all [B, T, M]."""
+    a_next = torch.cat([a[:, 1:], torch.zeros_like(a[:, :1])], dim=1).conj()
+    zero = g_direct.new_zeros(g_direct.shape[0], g_direct.shape[2])
+    return scan_states(a_next.flip(1), g_direct.flip(1), zero, chunk).flip(1)
+
+
+class _ChunkedScan(torch.autograd.Function):
+    """(a, b [B,T,*S], c [B,T,N] | [B,T,*S] | None, h0 [B,*S], export [K] | None)
+    -> (output, final state [B,*S], exported [B,K,*S] (empty when none))."""
+
+    @staticmethod
+    def forward(ctx, a, b, c, h0, export_idx, chunk):
+        shape = a.shape
+        flat = lambda x: x.reshape(shape[0], shape[1], -1)  # noqa: E731
+        hs = scan_states(flat(a), flat(b), h0.reshape(shape[0], -1), chunk).reshape(shape)
+        out = hs if c is None else _readout(hs, c)
+        exported = hs.index_select(1, export_idx) if export_idx is not None else hs.new_zeros(0)
+        ctx.save_for_backward(a, b, c, h0, export_idx)
+        ctx.chunk = chunk
+        return out, hs[:, -1].clone(), exported
+
+    @staticmethod
+    def backward(ctx, g_out, g_final, g_exported):
+        a, b, c, h0, export_idx = ctx.saved_tensors
+        shape = a.shape
+        flat = lambda x: x.reshape(shape[0], shape[1], -1)  # noqa: E731
+        hs = scan_states(flat(a), flat(b), h0.reshape(shape[0], -1), ctx.chunk).reshape(shape)
+        # direct gradient on every state: from the read-out (or the states), the final state, exports
+        if c is None:
+            g_direct = g_out.clone() if g_out is not None else torch.zeros_like(hs)
+        else:
+            g_direct = (
+                _readout_grad_h(g_out, c, hs) if g_out is not None else torch.zeros_like(hs)
+            )
+        if g_final is not None:
+            g_direct[:, -1] += g_final
+        if export_idx is not None and g_exported is not None:
+            g_direct.index_add_(1, export_idx, g_exported)
+        g = _reverse_adjoint(flat(a), flat(g_direct), ctx.chunk).reshape(shape)  # dL/dh_t (total)
+        h_prev = torch.cat([h0[:, None], hs[:, :-1]], dim=1)
+        grad_a = g * h_prev.conj()
+        grad_b = g
+        grad_h0 = a[:, 0].conj() * g[:, 0]
+        grad_c = None
+        if c is not None and g_out is not None and ctx.needs_input_grad[2]:
+            grad_c = g_out[..., None] * hs.conj()  # [B, T, *S]
+            if c.dim() != hs.dim():
+                grad_c = grad_c.sum(dim=tuple(range(2, hs.dim() - 1)))
+            if not c.is_complex():
+                grad_c = grad_c.real
+        return grad_a, grad_b, grad_c, grad_h0, None, None
+
+
+def _readout_grad_h(g_out, c, hs):
+    """dL/dh from y = sum_n c h: g_out [B, T, *lead] -> [B, T, *S]."""
+    if c.dim() != hs.dim():
+        c = c.reshape(*c.shape[:2], *([1] * (hs.dim() - 3)), c.shape[-1])
+    return g_out[..., None] * c.conj() + torch.zeros_like(hs)
+
+
+def _chunked(a, b, c, h0, export_idx, pins, chunk):
+    """Split at pinned steps: chunked scan up to the pin, one explicit pinned step, resume."""
+    length = a.shape[1]
+    pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
+    wanted = [] if export_idx is None else export_idx.tolist()
+    outs, at = [], {}
+    h, start = h0, 0
+    for stop in pinned + [length]:
+        if stop > start:  # steps [start, stop) in one kernel call
+            local = sorted({t - start for t in wanted if start <= t < stop})
+            idx = torch.tensor(local, dtype=torch.long, device=a.device) if local else None
+            c_seg = None if c is None else c[:, start:stop]
+            out, h, exported = _ChunkedScan.apply(a[:, start:stop], b[:, start:stop], c_seg, h, idx, chunk)
+            outs.append(out)
+            at.update({start + t: exported[:, i] for i, t in enumerate(local)})
+        if stop < length:  # the pinned step itself
+            h = a[:, stop] * h + b[:, stop]
+            mask = pins[0][:, stop].reshape(-1, *([1] * (h.dim() - 1)))
+            h = torch.where(mask, pins[1][:, stop], h)
+            outs.append(h[:, None] if c is None else _readout(h[:, None], c[:, stop : stop + 1]))
+            at[stop] = h
+            start = stop + 1
+    out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+    exported = None if export_idx is None else torch.stack([at[t] for t in wanted], dim=1)
+    return out, h, exported
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def diag_scan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    export_at: Sequence[int] | torch.Tensor | None = None,
+    pins: tuple[torch.Tensor, torch.Tensor] | None = None,
+    patches: dict[int, torch.Tensor] | None = None,
+    impl: str = "auto",
+    chunk_size: int = 64,
+) -> ScanOutput:
+    """h_t = a_t * h_{t-1} + b_t (and y_t = sum_n c_t h_t): see the module docstring."""
+    _check_inputs(a, b, c, initial_state, impl, chunk_size)
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    if c is not None:
+        dtype = torch.promote_types(dtype, c.dtype)
+    a, b = a.to(dtype), b.to(dtype)
+    c = None if c is None else c.to(dtype)
+    h0 = a.new_zeros(a.shape[0], *a.shape[2:]) if initial_state is None else initial_state.to(dtype)
+    export_idx = _export_index(export_at, a.shape[1], a.device)
+    pins = _as_pins(pins, patches, a)
+    if pins is not None:
+        pins = (pins[0].to(a.device), pins[1].to(dtype))
+    if impl == "auto":
+        impl = "triton" if a.is_cuda and not a.is_complex() and _triton_ok() else "chunked"
+    if impl == "naive":
+        out, final, exported = _naive(a, b, c, h0, export_idx, pins)
+    elif impl == "chunked":
+        out, final, exported = _chunked(a, b, c, h0, export_idx, pins, chunk_size)
+    else:
+        from models.kernels.triton_diag_scan import triton_scan
+
+        out, final, exported = triton_scan(a, b, c, h0, export_idx, pins)
+    return ScanOutput(out, final if output_final_state else None, exported)
+
+
+def _triton_ok() -> bool:
+    try:
+        import models.kernels.triton_diag_scan  # noqa: F401
+    except ImportError:
+        return False
+    return True
