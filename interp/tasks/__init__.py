@@ -51,7 +51,7 @@ def make_task(spec: str, **options) -> Task:
     named = task_names()
     if spec in named:
         cls = _NAMED[spec]
-        check_options(spec, options, cls.OPTIONS)
+        check_options(spec, options, cls.OPTIONS, getattr(cls, "OPTION_HINTS", None))
         return cls(**options)
     try:
         group(spec)

@@ -32,11 +32,13 @@ def check_choice(name: str, value, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def check_options(task: str, options: dict, allowed: tuple[str, ...]) -> None:
-    """ValueError for option names `task` does not take, with close matches."""
+def check_options(task: str, options: dict, allowed: tuple[str, ...], hints: dict | None = None) -> None:
+    """ValueError for option names `task` does not take, with close matches (or `hints[name]`)."""
     for key in options:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=2)
             hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            if hints and key in hints:
+                hint = f"; {hints[key]}"
             takes = ", ".join(allowed) if allowed else "no options"
             raise ValueError(f"task {task!r} has no option {key!r} (it takes: {takes}){hint}")
