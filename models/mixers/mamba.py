@@ -1,0 +1,140 @@
+"""Mamba: the selective state-space mixer (Gu & Dao 2023, reference mamba_simple.py).
+
+    x, z   = in_proj(u)                                   [B, T, E] each, E = expand * d_model
+    x      = SiLU(short_conv(x))                          hook_conv [B, T, E], width d_conv
+    dt, B, C = x_proj(x)                                  dt_low [B, T, R], B, C [B, T, N]
+    dt     = softplus(dt_proj(dt_low))                    hook_dt [B, T, E] (bias = inv-softplus dt0)
+    A      = -exp(A_log)                                  [E, N], S4D-real init A[e, n] = -(n + 1)
+    h_t    = exp(dt_t A) * h_{t-1} + (dt_t x_t) B_t^T     h_t [B, E, N] (hook_state [B, T, E, N])
+    y_t    = h_t C_t + D * x_t                            [B, T, E]
+    out    = out_proj(y * SiLU(z))                        hook_gate = SiLU(z) [B, T, E]
+
+Affine and diagonal (is_affine = True): dh_t/dh_{t-1} = exp(dt_t A), every entry in (0, 1)
+since dt > 0 and A < 0; transition(inputs_t) returns it as [B, E, N].
+
+Fast path: models.kernels.diag_scan with the read-out C fused, so no [B, T, E, N] state tensor is
+returned or kept for autograd. Instrumented path: the same kernel returning every state through
+hook_state; state patches are passed to the kernel as pins and the scan resumes from them.
+
+Variants (negative Mamba, ...) subclass this and override `transition_terms`.
+
+mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
+dt_init_floor (1e-4), conv_bias (True), bias (False, in/out projections), chunk_size (64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.hooks import HookPoint, scan_with_state_hook
+from models.kernels import diag_scan, short_conv
+from models.mixers.base import RecurrentMixer, register_mixer
+
+OPTIONS = {
+    "dt_rank": None,
+    "dt_min": 0.001,
+    "dt_max": 0.1,
+    "dt_init_floor": 1e-4,
+    "conv_bias": True,
+    "bias": False,
+    "chunk_size": 64,
+}
+
+
+def mamba_options(name: str, options: dict) -> dict:
+    """Defaults merged with cfg.mixer_options; unknown keys raise."""
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"{name} mixer_options: unknown {sorted(unknown)}; allowed: {sorted(OPTIONS)}")
+    merged = {**OPTIONS, **options}
+    if not 0 < merged["dt_min"] <= merged["dt_max"]:
+        raise ValueError(
+            f"{name} mixer_options need 0 < dt_min <= dt_max; got {merged['dt_min']}, {merged['dt_max']}"
+        )
+    return merged
+
+
+@register_mixer("mamba", n_layers=2, norm="rmsnorm")
+class Mamba(RecurrentMixer):
+    is_affine = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        opts = mamba_options(self.mixer_name, cfg.mixer_options)
+        d_inner, n = cfg.expand * cfg.d_model, cfg.d_state
+        self.d_inner, self.d_state = d_inner, n
+        self.dt_rank = opts["dt_rank"] or math.ceil(cfg.d_model / 16)
+        self.chunk_size = opts["chunk_size"]
+        self.state_shape = (d_inner, n)
+        self.in_proj = nn.Linear(cfg.d_model, 2 * d_inner, bias=opts["bias"])
+        self.conv = nn.Conv1d(d_inner, d_inner, cfg.d_conv, groups=d_inner, bias=opts["conv_bias"])
+        self.x_proj = nn.Linear(d_inner, self.dt_rank + 2 * n, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, d_inner, bias=True)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_inner, 1))
+        self.D = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=opts["bias"])
+        self._init_dt(opts)
+        self.hook_conv = HookPoint()
+        self.hook_dt = HookPoint()
+        self.hook_gate = HookPoint()
+
+    @torch.no_grad()
+    def _init_dt(self, opts: dict) -> None:
+        """dt_proj as in the reference: weight ~ U(+-R^-1/2), softplus(bias) log-uniform in [dt_min, dt_max]."""
+        std = self.dt_rank ** -0.5
+        nn.init.uniform_(self.dt_proj.weight, -std, std)
+        log_lo, log_hi = math.log(opts["dt_min"]), math.log(opts["dt_max"])
+        dt = torch.exp(torch.rand(self.d_inner) * (log_hi - log_lo) + log_lo).clamp(min=opts["dt_init_floor"])
+        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+
+    def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        x, z = self.in_proj(u).chunk(2, dim=-1)  # [B, T, E] each
+        x = self.hook_conv(F.silu(short_conv(x, self.conv.weight[:, 0], self.conv.bias)))
+        dt_low, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = self.hook_dt(F.softplus(self.dt_proj(dt_low)))  # [B, T, E]
+        gate = self.hook_gate(F.silu(z))  # [B, T, E]
+        return {"x": x, "dt": dt, "B": B, "C": C, "gate": gate}
+
+    def A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log)  # [E, N]
+
+    def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) of h_t = a_t * h_{t-1} + b_t for every step given [B, T, ...] (or [B, ...]) inputs."""
+        dt = inputs["dt"][..., None]  # [B, (T,) E, 1]
+        a = torch.exp(dt * self.A())  # [B, (T,) E, N]
+        b = (dt * inputs["x"][..., None]) * inputs["B"][..., None, :]  # [B, (T,) E, N]
+        return a, b
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.transition_terms(inputs_t)[0]  # [B, E, N]
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        a, b = self.transition_terms(inputs_t)
+        return a * h + b  # [B, E, N]
+
+    def scan(self, inputs, pins=None):
+        a, b = self.transition_terms(inputs)
+        states = diag_scan(a, b, pins=pins, chunk_size=self.chunk_size).output  # [B, T, E, N]
+        return states, states
+
+    def readout(self, u, states, inputs) -> torch.Tensor:
+        y = (states * inputs["C"][:, :, None, :]).sum(-1)  # [B, T, E]
+        return self.finish(y, inputs)
+
+    def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.out_proj((y + self.D * inputs["x"]) * inputs["gate"])  # [B, T, d_model]
+
+    def mix(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        inputs = self.prepare(u)
+        if self.use_instrumented(self.hook_state):
+            _, states = scan_with_state_hook(
+                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
+            )
+            return self.readout(u, states, inputs)
+        a, b = self.transition_terms(inputs)
+        y = diag_scan(a, b, inputs["C"], chunk_size=self.chunk_size).output  # [B, T, E], fused C h
+        return self.finish(y, inputs)
