@@ -1,0 +1,286 @@
+"""RNN-family mixers: library agreement, the affine property, the chunked linear scan, gate patches."""
+
+import pytest
+import torch
+from torch.func import jacrev
+
+import models
+from models.mixers.linear_rnn import chunked_linear_scan
+
+B, T, D = 2, 9, 8
+AFFINE = ["linear_rnn", "token_gated_rnn", "dense_ssm"]
+STATE_DEPENDENT = ["tanh_rnn", "state_gated_rnn", "lstm", "gru"]
+
+
+def mixer_of(name: str, **overrides):
+    torch.manual_seed(0)
+    model = models.build(name, vocab_size=5, d_model=D, **overrides)
+    return model, model.blocks[0].mixer
+
+
+def inputs_x(seed: int = 1, length: int = T) -> torch.Tensor:
+    return torch.randn(B, length, D, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+
+
+def grads(output: torch.Tensor, leaves) -> list[torch.Tensor]:
+    return torch.autograd.grad(output.square().sum(), leaves, retain_graph=True)
+
+
+# ---- the instrumented loops equal torch.nn.LSTM / torch.nn.GRU ---------------------------------
+
+
+@pytest.mark.parametrize("name, module", [("lstm", "lstm"), ("gru", "gru")])
+def test_loop_equals_torch_module(name, module):
+    _, mixer = mixer_of(name, d_hidden=6)
+    x = inputs_x()
+    leaves = [x, *getattr(mixer, module).parameters()]
+    reference, final = getattr(mixer, module)(x)  # [B, T, H], final h (and c for the LSTM)
+    states = mixer.scan(mixer.prepare(x))[1]
+    h = states[:, :, 0] if name == "lstm" else states
+    torch.testing.assert_close(h, reference, atol=1e-5, rtol=1e-5)
+    if name == "lstm":
+        torch.testing.assert_close(states[:, -1, 1], final[1][0], atol=1e-5, rtol=1e-5)  # c_T
+    for got, want in zip(grads(h, leaves), grads(reference, leaves)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# ---- affine mixers: dh_t/dh_{t-1} is A(x_t), whatever the state ------------------------------
+
+
+def step_jacobian(mixer, inputs_t, h: torch.Tensor) -> torch.Tensor:
+    """d step / d h for one example: h [1, *S] -> [n, n]."""
+    jac = jacrev(lambda state: mixer.step(inputs_t, state))(h)
+    n = h.numel()
+    return jac.reshape(n, n)
+
+
+def one_step_inputs(mixer, t: int = 4):
+    with torch.no_grad():
+        inputs = mixer.prepare(inputs_x())
+    return {k: v[:1, t] for k, v in inputs.items()}
+
+
+def two_states(mixer) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(2)
+    return tuple(torch.randn(1, *mixer.state_shape, generator=gen) for _ in range(2))
+
+
+@pytest.mark.parametrize("name", AFFINE)
+def test_affine_jacobian_is_state_free_and_equals_transition(name):
+    _, mixer = mixer_of(name)
+    assert mixer.is_affine
+    inputs_t = one_step_inputs(mixer)
+    h1, h2 = two_states(mixer)
+    jac1, jac2 = step_jacobian(mixer, inputs_t, h1), step_jacobian(mixer, inputs_t, 3 * h2)
+    torch.testing.assert_close(jac1, jac2, atol=1e-6, rtol=1e-6)
+    transition = mixer.transition(inputs_t)
+    assert transition.shape == (1, D, D)
+    torch.testing.assert_close(jac1, transition[0].detach(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", STATE_DEPENDENT)
+def test_state_dependent_jacobian_changes_with_the_state(name):
+    _, mixer = mixer_of(name)
+    assert not mixer.is_affine
+    inputs_t = one_step_inputs(mixer)
+    h1, h2 = two_states(mixer)
+    jac1, jac2 = step_jacobian(mixer, inputs_t, h1), step_jacobian(mixer, inputs_t, h2)
+    assert (jac1 - jac2).abs().max() > 1e-2
+    with pytest.raises(NotImplementedError, match="not affine"):
+        mixer.transition(inputs_t)
+
+
+def test_token_gated_transition_varies_with_the_token():
+    _, mixer = mixer_of("token_gated_rnn")
+    with torch.no_grad():
+        inputs = mixer.prepare(inputs_x())
+        first = mixer.transition({k: v[:, 0] for k, v in inputs.items()})
+        second = mixer.transition({k: v[:, 1] for k, v in inputs.items()})
+    assert (first - second).abs().max() > 1e-3
+
+
+def test_affine_inits_contract():
+    """The documented inits: ||A||, ||diag(a) A|| and ||A(x)|| stay below 1 on unit-variance inputs."""
+    x = torch.randn(1, 64, 32, generator=torch.Generator().manual_seed(3))
+    for name, bound in [("linear_rnn", 0.9 + 1e-5), ("token_gated_rnn", 1.0), ("dense_ssm", 1.0)]:
+        torch.manual_seed(0)
+        mixer = models.build(name, d_model=32, d_hidden=32).blocks[0].mixer
+        with torch.no_grad():
+            inputs = mixer.prepare(x)
+            transitions = torch.stack([mixer.transition({k: v[:, t] for k, v in inputs.items()})
+                                       for t in range(x.shape[1])])
+        norms = torch.linalg.matrix_norm(transitions, ord=2)
+        assert float(norms.max()) < bound, (name, float(norms.max()))
+    torch.manual_seed(0)
+    A = models.build("linear_rnn", d_model=32).blocks[0].mixer.A.detach()
+    torch.testing.assert_close(torch.linalg.eigvals(A).abs(), torch.full((32,), 0.9), atol=1e-5, rtol=0)
+
+
+# ---- the chunked linear scan equals the step loop -------------------------------------------
+
+
+@pytest.mark.parametrize("length, chunk", [(1, None), (1, 4), (7, 3), (10, 4), (12, 4), (300, None), (300, 16)])
+def test_linear_rnn_fast_path_equals_loop(length, chunk):
+    options = {} if chunk is None else {"chunk": chunk}
+    _, mixer = mixer_of("linear_rnn", mixer_options=options)
+    x = inputs_x(length=length)
+    leaves = [x, mixer.A, *mixer.in_proj.parameters()]
+    inputs = mixer.prepare(x)
+    fast = mixer.fast_states(inputs)
+    loop = mixer.scan(inputs)[1]
+    assert fast.shape == loop.shape == (B, length, D)
+    torch.testing.assert_close(fast, loop, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads(fast, leaves), grads(loop, leaves)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_scan_on_a_known_recurrence():
+    """A = 0.5 I, u = 1: h_t = 2 (1 - 0.5^t)."""
+    A = 0.5 * torch.eye(3)
+    u = torch.ones(1, 11, 3)
+    t = torch.arange(1, 12, dtype=torch.float32)
+    want = (2 * (1 - 0.5**t)).unsqueeze(-1).expand(1, 11, 3)
+    for chunk in (1, 2, 3, 11, 20):
+        torch.testing.assert_close(chunked_linear_scan(A, u, chunk), want)
+
+
+# ---- gates: shapes, consistency with the states, patches that change the recurrence -----------
+
+
+GATE_SHAPES = {"state_gated_rnn": (D,), "lstm": (4, D), "gru": (3, D), "token_gated_rnn": (D,)}
+
+
+def tokens(length: int = T) -> torch.Tensor:
+    return torch.randint(0, 5, (B, length), generator=torch.Generator().manual_seed(4))
+
+
+def mixer_hooks(name):
+    return [f"blocks.0.mixer.{h}" for h in ("hook_in", "hook_gate", "hook_state")]
+
+
+@pytest.mark.parametrize("name", list(GATE_SHAPES))
+def test_cached_gates_are_the_gates_of_the_cached_states(name):
+    model, mixer = mixer_of(name)
+    hin, hgate, hstate = mixer_hooks(name)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(), names=[hin, hgate, hstate])
+        inputs = mixer.prepare(cache[hin])
+        gates, states = cache[hgate], cache[hstate]
+        assert gates.shape == (B, T, *GATE_SHAPES[name])
+        previous = torch.cat([mixer.initial_state(B, states)[:, None], states[:, :-1]], dim=1)
+        for t in range(T):
+            inputs_t = {k: v[:, t] for k, v in inputs.items()}
+            if name == "token_gated_rnn":
+                torch.testing.assert_close(gates[:, t], inputs_t["gate"])
+            elif name == "state_gated_rnn":
+                torch.testing.assert_close(gates[:, t], mixer.gate_and_recurrent(inputs_t, previous[:, t])[0])
+            else:
+                torch.testing.assert_close(gates[:, t], mixer.gates(inputs_t, previous[:, t]))
+
+
+def patch_gate(name, t):
+    """A gate patch at step t with a known effect on the state at t (checked by `expected`)."""
+
+    def patch(gates, hook):
+        if name == "lstm":
+            gates[:, t, :2] = 0.0  # i = f = 0: c_t = 0, h_t = 0
+        elif name == "gru":
+            gates[:, t, 1] = 1.0  # z = 1: h_t = h_{t-1}
+        else:
+            gates[:, t] = 0.0  # state_gated: h_t = tanh(U x_t + b); token_gated: h_t = B x_t + b
+        return gates
+
+    return patch
+
+
+def expected_state(name, mixer, x, states, t):
+    inputs_t = {k: v[:, t] for k, v in mixer.prepare(x).items()}
+    if name == "lstm":
+        return torch.zeros_like(states[:, t])
+    if name == "gru":
+        return states[:, t - 1]
+    if name == "state_gated_rnn":
+        return torch.tanh(inputs_t["drive"][:, :D])
+    return inputs_t["u"]
+
+
+@pytest.mark.parametrize("name", list(GATE_SHAPES))
+def test_gate_patch_changes_the_recurrence_from_that_step(name):
+    model, mixer = mixer_of(name)
+    hin, hgate, hstate = mixer_hooks(name)
+    t = 4
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens(), names=[hin, hgate, hstate])
+        patched, pcache = model.run_with_cache(
+            tokens(), names=[hin, hgate, hstate], fwd_hooks=[(hgate, patch_gate(name, t))]
+        )
+        want = expected_state(name, mixer, pcache[hin], pcache[hstate], t)
+    torch.testing.assert_close(pcache[hstate][:, t], want, atol=1e-6, rtol=1e-6)
+    assert torch.equal(patched[:, :t], clean[:, :t])
+    assert torch.equal(pcache[hstate][:, :t], cache[hstate][:, :t])
+    assert (pcache[hstate][:, t] - cache[hstate][:, t]).abs().max() > 1e-3
+    assert (patched[:, t + 1:] - clean[:, t + 1:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["state_gated_rnn", "lstm", "gru"])
+def test_gate_and_state_patches_combine(name):
+    """A state patch applies after a gate patch; both are honoured and readers see the result."""
+    model, mixer = mixer_of(name)
+    hin, hgate, hstate = mixer_hooks(name)
+    t_gate, t_state = 2, 6
+
+    def set_state(states, hook):
+        states[:, t_state] = 0.5
+        return states
+
+    with torch.no_grad():
+        _, pcache = model.run_with_cache(
+            tokens(), names=[hin, hgate, hstate],
+            fwd_hooks=[(hgate, patch_gate(name, t_gate)), (hstate, set_state)],
+        )
+        want = expected_state(name, mixer, pcache[hin], pcache[hstate], t_gate)
+    torch.testing.assert_close(pcache[hstate][:, t_gate], want, atol=1e-6, rtol=1e-6)
+    assert torch.all(pcache[hstate][:, t_state] == 0.5)
+    # the gates reported at t_state + 1 are those computed from the pinned state
+    inputs_t = {k: v[:, t_state + 1] for k, v in mixer.prepare(pcache[hin]).items()}
+    with torch.no_grad():
+        if name == "state_gated_rnn":
+            gate = mixer.gate_and_recurrent(inputs_t, pcache[hstate][:, t_state])[0]
+        else:
+            gate = mixer.gates(inputs_t, pcache[hstate][:, t_state])
+    torch.testing.assert_close(pcache[hgate][:, t_state + 1], gate)
+
+
+@pytest.mark.parametrize("name", ["state_gated_rnn", "lstm", "gru"])
+def test_gate_patch_with_own_value_is_a_no_op(name):
+    model, _ = mixer_of(name)
+    hgate = f"blocks.0.mixer.hook_gate"
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens(), names=[hgate])
+        patched = model.run_with_hooks(tokens(), fwd_hooks=[(hgate, lambda g, hook: cache[hgate].clone())])
+    assert torch.equal(patched, clean)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [0, -2, 2.5, "4", True])
+def test_linear_rnn_rejects_a_bad_chunk(chunk):
+    with pytest.raises(ValueError, match=rf"chunk must be None or an int >= 1; got {chunk!r}"):
+        models.build("linear_rnn", mixer_options={"chunk": chunk})
+
+
+def test_linear_rnn_rejects_unknown_options():
+    with pytest.raises(ValueError, match=r"unknown \['chunks'\]; allowed: \['chunk'\]"):
+        models.build("linear_rnn", mixer_options={"chunks": 4})
+
+
+@pytest.mark.parametrize("name", ["state_gated_rnn", "lstm", "gru", "token_gated_rnn", "dense_ssm"])
+def test_mixers_without_options_reject_options(name):
+    with pytest.raises(ValueError, match=rf"{name} takes no mixer_options; got \{{'chunk': 4\}}"):
+        models.build(name, mixer_options={"chunk": 4})
+
+
+def test_bad_d_hidden_names_the_field():
+    with pytest.raises(ValueError, match="d_hidden must be None or a positive int; got 0"):
+        models.build("lstm", d_hidden=0)
