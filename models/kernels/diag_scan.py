@@ -12,8 +12,9 @@ Shapes (batch-first): a, b [B, T, *S] (real or complex, S = (*lead, N)); c None,
 
   output       c is None: the states h [B, T, *S]; else the read-out y [B, T, *lead]
   final_state  h_{T-1} [B, *S] when output_final_state, else None
-  states_at    h at the time indices `export_at` (ints in [-T, T), any order, repeats allowed)
-               [B, K, *S], else None
+  states_at    h at the steps `export_at` [B, K, *S], else None; export_at is None, "all" (every
+               step), "chunks" (every chunk end: chunk_size - 1, 2 chunk_size - 1, ...) or step
+               indices in [-T, T) (a sequence or 1-D integer tensor; any order, repeats allowed)
   pins         (mask [B, T] bool, values [B, T, *S]): where mask[b, t], the state after step t is
                replaced by values[b, t]; the read-out at t and every later step use the new state
   patches      {t: new_state [B, *S]}: the same for every batch row (converted to pins; give
@@ -21,7 +22,9 @@ Shapes (batch-first): a, b [B, T, *S] (real or complex, S = (*lead, N)); c None,
   impl         "naive"   the sequential loop, the definition (autograd through the loop)
                "chunked" pure torch, parallel across chunks (below), custom backward
                "triton"  GPU kernel (models/kernels/triton_diag_scan.py), real dtypes
-               "auto"    triton for CUDA tensors of a real dtype, chunked otherwise
+               "auto"    triton for CUDA tensors of a real dtype, chunked otherwise (also when
+                         every state is requested: chunked computes them all anyway and is
+                         faster than the loop, see benchmarks/RESULTS.md)
 
 Chunked algorithm (choice and numeric limits). Mamba's transition is diagonal per (channel,
 state) pair, so the segment-sum ("attention") form used for scalar decays would need an
@@ -91,10 +94,15 @@ def _check_inputs(a, b, c, initial_state, impl, chunk_size) -> None:
         raise ValueError(f"chunk_size must be an int >= 2; got {chunk_size!r}")
 
 
-def _export_index(export_at, length: int, device) -> torch.Tensor | None:
-    """export_at (ints or a 1-D integer tensor in [-T, T)) -> LongTensor [K] in [0, T)."""
+def _export_index(export_at, length: int, chunk: int, device) -> torch.Tensor | None:
+    """export_at (None, "all", "chunks", ints or a 1-D integer tensor in [-T, T)) -> LongTensor [K]."""
     if export_at is None:
         return None
+    if isinstance(export_at, str):
+        if export_at not in ("all", "chunks"):
+            raise ValueError(f"export_at must be None, 'all', 'chunks' or step indices; got {export_at!r}")
+        start = 0 if export_at == "all" else chunk - 1
+        return torch.arange(start, length, 1 if export_at == "all" else chunk, device=device)
     if isinstance(export_at, torch.Tensor):
         if export_at.dim() != 1 or export_at.dtype.is_floating_point or export_at.is_complex():
             raise ValueError(f"export_at must be a 1-D integer tensor or a sequence of ints; got {export_at!r}")
@@ -103,7 +111,7 @@ def _export_index(export_at, length: int, device) -> torch.Tensor | None:
         if isinstance(export_at, int) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in export_at
         ):
-            raise ValueError(f"export_at must be a sequence of ints; got {export_at!r}")
+            raise ValueError(f"export_at must be None, 'all', 'chunks' or a sequence of ints; got {export_at!r}")
         idx = torch.tensor(list(export_at), dtype=torch.long, device=device)
     if idx.numel() and (int(idx.min()) < -length or int(idx.max()) >= length):
         raise ValueError(f"export_at indices must lie in [-T, T) = [{-length}, {length}); got {export_at!r}")
@@ -226,41 +234,44 @@ class _ChunkedScan(torch.autograd.Function):
         shape = a.shape
         flat = lambda x: x.reshape(shape[0], shape[1], -1)  # noqa: E731
         hs = scan_states(flat(a), flat(b), h0.reshape(shape[0], -1), ctx.chunk).reshape(shape)
-        # direct gradient on every state: from the read-out (or the states), the final state, exports
-        if c is None:
-            g_direct = g_out.clone() if g_out is not None else torch.zeros_like(hs)
-        else:
-            g_direct = (
-                _readout_grad_h(g_out, c, hs) if g_out is not None else torch.zeros_like(hs)
-            )
-        if g_final is not None:
-            g_direct[:, -1] += g_final
-        if export_idx is not None and g_exported is not None:
-            g_direct.index_add_(1, export_idx, g_exported)
+        g_direct = direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx)
         g = _reverse_adjoint(flat(a), flat(g_direct), ctx.chunk).reshape(shape)  # dL/dh_t (total)
         h_prev = torch.cat([h0[:, None], hs[:, :-1]], dim=1)
-        grad_a = g * h_prev.conj()
-        grad_b = g
-        grad_h0 = a[:, 0].conj() * g[:, 0]
-        grad_c = None
-        if c is not None and g_out is not None and ctx.needs_input_grad[2]:
-            grad_c = g_out[..., None] * hs.conj()  # [B, T, *S]
-            if c.dim() != hs.dim():
-                grad_c = grad_c.sum(dim=tuple(range(2, hs.dim() - 1)))
-            if not c.is_complex():
-                grad_c = grad_c.real
-        return grad_a, grad_b, grad_c, grad_h0, None, None
+        grad_c = readout_grad_c(g_out, c, hs) if ctx.needs_input_grad[2] else None
+        return g * h_prev.conj(), g, grad_c, a[:, 0].conj() * g[:, 0], None, None
 
 
-def _readout_grad_h(g_out, c, hs):
-    """dL/dh from y = sum_n c h: g_out [B, T, *lead] -> [B, T, *S]."""
+def direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx) -> torch.Tensor:
+    """dL/dh_t through the output (states or read-out), the final state and the exports only
+    (not through later states): [B, T, *S]."""
+    if g_out is None:
+        g_direct = torch.zeros_like(hs)
+    elif c is None:
+        g_direct = g_out.clone()
+    else:
+        if c.dim() != hs.dim():
+            c = c.reshape(*c.shape[:2], *([1] * (hs.dim() - 3)), c.shape[-1])
+        g_direct = g_out[..., None] * c.conj() + torch.zeros_like(hs)
+    if g_final is not None:
+        g_direct[:, -1] += g_final
+    if export_idx is not None and g_exported is not None:
+        g_direct.index_add_(1, export_idx, g_exported)
+    return g_direct
+
+
+def readout_grad_c(g_out, c, hs) -> torch.Tensor | None:
+    """dL/dc of y = sum_n c h, reduced to c's shape ([B, T, N] or [B, T, *S])."""
+    if c is None or g_out is None:
+        return None
+    grad_c = g_out[..., None] * hs.conj()  # [B, T, *S]
     if c.dim() != hs.dim():
-        c = c.reshape(*c.shape[:2], *([1] * (hs.dim() - 3)), c.shape[-1])
-    return g_out[..., None] * c.conj() + torch.zeros_like(hs)
+        grad_c = grad_c.sum(dim=tuple(range(2, hs.dim() - 1)))
+    return grad_c if c.is_complex() else grad_c.real
 
 
-def _chunked(a, b, c, h0, export_idx, pins, chunk):
-    """Split at pinned steps: chunked scan up to the pin, one explicit pinned step, resume."""
+def segmented(segment_fn, a, b, c, h0, export_idx, pins, chunk):
+    """Split at pinned steps: segment_fn (an autograd Function's apply, the signature of
+    _ChunkedScan) up to the pin, one explicit pinned step, resume from the pinned state."""
     length = a.shape[1]
     pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
     wanted = [] if export_idx is None else export_idx.tolist()
@@ -271,7 +282,7 @@ def _chunked(a, b, c, h0, export_idx, pins, chunk):
             local = sorted({t - start for t in wanted if start <= t < stop})
             idx = torch.tensor(local, dtype=torch.long, device=a.device) if local else None
             c_seg = None if c is None else c[:, start:stop]
-            out, h, exported = _ChunkedScan.apply(a[:, start:stop], b[:, start:stop], c_seg, h, idx, chunk)
+            out, h, exported = segment_fn(a[:, start:stop], b[:, start:stop], c_seg, h, idx, chunk)
             outs.append(out)
             at.update({start + t: exported[:, i] for i, t in enumerate(local)})
         if stop < length:  # the pinned step itself
@@ -310,7 +321,7 @@ def diag_scan(
     a, b = a.to(dtype), b.to(dtype)
     c = None if c is None else c.to(dtype)
     h0 = a.new_zeros(a.shape[0], *a.shape[2:]) if initial_state is None else initial_state.to(dtype)
-    export_idx = _export_index(export_at, a.shape[1], a.device)
+    export_idx = _export_index(export_at, a.shape[1], chunk_size, a.device)
     pins = _as_pins(pins, patches, a)
     if pins is not None:
         pins = (pins[0].to(a.device), pins[1].to(dtype))
@@ -319,11 +330,13 @@ def diag_scan(
     if impl == "naive":
         out, final, exported = _naive(a, b, c, h0, export_idx, pins)
     elif impl == "chunked":
-        out, final, exported = _chunked(a, b, c, h0, export_idx, pins, chunk_size)
+        out, final, exported = segmented(_ChunkedScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     else:
-        from models.kernels.triton_diag_scan import triton_scan
+        if a.is_complex():
+            raise ValueError(f"impl='triton' supports real dtypes only; got {a.dtype} (use 'chunked')")
+        from models.kernels.triton_diag_scan import TritonScan
 
-        out, final, exported = triton_scan(a, b, c, h0, export_idx, pins)
+        out, final, exported = segmented(TritonScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     return ScanOutput(out, final if output_final_state else None, exported)
 
 
