@@ -1,0 +1,345 @@
+"""The delta rule with state export and state patches: naive, chunked (WY form) and Triton.
+
+Per batch element and head, with the state S_t [V, K] (values x keys; fla stores the transpose):
+
+    S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T      S_{-1} = initial_state (zeros)
+        = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T
+    o_t = S_t q_t
+
+q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H] (already scaled: beta = s * sigmoid(...), any
+value; with unit-norm keys the transition I - beta k k^T has eigenvalues 1 (K-1 times) and
+1 - beta). Keys are used as given: normalise them before the call. There is no query scale.
+
+Arguments shared with the other scan kernels (`models.kernels.diag_scan`):
+  initial_state       [B, H, V, K] or None (zeros)
+  output_final_state  also return S_{T-1} [B, H, V, K]
+  export_at           None, "all" (every step), "chunks" (every chunk end, cheap in `chunked`),
+                      or a sequence / 1-D integer tensor of step indices in [-T, T) (any order,
+                      repeats allowed): the states S_t after those steps, [B, n_export, H, V, K]
+  pins                (mask [B, T] bool, values [B, T, H, V, K]): after step t, where mask[b, t],
+                      the state becomes values[b, t] and the scan continues from it; o_t reads
+                      the pinned state (the form `models.hooks.scan_with_state_hook` produces)
+  patches             {t: new_state [B, H, V, K] or [H, V, K]}, t in [-T, T): every example's
+                      state after step t is replaced (give pins or patches, not both)
+  impl                "auto" | "naive" | "chunked" | "triton"
+delta-specific:
+  beta_clamp          None or [H, 2] (min, max per head): beta is clamped per head before use
+                      (ablations: clamp one head to [0, 1], others to (-inf, inf)); gradients
+                      follow torch.clamp (zero where clamped)
+  chunk_size          the chunk length of `chunked` (64)
+
+Implementations:
+  naive    the definition, a loop over t
+  chunked  pure torch, parallel inside chunks of C steps (Yang et al. 2024, "Parallelizing Linear
+           Transformers with the Delta Rule over Sequence Length"): with A = strictly lower
+           triangular (beta_i k_i . k_j) and the UT transform T = (I + A)^{-1} diag(beta),
+           W = T K, U = T V, the chunk's corrected values are U' = U - W S_0^T, its outputs
+           O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
+           S_0 + cumsum_i u'_i k_i^T. Patches split the sequence and resume from the new state.
+  triton   fused recurrent kernels (models/kernels/triton_delta_rule.py), forward and backward,
+           the state on chip; CUDA, or the CPU under TRITON_INTERPRET=1
+  auto     triton for CUDA tensors; otherwise naive when every step's state is requested
+           (export_at="all"), chunked else
+
+Returns `ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None,
+states_at [B, n_export, H, V, K] | None)` (the tuple of `models.kernels.diag_scan`). States are
+float32 (float64 for float64 inputs); output has v's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import torch
+
+from models.kernels.diag_scan import ScanOutput
+
+IMPLS = ("auto", "naive", "chunked", "triton")
+
+# Internal patch list: time -> (mask [B] bool, values [B, H, V, K]), sorted by time.
+PinList = list[tuple[int, torch.Tensor, torch.Tensor]]
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    export_at: None | str | Sequence[int] | torch.Tensor = None,
+    pins: tuple[torch.Tensor, torch.Tensor] | None = None,
+    patches: Mapping[int, torch.Tensor] | None = None,
+    beta_clamp: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    impl: str = "auto",
+) -> ScanOutput:
+    """Delta-rule scan; see the module docstring for the recurrence and the arguments."""
+    batch, length, heads, d_k, d_v = _check_inputs(q, k, v, beta)
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+    compute = torch.promote_types(v.dtype, torch.float32)
+    state_shape = (batch, heads, d_v, d_k)
+    state = _check_initial_state(initial_state, state_shape, v)
+    export = _export_indices(export_at, length, chunk_size)
+    pin_list = _pin_list(pins, patches, batch, length, state_shape)
+    beta = _clamped(beta, beta_clamp, heads)
+
+    if impl == "auto":
+        if q.is_cuda:
+            impl = "triton"
+        elif isinstance(export_at, str) and export_at == "all":
+            impl = "naive"
+        else:
+            impl = "chunked"
+    if impl == "triton":
+        from models.kernels.triton_delta_rule import delta_rule_triton
+
+        out, final, states = delta_rule_triton(q, k, v, beta, state, export, pin_list)
+    else:
+        args = [x.to(compute) for x in (q, k, v, beta)]
+        s0 = None if state is None else state.to(compute)
+        if impl == "naive":
+            out, final, states = _naive(*args, s0, export, pin_list)
+        else:
+            out, final, states = _chunked(*args, s0, export, pin_list, chunk_size)
+    return ScanOutput(out.to(v.dtype), final if output_final_state else None, states)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _check_inputs(q, k, v, beta) -> tuple[int, int, int, int, int]:
+    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("beta", beta, 3)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must have a floating dtype; got {x.dtype}")
+        if x.dim() != rank:
+            raise ValueError(f"{name} must have rank {rank}; got shape {tuple(x.shape)}")
+    batch, length, heads, d_k = k.shape
+    d_v = v.shape[-1]
+    expected = {"q": (batch, length, heads, d_k), "v": (batch, length, heads, d_v),
+                "beta": (batch, length, heads)}
+    for name, x in (("q", q), ("v", v), ("beta", beta)):
+        if tuple(x.shape) != expected[name]:
+            raise ValueError(
+                f"{name} must have shape {expected[name]} to match k {tuple(k.shape)} "
+                f"(q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H]); got {tuple(x.shape)}"
+            )
+    if length < 1:
+        raise ValueError(f"the sequence length T must be >= 1; got q of shape {tuple(q.shape)}")
+    return batch, length, heads, d_k, d_v
+
+
+def _check_initial_state(initial_state, shape, like) -> torch.Tensor | None:
+    if initial_state is None:
+        return None
+    if not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"initial_state must be None or a tensor; got {type(initial_state).__name__}")
+    if tuple(initial_state.shape) != shape:
+        raise ValueError(
+            f"initial_state must have shape [B, H, V, K] = {shape}; got {tuple(initial_state.shape)}"
+        )
+    return initial_state
+
+
+def _export_indices(export_at, length: int, chunk_size: int) -> list[int] | None:
+    """Step indices whose states to return, in the order asked for (None: no export)."""
+    if export_at is None:
+        return None
+    if isinstance(export_at, str):
+        if export_at == "all":
+            return list(range(length))
+        if export_at == "chunks":
+            return list(range(chunk_size - 1, length, chunk_size))
+        raise ValueError(
+            f"export_at must be None, 'all', 'chunks' or a sequence of step indices; got {export_at!r}"
+        )
+    if isinstance(export_at, torch.Tensor):
+        if export_at.dim() != 1 or export_at.dtype.is_floating_point or export_at.dtype == torch.bool:
+            raise ValueError(
+                f"export_at as a tensor must be 1-D with integer step indices; got {export_at.dtype} "
+                f"of shape {tuple(export_at.shape)}"
+            )
+        export_at = export_at.tolist()
+    if isinstance(export_at, int) or not isinstance(export_at, Sequence):
+        raise ValueError(f"export_at must be None, 'all', 'chunks' or a sequence of ints; got {export_at!r}")
+    for t in export_at:
+        if not isinstance(t, int) or isinstance(t, bool) or not -length <= t < length:
+            raise ValueError(f"export_at entries must be ints in [-T, T) = [{-length}, {length}); got {t!r}")
+    return [t % length for t in export_at]
+
+
+def _pin_list(pins, patches, batch: int, length: int, state_shape) -> PinList:
+    """Pins and patches as a time-sorted list of (t, mask [B] bool, values [B, H, V, K])."""
+    if pins is not None and patches is not None:
+        raise ValueError("give pins or patches, not both")
+    result: PinList = []
+    if pins is not None:
+        if not isinstance(pins, (tuple, list)) or len(pins) != 2:
+            raise TypeError("pins must be a pair (mask [B, T] bool, values [B, T, H, V, K])")
+        mask, values = pins
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (batch, length):
+            raise ValueError(
+                f"pins mask must be a bool tensor of shape [B, T] = {(batch, length)}; got "
+                f"{getattr(mask, 'dtype', type(mask))} {tuple(getattr(mask, 'shape', ()))}"
+            )
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != (batch, length, *state_shape[1:]):
+            raise ValueError(
+                f"pins values must have shape [B, T, H, V, K] = {(batch, length, *state_shape[1:])}; "
+                f"got {tuple(getattr(values, 'shape', ()))}"
+            )
+        for t in mask.any(0).nonzero().flatten().tolist():
+            result.append((t, mask[:, t], values[:, t]))
+    if patches is not None:
+        if not isinstance(patches, Mapping):
+            raise TypeError(f"patches must be a dict {{t: new_state}}; got {type(patches).__name__}")
+        for key, value in patches.items():
+            if not isinstance(key, int) or isinstance(key, bool) or not -length <= key < length:
+                raise ValueError(f"patches keys must be ints in [-T, T) = [{-length}, {length}); got {key!r}")
+            t = key % length
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) not in (state_shape, state_shape[1:]):
+                raise ValueError(
+                    f"patches[{key}] must have shape [B, H, V, K] = {state_shape} or [H, V, K]; got "
+                    f"{tuple(getattr(value, 'shape', ()))}"
+                )
+            mask = torch.ones(batch, dtype=torch.bool, device=value.device)
+            result.append((t, mask, value.expand(state_shape)))
+        result.sort(key=lambda item: item[0])
+        if len({t for t, _, _ in result}) != len(result):
+            raise ValueError(f"patches name the same step twice (t and t - T); got keys {sorted(patches)}")
+    return result
+
+
+def _clamped(beta: torch.Tensor, beta_clamp, heads: int) -> torch.Tensor:
+    if beta_clamp is None:
+        return beta
+    if not isinstance(beta_clamp, torch.Tensor):
+        beta_clamp = torch.as_tensor(beta_clamp, dtype=beta.dtype)
+    if tuple(beta_clamp.shape) != (heads, 2):
+        raise ValueError(
+            f"beta_clamp must be None or an [H, 2] = ({heads}, 2) tensor of (min, max) per head; "
+            f"got shape {tuple(beta_clamp.shape)}"
+        )
+    if bool((beta_clamp[:, 0] > beta_clamp[:, 1]).any()):
+        raise ValueError(f"beta_clamp needs min <= max in every row; got {beta_clamp.tolist()}")
+    lo, hi = beta_clamp.to(beta)[:, 0], beta_clamp.to(beta)[:, 1]
+    return torch.clamp(beta, min=lo, max=hi)
+
+
+# ----------------------------------------------------------------------------- naive
+
+
+def _naive(q, k, v, beta, state, export, pin_list):
+    """The definition, step by step. Returns (o [B, T, H, V], final [B, H, V, K], states)."""
+    batch, length, heads, d_k = k.shape
+    d_v = v.shape[-1]
+    S = state if state is not None else v.new_zeros(batch, heads, d_v, d_k)
+    pins = {t: (mask, values) for t, mask, values in pin_list}
+    wanted = set(export or ())
+    outs, kept = [], {}
+    for t in range(length):
+        k_t = k[:, t]  # [B, H, K]
+        recalled = torch.einsum("bhvk,bhk->bhv", S, k_t)
+        delta = beta[:, t, :, None] * (v[:, t] - recalled)  # [B, H, V]
+        S = S + delta[..., None] * k_t[:, :, None, :]
+        if t in pins:
+            mask, values = pins[t]
+            S = torch.where(mask[:, None, None, None], values.to(S.dtype), S)
+        outs.append(torch.einsum("bhvk,bhk->bhv", S, q[:, t]))
+        if t in wanted:
+            kept[t] = S
+    states = None if export is None else _stack_exports(export, kept, S)
+    return torch.stack(outs, dim=1), S, states
+
+
+def _stack_exports(export: list[int], kept: dict[int, torch.Tensor], like: torch.Tensor):
+    if not export:
+        return like.new_zeros(like.shape[0], 0, *like.shape[1:])
+    return torch.stack([kept[t] for t in export], dim=1)  # [B, n_export, H, V, K]
+
+
+# ----------------------------------------------------------------------------- chunked
+
+
+def _chunked(q, k, v, beta, state, export, pin_list, chunk_size):
+    """Split at patched steps; each segment runs the chunked WY form from the carried state."""
+    batch, length, heads, d_k = k.shape
+    d_v = v.shape[-1]
+    S = state if state is not None else v.new_zeros(batch, heads, d_v, d_k)
+    wanted = sorted(set(export or ()))
+    outs, kept = [], {}
+    start = 0
+    ends = [t + 1 for t, _, _ in pin_list]
+    if not ends or ends[-1] != length:
+        ends.append(length)
+    pins = {t: (mask, values) for t, mask, values in pin_list}
+    for end in ends:
+        seg = slice(start, end)
+        offsets = [t - start for t in wanted if start <= t < end]
+        o, S, seg_states = _chunked_segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S,
+                                            offsets, chunk_size)
+        kept.update({start + j: seg_states[j] for j in offsets})
+        t = end - 1
+        if t in pins:
+            mask, values = pins[t]
+            S = torch.where(mask[:, None, None, None], values.to(S.dtype), S)
+            o_pinned = torch.einsum("bhvk,bhk->bhv", S, q[:, t])
+            o = torch.cat([o[:, :-1], o_pinned[:, None]], dim=1)
+            if t in kept:
+                kept[t] = S
+        outs.append(o)
+        start = end
+    states = None if export is None else _stack_exports(export, kept, S)
+    return torch.cat(outs, dim=1), S, states
+
+
+def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
+    """One unpatched stretch. q, k [B, L, H, K], v [B, L, H, V], beta [B, L, H], S [B, H, V, K].
+
+    Returns (o [B, L, H, V], S_end [B, H, V, K], {offset: state [B, H, V, K]}).
+    """
+    batch, length, heads, d_k = k.shape
+    size = min(chunk_size, length)
+    n_chunks = -(-length // size)
+    pad = n_chunks * size - length
+    # zero-padded steps (k = v = beta = 0) leave the state unchanged
+    q, k, v, beta = (torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta))
+
+    def chunks(x):  # [B, N*C, H, ...] -> [B, H, N, C, ...]
+        x = x.reshape(batch, n_chunks, size, heads, *x.shape[3:])
+        return x.movedim(3, 1)
+
+    qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # bc [B, H, N, C]
+    causal_strict = torch.ones(size, size, dtype=torch.bool, device=k.device).tril(-1)
+    causal = torch.ones(size, size, dtype=torch.bool, device=k.device).tril()
+    # UT transform: (I + A) [W | U] = diag(beta) [K | V], A strictly lower
+    A = (bc[..., None] * (kc @ kc.transpose(-1, -2))).masked_fill(~causal_strict, 0)  # [B,H,N,C,C]
+    rhs = bc[..., None] * torch.cat([kc, vc], dim=-1)  # [B, H, N, C, K+V]
+    WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    W, U = WU[..., :d_k], WU[..., d_k:]
+    QK = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0)  # [B, H, N, C, C]
+
+    by_chunk: dict[int, list[int]] = {}
+    for j in offsets:
+        by_chunk.setdefault(j // size, []).append(j)
+    outs, kept = [], {}
+    for n in range(n_chunks):
+        k_n = kc[:, :, n]  # [B, H, C, K]
+        corrected = U[:, :, n] - W[:, :, n] @ S.transpose(-1, -2)  # U' [B, H, C, V]
+        outs.append(qc[:, :, n] @ S.transpose(-1, -2) + QK[:, :, n] @ corrected)  # [B, H, C, V]
+        S_next = S + corrected.transpose(-1, -2) @ k_n
+        # a chunk's (or the segment's) last step is S_next; earlier steps need a cumulative sum
+        at_end = [j for j in by_chunk.get(n, []) if j % size == size - 1 or j == length - 1]
+        inside = [j for j in by_chunk.get(n, []) if j not in at_end]
+        if inside:
+            steps = corrected[..., :, None] * k_n[..., None, :]  # [B, H, C, V, K]
+            partial = S[:, :, None] + steps.cumsum(dim=2)
+            kept.update({j: partial[:, :, j % size] for j in inside})
+        kept.update({j: S_next for j in at_end})
+        S = S_next
+    o = torch.stack(outs, dim=2).reshape(batch, heads, n_chunks * size, -1)[:, :, :length]
+    return o.transpose(1, 2), S, kept

@@ -1,0 +1,270 @@
+"""Fused recurrent delta rule in Triton: forward and backward, the state kept on chip.
+
+Recurrence (models/kernels/delta_rule.py), per (batch, head), state S [V, K]:
+
+    r_t = v_t - S_{t-1} k_t            (the residual the step writes)
+    S_t = S_{t-1} + beta_t r_t k_t^T   then pinned: S_t = P_t where a pin is set
+    o_t = S_t q_t
+
+Rows of S evolve independently given k_t and beta_t, so each program owns one (batch, head) and
+a block of BV value rows: grid (cdiv(V, BV), B * H). Forward stores o, r (for the backward), the
+exported states and the final state. Backward runs two passes:
+
+  reverse:  dS += do_t q_t^T (+ d exported state); at a pin, dP_t = dS and dS = 0;
+            du = dS k_t, dv_t = beta_t du, dbeta_t = du . r_t, dk_t = dS^T (beta_t r_t),
+            dm_t = -beta_t du, dS <- dS + dm_t k_t^T (the gradient of S_{t-1}); finally dS_{-1}
+  forward:  replays S_{t-1} from r: dk_t += S_{t-1}^T dm_t, dq_t = S_t^T do_t
+Sums over value rows (dk, dq, dbeta) are written per V block and added in torch.
+
+Pins are passed compactly: pin_slot [T] int32 (-1 or the index p of a pinned time),
+pin_mask [P, B] int32, pin_val [P, B, H, V, K]; exports as export_slot [T] int32 (-1 or the slot
+in states [B, n_export, H, V, K]). Runs on CUDA or on the CPU under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fwd_kernel(
+    q, k, v, beta, s0, pin_slot, pin_mask, pin_val, export_slot,
+    o, r, states, s_final,
+    B, T, H, K, V, NE,
+    HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    b = i_bh // H
+    h = i_bh % H
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mk = offs_k < K
+    mv = offs_v < V
+    m_s = mv[:, None] & mk[None, :]
+    s_offs = offs_v[:, None] * K + offs_k[None, :]  # [BV, BK] inside one [V, K] state
+    S = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_S0:
+        S = tl.load(s0 + i_bh * V * K + s_offs, mask=m_s, other=0.0).to(tl.float32)
+    for t in range(T):
+        row = (b * T + t) * H + h
+        k_t = tl.load(k + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        q_t = tl.load(q + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        v_t = tl.load(v + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+        b_t = tl.load(beta + row).to(tl.float32)
+        r_t = v_t - tl.sum(S * k_t[None, :], axis=1)  # [BV]
+        S = S + (b_t * r_t)[:, None] * k_t[None, :]
+        if HAS_PINS:
+            slot = tl.load(pin_slot + t)
+            safe = tl.maximum(slot, 0)
+            # conditions as [BV, BK] tensors (the interpreter rejects scalar masks)
+            pinned = ((s_offs * 0 + slot) >= 0) & ((s_offs * 0 + tl.load(pin_mask + safe * B + b)) != 0)
+            P = tl.load(pin_val + (safe * B + b) * H * V * K + h * V * K + s_offs,
+                        mask=m_s & pinned, other=0.0)
+            S = tl.where(pinned, P, S)
+        tl.store(o + row * V + offs_v, tl.sum(S * q_t[None, :], axis=1).to(o.dtype.element_ty), mask=mv)
+        tl.store(r + row * V + offs_v, r_t, mask=mv)
+        if HAS_EXPORT:
+            e = tl.load(export_slot + t)
+            base = ((b * NE + tl.maximum(e, 0)) * H + h) * V * K
+            tl.store(states + base + s_offs, S, mask=m_s & ((s_offs * 0 + e) >= 0))
+    tl.store(s_final + i_bh * V * K + s_offs, S, mask=m_s)
+
+
+@triton.jit
+def _bwd_reverse_kernel(
+    q, k, beta, r, do, d_final, d_states, pin_slot, pin_mask, export_slot,
+    dv, dm, dk_part, dbeta_part, d_pin_val, d_s0,
+    B, T, H, K, V, NE,
+    HAS_D_FINAL: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    b = i_bh // H
+    h = i_bh % H
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mk = offs_k < K
+    mv = offs_v < V
+    m_s = mv[:, None] & mk[None, :]
+    s_offs = offs_v[:, None] * K + offs_k[None, :]
+    dS = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_D_FINAL:
+        dS = tl.load(d_final + i_bh * V * K + s_offs, mask=m_s, other=0.0).to(tl.float32)
+    for i in range(T):
+        t = T - 1 - i
+        row = (b * T + t) * H + h
+        k_t = tl.load(k + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        q_t = tl.load(q + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        b_t = tl.load(beta + row).to(tl.float32)
+        r_t = tl.load(r + row * V + offs_v, mask=mv, other=0.0)
+        do_t = tl.load(do + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+        dS = dS + do_t[:, None] * q_t[None, :]
+        if HAS_EXPORT:
+            e = tl.load(export_slot + t)
+            base = ((b * NE + tl.maximum(e, 0)) * H + h) * V * K
+            dS = dS + tl.load(d_states + base + s_offs, mask=m_s & ((s_offs * 0 + e) >= 0), other=0.0).to(tl.float32)
+        if HAS_PINS:
+            slot = tl.load(pin_slot + t)
+            safe = tl.maximum(slot, 0)
+            # conditions as [BV, BK] tensors (the interpreter rejects scalar masks)
+            pinned = ((s_offs * 0 + slot) >= 0) & ((s_offs * 0 + tl.load(pin_mask + safe * B + b)) != 0)
+            tl.store(d_pin_val + (safe * B + b) * H * V * K + h * V * K + s_offs, dS, mask=m_s & pinned)
+            dS = tl.where(pinned, 0.0, dS)
+        du = tl.sum(dS * k_t[None, :], axis=1)  # [BV]
+        tl.store(dv + row * V + offs_v, b_t * du, mask=mv)
+        tl.store(dm + row * V + offs_v, -b_t * du, mask=mv)
+        part = (i_v * B * T * H + row)
+        tl.store(dbeta_part + part, tl.sum(du * r_t, axis=0))
+        tl.store(dk_part + part * K + offs_k, tl.sum(dS * (b_t * r_t)[:, None], axis=0), mask=mk)
+        dS = dS - (b_t * du)[:, None] * k_t[None, :]
+    tl.store(d_s0 + i_bh * V * K + s_offs, dS, mask=m_s)
+
+
+@triton.jit
+def _bwd_forward_kernel(
+    k, beta, r, do, dm, s0, pin_slot, pin_mask, pin_val,
+    dk_part, dq_part,
+    B, T, H, K, V,
+    HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    b = i_bh // H
+    h = i_bh % H
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mk = offs_k < K
+    mv = offs_v < V
+    m_s = mv[:, None] & mk[None, :]
+    s_offs = offs_v[:, None] * K + offs_k[None, :]
+    S = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_S0:
+        S = tl.load(s0 + i_bh * V * K + s_offs, mask=m_s, other=0.0).to(tl.float32)
+    for t in range(T):
+        row = (b * T + t) * H + h
+        part = (i_v * B * T * H + row)
+        k_t = tl.load(k + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        b_t = tl.load(beta + row).to(tl.float32)
+        r_t = tl.load(r + row * V + offs_v, mask=mv, other=0.0)
+        dm_t = tl.load(dm + row * V + offs_v, mask=mv, other=0.0)
+        do_t = tl.load(do + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+        dk_t = tl.load(dk_part + part * K + offs_k, mask=mk, other=0.0)
+        tl.store(dk_part + part * K + offs_k, dk_t + tl.sum(S * dm_t[:, None], axis=0), mask=mk)
+        S = S + (b_t * r_t)[:, None] * k_t[None, :]
+        if HAS_PINS:
+            slot = tl.load(pin_slot + t)
+            safe = tl.maximum(slot, 0)
+            # conditions as [BV, BK] tensors (the interpreter rejects scalar masks)
+            pinned = ((s_offs * 0 + slot) >= 0) & ((s_offs * 0 + tl.load(pin_mask + safe * B + b)) != 0)
+            P = tl.load(pin_val + (safe * B + b) * H * V * K + h * V * K + s_offs,
+                        mask=m_s & pinned, other=0.0)
+            S = tl.where(pinned, P, S)
+        tl.store(dq_part + part * K + offs_k, tl.sum(S * do_t[:, None], axis=0), mask=mk)
+
+
+def _blocks(d_k: int, d_v: int) -> tuple[int, int, int]:
+    BK = triton.next_power_of_2(d_k)
+    BV = min(triton.next_power_of_2(d_v), 32)
+    return BK, BV, triton.cdiv(d_v, BV)
+
+
+class _DeltaRuleFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, beta, s0, pin_val, pin_slot, pin_mask, export_slot, n_export):
+        B, T, H, K = k.shape
+        V = v.shape[-1]
+        BK, BV, NV = _blocks(K, V)
+        dev = q.device
+        f32 = dict(device=dev, dtype=torch.float32)
+        o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
+        r = torch.empty(B, T, H, V, **f32)
+        states = torch.empty(B, max(n_export, 1), H, V, K, **f32)
+        s_final = torch.empty(B, H, V, K, **f32)
+        dummy = torch.zeros(1, **f32)
+        _fwd_kernel[(NV, B * H)](
+            q, k, v, beta, s0 if s0 is not None else dummy, pin_slot, pin_mask,
+            pin_val if pin_val is not None else dummy, export_slot,
+            o, r, states, s_final, B, T, H, K, V, max(n_export, 1),
+            HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, HAS_EXPORT=n_export > 0,
+            BK=BK, BV=BV,
+        )
+        ctx.save_for_backward(q, k, beta, r, s0, pin_val, pin_slot, pin_mask, export_slot)
+        ctx.n_export = n_export
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, beta.dtype)
+        return o, s_final, states[:, :n_export]
+
+    @staticmethod
+    def backward(ctx, d_o, d_final, d_states):
+        q, k, beta, r, s0, pin_val, pin_slot, pin_mask, export_slot = ctx.saved_tensors
+        B, T, H, K = k.shape
+        V = r.shape[-1]
+        BK, BV, NV = _blocks(K, V)
+        f32 = dict(device=q.device, dtype=torch.float32)
+        dummy = torch.zeros(1, **f32)
+        n_export = ctx.n_export
+        d_o = torch.zeros(B, T, H, V, **f32) if d_o is None else d_o.contiguous()
+        has_export = n_export > 0 and d_states is not None
+        d_states = d_states.contiguous() if has_export else dummy
+        dv = torch.empty(B, T, H, V, **f32)
+        dm = torch.empty(B, T, H, V, **f32)
+        dk = torch.empty(NV, B, T, H, K, **f32)
+        dq = torch.empty(NV, B, T, H, K, **f32)
+        dbeta = torch.empty(NV, B, T, H, **f32)
+        d_pin_val = torch.zeros_like(pin_val, dtype=torch.float32) if pin_val is not None else dummy
+        d_s0 = torch.empty(B, H, V, K, **f32)
+        _bwd_reverse_kernel[(NV, B * H)](
+            q, k, beta, r, d_o, d_final.contiguous() if d_final is not None else dummy, d_states,
+            pin_slot, pin_mask, export_slot,
+            dv, dm, dk, dbeta, d_pin_val, d_s0, B, T, H, K, V, max(n_export, 1),
+            HAS_D_FINAL=d_final is not None, HAS_PINS=pin_val is not None, HAS_EXPORT=has_export,
+            BK=BK, BV=BV,
+        )
+        _bwd_forward_kernel[(NV, B * H)](
+            k, beta, r, d_o, dm, s0 if s0 is not None else dummy, pin_slot, pin_mask,
+            pin_val if pin_val is not None else dummy, dk, dq, B, T, H, K, V,
+            HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, BK=BK, BV=BV,
+        )
+        dq_t, dk_t, dv_t, dbeta_t = ctx.dtypes
+        return (
+            dq.sum(0).to(dq_t), dk.sum(0).to(dk_t), dv.to(dv_t), dbeta.sum(0).to(dbeta_t),
+            d_s0 if s0 is not None else None,
+            d_pin_val if pin_val is not None else None,
+            None, None, None, None,
+        )
+
+
+def delta_rule_triton(q, k, v, beta, state, export, pin_list):
+    """Entry from models.kernels.delta_rule (arguments already checked, beta already clamped).
+
+    state [B, H, V, K] | None; export: list of step indices | None; pin_list: [(t, mask [B],
+    values [B, H, V, K])]. Returns (o [B, T, H, V], final [B, H, V, K], states | None).
+    """
+    B, T, H, K = k.shape
+    dev = q.device
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    s0 = None if state is None else state.to(torch.float32).contiguous()
+    pin_slot = torch.full((T,), -1, dtype=torch.int32, device=dev)
+    if pin_list:
+        for p, (t, _, _) in enumerate(pin_list):
+            pin_slot[t] = p
+        pin_mask = torch.stack([m.to(torch.int32) for _, m, _ in pin_list]).to(dev).contiguous()
+        pin_val = torch.stack([x.to(torch.float32) for _, _, x in pin_list]).to(dev).contiguous()
+    else:
+        pin_mask, pin_val = torch.zeros(1, dtype=torch.int32, device=dev), None
+    unique = sorted(set(export or ()))
+    export_slot = torch.full((T,), -1, dtype=torch.int32, device=dev)
+    for slot, t in enumerate(unique):
+        export_slot[t] = slot
+    o, final, states = _DeltaRuleFunction.apply(
+        q, k, v, beta, s0, pin_val, pin_slot, pin_mask, export_slot, len(unique)
+    )
+    if export is None:
+        return o, final, None
+    order = torch.tensor([unique.index(t) for t in export], dtype=torch.long, device=dev)
+    return o, final, states.index_select(1, order)
