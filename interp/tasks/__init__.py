@@ -8,6 +8,8 @@ Specs:
                        options: format = "outcome" | "acot" | "cot"
     "AR", "MQAR"       associative recall (`recall`)
     "ATR"              associative treecall over a random PCFG (`treecall`)
+    "REPL"             REPL traces of permutation composition with print reveals (`repl`)
+    "PFSA"             probabilistic swaps with reveals and exact belief states (`pfsa`)
 
 Every task has `name`, `vocab_size`, `sample(n, length, seed)` and `options()`, a JSON-able dict
 with `make_task(task.name, **task.options())` rebuilding the same task.
@@ -29,7 +31,9 @@ def _register_named() -> None:
     import importlib
 
     for module, names in (("recall", {"AR": "AssociativeRecall", "MQAR": "MultiQueryRecall"}),
-                          ("treecall", {"ATR": "AssociativeTreecall"})):
+                          ("treecall", {"ATR": "AssociativeTreecall"}),
+                          ("repl", {"REPL": "ReplTrace"}),
+                          ("pfsa", {"PFSA": "PfsaSwaps"})):
         try:
             loaded = importlib.import_module(f"interp.tasks.{module}")
         except ModuleNotFoundError:

@@ -86,7 +86,7 @@ class WordProblem:
             mask = torch.ones(n, length, dtype=torch.bool)
             if self.format == "outcome":
                 mask[:, :-1] = False
-            return Batch(x, s, mask, s, {"last": last})
+            return Batch(x, s, mask, s.clone(), {"last": last})
         sep = torch.full((n, 1), self.sep, dtype=torch.int64)
         tokens = torch.cat([x, sep, s[:, :-1]], dim=1)                          # [N, 2T]
         targets = torch.cat([x[:, 1:], sep, s], dim=1)                          # [N, 2T]
