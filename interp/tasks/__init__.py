@@ -12,7 +12,10 @@ Specs:
     "PFSA"             probabilistic swaps with reveals and exact belief states (`pfsa`)
 
 Every task has `name`, `vocab_size`, `sample(n, length, seed)` and `options()`, a JSON-able dict
-with `make_task(task.name, **task.options())` rebuilding the same task.
+with `make_task(task.name, **task.options())` rebuilding the same task. Tasks with a group-valued
+state (word problems, REPL, PFSA) also have `group` and `n_states` (the group order). What
+`length` counts is task-specific: group elements (word problems), key-value pairs in context
+(AR, MQAR), the most document terminals (ATR), statements (REPL), swap actions (PFSA).
 """
 
 from __future__ import annotations
@@ -22,29 +25,18 @@ import difflib
 from interp.tasks.base import Batch, Task
 from interp.tasks.common import check_options
 from interp.tasks.groups import EXAMPLE_NAMES, Group, group
+from interp.tasks.pfsa import PfsaSwaps
+from interp.tasks.recall import AssociativeRecall, MultiQueryRecall
+from interp.tasks.repl import ReplTrace
+from interp.tasks.treecall import AssociativeTreecall
 from interp.tasks.word_problems import FORMATS, WordProblem, running_product
 
-_NAMED: dict[str, type] = {}
-
-
-def _register_named() -> None:
-    import importlib
-
-    for module, names in (("recall", {"AR": "AssociativeRecall", "MQAR": "MultiQueryRecall"}),
-                          ("treecall", {"ATR": "AssociativeTreecall"}),
-                          ("repl", {"REPL": "ReplTrace"}),
-                          ("pfsa", {"PFSA": "PfsaSwaps"})):
-        try:
-            loaded = importlib.import_module(f"interp.tasks.{module}")
-        except ModuleNotFoundError:
-            continue
-        _NAMED.update({name: getattr(loaded, cls) for name, cls in names.items()})
+_NAMED: dict[str, type] = {"AR": AssociativeRecall, "MQAR": MultiQueryRecall, "ATR": AssociativeTreecall,
+                           "REPL": ReplTrace, "PFSA": PfsaSwaps}
 
 
 def task_names() -> tuple[str, ...]:
     """The named (non-group) tasks; any group name (see `groups`) is a word problem too."""
-    if not _NAMED:
-        _register_named()
     return tuple(_NAMED)
 
 
@@ -69,4 +61,5 @@ def make_task(spec: str, **options) -> Task:
 
 
 __all__ = ["Batch", "Task", "Group", "group", "make_task", "task_names", "WordProblem", "FORMATS",
-           "running_product"]
+           "running_product", "AssociativeRecall", "MultiQueryRecall", "AssociativeTreecall",
+           "ReplTrace", "PfsaSwaps"]
