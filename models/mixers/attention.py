@@ -1,0 +1,105 @@
+"""Causal multi-head softmax attention (GPT-2 style).
+
+For each head h (d_head = cfg.head_dim, H = cfg.n_heads):
+
+    q_t = W_q x_t,   k_t = W_k x_t,   v_t = W_v x_t                        [H, d_head]
+    (positional="rope": q_t <- R_t q_t, k_t <- R_t k_t, R_t rotates pairs (i, i + d_head/2)
+     by the angle t * base^(-2i/d_head), so q_s . k_t depends only on t - s)
+    A[s, t] = softmax_{t <= s}( q_s . k_t / sqrt(d_head) )                 (causal)
+    z_s     = sum_{t <= s} A[s, t] v_t
+    y_s     = W_o [z_s^1, ..., z_s^H]
+
+positional="learned" adds a learned position embedding in the backbone (SequenceModel.pos_embed);
+"none" uses no positions. Attention has no recurrent state: it is not a RecurrentMixer and has no
+hook_state.
+
+Hooks: hook_q, hook_k, hook_v [B, T, H, d_head] (q and k before the rotary map, as in
+TransformerLens, so a patched q/k is rotated for the position it is placed at), hook_pattern
+[B, H, T, T] (the softmax probabilities A), hook_out [B, T, d_model].
+
+Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
+(materialised pattern) runs when hook_pattern is read or patched or the instrumented path is forced.
+
+mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.hooks import HookPoint
+from models.mixers.base import Mixer, register_mixer
+
+OPTIONS = {"rope_base": 10000.0}
+
+
+def mixer_options(cfg, defaults: dict) -> dict:
+    """cfg.mixer_options merged over `defaults`; unknown keys raise."""
+    unknown = set(cfg.mixer_options) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"mixer_options for {cfg.mixer!r} got unknown keys {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **cfg.mixer_options}
+
+
+def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, d_head] for the rotation of pairs (i, i + d_head/2) by t * base^(-2i/d_head)."""
+    inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # [d_head/2]
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq  # [T, d_head/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [T, d_head]
+    return angles.cos().to(like), angles.sin().to(like)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, d_head] rotated per position: x * cos + rotate_half(x) * sin."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q, k [B, H, T, d] -> softmax probabilities [B, H, T, T], zero above the diagonal."""
+    length = q.shape[2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, T, T]
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+@register_mixer(
+    "attention",
+    presets={"transformer": dict(mlp=True, positional="learned", n_layers=2, norm="layernorm")},
+    mlp=True, positional="learned", n_layers=2, norm="layernorm",
+)
+class Attention(Mixer):
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.options = mixer_options(cfg, OPTIONS)
+        self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
+        if cfg.positional == "rope" and self.d_head % 2:
+            raise ValueError(f"positional='rope' needs an even d_head; got d_head={self.d_head}")
+        inner = self.n_heads * self.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.out_proj = nn.Linear(inner, cfg.d_model)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern = HookPoint()
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        batch, length, _ = x.shape
+        heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
+        q = self.hook_q(heads[:, :, 0])  # [B, T, H, d_head]
+        k = self.hook_k(heads[:, :, 1])
+        v = self.hook_v(heads[:, :, 2])
+        if self.cfg.positional == "rope":
+            cos, sin = rotary_tables(length, self.d_head, float(self.options["rope_base"]), q)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_head]
+        if self.use_instrumented(self.hook_pattern):
+            z = self.hook_pattern(causal_pattern(q, k)) @ v  # [B, H, T, d_head]
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(z.transpose(1, 2).reshape(batch, length, -1))
