@@ -1,0 +1,107 @@
+"""H3 (Fu et al. 2023, "Hungry Hungry Hippos: Towards Language Modeling with State Space Models").
+
+    q_t, k_t, v_t = W_q x_t, W_k x_t, W_v x_t                                        [C]
+    kbar = SSM_shift(k)         a shift SSM = a learned causal depthwise conv of width d_conv
+    u_t  = kbar_t * v_t                                                              [C]
+    h_t  = Abar * h_{t-1} + Bbar * u_t       h_0 = 0, per channel c a diagonal N-state [C, N]
+    s_t  = sum_n C[c, n] h_t[c, n] + Dskip[c] u_t[c]
+    y_t  = W_o (q_t * s_t)
+
+C = n_heads * d_head channels; this is the paper's head-dimension-1 form (every operation is
+per channel), and the heads only group channels for hook_q/k/v [B, T, H, d_head].
+The diagonal SSM is S4D-style and time-invariant with real negative A (S4D-Real init
+A[c, n] = -(n + 1)), zero-order-hold discretisation with a learned step dt[c] (log-uniform in
+[1e-3, 1e-1] at init): Abar = exp(dt A), Bbar = (Abar - 1) / A * B. N = cfg.d_state.
+
+Being time-invariant, the SSM is a convolution with kernel K[c, l] = sum_n C Bbar Abar^l
+(plus the Dskip term). Fast path: FFT convolution of u with K. Instrumented path: the recurrence,
+hook_state [B, T, C, N] with causal state patches. The update is affine (is_affine) with the
+diagonal transition Abar.
+
+Hooks: hook_q, hook_k, hook_v [B, T, H, d_head], hook_conv [B, T, C] (the shifted keys kbar),
+hook_state [B, T, C, N].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.hooks import HookPoint, scan_with_state_hook
+from models.kernels import short_conv
+from models.kernels.fft_conv import fft_causal_conv
+from models.mixers.base import RecurrentMixer, register_mixer
+
+
+@register_mixer("h3", n_layers=2, mlp=True, d_conv=4, d_state=16, norm="layernorm")
+class H3(RecurrentMixer):
+    is_affine = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        if cfg.mixer_options:
+            raise ValueError(f"h3 takes no mixer_options; got {sorted(cfg.mixer_options)}")
+        self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
+        channels, n = self.n_heads * self.d_head, cfg.d_state
+        self.state_shape = (channels, n)
+        self.qkv = nn.Linear(cfg.d_model, 3 * channels)
+        self.shift_weight = nn.Parameter(torch.randn(channels, cfg.d_conv) / math.sqrt(cfg.d_conv))
+        log_dt = torch.rand(channels) * (math.log(1e-1) - math.log(1e-3)) + math.log(1e-3)
+        self.log_dt = nn.Parameter(log_dt)
+        self.log_neg_a = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(channels, 1))
+        self.b = nn.Parameter(torch.ones(channels, n))
+        self.c = nn.Parameter(torch.randn(channels, n) * math.sqrt(0.5))
+        self.d_skip = nn.Parameter(torch.randn(channels))
+        self.out_proj = nn.Linear(channels, cfg.d_model)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_conv = HookPoint()
+
+    def discretised(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dt A, Abar, Bbar), each [C, N], zero-order hold."""
+        a = -self.log_neg_a.exp()
+        dt_a = self.log_dt.exp()[:, None] * a
+        abar = dt_a.exp()
+        return dt_a, abar, (abar - 1) / a * self.b
+
+    def kernel(self, length: int) -> torch.Tensor:
+        """K[c, l] = sum_n C Bbar Abar^l for l < length -> [C, T]."""
+        dt_a, _, bbar = self.discretised()
+        steps = torch.arange(length, device=dt_a.device, dtype=dt_a.dtype)
+        powers = (dt_a[:, :, None] * steps).exp()  # [C, N, T] = Abar^l
+        return torch.einsum("cn,cnl->cl", self.c * bbar, powers)
+
+    def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch, length, _ = x.shape
+        heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
+        q = self.hook_q(heads[:, :, 0]).flatten(2)  # [B, T, C]
+        k = self.hook_k(heads[:, :, 1]).flatten(2)
+        v = self.hook_v(heads[:, :, 2]).flatten(2)
+        kbar = self.hook_conv(short_conv(k, self.shift_weight))  # [B, T, C]
+        return {"u": kbar * v, "q": q}
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        _, abar, bbar = self.discretised()
+        return abar * h + bbar * inputs_t["u"][..., None]  # [B, C, N]
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        _, abar, _ = self.discretised()
+        return abar.expand(inputs_t["u"].shape[0], *self.state_shape)
+
+    def gated_output(self, ssm_out: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """ssm_out [B, T, C] (without the skip term) -> W_o (q * (ssm_out + Dskip u)) [B, T, D]."""
+        return self.out_proj(inputs["q"] * (ssm_out + self.d_skip * inputs["u"]))
+
+    def readout(self, x, states, inputs) -> torch.Tensor:
+        return self.gated_output((states * self.c).sum(-1), inputs)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        inputs = self.prepare(x)
+        if self.use_instrumented(self.hook_state):
+            _, states = scan_with_state_hook(
+                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
+            )
+            return self.readout(x, states, inputs)
+        u = inputs["u"]
+        return self.gated_output(fft_causal_conv(u, self.kernel(u.shape[1])), inputs)
