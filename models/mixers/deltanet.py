@@ -1,0 +1,195 @@
+"""DeltaNet (Schlag et al. 2021; Yang et al. 2024), laid out like fla's DeltaNet layer.
+
+Per head h (d = d_head, H = n_heads), from the mixer input x_t [d_model]:
+
+    c_t = SiLU(conv([W_q x | W_k x | W_v x])_t)        short causal depthwise conv, width d_conv
+    q_t, k_t, v_t = split(c_t) per head                [H, d]
+    q_t <- q_t / ||q_t||,  k_t <- k_t / ||k_t||        (L2 norm per head)
+    beta_t = s_h * sigmoid(W_beta x_t + b_beta)        [H], s_h = cfg.beta_scales[h]
+    S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T      S_t [H, d (values), d (keys)]
+    o_t = S_t q_t                                      [H, d]
+    y_t = W_out concat_h( RMSNorm(o_t,h) [* SiLU(W_g x_t)_h] )
+
+With unit keys, I - beta k k^T has eigenvalues 1 (d-1 times) and 1 - beta: s = 1 keeps them in
+[0, 1], s = 2 in [-1, 1] (beta = 2 is a Householder reflection). The beta projection has a bias
+(fla's has none) so that experiments can push beta towards 0 or s.
+
+Affine in the state: vec(S_t) = M_t vec(S_{t-1}) + vec(beta_t v_t k_t^T), where M_t acts on each
+value row of S_t as I - beta_t k_t k_t^T (`transition` returns it dense, [B, n, n], n = H d d).
+
+Hooks (besides hook_in / hook_out / hook_state):
+  hook_conv   [B, T, 3 H d]  the SiLU'd short-conv outputs of q | k | v, concatenated in that
+                             order, before the L2 norm of q and k
+  hook_q, hook_k  [B, T, H, d]  the L2-normalised queries and keys the recurrence uses
+  hook_v      [B, T, H, d]  the values the recurrence uses
+  hook_beta   [B, T, H]     beta = s_h * sigmoid(.), before any clamp
+  hook_gate   [B, T, H, d]  SiLU(W_g x), only with mixer_options gate=True
+  hook_state  [B, T, H, d, d]  S_t after step t, values x keys (fla stores keys x values)
+
+Beta clamp for ablations: `mixer.beta_clamp` is None or an [H, 2] tensor of (min, max) per head,
+applied inside the kernel on every path (hook_beta still shows the unclamped beta).
+`mixer.clamp_beta(head, lo, hi)` sets one head's row (the others are unbounded);
+`mixer.clear_beta_clamp()` removes the clamp. Not saved in checkpoints.
+
+Paths: fast = the chunked delta-rule kernel (Triton on CUDA) returning outputs only;
+instrumented = the kernel with every step's state exported and hook_state pins honoured.
+
+mixer_options: gate (bool, default False): output gate as in fla's use_gate; chunk_size (int,
+default 64): chunk length of the chunked kernel; impl ("auto", "naive", "chunked", "triton";
+default "auto": Triton on CUDA, else chunked, naive when every state is exported): the kernel
+implementation on both paths (forcing "triton" runs it under TRITON_INTERPRET=1 on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.hooks import HookPoint
+from models.kernels import delta_rule, short_conv
+from models.mixers.base import RecurrentMixer, register_mixer
+
+OPTIONS = {"gate": False, "chunk_size": 64, "impl": "auto"}
+IMPLS = ("auto", "naive", "chunked", "triton")
+_PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=True)
+
+
+@register_mixer(
+    "deltanet",
+    presets={"deltanet_neg": {**_PRESET, "beta_scale": 2.0}},
+    **_PRESET, beta_scale=1.0,
+)
+class DeltaNet(RecurrentMixer):
+    is_affine = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.options = _options(cfg.mixer_options)
+        heads, d = cfg.n_heads, cfg.head_dim
+        self.heads, self.d_head = heads, d
+        self.state_shape = (heads, d, d)
+        inner = heads * d
+        self.qkv_proj = nn.Linear(cfg.d_model, 3 * inner, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(3 * inner, cfg.d_conv))
+        nn.init.kaiming_uniform_(self.conv_weight, a=5**0.5)  # as nn.Conv1d (fan_in = d_conv)
+        self.beta_proj = nn.Linear(cfg.d_model, heads)
+        self.register_buffer("beta_scales", torch.tensor(cfg.beta_scales), persistent=False)
+        self.o_norm = nn.RMSNorm(d, eps=1e-5)
+        if self.options["gate"]:
+            self.gate_proj = nn.Linear(cfg.d_model, inner, bias=False)
+            self.hook_gate = HookPoint()
+        self.out_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta"):
+            setattr(self, name, HookPoint())
+        self.beta_clamp: torch.Tensor | None = None
+
+    # -------------------------------------------------------------- beta clamp (ablations)
+
+    def clamp_beta(self, head: int, lo: float, hi: float) -> None:
+        """Clamp head `head`'s beta to [lo, hi] in every later forward pass (others unchanged)."""
+        if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head < self.heads:
+            raise ValueError(f"head must be an int in [0, n_heads={self.heads}); got {head!r}")
+        if not float(lo) <= float(hi):
+            raise ValueError(f"clamp_beta needs lo <= hi; got lo={lo!r}, hi={hi!r}")
+        clamp = self.beta_clamp
+        if clamp is None:
+            clamp = torch.tensor([[-float("inf"), float("inf")]] * self.heads)
+        clamp = clamp.clone()
+        clamp[head] = torch.tensor([float(lo), float(hi)])
+        self.beta_clamp = clamp
+
+    def clear_beta_clamp(self) -> None:
+        self.beta_clamp = None
+
+    def _clamp(self) -> torch.Tensor | None:
+        clamp = self.beta_clamp
+        if clamp is None:
+            return None
+        if not isinstance(clamp, torch.Tensor) or tuple(clamp.shape) != (self.heads, 2):
+            raise ValueError(
+                f"beta_clamp must be None or an [n_heads, 2] = ({self.heads}, 2) tensor; got "
+                f"{getattr(clamp, 'shape', type(clamp).__name__)}"
+            )
+        return clamp.to(self.beta_scales.device)
+
+    # -------------------------------------------------------------- recurrence
+
+    def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
+        batch, length, _ = x.shape
+        heads, d = self.heads, self.d_head
+        conv = self.hook_conv(F.silu(short_conv(self.qkv_proj(x), self.conv_weight)))  # [B, T, 3Hd]
+        q, k, v = (part.reshape(batch, length, heads, d) for part in conv.chunk(3, dim=-1))
+        inputs = {
+            "q": self.hook_q(F.normalize(q, dim=-1)),
+            "k": self.hook_k(F.normalize(k, dim=-1)),
+            "v": self.hook_v(v),
+            "beta": self.hook_beta(self.beta_scales * torch.sigmoid(self.beta_proj(x))),  # [B, T, H]
+        }
+        if self.options["gate"]:
+            inputs["gate"] = self.hook_gate(F.silu(self.gate_proj(x)).reshape(batch, length, heads, d))
+        return inputs
+
+    def _beta(self, beta: torch.Tensor) -> torch.Tensor:  # [..., H], clamped as the kernel does
+        clamp = self._clamp()
+        if clamp is None:
+            return beta
+        return torch.clamp(beta, min=clamp[:, 0].to(beta), max=clamp[:, 1].to(beta))
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        k, v = inputs_t["k"], inputs_t["v"]  # [B, H, d]
+        beta = self._beta(inputs_t["beta"])  # [B, H]
+        recalled = torch.einsum("bhvk,bhk->bhv", h, k)
+        return h + (beta[..., None] * (v - recalled))[..., None] * k[:, :, None, :]  # [B, H, d, d]
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Dense [B, n, n], n = H d d: vec(S_t) = M_t vec(S_{t-1}) + ..., row-major (h, v, k)."""
+        k, beta = inputs_t["k"], self._beta(inputs_t["beta"])  # [B, H, d], [B, H]
+        batch, heads, d = k.shape
+        eye = torch.eye(d, dtype=k.dtype, device=k.device)
+        A = eye - beta[..., None, None] * k[..., :, None] * k[..., None, :]  # [B, H, d, d] symmetric
+        eye_h = torch.eye(heads, dtype=k.dtype, device=k.device)
+        # S_t[h, v, j] = sum_i S_{t-1}[h, v, i] A[h, i, j]
+        M = torch.einsum("hg,vw,bhij->bhvjgwi", eye_h, eye, A)
+        n = heads * d * d
+        return M.reshape(batch, n, n)
+
+    def scan(self, inputs, pins=None) -> tuple[torch.Tensor, torch.Tensor]:
+        result = delta_rule(
+            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at="all", pins=pins,
+            beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
+        )
+        return result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
+
+    def readout(self, x, states, inputs) -> torch.Tensor:
+        o = torch.einsum("bthvk,bthk->bthv", states, inputs["q"].to(states.dtype))
+        return self._output(o.to(x.dtype), inputs)
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs = self.prepare(x)
+        o = delta_rule(
+            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], beta_clamp=self._clamp(),
+            chunk_size=self.options["chunk_size"], impl=self.options["impl"],
+        ).output  # [B, T, H, d]
+        return self._output(o, inputs)
+
+    def _output(self, o: torch.Tensor, inputs) -> torch.Tensor:  # o [B, T, H, d] -> [B, T, D]
+        o = self.o_norm(o)
+        if self.options["gate"]:
+            o = o * inputs["gate"]
+        return self.out_proj(o.flatten(2))
+
+
+def _options(options: dict) -> dict:
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown deltanet mixer_options {sorted(unknown)}; valid: {sorted(OPTIONS)}")
+    merged = {**OPTIONS, **options}
+    if not isinstance(merged["gate"], bool):
+        raise TypeError(f"mixer_options['gate'] must be a bool; got {merged['gate']!r}")
+    size = merged["chunk_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"mixer_options['chunk_size'] must be a positive int; got {size!r}")
+    if merged["impl"] not in IMPLS:
+        raise ValueError(f"mixer_options['impl'] must be one of {IMPLS}; got {merged['impl']!r}")
+    return merged
