@@ -47,7 +47,7 @@ class H3(RecurrentMixer):
         channels, n = self.n_heads * self.d_head, cfg.d_state
         self.state_shape = (channels, n)
         self.qkv = nn.Linear(cfg.d_model, 3 * channels)
-        self.shift_weight = nn.Parameter(torch.randn(channels, cfg.d_conv) / math.sqrt(cfg.d_conv))
+        self.shift_conv_weight = nn.Parameter(torch.randn(channels, cfg.d_conv) / math.sqrt(cfg.d_conv))
         log_dt = torch.rand(channels) * (math.log(1e-1) - math.log(1e-3)) + math.log(1e-3)
         self.log_dt = nn.Parameter(log_dt)
         self.log_neg_a = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(channels, 1))
@@ -78,7 +78,7 @@ class H3(RecurrentMixer):
         q = self.hook_q(heads[:, :, 0]).flatten(2)  # [B, T, C]
         k = self.hook_k(heads[:, :, 1]).flatten(2)
         v = self.hook_v(heads[:, :, 2]).flatten(2)
-        kbar = self.hook_conv(short_conv(k, self.shift_weight))  # [B, T, C]
+        kbar = self.hook_conv(short_conv(k, self.shift_conv_weight))  # [B, T, C]
         return {"u": kbar * v, "q": q}
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
