@@ -1,6 +1,7 @@
 """The contract every task meets: Batch shapes and dtypes, vocabularies, roles, options, seeds."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -40,3 +41,14 @@ def test_task_contract(spec, options):
     # A numpy Generator works as the seed too; the selection helper keeps the Batch consistent.
     assert len(task.sample(2, 10, np.random.default_rng(0))) == 2
     assert len(b.select(torch.tensor([0, 2]))) == 2
+
+
+@pytest.mark.parametrize("spec,options", SPECS)
+def test_single_example_tensors_are_writable(spec, options):
+    """n=1 makes broadcast numpy views look contiguous; tensors must still own writable memory."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = make_task(spec, **options).sample(1, 10, seed=0)
+        for tensor in [b.tokens, b.targets, b.loss_mask, b.states, *b.roles.values()]:
+            tensor.clone().copy_(tensor)
+            assert tensor.numpy().flags.writeable

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 
 import numpy as np
+import torch
 
 
 def make_rng(seed) -> np.random.Generator:
@@ -42,3 +43,8 @@ def check_options(task: str, options: dict, allowed: tuple[str, ...], hints: dic
                 hint = f"; {hints[key]}"
             takes = ", ".join(allowed) if allowed else "no options"
             raise ValueError(f"task {task!r} has no option {key!r} (it takes: {takes}){hint}")
+
+
+def roles_to_torch(roles: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Role positions as owned, writable int64 tensors (copies, so broadcast views are safe)."""
+    return {name: torch.from_numpy(np.array(pos, dtype=np.int64)) for name, pos in roles.items()}

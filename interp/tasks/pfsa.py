@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from interp.tasks.base import Batch
-from interp.tasks.common import check_choice, check_count, make_rng
+from interp.tasks.common import check_choice, check_count, make_rng, roles_to_torch
 from interp.tasks.groups import Group, symmetric
 from interp.tasks.repl import permutation_ids
 
@@ -164,4 +164,4 @@ class PfsaSwaps:
         roles = {"reveal": np.broadcast_to(ask_pos, (n, R)), "reveal_value": np.broadcast_to(ask_pos + 1, (n, R))}
         return Batch(torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(loss_mask),
                      torch.from_numpy(states),
-                     {name: torch.from_numpy(np.ascontiguousarray(p, dtype=np.int64)) for name, p in roles.items()})
+                     roles_to_torch(roles))

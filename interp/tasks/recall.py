@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from interp.tasks.base import Batch
-from interp.tasks.common import check_count, make_rng
+from interp.tasks.common import check_count, make_rng, roles_to_torch
 
 BOS, EOS = 0, 1
 
@@ -111,7 +111,7 @@ class MultiQueryRecall:
                      torch.from_numpy(states), self._roles(roles))
 
     def _roles(self, roles: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {name: torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)) for name, pos in roles.items()}
+        return roles_to_torch(roles)
 
 
 class AssociativeRecall(MultiQueryRecall):

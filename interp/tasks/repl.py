@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from interp.tasks.base import Batch
-from interp.tasks.common import check_choice, check_count, make_rng
+from interp.tasks.common import check_choice, check_count, make_rng, roles_to_torch
 from interp.tasks.groups import symmetric
 from interp.tasks.word_problems import running_product
 
@@ -189,4 +189,4 @@ class ReplTrace:
                  "reveal_value": np.broadcast_to(value_pos, (n, R * m))}
         return Batch(torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(loss_mask),
                      torch.from_numpy(np.ascontiguousarray(states)),
-                     {name: torch.from_numpy(np.ascontiguousarray(p, dtype=np.int64)) for name, p in roles.items()})
+                     roles_to_torch(roles))

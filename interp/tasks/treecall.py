@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from interp.tasks.base import Batch
-from interp.tasks.common import check_choice, check_count, make_rng
+from interp.tasks.common import check_choice, check_count, make_rng, roles_to_torch
 
 PAD, BOS, EOS = 0, 1, 2
 SPLITS = ("train", "heldout", "all")
@@ -293,5 +293,5 @@ class AssociativeTreecall:
         roles = {"key": key_pos, "value": value_pos, "query": query_pos, "answer": query_pos + 1}
         batch = Batch(torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(loss_mask),
                       torch.from_numpy(states),
-                      {name: torch.from_numpy(np.ascontiguousarray(p, dtype=np.int64)) for name, p in roles.items()})
+                      roles_to_torch(roles))
         return TreeBatch(batch, torch.from_numpy(tree_parent), torch.from_numpy(tree_label))
