@@ -9,7 +9,7 @@ from models.mixers.linear_rnn import chunked_linear_scan
 
 B, T, D = 2, 9, 8
 AFFINE = ["linear_rnn", "token_gated_rnn", "dense_ssm"]
-STATE_DEPENDENT = ["tanh_rnn", "state_gated_rnn", "lstm", "gru"]
+STATE_DEPENDENT = ["tanh_rnn", "state_gated_rnn", "lstm", "gru", "layernorm_rnn", "sphere_rnn"]
 
 
 def mixer_of(name: str, **overrides):
@@ -114,6 +114,45 @@ def test_affine_inits_contract():
     torch.manual_seed(0)
     A = models.build("linear_rnn", d_model=32).blocks[0].mixer.A.detach()
     torch.testing.assert_close(torch.linalg.eigvals(A).abs(), torch.full((32,), 0.9), atol=1e-5, rtol=0)
+
+
+# ---- whole-vector normalisations: states on the documented sphere, documented Jacobians -------
+
+
+def normalised_states(name):
+    model, mixer = mixer_of(name)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(), names=["blocks.0.mixer.hook_state"])
+    return mixer, cache["blocks.0.mixer.hook_state"]
+
+
+def test_layernorm_rnn_states_are_centred_on_the_sqrt_n_sphere():
+    _, states = normalised_states("layernorm_rnn")
+    torch.testing.assert_close(states.mean(-1), torch.zeros(B, T), atol=1e-5, rtol=0)
+    torch.testing.assert_close(states.norm(dim=-1), torch.full((B, T), D**0.5), atol=1e-3, rtol=0)
+
+
+def test_sphere_rnn_states_lie_on_the_sqrt_n_sphere():
+    _, states = normalised_states("sphere_rnn")
+    torch.testing.assert_close(states.norm(dim=-1), torch.full((B, T), D**0.5), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["layernorm_rnn", "sphere_rnn"])
+def test_normalised_rnn_jacobian_matches_the_documented_formula(name):
+    _, mixer = mixer_of(name)
+    inputs_t = one_step_inputs(mixer)
+    h = two_states(mixer)[0]
+    with torch.no_grad():
+        v = h @ mixer.recurrent.T + inputs_t["drive"]
+        h_next = mixer.step(inputs_t, h)[0]
+    eye = torch.eye(D)
+    if name == "layernorm_rnn":
+        sigma = (v.var(unbiased=False) + 1e-5).sqrt()
+        want = (eye - torch.ones(D, D) / D - torch.outer(h_next, h_next) / D) / sigma
+    else:
+        want = (eye - torch.outer(h_next, h_next) / D) * D**0.5 / v.norm()
+    torch.testing.assert_close(step_jacobian(mixer, inputs_t, h), want @ mixer.recurrent.detach(),
+                               atol=1e-4, rtol=1e-4)
 
 
 # ---- the chunked linear scan equals the step loop -------------------------------------------
@@ -275,7 +314,9 @@ def test_linear_rnn_rejects_unknown_options():
         models.build("linear_rnn", mixer_options={"chunks": 4})
 
 
-@pytest.mark.parametrize("name", ["state_gated_rnn", "lstm", "gru", "token_gated_rnn", "dense_ssm"])
+@pytest.mark.parametrize(
+    "name", ["state_gated_rnn", "lstm", "gru", "token_gated_rnn", "dense_ssm", "layernorm_rnn", "sphere_rnn"]
+)
 def test_mixers_without_options_reject_options(name):
     with pytest.raises(ValueError, match=rf"{name} takes no mixer_options; got \{{'chunk': 4\}}"):
         models.build(name, mixer_options={"chunk": 4})
