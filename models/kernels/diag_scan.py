@@ -31,10 +31,12 @@ state) pair, so the segment-sum ("attention") form used for scalar decays would 
 [L, L] decay matrix per state element, L times the state memory; and the cumulative log-decay
 form exp(L_t - L_s) leaves the float32 range for |a| near 0 (log 0 = -inf) and needs a sign or
 phase for negative and complex a. We therefore use exact products only: the sequence is cut into
-chunks of length L; the within-chunk scan with zero start runs L vectorised steps over all chunks
-at once, the cumulative products P (torch.cumprod) carry each chunk's transition, the chunk-end
-states are themselves a diagonal scan of length T/L solved recursively, and
-h_t = loc_t + P_t * H_{chunk-1}. No logarithm, division or exponent appears, so a = 0, negative
+chunks of length L; pass 1 runs the within-chunk recurrence from a zero start as L vectorised
+steps over all chunks at once, keeping only each chunk's end state; the chunk transitions
+prod_k a_k and these end states form a diagonal scan of length T/L, solved recursively (so the
+depth is about L log_L T instead of T); pass 2 reruns the L vectorised steps from the true chunk
+starts and writes every state. (So the parallelism is across chunks, not inside them; the
+work is about twice the loop's.) No logarithm, division or exponent appears, so a = 0, negative
 and complex a are exact up to float rounding (the association order differs from the loop, so
 results agree to a few ulps times the growth of the recurrence; |a| > 1 over long spans overflows
 like the loop does). The backward pass recomputes the states (nothing [B, T, *S] is kept for
@@ -165,11 +167,13 @@ def _readout(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 def _naive(a, b, c, h0, export_idx, pins):
     h = h0
     states = []
-    for t in range(a.shape[1]):
-        h = a[:, t] * h + b[:, t]  # [B, *S]
-        if pins is not None:
-            mask = pins[0][:, t].reshape(-1, *([1] * (h.dim() - 1)))
-            h = torch.where(mask, pins[1][:, t], h)
+    steps = zip(a.unbind(1), b.unbind(1))  # views whose backward is one stack, not T scatters
+    pin_steps = zip(pins[0].unbind(1), pins[1].unbind(1)) if pins is not None else None
+    for a_t, b_t in steps:
+        h = a_t * h + b_t  # [B, *S]
+        if pin_steps is not None:
+            mask, value = next(pin_steps)
+            h = torch.where(mask.reshape(-1, *([1] * (h.dim() - 1))), value, h)
         states.append(h)
     hs = torch.stack(states, dim=1)  # [B, T, *S]
     out = hs if c is None else _readout(hs, c)
@@ -196,14 +200,17 @@ def scan_states(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunk: int) 
         a = torch.cat([a, a.new_ones(batch, pad, width)], dim=1)
         b = torch.cat([b, b.new_zeros(batch, pad, width)], dim=1)
     a4 = a.reshape(batch, n_chunks, chunk, width)
-    loc = b.reshape(batch, n_chunks, chunk, width).clone()  # within-chunk states from zero
+    b4 = b.reshape(batch, n_chunks, chunk, width)
+    end = b4[:, :, 0]  # pass 1: every chunk's end state from a zero start, all chunks at once
     for k in range(1, chunk):
-        loc[:, :, k].addcmul_(a4[:, :, k], loc[:, :, k - 1])
-    prod = torch.cumprod(a4, dim=2)  # [B, nC, L, M] transition from chunk start to step k
-    ends = scan_states(prod[:, :, -1], loc[:, :, -1], h0, chunk)  # [B, nC, M] chunk-end states
-    starts = torch.cat([h0[:, None], ends[:, :-1]], dim=1)  # [B, nC, M] state before each chunk
-    loc.addcmul_(prod, starts[:, :, None])
-    return loc.reshape(batch, n_chunks * chunk, width)[:, :length]
+        end = torch.addcmul(b4[:, :, k], a4[:, :, k], end)  # [B, nC, M]
+    ends = scan_states(a4.prod(dim=2), end, h0, chunk)  # [B, nC, M] true chunk-end states
+    h = torch.cat([h0[:, None], ends[:, :-1]], dim=1)  # [B, nC, M] state before each chunk
+    out = torch.empty_like(b4)
+    for k in range(chunk):  # pass 2: every state, from the true chunk starts
+        h = torch.addcmul(b4[:, :, k], a4[:, :, k], h)
+        out[:, :, k] = h
+    return out.reshape(batch, n_chunks * chunk, width)[:, :length]
 
 
 def _reverse_adjoint(a, g_direct, chunk):
@@ -274,26 +281,33 @@ def segmented(segment_fn, a, b, c, h0, export_idx, pins, chunk):
     _ChunkedScan) up to the pin, one explicit pinned step, resume from the pinned state."""
     length = a.shape[1]
     pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
-    wanted = [] if export_idx is None else export_idx.tolist()
-    outs, at = [], {}
+    wanted = None if export_idx is None else export_idx.tolist()
+    outs, pieces, times = [], [], []  # exported states [B, k, *S] and the steps they belong to
     h, start = h0, 0
     for stop in pinned + [length]:
         if stop > start:  # steps [start, stop) in one kernel call
-            local = sorted({t - start for t in wanted if start <= t < stop})
+            local = [] if wanted is None else sorted({t - start for t in wanted if start <= t < stop})
             idx = torch.tensor(local, dtype=torch.long, device=a.device) if local else None
             c_seg = None if c is None else c[:, start:stop]
             out, h, exported = segment_fn(a[:, start:stop], b[:, start:stop], c_seg, h, idx, chunk)
             outs.append(out)
-            at.update({start + t: exported[:, i] for i, t in enumerate(local)})
+            if local:
+                pieces.append(exported)
+                times += [start + t for t in local]
         if stop < length:  # the pinned step itself
             h = a[:, stop] * h + b[:, stop]
             mask = pins[0][:, stop].reshape(-1, *([1] * (h.dim() - 1)))
             h = torch.where(mask, pins[1][:, stop], h)
             outs.append(h[:, None] if c is None else _readout(h[:, None], c[:, stop : stop + 1]))
-            at[stop] = h
+            pieces.append(h[:, None])
+            times.append(stop)
             start = stop + 1
     out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
-    exported = None if export_idx is None else torch.stack([at[t] for t in wanted], dim=1)
+    exported = None
+    if wanted is not None:
+        position = {t: i for i, t in enumerate(times)}
+        order = torch.tensor([position[t] for t in wanted], dtype=torch.long, device=a.device)
+        exported = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]).index_select(1, order)
     return out, h, exported
 
 

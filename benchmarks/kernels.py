@@ -1,0 +1,113 @@
+"""Scan kernels on the CPU: chunked vs naive, forward and forward+backward, and state-export cost.
+
+    python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown]
+
+One table, one row per (kernel, T, implementation, export): the median wall time of the forward
+and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels / heads,
+d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is naive time / this row's
+time at the same T (forward+backward). Export modes: "none", "chunks" (the state at every chunk
+end), "all" (every step's state).
+
+Each kernel contributes one `Bench` entry in KERNELS: setup(B, H, d_head, T, seed) -> inputs and
+call(inputs, impl, export_at) -> tensors to sum into the loss. The delta rule adds its own entry.
+GPU rows (Triton) are measured only when a device is lent (see benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from models.kernels import diag_scan
+
+CHUNK = 64
+
+
+@dataclass
+class Bench:
+    setup: Callable[[int, int, int, int, int], dict]
+    call: Callable[[dict, str, object], list]
+
+
+def diag_setup(batch: int, heads: int, d_head: int, length: int, seed: int) -> dict:
+    """Mamba-like: a = exp(dt A) in (0, 1), b = dt B x, read-out c = C shared over channels."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "a": torch.exp(-torch.rand(batch, length, heads, d_head, generator=gen)).requires_grad_(),
+        "b": torch.randn(batch, length, heads, d_head, generator=gen).requires_grad_(),
+        "c": torch.randn(batch, length, d_head, generator=gen).requires_grad_(),
+    }
+
+
+def diag_call(inputs: dict, impl: str, export_at) -> list:
+    res = diag_scan(inputs["a"], inputs["b"], inputs["c"], export_at=export_at, impl=impl, chunk_size=CHUNK)
+    return [x for x in (res.output, res.states_at) if x is not None]
+
+
+KERNELS: dict[str, Bench] = {"diag_scan": Bench(diag_setup, diag_call)}
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(bench: Bench, length: int, impl: str, export: str | None, repeats: int, args) -> tuple[float, float]:
+    inputs = bench.setup(args.batch, args.heads, args.d_head, length, 0)
+    leaves = [v for v in inputs.values() if v.requires_grad]
+
+    def forward():
+        with torch.no_grad():
+            bench.call(inputs, impl, export)
+
+    def forward_backward():
+        loss = sum(x.sum() for x in bench.call(inputs, impl, export))
+        torch.autograd.grad(loss, leaves)
+
+    return timed(forward, repeats), timed(forward_backward, repeats)
+
+
+ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-head", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread; "
+          f"B={args.batch}, H={args.heads}, d_head={args.d_head}, chunk={CHUNK}, float32, "
+          f"median of {args.repeats}.\n")
+    print("| kernel | T | impl | export | fwd ms | fwd+bwd ms | fwd speed-up | fwd+bwd speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.kernels:
+        for length in args.lengths:
+            base = None
+            for impl, export in ROWS:
+                repeats = 1 if impl == "naive" and length >= 4096 else args.repeats
+                fwd, fwd_bwd = measure(KERNELS[name], length, impl, export, repeats, args)
+                if base is None:
+                    base = (fwd, fwd_bwd)
+                print(f"| {name} | {length} | {impl} | {export or 'none'} | {fwd * 1e3:.1f} | "
+                      f"{fwd_bwd * 1e3:.1f} | {base[0] / fwd:.1f}x | {base[1] / fwd_bwd:.1f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
