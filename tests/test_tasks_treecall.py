@@ -89,3 +89,17 @@ def test_atr_bad_arguments():
         make_task("ATR", max_depth=0)
     with pytest.raises(ValueError, match="n_terminal"):
         make_task("ATR", n_terminal=5)
+
+
+def test_categorical_draw_matches_probabilities():
+    import numpy as np
+
+    from interp.tasks.treecall import _draw
+
+    probs = np.array([[0.2, 0.3, 0.5], [0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.0, 0.0, 1.0]])
+    rng = np.random.default_rng(0)
+    rows = np.repeat(np.arange(4), 100_000)
+    draws = _draw(rng, np.cumsum(probs, axis=1), rows)
+    freq = np.stack([np.bincount(draws[rows == r], minlength=3) / 100_000 for r in range(4)])
+    assert np.all(freq[probs == 0] == 0)                   # impossible categories never drawn
+    np.testing.assert_allclose(freq, probs, atol=0.01)

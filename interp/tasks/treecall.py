@@ -93,10 +93,16 @@ def random_grammar(n_nonterminals: int, n_terminals: int, max_rule_length: int,
     return Grammar(n_t, level, rules, rule_cum, head_cum, start_cum, heldout)
 
 
-def _draw(rng: np.random.Generator, cum: np.ndarray) -> np.ndarray:
-    """One categorical draw per row of cumulative probabilities cum [F, K].  -> [F]"""
-    u = rng.random(cum.shape[0]) * cum[:, -1]
-    return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
+def _draw(rng: np.random.Generator, cum: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """One categorical draw from each cum[rows[f]] (cumulative probabilities cum [M, K]).  -> [F]
+
+    Inverse CDF on the rows laid end to end: row r's cumulative probabilities shifted by r are
+    increasing overall, so one searchsorted finds every draw.
+    """
+    m, k = cum.shape
+    flat = (cum / cum[:, -1:] + np.arange(m)[:, None]).reshape(-1)          # [M*K] increasing
+    u = rows + rng.random(len(rows))                                        # in [row, row + 1)
+    return np.minimum(np.searchsorted(flat, u, side="right") - rows * k, k - 1)
 
 
 class Documents(NamedTuple):
@@ -117,7 +123,7 @@ class Documents(NamedTuple):
 def sample_documents(grammar: Grammar, n: int, rng: np.random.Generator) -> Documents:
     """Expand n root nonterminals top-down, one tree level per step, vectorised over all nodes."""
     n_t, width = grammar.n_terminals, 1 + grammar.rules.shape[2]
-    roots = n_t + _draw(rng, np.broadcast_to(grammar.start_cum, (n, len(grammar.start_cum))))
+    roots = n_t + _draw(rng, grammar.start_cum[None, :], np.zeros(n, dtype=np.int64))
     # Frontier in document order: symbol, document, own node id (heads only), parent node id, label.
     sym, doc = roots, np.arange(n, dtype=np.int64)
     node, parent, label = np.full(n, -1), np.full(n, -1), np.full(n, -1)
@@ -125,8 +131,9 @@ def sample_documents(grammar: Grammar, n: int, rng: np.random.Generator) -> Docu
     while (sym >= n_t).any():
         is_nt = sym >= n_t
         nt = np.where(is_nt, sym - n_t, 0)
-        heads = _draw(rng, grammar.head_cum[nt])                           # [F]
-        rule = _draw(rng, grammar.rule_cum[nt])                            # [F]
+        heads, rule = np.zeros_like(sym), np.zeros_like(sym)
+        heads[is_nt] = _draw(rng, grammar.head_cum, nt[is_nt])            # [F]
+        rule[is_nt] = _draw(rng, grammar.rule_cum, nt[is_nt])             # [F]
         new_ids = np.where(is_nt, next_id + np.cumsum(is_nt) - 1, node)   # ids of the new heads
         next_id += int(is_nt.sum())
         # children [F, width]: a terminal stays itself; a nonterminal becomes [head, rhs...].
