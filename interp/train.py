@@ -1,0 +1,290 @@
+"""Training loop: AdamW, warmup then cosine, gradient clipping, an optional length curriculum.
+
+    train(model_config, task, TrainConfig(...), out="runs/x") -> TrainResult
+
+Loss: cross-entropy on the batch's loss_mask positions. Accuracy (progress bar, metrics): the
+fraction of loss positions predicted right.
+
+Learning rate at step s (0-based): lr * (s + 1) / warmup during warmup, then a cosine from lr
+down to 0 at `steps`: lr * (1 + cos(pi * (s - warmup) / (steps - warmup))) / 2.
+
+Length curriculum (the error-control study): start at `curriculum_start` (2), evaluate the
+final-state accuracy at the current length every `eval_every` steps, and after
+`curriculum_patience` (k) consecutive evaluations at >= `curriculum_threshold` (95%) double the
+length, capped at `train_length`. Off: every batch has length `train_length`.
+
+Determinism: the weights are initialised from `seed`; the batch of step s is
+`task.sample(batch_size, length, stream_seed(seed, 0, s))`, so a resumed run reads exactly the
+batches an uninterrupted run reads, and on the CPU resuming gives bit-identical weights.
+
+A run directory (see `interp.checkpoint`) is written when `out` is given: config.json at the
+start, a checkpoint every `checkpoint_every` steps and at the end, metrics.jsonl with it. A
+directory that already holds a run is never overwritten: with `resume=True` training continues
+from its checkpoint if the configs match, otherwise CheckpointError names the differences.
+A NaN or Inf loss (or gradient norm) stops training with TrainingDiverged; the last good
+checkpoint stays on disk untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from interp import checkpoint as ckpt
+from interp.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
+from interp.tasks.base import Batch, Task
+from models.backbone import SequenceModel
+from models.config import ModelConfig
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became NaN or Inf."""
+
+
+@dataclass
+class TrainConfig:
+    """Training hyperparameters (JSON round-trippable; recorded in config.json["train"])."""
+
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup: int = 50
+    grad_clip: float = 1.0
+    train_length: int = 60
+    curriculum: bool = False
+    curriculum_start: int = 2
+    curriculum_patience: int = 2
+    curriculum_threshold: float = 0.95
+    eval_every: int = 25
+    eval_size: int = 256
+    log_every: int = 10
+    checkpoint_every: int = 500
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "train_length", "curriculum_start", "curriculum_patience",
+                     "eval_every", "eval_size", "log_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
+        for name in ("warmup", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"TrainConfig.{name} must be a non-negative int; got {value!r}")
+        for name in ("lr", "grad_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"TrainConfig.{name} must be a positive finite number; got {value!r}")
+        if not isinstance(self.weight_decay, (int, float)) or not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"TrainConfig.weight_decay must be a non-negative number; got {self.weight_decay!r}")
+        if not 0 < self.curriculum_threshold <= 1:
+            raise ValueError(f"TrainConfig.curriculum_threshold must be in (0, 1]; got {self.curriculum_threshold!r}")
+        if not isinstance(self.curriculum, bool):
+            raise TypeError(f"TrainConfig.curriculum must be a bool; got {self.curriculum!r}")
+        if self.warmup >= self.steps:
+            raise ValueError(f"TrainConfig.warmup ({self.warmup}) must be smaller than steps ({self.steps})")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"TrainConfig.device {self.device!r} is not a torch device: {error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; valid: {sorted(names)}")
+        return cls(**data)
+
+
+@dataclass
+class TrainResult:
+    model: SequenceModel
+    step: int
+    metrics: list[dict[str, Any]]
+    run_dir: Path | None
+    seconds: float = 0.0
+    final_length: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for 0-based step `step`: linear warmup, then cosine to 0 at cfg.steps."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (dim >= 2) only, not on biases and norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+
+
+def masked_loss(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy, accuracy) over loss_mask positions; logits [N, T, V]."""
+    mask = batch.loss_mask
+    selected, targets = logits[mask], batch.targets[mask]                      # [M, V], [M]
+    loss = F.cross_entropy(selected, targets)
+    accuracy = (selected.argmax(-1) == targets).float().mean()
+    return loss, accuracy
+
+
+def task_record(task: Task) -> dict[str, Any]:
+    options = task.options() if hasattr(task, "options") else {}
+    return {"name": task.name, "options": options}
+
+
+def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Path | None = None, *,
+          resume: bool = False, stop_at: int | None = None, progress: bool = True,
+          label: str = "train") -> TrainResult:
+    """Train a model built from `model_config` on `task`; see the module docstring.
+
+    stop_at: stop (with a checkpoint) after this many steps although cfg.steps is larger; a later
+    call with resume=True finishes the run as if never interrupted.
+    """
+    if not isinstance(model_config, ModelConfig):
+        raise TypeError(f"model_config must be a ModelConfig; got {type(model_config).__name__}")
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig; got {type(cfg).__name__}")
+    if model_config.vocab_size < task.vocab_size:
+        raise ValueError(f"model_config.vocab_size ({model_config.vocab_size}) is smaller than the "
+                         f"task's vocab_size ({task.vocab_size})")
+    if stop_at is not None and (not isinstance(stop_at, int) or stop_at < 1):
+        raise ValueError(f"stop_at must be None or a positive int; got {stop_at!r}")
+    end = min(cfg.steps, stop_at or cfg.steps)
+
+    torch.manual_seed(cfg.seed)
+    model = SequenceModel(model_config).to(cfg.device)
+    optimizer = make_optimizer(model, cfg)
+    state = {"length": cfg.curriculum_start if cfg.curriculum else cfg.train_length, "streak": 0,
+             "sums": [0.0, 0.0, 0]}
+    step, records = 0, []
+    run_dir = Path(out) if out is not None else None
+    if run_dir is not None:
+        config = ckpt.make_config(model_config.to_dict(), task_record(task), cfg.to_dict(), cfg.seed)
+        step, records, state = _open_run_dir(run_dir, config, model, optimizer, resume, state)
+    state["length"] = min(state["length"], cfg.train_length)
+    last_saved = step
+
+    started = time.perf_counter()
+    bar = _progress_bar(cfg.steps, step, progress, label)
+    model.train()
+    try:
+        while step < end:
+            batch = task.sample(cfg.batch_size, state["length"], stream_seed(cfg.seed, TRAIN_STREAM, step))
+            batch = batch.to(cfg.device)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, cfg)
+            loss, accuracy = masked_loss(model(batch.tokens), batch)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(_diverged_message("loss", loss, step, run_dir, last_saved))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if not torch.isfinite(norm):
+                raise TrainingDiverged(_diverged_message("gradient norm", norm, step, run_dir, last_saved))
+            optimizer.step()
+            step += 1
+            sums = state["sums"]
+            sums[0] += loss.item(); sums[1] += accuracy.item(); sums[2] += 1  # noqa: E702
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                records.append({"kind": "train", "step": step, "loss": sums[0] / sums[2],
+                                "accuracy": sums[1] / sums[2], "lr": learning_rate(step - 1, cfg),
+                                "length": state["length"], "time": time.perf_counter() - started})
+                state["sums"] = [0.0, 0.0, 0]
+                bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", acc=f"{records[-1]['accuracy']:.3f}",
+                                len=state["length"], refresh=False)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                _evaluate_and_advance(model, task, cfg, step, state, records)
+                model.train()
+            bar.update(1)
+            if run_dir is not None and (step % cfg.checkpoint_every == 0 or step == end):
+                ckpt.save_checkpoint(run_dir, model, optimizer, step, extra=_extra(state))
+                ckpt.write_metrics(run_dir, records)
+                last_saved = step
+    finally:
+        bar.close()
+    return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"])
+
+
+def _evaluate_and_advance(model, task, cfg: TrainConfig, step: int, state: dict, records: list) -> None:
+    """Evaluate final-state accuracy at the current length; advance the curriculum."""
+    model.eval()
+    accuracy = final_state_accuracy(model, task, state["length"], cfg.eval_size, cfg.seed, cfg.device)
+    records.append({"kind": "eval", "step": step, "length": state["length"], "accuracy": accuracy})
+    if not cfg.curriculum or state["length"] >= cfg.train_length:
+        return
+    state["streak"] = state["streak"] + 1 if accuracy >= cfg.curriculum_threshold else 0
+    if state["streak"] >= cfg.curriculum_patience:
+        state["length"] = min(2 * state["length"], cfg.train_length)
+        state["streak"] = 0
+
+
+def _extra(state: dict) -> dict:
+    return {"curriculum_length": state["length"], "curriculum_streak": state["streak"],
+            "log_sums": list(state["sums"])}
+
+
+def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, state: dict):
+    """Create the run directory, or reopen an existing one for resuming (configs must match)."""
+    if (run_dir / ckpt.CONFIG).exists():
+        old = ckpt.read_config(run_dir)
+        differences = ckpt.config_differences(old, config)
+        if differences:
+            raise ckpt.CheckpointError(
+                f"{run_dir} holds a run with a different config; refusing to overwrite it. "
+                f"Differences (old != new): {'; '.join(differences)}. Use another output directory."
+            )
+        if not resume:
+            raise FileExistsError(
+                f"{run_dir} already holds a run with this config; pass resume=True (--resume) to "
+                "continue it, or choose another output directory"
+            )
+        if not (run_dir / ckpt.STATE).exists():
+            return 0, [], state  # config written, no checkpoint yet: start from scratch
+        saved = ckpt.load_checkpoint(run_dir, model, optimizer)
+        extra = saved.get("extra", {})
+        state = {"length": extra.get("curriculum_length", state["length"]),
+                 "streak": extra.get("curriculum_streak", 0),
+                 "sums": list(extra.get("log_sums", [0.0, 0.0, 0]))}
+        records = [r for r in ckpt.read_metrics(run_dir) if r.get("step", 0) <= saved["step"]]
+        return saved["step"], records, state
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; refusing to write into it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt.write_json(run_dir / ckpt.CONFIG, config)
+    return 0, [], state
+
+
+def _diverged_message(what: str, value: torch.Tensor, step: int, run_dir: Path | None, last_saved: int) -> str:
+    where = (f"the last good checkpoint (step {last_saved}) is intact in {run_dir}"
+             if run_dir is not None and last_saved > 0 else "no checkpoint was written yet")
+    return (f"training stopped: the {what} is {value.item()} at step {step + 1}; {where}. "
+            "Try a lower lr or a stronger grad_clip.")
+
+
+def _progress_bar(total: int, initial: int, enabled: bool, label: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc=label, file=sys.stderr,
+                dynamic_ncols=True, leave=False, mininterval=0.5)
