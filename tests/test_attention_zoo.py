@@ -7,6 +7,7 @@ import torch
 
 import models
 from models.kernels.fft_conv import fft_causal_conv
+from models.mixers.base import RecurrentMixer
 from models.mixers.attention import apply_rotary, rotary_tables
 from models.mixers.based import taylor_features
 
@@ -239,6 +240,19 @@ def test_h3_fft_path_equals_recurrence():
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     for fast, slow in zip(*grads):
         torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)
+
+
+def test_h3_kernel_scan_with_pins_equals_step_loop(x):
+    mixer = mixer_of(build("h3", d_state=8))
+    with torch.no_grad():
+        inputs = mixer.prepare(x)
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        mask[0, 3], mask[1, 6] = True, True
+        values = torch.randn(B, T, *mixer.state_shape, generator=torch.Generator().manual_seed(2))
+        kernel_states, _ = mixer.scan(inputs, (mask, values))
+        loop_states, _ = RecurrentMixer.scan(mixer, inputs, (mask, values))  # step() one at a time
+    torch.testing.assert_close(kernel_states, loop_states, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kernel_states[0, 3], values[0, 3])
 
 
 def test_h3_kernel_is_impulse_response_of_the_recurrence():

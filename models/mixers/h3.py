@@ -14,7 +14,8 @@ A[c, n] = -(n + 1)), zero-order-hold discretisation with a learned step dt[c] (l
 [1e-3, 1e-1] at init): Abar = exp(dt A), Bbar = (Abar - 1) / A * B. N = cfg.d_state.
 
 Being time-invariant, the SSM is a convolution with kernel K[c, l] = sum_n C Bbar Abar^l
-(plus the Dskip term). Fast path: FFT convolution of u with K. Instrumented path: the recurrence,
+(plus the Dskip term). Fast path: FFT convolution of u with K. Instrumented path: the recurrence
+(models.kernels.diag_scan, which honours state pins; `step` is the same update one step at a time),
 hook_state [B, T, C, N] with causal state patches. The update is affine (is_affine) with the
 diagonal transition Abar.
 
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint, scan_with_state_hook
-from models.kernels import short_conv
+from models.kernels import diag_scan, short_conv
 from models.kernels.fft_conv import fft_causal_conv
 from models.mixers.base import RecurrentMixer, register_mixer
 
@@ -84,6 +85,14 @@ class H3(RecurrentMixer):
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
         _, abar, bbar = self.discretised()
         return abar * h + bbar * inputs_t["u"][..., None]  # [B, C, N]
+
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrence by the diagonal-scan kernel, honouring pins -> (states, states) [B, T, C, N]."""
+        _, abar, bbar = self.discretised()
+        u = inputs["u"]  # [B, T, C]
+        a = abar.expand(*u.shape[:2], *abar.shape)
+        states = diag_scan(a, bbar * u[..., None], pins=pins).output
+        return states, states
 
     def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
         _, abar, _ = self.discretised()
