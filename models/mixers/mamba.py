@@ -16,7 +16,9 @@ Fast path: models.kernels.diag_scan with the read-out C fused, so no [B, T, E, N
 returned or kept for autograd. Instrumented path: the same kernel returning every state through
 hook_state; state patches are passed to the kernel as pins and the scan resumes from them.
 
-Variants (negative Mamba, ...) subclass this and override `transition_terms`.
+Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
+`prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
+complex state is its real part).
 
 mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
 dt_init_floor (1e-4), conv_bias (True), bias (False, in/out projections), chunk_size (64).
@@ -126,7 +128,9 @@ class Mamba(RecurrentMixer):
         return self.finish(y, inputs)
 
     def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.out_proj((y + self.D * inputs["x"]) * inputs["gate"])  # [B, T, d_model]
+        """[B, T, E] read-out (the real part for complex-state variants) -> [B, T, d_model]."""
+        y = y.real if y.is_complex() else y
+        return self.out_proj((y + self.D * inputs["x"]) * inputs["gate"])
 
     def mix(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(u)
