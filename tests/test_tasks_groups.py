@@ -32,6 +32,10 @@ def test_check_rejects_non_groups():
         Group("bad", table, np.array([0, 2, 1])).check()
     with pytest.raises(ValueError, match="identity"):
         Group("bad", np.array([[1, 0], [0, 1]]), np.array([0, 1])).check()
+    # A loop of order 5: a Latin square with identity 0 and inverses, but not associative.
+    loop = np.array([[0, 1, 2, 3, 4], [1, 0, 3, 4, 2], [2, 4, 0, 1, 3], [3, 2, 4, 0, 1], [4, 3, 1, 2, 0]])
+    with pytest.raises(ValueError, match="associative"):
+        Group("loop", loop, np.arange(5)).check()
 
 
 def test_permutation_convention_is_array_reindexing():
