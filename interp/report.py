@@ -1,0 +1,93 @@
+"""Self-contained offline HTML reports.
+
+    write_report(path, title, [Text(...), Table(rows), fig, ...]) -> Path
+
+Sections are plotly figures, `Text` (escaped paragraphs, or `Text(html, raw=True)`) and `Table`
+(a list of row dicts). plotly.js is embedded inline exactly once (with the first figure), so the
+file opens without a network connection. Written atomically.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from interp.checkpoint import atomic_write_text
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; }
+table.data { border-collapse: collapse; margin: 1em 0; }
+table.data th, table.data td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; }
+table.data th { background: #f3f3f3; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; }
+"""
+
+
+@dataclass
+class Text:
+    """A paragraph (escaped) or, with raw=True, an HTML fragment; `heading` adds an <h2>."""
+
+    body: str
+    heading: str | None = None
+    raw: bool = False
+
+
+@dataclass
+class Table:
+    """Rows (dicts) rendered as an HTML table; columns in first-seen order."""
+
+    rows: Sequence[Mapping[str, Any]]
+    heading: str | None = None
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c, '')))}</td>" for c in columns) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render_report(title: str, sections: Sequence[go.Figure | Text | Table]) -> str:
+    """The report as one HTML string (plotly.js inline once)."""
+    parts, plotly_included = [], False
+    for index, section in enumerate(sections):
+        if isinstance(section, go.Figure):
+            parts.append(section.to_html(full_html=False, include_plotlyjs="inline" if not plotly_included else False,
+                                         div_id=f"figure-{index}", config={"displaylogo": False}))
+            plotly_included = True
+        elif isinstance(section, Text):
+            heading = f"<h2>{html.escape(section.heading)}</h2>" if section.heading else ""
+            body = section.body if section.raw else "".join(
+                f"<p>{html.escape(p)}</p>" for p in section.body.split("\n\n") if p.strip())
+            parts.append(heading + body)
+        elif isinstance(section, Table):
+            heading = f"<h2>{html.escape(section.heading)}</h2>" if section.heading else ""
+            parts.append(heading + render_table(section.rows))
+        else:
+            raise TypeError(f"sections[{index}] must be a go.Figure, Text or Table; got {type(section).__name__}")
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
+            f"<body><h1>{html.escape(title)}</h1>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def write_report(path: str | Path, title: str, sections: Sequence[go.Figure | Text | Table]) -> Path:
+    """Write the report to `path` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, render_report(title, sections))
+    return path

@@ -1,0 +1,126 @@
+"""Run directories: atomic writes, exact optimizer round trip, truncated or mixed checkpoints rejected."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import models
+from interp import checkpoint as ckpt
+from interp.tasks import make_task
+from interp.train import TrainConfig, make_optimizer, train
+
+
+def make_run(tmp_path, steps=6):
+    cfg = TrainConfig(steps=steps, batch_size=4, warmup=2, train_length=6, eval_every=3, eval_size=8,
+                      checkpoint_every=3, seed=1)
+    model_cfg = models.preset_config("tanh_rnn", vocab_size=2, d_model=8)
+    result = train(model_cfg, make_task("C2"), cfg, tmp_path / "run", progress=False)
+    return tmp_path / "run", result, model_cfg, cfg
+
+
+def test_run_directory_layout_and_config(tmp_path):
+    run_dir, result, model_cfg, cfg = make_run(tmp_path)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        [ckpt.CONFIG, ckpt.MODEL, ckpt.OPTIMIZER, ckpt.STATE, ckpt.METRICS])
+    config = json.loads((run_dir / ckpt.CONFIG).read_text())
+    assert config["model"] == model_cfg.to_dict()
+    assert config["task"] == {"name": "C2", "options": {"format": "acot"}}
+    assert config["train"] == cfg.to_dict() and config["seed"] == 1
+    assert set(config["versions"]) == {"torch", "numpy", "python", "package"}
+    loaded = models.load(run_dir)
+    for key, value in result.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    records = ckpt.read_metrics(run_dir)
+    assert {r["kind"] for r in records} == {"train", "eval"} and records[-1]["step"] == 6
+
+
+def test_optimizer_state_round_trips_exactly(tmp_path):
+    run_dir, result, model_cfg, cfg = make_run(tmp_path)
+    model = models.build(model_cfg)
+    optimizer = make_optimizer(model, cfg)
+    state = ckpt.load_checkpoint(run_dir, model, optimizer)
+    assert state["step"] == 6
+    tensors, _ = ckpt.flatten_optimizer(optimizer)
+    saved = ckpt.load_file(str(run_dir / ckpt.OPTIMIZER))
+    assert {k for k in saved if k.startswith("state.")} == set(tensors)
+    for key, value in tensors.items():
+        assert torch.equal(saved[key], value), key
+    assert all(k in {"exp_avg", "exp_avg_sq", "step"} for k in {n.split(".", 2)[2] for n in tensors})
+
+
+def test_atomic_write_leaves_no_temporary_files_and_keeps_old_file_on_failure(tmp_path):
+    target = tmp_path / "file.json"
+    ckpt.write_json(target, {"a": 1})
+
+    def failing(tmp):
+        with open(tmp, "w") as handle:
+            handle.write("partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        ckpt.atomic_write(target, failing)
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["file.json"]
+
+
+@pytest.mark.parametrize("name", [ckpt.MODEL, ckpt.OPTIMIZER])
+def test_truncated_safetensors_raise_clear_errors_and_are_not_overwritten(tmp_path, name):
+    run_dir, _, model_cfg, cfg = make_run(tmp_path)
+    path = run_dir / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    if name == ckpt.MODEL:
+        with pytest.raises(ValueError, match="truncated or corrupt"):
+            models.load(run_dir)
+    with pytest.raises(ckpt.CheckpointError, match=rf"{name}.*truncated"):
+        train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
+    assert path.read_bytes() == data[: len(data) // 2]
+
+
+def test_truncated_config_raises_clear_errors(tmp_path):
+    run_dir, _, model_cfg, cfg = make_run(tmp_path)
+    text = (run_dir / ckpt.CONFIG).read_text()
+    (run_dir / ckpt.CONFIG).write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        models.load(run_dir)
+    with pytest.raises(ckpt.CheckpointError, match="config.json is not valid JSON"):
+        train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
+    assert (run_dir / ckpt.CONFIG).read_text() == text[: len(text) // 2]
+
+
+def test_checkpoint_files_from_different_steps_are_rejected(tmp_path):
+    run_dir, _, model_cfg, cfg = make_run(tmp_path)
+    model = models.build(model_cfg)
+    optimizer = make_optimizer(model, cfg)
+    ckpt.load_checkpoint(run_dir, model, optimizer)
+    # an interrupted checkpoint: a new optimizer file (step 7) next to the model and state of step 6
+    tensors, _ = ckpt.flatten_optimizer(optimizer)
+    ckpt.save_file(tensors, str(run_dir / ckpt.OPTIMIZER), metadata={"step": "7"})
+    state = json.loads((run_dir / ckpt.STATE).read_text())
+    state["files"][ckpt.OPTIMIZER] = (run_dir / ckpt.OPTIMIZER).stat().st_size
+    (run_dir / ckpt.STATE).write_text(json.dumps(state))
+    with pytest.raises(ckpt.CheckpointError, match="from step 7 but trainer_state.json is from step 6"):
+        ckpt.load_checkpoint(run_dir, models.build(model_cfg), make_optimizer(models.build(model_cfg), cfg))
+
+
+def test_missing_checkpoint_file_is_reported(tmp_path):
+    run_dir, _, model_cfg, cfg = make_run(tmp_path)
+    (run_dir / ckpt.OPTIMIZER).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="has no optimizer.safetensors"):
+        train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
+
+
+def test_config_differences_lists_changed_entries():
+    old = {"model": {"d_model": 8}, "task": {"name": "C2"}, "train": {"lr": 0.1}, "seed": 0,
+           "versions": {"torch": "1"}}
+    new = {"model": {"d_model": 8}, "task": {"name": "S3"}, "train": {"lr": 0.1}, "seed": 1,
+           "versions": {"torch": "2"}}
+    assert ckpt.config_differences(old, new) == ["task.name: 'C2' != 'S3'", "seed: 0 != 1"]
+
+
+def test_bad_metrics_line_is_reported(tmp_path):
+    (tmp_path / ckpt.METRICS).write_text('{"step": 1}\n{"step": 2\n')
+    with pytest.raises(ckpt.CheckpointError, match="line 2 is not valid JSON"):
+        ckpt.read_metrics(tmp_path)
