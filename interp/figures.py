@@ -122,3 +122,90 @@ def _color(index: int) -> str:
 
     palette = px.colors.qualitative.Plotly
     return palette[index % len(palette)]
+
+
+# ----------------------------------------------------------------------------- per-head analyses (H10)
+
+
+def _head_label(row: Mapping[str, Any]) -> str:
+    prefix = f"{row['model']} " if "model" in row else ""
+    return f"{prefix}L{row.get('layer', 0)}H{row['head']}"
+
+
+def beta_histograms(histograms: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                    title: str = "beta per head") -> go.Figure:
+    """One panel per entry {label: (edges [bins + 1], counts [H, bins])}, one bar series per head.
+
+    Counts are shown as fractions of the entry's tokens; a dotted line marks beta = 1 (eigenvalue 0).
+    """
+    _check_results(histograms)
+    fig = make_subplots(rows=len(histograms), cols=1, subplot_titles=list(histograms), shared_xaxes=True)
+    for row, (label, (edges, counts)) in enumerate(histograms.items(), start=1):
+        edges, counts = np.asarray(edges, dtype=float), np.asarray(counts, dtype=float)
+        if counts.ndim != 2 or counts.shape[1] != len(edges) - 1:
+            raise ValueError(f"histogram {label!r}: counts must be [H, bins] with bins = len(edges) - 1; "
+                             f"got counts {counts.shape} and {len(edges)} edges")
+        centres, widths = (edges[1:] + edges[:-1]) / 2, np.diff(edges)
+        for head, head_counts in enumerate(counts):
+            fraction = head_counts / max(head_counts.sum(), 1.0)
+            fig.add_trace(go.Bar(x=centres, y=fraction, width=widths, name=f"head {head}", opacity=0.6,
+                                 marker_color=_color(head), legendgroup=f"head {head}", showlegend=row == 1),
+                          row=row, col=1)
+        fig.add_vline(x=1.0, line_dash="dot", line_color="gray", row=row, col=1)
+    fig.update_xaxes(title="beta", row=len(histograms), col=1)
+    fig.update_yaxes(title="fraction of tokens")
+    fig.update_layout(title=title, template="plotly_white", barmode="overlay",
+                      height=max(300, 220 * len(histograms)))
+    return fig
+
+
+def head_ablation(rows: Sequence[Mapping[str, Any]], baseline: float | Mapping[str, float],
+                  title: str = "Reveal accuracy with one head's beta ablated") -> go.Figure:
+    """Grouped bars: accuracy per head (rows with layer, head, mode, accuracy [, model]) by mode,
+    with the unablated accuracy as a dashed line (one per model when `baseline` is a mapping)."""
+    if not rows:
+        raise ValueError("rows must be a non-empty list of {layer, head, mode, accuracy} dicts")
+    fig = go.Figure()
+    for index, mode in enumerate(dict.fromkeys(row["mode"] for row in rows)):
+        selected = [row for row in rows if row["mode"] == mode]
+        fig.add_trace(go.Bar(x=[_head_label(r) for r in selected], y=[r["accuracy"] for r in selected],
+                             name=mode, marker_color=_color(index)))
+    baselines = baseline.items() if isinstance(baseline, Mapping) else [("unablated", baseline)]
+    for name, value in baselines:
+        fig.add_hline(y=float(value), line_dash="dash", line_color="gray",
+                      annotation_text=f"{name}: {float(value):.3f}", annotation_position="top left")
+    fig.update_yaxes(range=[0, 1.05], title="accuracy on reveal tokens")
+    fig.update_xaxes(title="ablated head")
+    fig.update_layout(title=title, template="plotly_white", barmode="group")
+    return fig
+
+
+def head_metric_bars(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str],
+                     title: str = "State effective rank per head", yaxis: str = "effective rank") -> go.Figure:
+    """Grouped bars of per-head values (rows with layer, head [, model] and each of `metrics`)."""
+    if not rows or not metrics:
+        raise ValueError("rows and metrics must be non-empty")
+    fig = go.Figure()
+    for index, metric in enumerate(metrics):
+        if any(metric not in row for row in rows):
+            raise ValueError(f"metric {metric!r} is missing from some rows; row keys: {sorted(rows[0])}")
+        fig.add_trace(go.Bar(x=[_head_label(r) for r in rows], y=[r[metric] for r in rows], name=metric,
+                             marker_color=_color(index)))
+    fig.update_yaxes(title=yaxis)
+    fig.update_layout(title=title, template="plotly_white", barmode="group")
+    return fig
+
+
+def curves(lines: Mapping[str, Sequence[float]], xtitle: str, ytitle: str, title: str,
+           log_y: bool = False, x: Sequence[float] | None = None) -> go.Figure:
+    """One line per entry {name: values [T]} against x (default 0..T-1), e.g. norm decay or R^2 per position."""
+    _check_results(lines)
+    fig = go.Figure()
+    for name, values in lines.items():
+        values = np.asarray(values, dtype=float)
+        xs = np.arange(len(values)) if x is None else np.asarray(x)
+        fig.add_trace(go.Scatter(x=xs, y=values, mode="lines", name=name))
+    fig.update_xaxes(title=xtitle)
+    fig.update_yaxes(title=ytitle, type="log" if log_y else "linear")
+    fig.update_layout(title=title, template="plotly_white")
+    return fig
