@@ -278,22 +278,23 @@ def _project(site: Site, current: torch.Tensor, source: torch.Tensor) -> torch.T
 Source = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _patch_hooks(sites, replicas, target_pos, examples, source: Source) -> list[tuple[str, Callable]]:
-    """One forward hook per hook name; replica r of the forward is example examples[r % n]
-    patched at sites[replicas[r // n]]."""
-    n = len(examples)
-    by_hook: dict[str, list[tuple[int, int]]] = {}
-    for slot, s in enumerate(replicas):
-        by_hook.setdefault(sites[s].hook, []).append((slot, s))
+def _patch_hooks(sites, site_of_row, example_of_row, target_pos, source: Source) -> list[tuple[str, Callable]]:
+    """One forward hook per hook name: row r of the forward (example example_of_row[r]) is
+    patched at sites[site_of_row[r]]. site_of_row, example_of_row: [R] int64."""
+    by_hook: dict[str, list[int]] = {}
+    for s in torch.unique(site_of_row).tolist():
+        by_hook.setdefault(sites[s].hook, []).append(s)
 
-    def make(entries):
+    def make(site_ids):
         def patch(act: torch.Tensor, hook) -> torch.Tensor:
             out = act.clone()
             view = _layout(out, hook.name)
-            for slot, s in entries:
+            for s in site_ids:
                 site = sites[s]
-                rows = torch.arange(slot * n, (slot + 1) * n, device=act.device)
-                pos = target_pos[s][examples].to(act.device)  # [n, k]
+                rows = torch.nonzero(site_of_row == s)[:, 0]
+                examples = example_of_row[rows]
+                pos = target_pos[s][examples].to(act.device)  # [m, k]
+                rows = rows.to(act.device)
                 current = _select(view, rows, pos, site)
                 new = source(s, examples, current).to(current)
                 if new.shape != current.shape:
@@ -306,7 +307,7 @@ def _patch_hooks(sites, replicas, target_pos, examples, source: Source) -> list[
 
         return patch
 
-    return [(hook, make(entries)) for hook, entries in by_hook.items()]
+    return [(hook, make(site_ids)) for hook, site_ids in by_hook.items()]
 
 
 def _device(model) -> torch.device:
@@ -316,12 +317,9 @@ def _device(model) -> torch.device:
     return torch.device("cpu")
 
 
-def _chunks(n_items: int, n_sites: int, batch_size: int) -> tuple[int, int]:
-    """(examples per chunk, sites per chunk) for at most batch_size rows per forward pass."""
+def _check_batch_size(batch_size) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size (rows per forward pass) must be a positive int; got {batch_size!r}")
-    per_examples = min(n_items, batch_size)
-    return per_examples, max(1, min(n_sites, batch_size // per_examples))
 
 
 def patched_answer_probs(
@@ -332,33 +330,36 @@ def patched_answer_probs(
     answer_tokens: torch.Tensor,
     answer_pos: torch.Tensor,
     batch_size: int,
+    skip: torch.Tensor | None = None,
+    unpatched: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `target` with each site patched: (p(answer_tokens) [S, N] float64, argmax ==
     answer_tokens [S, N] bool) at answer_pos.
 
-    Sites and examples share forward passes: a chunk of s sites x n examples is one pass over
-    s * n rows (s * n <= batch_size).
+    The (site, example) pairs are packed into forward passes of up to batch_size rows (row r:
+    example b patched at site s), sites of one hook sharing one hook. skip [S, N] bool marks
+    pairs whose patch is known to change nothing; they take `unpatched` = (p [N], correct [N]).
     """
-    n_total = len(target)
-    per_ex, per_site = _chunks(n_total, len(sites), batch_size)
+    _check_batch_size(batch_size)
+    n_sites, n_total = len(sites), len(target)
     target_pos = [site_positions(target, site.position, "target") for site in sites]
     device = _device(model)
-    probs = torch.empty(len(sites), n_total, dtype=torch.float64)
-    correct = torch.empty(len(sites), n_total, dtype=torch.bool)
+    probs = torch.empty(n_sites, n_total, dtype=torch.float64)
+    correct = torch.empty(n_sites, n_total, dtype=torch.bool)
+    if skip is not None:
+        probs[:] = unpatched[0]
+        correct[:] = unpatched[1]
+    todo = torch.ones(n_sites, n_total, dtype=torch.bool) if skip is None else ~skip
+    pairs = torch.nonzero(todo)  # [P, 2] (site, example), site-major
     with torch.no_grad():
-        for start in range(0, n_total, per_ex):
-            examples = torch.arange(start, min(start + per_ex, n_total))
-            tokens = target.tokens[examples].to(device)
-            for s0 in range(0, len(sites), per_site):
-                replicas = list(range(s0, min(s0 + per_site, len(sites))))
-                hooks = _patch_hooks(sites, replicas, target_pos, examples, source)
-                logits = model.run_with_hooks(tokens.repeat(len(replicas), 1), fwd_hooks=hooks)
-                at, want = answer_pos[examples].repeat(len(replicas)), answer_tokens[examples].repeat(len(replicas))
-                block = slice(s0, s0 + len(replicas))
-                probs[block, examples] = answer_probs(logits, at, want).view(len(replicas), -1)
-                rows = torch.arange(logits.shape[0], device=logits.device)
-                pred = logits[rows, at.to(logits.device)].argmax(-1).cpu()
-                correct[block, examples] = (pred == want).view(len(replicas), -1)
+        for start in range(0, len(pairs), batch_size):
+            site_of_row, example_of_row = pairs[start : start + batch_size].unbind(1)
+            hooks = _patch_hooks(sites, site_of_row, example_of_row, target_pos, source)
+            logits = model.run_with_hooks(target.tokens[example_of_row].to(device), fwd_hooks=hooks)
+            at, want = answer_pos[example_of_row], answer_tokens[example_of_row]
+            probs[site_of_row, example_of_row] = answer_probs(logits, at, want)
+            rows = torch.arange(logits.shape[0], device=logits.device)
+            correct[site_of_row, example_of_row] = logits[rows, at.to(logits.device)].argmax(-1).cpu() == want
     return probs, correct
 
 
@@ -393,6 +394,42 @@ def _source_from_cache(sites, cache, source_pos) -> Source:
     return source
 
 
+def _noop_pairs(sites, source: Source, target_cache, target_pos, target_ans) -> torch.Tensor:
+    """[S, N] bool: pairs whose patch cannot change the answer - every site position lies after the
+    answer position (causality), or the source equals the target's own value there (a no-op)."""
+    examples = torch.arange(len(target_ans))
+    skip = torch.zeros(len(sites), len(target_ans), dtype=torch.bool)
+    for s, site in enumerate(sites):
+        pos = target_pos[s]
+        current = _select(_layout(target_cache[site.hook], site.hook), examples, pos, site)  # [N, k, ...]
+        same = (source(s, examples, current) == current).flatten(1).all(1)
+        skip[s] = (pos > target_ans[:, None]).all(1) | same
+    return skip
+
+
+def _patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
+                names: tuple[str, str] = ("source", "target")):
+    """Cache `source` (and `target`), then run `target` patched at each site from `source`.
+    Returns (source logits, p_target(y) [N], p_patched(y) [S, N]). Runs on the current path."""
+    hooks = sorted({s.hook for s in sites})
+    source_pos = [site_positions(source, s.position, names[0]) for s in sites]
+    target_pos = [site_positions(target, s.position, names[1]) for s in sites]
+    for site, src, dst in zip(sites, source_pos, target_pos):
+        if src.shape != dst.shape:
+            raise ValueError(f"site {site.label}: {names[0]} and {names[1]} roles give different shapes "
+                             f"{tuple(src.shape)} and {tuple(dst.shape)}")
+    source_logits, source_cache = run_cached(model, source, hooks, batch_size)
+    target_logits, target_cache = run_cached(model, target, hooks if skip_noops else [], batch_size)
+    p_target = answer_probs(target_logits, target_ans, y)
+    rows = torch.arange(len(target))
+    correct_target = target_logits[rows, target_ans.to(target_logits.device)].argmax(-1).cpu() == y
+    from_source = _source_from_cache(sites, source_cache, source_pos)
+    skip = _noop_pairs(sites, from_source, target_cache, target_pos, target_ans) if skip_noops else None
+    p_patched, _ = patched_answer_probs(model, target, sites, from_source, y, target_ans, batch_size,
+                                        skip=skip, unpatched=(p_target, correct_target))
+    return source_logits, p_target, p_patched
+
+
 def patched_probs(
     model,
     source: Batch,
@@ -401,25 +438,23 @@ def patched_probs(
     answer_tokens: torch.Tensor | None = None,
     answer: str | None = None,
     batch_size: int = 4096,
+    skip_noops: bool = True,
 ) -> torch.Tensor:
     """Run `target` with each site patched from the `source` run -> p(answer) [S, N] float64.
 
     answer_tokens [N]: the token whose probability is read (default: the source's answer, the
     source target at its answer position); read at the target's answer position.
+    skip_noops: do not run pairs whose patch cannot change the answer (see `interchange`).
     """
     check_pair(source, target)
     sites = check_sites(model, sites)
-    source_pos = [site_positions(source, s.position, "source") for s in sites]
+    _check_batch_size(batch_size)
     target_ans = answer_positions(target, answer, "target")
     if answer_tokens is None:
         source_ans = answer_positions(source, answer, "source")
         answer_tokens = source.targets[torch.arange(len(source)), source_ans]
     with models.instrumented():
-        _, cache = run_cached(model, source, sorted({s.hook for s in sites}), batch_size)
-        return patched_answer_probs(
-            model, target, sites, _source_from_cache(sites, cache, source_pos),
-            answer_tokens, target_ans, batch_size,
-        )[0]
+        return _patch_from(model, source, target, sites, answer_tokens, target_ans, batch_size, skip_noops)[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,12 +553,17 @@ def interchange(
     batch_size: int = 4096,
     min_effect: float = 0.01,
     answer: str | None = None,
+    skip_noops: bool = True,
 ) -> InterchangeResult:
     """Patch each site of the corrupted run from the clean run; restoration per site and example.
 
-    batch_size: rows per forward pass (sites x examples are packed up to it).
+    batch_size: rows per forward pass ((site, example) pairs are packed up to it).
     answer: a role naming the answer-prediction position (default the last loss_mask position).
     Positions come from clean.roles for the source and corrupt.roles for the target.
+    skip_noops: pairs whose patch cannot change the answer are not run and get p_corrupt: every
+    site position after the answer position (the model is causal), or the clean value equal to
+    the corrupt one at the site (a patch with the run's own value is a no-op). Same result, bit
+    for bit; False runs every pair.
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
@@ -531,22 +571,15 @@ def interchange(
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
-    _chunks(len(clean), len(sites), batch_size)
+    _check_batch_size(batch_size)
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
-    source_pos = [site_positions(clean, s.position, "clean") for s in sites]
-    for s, pos in zip(sites, source_pos):
-        if site_positions(corrupt, s.position, "corrupt").shape != pos.shape:
-            raise ValueError(f"site {s.label}: clean and corrupt roles give different shapes")
     y = clean.targets[torch.arange(len(clean)), clean_ans]  # [N] the clean answer tokens
     with models.instrumented():
-        clean_logits, cache = run_cached(model, clean, sorted({s.hook for s in sites}), batch_size)
-        corrupt_logits, _ = run_cached(model, corrupt, [], batch_size)
-        p_clean = answer_probs(clean_logits, clean_ans, y)
-        p_corrupt = answer_probs(corrupt_logits, corrupt_ans, y)
-        p_patched, _ = patched_answer_probs(
-            model, corrupt, sites, _source_from_cache(sites, cache, source_pos), y, corrupt_ans, batch_size
+        clean_logits, p_corrupt, p_patched = _patch_from(
+            model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt")
         )
+    p_clean = answer_probs(clean_logits, clean_ans, y)
     values, kept = restoration(p_patched, p_clean, p_corrupt, float(min_effect))
     return InterchangeResult(sites, values, p_patched, p_clean, p_corrupt, kept, float(min_effect))
 
@@ -662,18 +695,27 @@ def ablate(
 def short_convs(model) -> list[tuple[str, torch.Tensor]]:
     """Every short-conv kernel of the model: [(name, weight [C, W])], weight[:, -1] the tap on x_t.
 
-    A module lists its kernels with a `short_convs()` method returning [(name, weight [C, W])]
-    (views into its parameters); modules without one contribute their 2-D parameters named
-    `conv_weight` or `*_conv_weight` (the convention of models.kernels.short_conv: [C, W]).
+    Found by, in order of precedence for a module and everything inside it:
+      - a `short_convs()` method returning [(name, weight [C, W])] (views into its parameters);
+      - 2-D parameters named `conv_weight` or `*_conv_weight` (models.kernels.short_conv's [C, W]);
+      - depthwise `nn.Conv1d` modules (groups == in == out channels), weight[:, 0] as [C, W].
     """
     found: list[tuple[str, torch.Tensor]] = []
+    listed: list[str] = []
     for path, module in model.named_modules():
+        if any(path.startswith(prefix + ".") for prefix in listed):
+            continue
+        prefix = f"{path}." if path else ""
         if callable(getattr(module, "short_convs", None)):
-            found += [(f"{path}.{name}" if path else name, w) for name, w in module.short_convs()]
+            listed.append(path)
+            found += [(prefix + name, weight) for name, weight in module.short_convs()]
+            continue
+        if isinstance(module, torch.nn.Conv1d) and module.groups == module.in_channels == module.out_channels:
+            found.append((prefix + "weight", module.weight[:, 0]))
             continue
         for name, param in module.named_parameters(recurse=False):
             if (name == "conv_weight" or name.endswith("_conv_weight")) and param.dim() == 2:
-                found.append((f"{path}.{name}" if path else name, param))
+                found.append((prefix + name, param))
     return found
 
 
@@ -692,8 +734,8 @@ def ablate_short_conv(model, width: int = 1, mode: str = "truncate") -> list[str
     kernels = short_convs(model)
     if not kernels:
         raise ValueError(
-            "the model has no short convolutions: no module defines short_convs() or a 2-D "
-            "`conv_weight` parameter"
+            "the model has no short convolutions: no module defines short_convs(), a 2-D "
+            "`conv_weight` parameter or a depthwise nn.Conv1d"
         )
     with torch.no_grad():
         for _, weight in kernels:

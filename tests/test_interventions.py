@@ -136,8 +136,11 @@ def test_patching_a_run_with_its_own_values_restores_exactly(pair):
     sites = site_grid(model, HOOKS, ROLES) + [Site("hook_embed", None), Site("blocks.1.mixer.hook_state", None)]
     result = interchange(model, clean, corrupt, sites, min_effect=0.0)
     assert result.n_kept > 0
-    clean_into_clean = patched_probs(model, clean, clean, sites)
-    corrupt_into_corrupt = patched_probs(model, corrupt, corrupt, sites, answer_tokens=clean.targets[:, -1])
+    # every pair runs (skip_noops=False); with skipping every pair is a no-op and is not run
+    clean_into_clean = patched_probs(model, clean, clean, sites, skip_noops=False)
+    corrupt_into_corrupt = patched_probs(model, corrupt, corrupt, sites, answer_tokens=clean.targets[:, -1],
+                                         skip_noops=False)
+    assert torch.equal(patched_probs(model, clean, clean, sites), clean_into_clean)
     # bit-identical probabilities, so restoration is exactly 1 and exactly 0 where defined
     assert torch.equal(clean_into_clean, result.p_clean.expand_as(clean_into_clean))
     assert torch.equal(corrupt_into_corrupt, result.p_corrupt.expand_as(corrupt_into_corrupt))
@@ -154,9 +157,19 @@ def test_batched_interchange_equals_one_site_at_a_time(pair):
     model = rnn_model()
     sites = site_grid(model, HOOKS, ROLES)
     batched = interchange(model, clean, corrupt, sites, batch_size=10 * len(clean), min_effect=0.0)
-    # 10 sites x 24 examples per pass against one pass of the 24 examples per site: same bits
+    every_pair = interchange(model, clean, corrupt, sites, batch_size=10 * len(clean), min_effect=0.0,
+                             skip_noops=False)
+    assert torch.equal(batched.p_patched, every_pair.p_patched)  # skipped pairs are exact no-ops
+    # reading the answer at the value position: patches at the (later) query are skipped, exactly
+    early = [interchange(model, clean, corrupt, sites, answer="value", min_effect=0.0, skip_noops=skip)
+             for skip in (True, False)]
+    assert torch.equal(early[0].p_patched, early[1].p_patched)
+    query_site = early[0].labels.index("blocks.1.mixer.hook_out@query")
+    assert torch.equal(early[1].p_patched[query_site], early[1].p_corrupt)
+    # passes of 240 rows (no-op pairs skipped) against one pass of the 24 examples per site
     for i, site in enumerate(sites):
-        alone = interchange(model, clean, corrupt, [site], batch_size=len(clean), min_effect=0.0)
+        alone = interchange(model, clean, corrupt, [site], batch_size=len(clean), min_effect=0.0,
+                            skip_noops=False)
         assert torch.equal(alone.p_patched[0], batched.p_patched[i]), site
     # passes of 7 rows: the same values up to float32 rounding (a matmul over 7 rows may take
     # another BLAS kernel than one over 240 rows, so the last bits may differ)
@@ -203,7 +216,8 @@ def test_subspace_identity_equals_full_patch_and_partial_patch_moves_only_the_su
         _, corrupt_cache = model.run_with_cache(corrupt.tokens, names=[site.hook])
     pos = [site_positions(clean, "value")]
     source = _source_from_cache([site], clean_cache, pos)
-    patch = _patch_hooks([site], [0], pos, torch.arange(len(clean)), source)[0][1]
+    rows = torch.arange(len(clean))
+    patch = _patch_hooks([site], torch.zeros_like(rows), rows, pos, source)[0][1]
     patched = patch(corrupt_cache[site.hook], SimpleNamespace(name=site.hook))  # [N, T, D]
     rows, value = torch.arange(len(clean)), clean.roles["value"]
     got, was, want = (t[rows, value] for t in (patched, corrupt_cache[site.hook], clean_cache[site.hook]))
@@ -225,21 +239,22 @@ def test_head_and_pattern_layout():
     def from_source(s, examples, current):
         return source[examples, 2, 1][:, None]
 
-    out = _patch_hooks([site], [0], pos, torch.arange(4), from_source)[0][1](act, SimpleNamespace(name=site.hook))
+    one_site, rows = torch.zeros(4, dtype=torch.long), torch.arange(4)
+    out = _patch_hooks([site], one_site, rows, pos, from_source)[0][1](act, SimpleNamespace(name=site.hook))
     expected = act.clone()
     expected[:, 2, 1] = source[:, 2, 1]
     assert torch.equal(out, expected) and not torch.equal(act, expected)
 
     pattern, new = torch.rand(4, 3, 5, 5), torch.rand(4, 3, 5, 5)
     site = Site("blocks.0.mixer.hook_pattern", 3, head=2)
-    out = _patch_hooks([site], [0], [torch.full((4, 1), 3)], torch.arange(4),
+    out = _patch_hooks([site], one_site, rows, [torch.full((4, 1), 3)],
                        lambda s, e, cur: new[e, 2, 3][:, None])[0][1](pattern, SimpleNamespace(name=site.hook))
     expected = pattern.clone()
     expected[:, 2, 3, :] = new[:, 2, 3, :]
     assert torch.equal(out, expected)
     bad = Site("blocks.0.mixer.hook_v", 2, head=7)
     with pytest.raises(ValueError, match="head 7"):
-        _patch_hooks([bad], [0], pos, torch.arange(4), from_source)[0][1](act, SimpleNamespace(name=bad.hook))
+        _patch_hooks([bad], one_site, rows, pos, from_source)[0][1](act, SimpleNamespace(name=bad.hook))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,17 +369,19 @@ class ListedConvs(nn.Module):
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1)
 
     def short_convs(self):
-        return [("conv", self.conv.weight[:, 0, :])]
+        return [("kernel", self.conv.weight[:, 0, :])]
 
 
 def test_short_conv_truncation_equals_a_narrower_conv_and_identity_is_the_input():
     torch.manual_seed(0)
-    model = nn.ModuleDict({"a": ConvMixer(5, 4), "b": ListedConvs(5, 4)})
+    model = nn.ModuleDict({"a": ConvMixer(5, 4), "b": ListedConvs(5, 4),
+                           "c": nn.Conv1d(5, 5, 4, groups=5), "dense": nn.Conv1d(5, 5, 4)})
     x = torch.randn(2, 9, 5)
     original = model["a"].conv_weight.detach().clone()
-    assert [name for name, _ in short_convs(model)] == ["a.conv_weight", "b.conv"]
-    names = ablate_short_conv(model, width=2)
-    assert names == ["a.conv_weight", "b.conv"]
+    names = ["a.conv_weight", "b.kernel", "c.weight"]  # listed once each; a dense conv is no short conv
+    assert [name for name, _ in short_convs(model)] == names
+    assert ablate_short_conv(model, width=2) == names
+    assert torch.equal(model["c"].weight[:, 0, :2], torch.zeros(5, 2)) and model["dense"].weight.abs().min() > 0
     torch.testing.assert_close(short_conv(x, model["a"].conv_weight.detach()), short_conv(x, original[:, -2:]),
                                atol=1e-6, rtol=1e-6)
     assert torch.equal(model["b"].conv.weight[:, 0, :2], torch.zeros(5, 2))
@@ -382,16 +399,25 @@ def test_short_conv_truncation_equals_a_narrower_conv_and_identity_is_the_input(
         ablate_short_conv(model, 1, mode="delta")
 
 
-@pytest.mark.skipif("based" not in models.list_models(), reason="the Based mixer is not registered")
-def test_short_conv_ablation_on_a_registered_model_changes_its_output():
+@pytest.mark.parametrize("name", ["mamba", "based"])
+def test_short_conv_ablation_on_a_registered_model(name):
+    if name not in models.list_models():
+        pytest.skip(f"the {name} mixer is not registered")
     torch.manual_seed(0)
-    model = models.build("based", vocab_size=VOCAB, d_model=16, n_heads=2, d_conv=3)
+    model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_conv=3, n_layers=1)
     tokens = torch.randint(0, VOCAB, (2, 10))
+    changed = tokens.clone()
+    changed[:, 4] = (changed[:, 4] + 1) % VOCAB
     with torch.no_grad():
         before = model(tokens)
-        assert ablate_short_conv(model, 1)
+        assert len(ablate_short_conv(model, 1)) == 1  # one kernel per layer
         after = model(tokens)
-    assert (after - before).abs().max() > 1e-4
+        assert (after - before).abs().max() > 1e-4
+        # width 1: the conv output at t no longer depends on earlier inputs
+        _, cache = model.run_with_cache(tokens, names=["blocks.0.mixer.hook_conv"])
+        _, cache_changed = model.run_with_cache(changed, names=["blocks.0.mixer.hook_conv"])
+    conv, conv_changed = cache["blocks.0.mixer.hook_conv"], cache_changed["blocks.0.mixer.hook_conv"]
+    assert torch.equal(conv[:, 5:], conv_changed[:, 5:]) and not torch.equal(conv[:, 4], conv_changed[:, 4])
 
 
 # ----------------------------------------------------------------------------------------------
