@@ -239,7 +239,7 @@ def expected_state(name, mixer, x, states, t):
     if name == "gru":
         return states[:, t - 1]
     if name == "state_gated_rnn":
-        return torch.tanh(inputs_t["drive"][:, :D])
+        return torch.tanh(inputs_t["drive"])
     return inputs_t["u"]
 
 

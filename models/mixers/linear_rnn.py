@@ -47,10 +47,11 @@ def chunked_linear_scan(A: torch.Tensor, u: torch.Tensor, chunk: int) -> torch.T
     batch, length, n = u.shape
     n_chunks = -(-length // chunk)
     u = nn.functional.pad(u, (0, 0, 0, n_chunks * chunk - length)).view(batch, n_chunks, chunk, n)
-    h = u[:, :, 0]  # [B, n_chunks, n]: each chunk scanned from a zero state
+    u_steps = u.unbind(2)  # unbind, not u[:, :, j]: one backward op instead of C full-size ones
+    h = u_steps[0]  # [B, n_chunks, n]: each chunk scanned from a zero state
     local = [h]
-    for j in range(1, chunk):
-        h = h @ A.T + u[:, :, j]
+    for u_j in u_steps[1:]:
+        h = h @ A.T + u_j
         local.append(h)
     local = torch.stack(local, dim=2)  # [B, n_chunks, C, n]
     powers = [A]
@@ -59,8 +60,8 @@ def chunked_linear_scan(A: torch.Tensor, u: torch.Tensor, chunk: int) -> torch.T
     powers = torch.stack(powers)  # [C, n, n]: A^1 .. A^C
     start = u.new_zeros(batch, n)
     starts = [start]  # state entering each chunk
-    for c in range(n_chunks - 1):
-        start = start @ powers[-1].T + local[:, c, -1]
+    for last in local[:, :-1, -1].unbind(1):  # local state at the end of chunk c
+        start = start @ powers[-1].T + last
         starts.append(start)
     starts = torch.stack(starts, dim=1)  # [B, n_chunks, n]
     states = local + torch.einsum("jmn,bcn->bcjm", powers, starts)

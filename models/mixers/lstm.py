@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint, apply_pin, scan_with_state_hook, state_pins
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, per_step, register_mixer
 
 
 @register_mixer("lstm", n_layers=1, residual=False, norm="none")
@@ -86,8 +86,8 @@ class LSTM(RecurrentMixer):
         drive = inputs["drive"]
         state = self.initial_state(drive.shape[0], drive)
         gates, states = [], []
-        for t in range(drive.shape[1]):
-            gate = apply_pin(self.gates({"drive": drive[:, t]}, state), gate_pins, t)
+        for t, inputs_t in enumerate(per_step(inputs)):
+            gate = apply_pin(self.gates(inputs_t, state), gate_pins, t)
             state = apply_pin(self.update(gate, state), pins, t)
             gates.append(gate)
             states.append(state)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint, apply_pin, scan_with_state_hook, state_pins
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, per_step, register_mixer
 
 
 @register_mixer("state_gated_rnn", n_layers=1, residual=False, norm="none")
@@ -41,16 +41,16 @@ class StateGatedRNN(RecurrentMixer):
         self.hook_gate = HookPoint()
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"drive": self.in_proj(x)}  # [B, T, 2H]: U x + b | U_g x + b_g
+        drive, drive_gate = self.in_proj(x).chunk(2, dim=-1)
+        return {"drive": drive, "drive_gate": drive_gate}  # U x + b, U_g x + b_g: [B, T, H] each
 
     def gate_and_recurrent(self, inputs_t, h):
         """(g_t [B, H], W h_{t-1} [B, H]) from one matmul."""
         rec, rec_gate = (h @ self.recurrent.T).chunk(2, dim=-1)
-        drive_gate = inputs_t["drive"][..., h.shape[-1]:]
-        return torch.sigmoid(rec_gate + drive_gate), rec
+        return torch.sigmoid(rec_gate + inputs_t["drive_gate"]), rec
 
     def update(self, inputs_t, gate: torch.Tensor, rec: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(gate * rec + inputs_t["drive"][..., : rec.shape[-1]])  # [B, H]
+        return torch.tanh(gate * rec + inputs_t["drive"])  # [B, H]
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
         return self.update(inputs_t, *self.gate_and_recurrent(inputs_t, h))
@@ -81,8 +81,7 @@ class StateGatedRNN(RecurrentMixer):
         drive = inputs["drive"]
         h = self.initial_state(drive.shape[0], drive)
         gates, states = [], []
-        for t in range(drive.shape[1]):
-            inputs_t = {"drive": drive[:, t]}
+        for t, inputs_t in enumerate(per_step(inputs)):
             gate, rec = self.gate_and_recurrent(inputs_t, h)
             gate = apply_pin(gate, gate_pins, t)
             h = apply_pin(self.update(inputs_t, gate, rec), pins, t)
@@ -92,10 +91,4 @@ class StateGatedRNN(RecurrentMixer):
 
     def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The step loop without pins or gate collection: [B, T, H]."""
-        drive = inputs["drive"]
-        h = self.initial_state(drive.shape[0], drive)
-        states = []
-        for t in range(drive.shape[1]):
-            h = self.step({"drive": drive[:, t]}, h)
-            states.append(h)
-        return torch.stack(states, dim=1)
+        return super().scan(inputs)[1]
