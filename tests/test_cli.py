@@ -1,0 +1,108 @@
+"""The `interp` command line: help, argument validation, train -> eval, and `demo --quick` end to end."""
+
+import json
+import re
+
+import pytest
+
+from interp.cli import build_parser, main
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"]])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: interp")
+    if argv[0] == "train":
+        for flag in ("--model", "--task", "--train-length", "--steps", "--out", "--format", "--batch-size",
+                     "--lr", "--seed", "--curriculum", "--d-model", "--resume"):
+            assert flag in out
+    if argv[0] == "demo":
+        assert "--quick" in out and "--out" in out
+
+
+TRAIN = ["train", "--model", "tanh_rnn", "--task", "C2", "--steps", "5", "--out", "unused"]
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    ([a if a != "5" else "0" for a in TRAIN], r"argument --steps: must be a positive integer; got '0'"),
+    ([a if a != "tanh_rnn" else "tanh_rn" for a in TRAIN], r"argument --model: unknown model 'tanh_rn' \(did you mean tanh_rnn"),
+    (TRAIN + ["--lr", "-1"], r"argument --lr: must be a positive finite number; got '-1'"),
+    (TRAIN + ["--format", "xyz"], r"argument --format: invalid choice: 'xyz'"),
+    (TRAIN + ["--d-model", "abc"], r"argument --d-model: must be a positive integer; got 'abc'"),
+    (TRAIN[:-2], r"the following arguments are required: --out"),
+    (["eval", "runs/x", "--lengths", "60,abc"], r"argument --lengths: must be comma-separated positive integers"),
+    (["eval", "runs/x", "--lengths", "0,10"], r"argument --lengths"),
+    (["eval", "runs/x", "--threshold", "2"], r"argument --threshold: must be a number in \[0, 1\]"),
+    (["demo", "--bogus"], r"unrecognized arguments: --bogus"),
+    (["nope"], r"argument command: invalid choice: 'nope'"),
+])
+def test_bad_arguments_name_the_argument(argv, pattern, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert re.search(pattern, capsys.readouterr().err)
+
+
+def test_unknown_task_is_a_clear_error(tmp_path, capsys):
+    argv = [a if a != "C2" else "S33" for a in TRAIN]
+    argv[argv.index("unused")] = str(tmp_path / "run")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "argument --task" in err and "unknown task 'S33'" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_then_eval(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "--model", "tanh_rnn", "--task", "C2", "--format", "acot", "--train-length", "8",
+            "--steps", "12", "--out", str(run), "--batch-size", "8", "--seed", "2", "--curriculum",
+            "--d-model", "8", "--eval-every", "4", "--no-progress"]
+    assert main(argv) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["d_model"] == 8 and config["model"]["vocab_size"] == 2
+    assert config["task"] == {"name": "C2", "options": {"format": "acot"}}
+    assert config["train"]["curriculum"] is True and config["train"]["steps"] == 12 and config["seed"] == 2
+    assert "trained tanh_rnn on C2 for 12 steps" in capsys.readouterr().out
+    assert main(argv) == 2  # the run exists: refuse without --resume
+    assert "--resume" in capsys.readouterr().err
+    assert main(argv + ["--resume"]) == 0
+    assert main(["eval", str(run), "--lengths", "8,16", "--n", "16"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"mp: ", out) and "acc@16" in out
+    result = json.loads((run / "eval.json").read_text())
+    assert set(result["final_accuracy"]) == {"8", "16"} and result["n"] == 16
+
+
+def test_eval_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err
+
+
+def test_demo_quick_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "tanh_rnn" in printed and "mamba" in printed and "report:" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["models"]) == {"tanh_rnn", "mamba"}
+    for row in summary["models"].values():
+        assert set(row["accuracy"]) == {str(t) for t in summary["lengths"]}
+        assert all(0.0 <= a <= 1.0 for a in row["accuracy"].values())
+    html = (out / "report.html").read_text()
+    assert html.count("plotly.js v") == 1 and not re.search(r"<script[^>]+src=", html)
+    assert "mp and accuracy by length" in html
+    for name in ("tanh_rnn", "mamba"):
+        assert (out / name / "model.safetensors").is_file() and (out / name / "eval.json").is_file()
+    # a second run reuses the finished runs instead of overwriting them
+    before = (out / "mamba" / "model.safetensors").read_bytes()
+    assert main(["demo", "--quick", "--out", str(out), "--no-progress"]) == 0
+    assert (out / "mamba" / "model.safetensors").read_bytes() == before
+
+
+def test_parser_has_the_three_commands():
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    assert {"demo", "train", "eval"} <= set(commands)
