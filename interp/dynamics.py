@@ -84,7 +84,11 @@ def trace(model, tokens: torch.Tensor, layer: int = 0) -> MixerTrace:
 
 @dataclass
 class Jacobians:
-    """Per-step Jacobians: values [B, T, n] (diagonal: J_t = diag(values[:, t])) or [B, T, n, n]."""
+    """Per-step Jacobians: values [B, T, n] (diagonal: J_t = diag(values[:, t])) or [B, T, n, n].
+
+    From the structured path, values may be a broadcast view sharing memory with the model's
+    parameters (a time-invariant A expanded over steps); clone it before modifying either.
+    """
 
     values: torch.Tensor
     diagonal: bool
@@ -95,16 +99,45 @@ class Jacobians:
     def n(self) -> int:
         return math.prod(self.state_shape)
 
+    @property
+    def is_complex(self) -> bool:
+        return self.values.dtype.is_complex
+
     def dense(self) -> torch.Tensor:
         """[B, T, n, n] (materialises a diagonal)."""
         return torch.diag_embed(self.values) if self.diagonal else self.values
 
+    def realified(self) -> torch.Tensor:
+        """Complex J as the real [B, T, 2n, 2n] matrix acting on view_as_real(h).flatten()
+        (coordinates (Re h_0, Im h_0, Re h_1, ...)); a real J is returned dense as is."""
+        if not self.is_complex:
+            return self.dense()
+        re, im = self.dense().real, self.dense().imag                              # [B, T, n, n]
+        blocks = torch.stack([torch.stack([re, -im], -1), torch.stack([im, re], -1)], -3)  # [B, T, n, 2, n, 2]
+        return blocks.reshape(*re.shape[:2], 2 * self.n, 2 * self.n)
+
     def restrict(self, basis) -> torch.Tensor:
-        """Q^T J_t Q for every step: [B, T, k, k]."""
-        q = as_basis(basis, self.n, self.values)
-        if self.diagonal:
-            return torch.einsum("nk,btn,nl->btkl", q, self.values, q)
-        return q.T @ self.values @ q
+        """Q^T J_t Q for every step: [B, T, k, k]. Complex states: Q [2n, k] lives in the
+        realified coordinates view_as_real(h).flatten() (as probes see complex states)."""
+        values = self.values
+        if _broadcast_in_time(values):                       # time-invariant: restrict once
+            values = values[:, :1]
+        if self.is_complex:
+            q = as_basis(basis, 2 * self.n, values.real)
+            if self.diagonal:                                # 2x2 blocks [[re, -im], [im, re]] per entry
+                re, im = values.real, values.imag
+                blocks = torch.stack([torch.stack([re, -im], -1), torch.stack([im, re], -1)], -2)
+                q3 = q.reshape(self.n, 2, -1)
+                restricted = torch.einsum("iak,btiac,icl->btkl", q3, blocks, q3)
+            else:
+                restricted = q.T @ Jacobians(values, False, self.state_shape, self.method).realified() @ q
+        else:
+            q = as_basis(basis, self.n, values)
+            if self.diagonal:
+                restricted = torch.einsum("nk,btn,nl->btkl", q, values, q)
+            else:
+                restricted = q.T @ values @ q
+        return restricted.expand(values.shape[0], self.values.shape[1], *restricted.shape[2:])
 
 
 def as_basis(basis, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -132,13 +165,37 @@ def _check_trace_inputs(mixer, inputs, previous) -> tuple[int, int, tuple[int, .
     return batch, length, shape
 
 
-def _single_step(mixer: RecurrentMixer, n: int):
-    """step for one example: (inputs_t dict of [...], h [*S]) -> h_t [n]."""
+def _single_step(mixer: RecurrentMixer, shape: tuple[int, ...], complex_state: bool):
+    """step for one example with real coordinates: (inputs_t dict of [...], h) -> h_t flattened.
+
+    Real states: h [*S] -> [n]. Complex states: h = view_as_real(state) [*S, 2] -> [2n].
+    """
 
     def one(inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        return mixer.step({k: v.unsqueeze(0) for k, v in inputs_t.items()}, h.unsqueeze(0)).reshape(n)
+        state = torch.complex(h[..., 0], h[..., 1]) if complex_state else h
+        out = mixer.step({k: v.unsqueeze(0) for k, v in inputs_t.items()}, state.unsqueeze(0))[0]
+        return (torch.stack([out.real, out.imag], -1) if complex_state else out).reshape(-1)
 
     return one
+
+
+def _real_coordinates(previous: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(previous) if previous.dtype.is_complex else previous
+
+
+def _complex_jacobian(real_jac: torch.Tensor, n: int, mixer: RecurrentMixer) -> torch.Tensor:
+    """[m, 2n, *S, 2] real Jacobian of a holomorphic step -> complex [m, n, n] (d h_t / d h_{t-1})."""
+    jac = real_jac.reshape(-1, n, 2, n, 2)
+    by_re = torch.complex(jac[:, :, 0, :, 0], jac[:, :, 1, :, 0])                 # d h_t / d Re h
+    by_im = torch.complex(jac[:, :, 0, :, 1], jac[:, :, 1, :, 1])                 # d h_t / d Im h
+    scale = float(by_re.abs().max()) + 1e-30
+    if float((by_im - 1j * by_re).abs().max()) > 1e-4 * scale:
+        raise ValueError(
+            f"{mixer.mixer_name}.step is not complex-differentiable in the state (Cauchy-Riemann "
+            "fails), so its Jacobian is not a complex n x n matrix; use restricted_jacobians, which "
+            "works in the realified coordinates view_as_real(h)"
+        )
+    return by_re
 
 
 def _chunks(inputs: dict[str, torch.Tensor], previous: torch.Tensor, chunk_size: int):
@@ -179,21 +236,29 @@ def _transition(mixer: RecurrentMixer, inputs_t: dict[str, torch.Tensor], shape,
 @torch.no_grad()
 def step_jacobians(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor], previous: torch.Tensor,
                    method: str = "auto", chunk_size: int = 256) -> Jacobians:
-    """J_t = dh_t/dh_{t-1} at every position: inputs dict of [B, T, ...], previous [B, T, *S]."""
+    """J_t = dh_t/dh_{t-1} at every position: inputs dict of [B, T, ...], previous [B, T, *S].
+
+    chunk_size: positions differentiated at once by the autograd path (memory ~ chunk_size * n^2
+    per intermediate); the structured path calls transition() once over all positions.
+    """
     batch, length, shape = _check_trace_inputs(mixer, inputs, previous)
     method = _resolve_method(mixer, method)
     n = math.prod(shape)
-    pieces, diagonal = [], False
     if method == "structured":
-        for inputs_c, _ in _chunks(inputs, previous, chunk_size):
-            a, diagonal = _transition(mixer, inputs_c, shape, n)
-            pieces.append(a)
-    else:
-        jac = torch.func.vmap(torch.func.jacrev(_single_step(mixer, n), argnums=1))
-        for inputs_c, prev_c in _chunks(inputs, previous, chunk_size):
-            pieces.append(jac(inputs_c, prev_c).reshape(-1, n, n))
-    values = torch.cat(pieces).reshape(batch, length, *pieces[0].shape[1:])
-    return Jacobians(values, diagonal, shape, method)
+        # one call over all positions: the output has to be held anyway, and a time-invariant
+        # transition (A.expand(...)) stays a broadcast view instead of T copies
+        flat_inputs = {k: v.reshape(-1, *v.shape[2:]) for k, v in inputs.items()}
+        a, diagonal = _transition(mixer, flat_inputs, shape, n)
+        return Jacobians(a.reshape(batch, length, *a.shape[1:]), diagonal, shape, method)
+    complex_state = previous.dtype.is_complex
+    one = _single_step(mixer, shape, complex_state)
+    # jacrev sees only the state (inputs may be complex, which jacrev refuses as arguments)
+    jac = torch.func.vmap(lambda inputs_t, h: torch.func.jacrev(lambda x: one(inputs_t, x))(h))
+    pieces = []
+    for inputs_c, prev_c in _chunks(inputs, _real_coordinates(previous), chunk_size):
+        real_jac = jac(inputs_c, prev_c).detach()          # function transforms ignore the outer no_grad
+        pieces.append(_complex_jacobian(real_jac, n, mixer) if complex_state else real_jac.reshape(-1, n, n))
+    return Jacobians(torch.cat(pieces).reshape(batch, length, n, n), False, shape, method)
 
 
 def jacobians(model, tokens: torch.Tensor, layer: int = 0, method: str = "auto", chunk_size: int = 256) -> Jacobians:
@@ -209,18 +274,20 @@ def restricted_jacobians(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor],
     batch, length, shape = _check_trace_inputs(mixer, inputs, previous)
     method = _resolve_method(mixer, method)
     n = math.prod(shape)
-    q = as_basis(basis, n, previous)
+    complex_state = previous.dtype.is_complex
+    real_prev = _real_coordinates(previous)
+    q = as_basis(basis, 2 * n if complex_state else n, real_prev)
     if method == "structured":
         return step_jacobians(mixer, inputs, previous, method, chunk_size).restrict(q)
-    one = _single_step(mixer, n)
-    tangents = q.T.reshape(-1, *shape)                                             # [k, *S]
+    one = _single_step(mixer, shape, complex_state)
+    tangents = q.T.reshape(-1, *real_prev.shape[2:])                               # [k, *S(, 2)]
 
     def at(inputs_t, h):                                                           # -> J Q as [k, n]
         push = lambda u: torch.func.jvp(lambda x: one(inputs_t, x), (h,), (u,))[1]  # noqa: E731
         return torch.func.vmap(push)(tangents)
 
-    pieces = [torch.func.vmap(at)(inputs_c, prev_c) for inputs_c, prev_c in _chunks(inputs, previous, chunk_size)]
-    jq = torch.cat(pieces)                                                         # [m, k, n]: row j = J q_j
+    pieces = [torch.func.vmap(at)(inputs_c, prev_c) for inputs_c, prev_c in _chunks(inputs, real_prev, chunk_size)]
+    jq = torch.cat(pieces).detach()                                                # [m, k, n]: row j = J q_j
     return (jq @ q).transpose(-1, -2).reshape(batch, length, q.shape[1], q.shape[1])
 
 
@@ -235,9 +302,15 @@ class Spectra:
     max_singular_value: torch.Tensor
 
 
+def _broadcast_in_time(values: torch.Tensor) -> bool:
+    """values [B, T, ...] is one tensor per example broadcast over T (stride 0 along time)."""
+    return values.shape[1] > 1 and values.stride(1) == 0
+
+
 def _time_invariant(values: torch.Tensor) -> bool:
     """Every step's matrix equals step 0's (per example): LTI models such as the linear RNN."""
-    return values.shape[1] > 1 and torch.equal(values, values[:, :1].expand_as(values))
+    return _broadcast_in_time(values) or (
+        values.shape[1] > 1 and torch.equal(values, values[:, :1].expand_as(values)))
 
 
 @torch.no_grad()
@@ -320,7 +393,8 @@ def centroid_return_error(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor]
                           centroid_means, example: int = 0) -> torch.Tensor:
     """Theorem 1's premise: run the word (positions start..stop-1 of `example`) from every centroid.
 
-    centroid_means [G, n] (e.g. Subspace.centroids.means); returns ||F_word(c_g) - c_g|| [G].
+    centroid_means [G, n] (e.g. Subspace.centroids.means), or [G, 2n] for complex states in the
+    realified coordinates view_as_real(h).flatten(); returns ||F_word(c_g) - c_g|| [G].
     """
     shape = tuple(mixer.state_shape)
     n = math.prod(shape)
@@ -328,13 +402,17 @@ def centroid_return_error(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor]
     if not 0 <= start < stop <= first.shape[1] or not 0 <= example < first.shape[0]:
         raise ValueError(f"need 0 <= start < stop <= T={first.shape[1]} and 0 <= example < B={first.shape[0]}; "
                          f"got start={start}, stop={stop}, example={example}")
-    means = torch.as_tensor(np.asarray(centroid_means), dtype=first.dtype, device=first.device)
-    if means.dim() != 2 or means.shape[1] != n:
-        raise ValueError(f"centroid_means must be [G, n={n}]; got {tuple(means.shape)}")
-    h = means.reshape(-1, *shape)
+    real_dtype = next((v.real.dtype for v in inputs.values() if v.is_floating_point() or v.is_complex()),
+                      torch.get_default_dtype())
+    means = torch.as_tensor(np.asarray(centroid_means), dtype=real_dtype, device=first.device)
+    if means.dim() != 2 or means.shape[1] not in (n, 2 * n):
+        raise ValueError(f"centroid_means must be [G, n={n}] (or [G, 2n] for complex states); got {tuple(means.shape)}")
+    realified = means.shape[1] == 2 * n
+    h = torch.view_as_complex(means.reshape(-1, *shape, 2).contiguous()) if realified else means.reshape(-1, *shape)
     for t in range(start, stop):
         h = mixer.step({k: v[example, t].expand(h.shape[0], *v.shape[2:]) for k, v in inputs.items()}, h)
-    return torch.linalg.vector_norm(h.reshape(-1, n) - means, dim=-1)
+    end = torch.view_as_real(h) if realified else h
+    return torch.linalg.vector_norm(end.reshape(len(means), -1) - means, dim=-1)
 
 
 @dataclass

@@ -17,7 +17,8 @@ def as_tensor(name: str, value) -> torch.Tensor:
 
 def check_float(name: str, tensor: torch.Tensor) -> None:
     if not tensor.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating dtype; got {tensor.dtype}")
+        hint = " (complex states: pass torch.view_as_real(states))" if tensor.dtype.is_complex else ""
+        raise TypeError(f"{name} must have a floating dtype; got {tensor.dtype}{hint}")
 
 
 def check_int(name: str, tensor: torch.Tensor) -> None:

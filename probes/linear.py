@@ -145,7 +145,7 @@ def fit_ridge(states, targets, alpha: float = 1.0) -> LinearProbe:
                        None if classes is None else to_numpy(classes), "ridge")
 
 
-def fit_logistic(states, labels, l2: float = 1e-4, max_iter: int = 500, tol: float = 1e-9) -> LinearProbe:
+def fit_logistic(states, labels, l2: float = 1e-3, max_iter: int = 500, tol: float = 1e-9) -> LinearProbe:
     """Multinomial logistic probe from states [*P, *S] to labels [*P] int (L-BFGS, deterministic).
 
     Stops after max_iter iterations, when the largest gradient entry is below tol, or when the
@@ -225,7 +225,7 @@ class ProbeReport:
 KINDS = ("ridge", "logistic")
 
 
-def probe_state(states, targets, kind: str = "ridge", alpha: float = 1.0, l2: float = 1e-4,
+def probe_state(states, targets, kind: str = "ridge", alpha: float = 1.0, l2: float = 1e-3,
                 test_fraction: float = 0.25, seed: int = 0) -> ProbeReport:
     """Fit a probe on a seeded split of sequences and score it per position.
 

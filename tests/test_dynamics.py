@@ -119,10 +119,20 @@ def run_mixer(mixer, x):
 
 
 def reference_jacobian(mixer, inputs, previous, b, t):
+    """torch.autograd.functional.jacobian of one step; complex states: d h_t / d Re h_{t-1}."""
     n = math.prod(mixer.state_shape)
     inputs_t = {k: v[b : b + 1, t] for k, v in inputs.items()}
-    step = lambda h: mixer.step(inputs_t, h.reshape(1, *mixer.state_shape)).reshape(n)  # noqa: E731
-    return torch.autograd.functional.jacobian(step, previous[b, t].reshape(n))
+    h = previous[b, t].reshape(n)
+    if not h.is_complex():
+        step = lambda x: mixer.step(inputs_t, x.reshape(1, *mixer.state_shape)).reshape(n)  # noqa: E731
+        return torch.autograd.functional.jacobian(step, h)
+
+    def real_step(re):                                                   # Im h held fixed
+        out = mixer.step(inputs_t, torch.complex(re, h.imag).reshape(1, *mixer.state_shape)).reshape(n)
+        return torch.cat([out.real, out.imag])
+
+    jac = torch.autograd.functional.jacobian(real_step, h.real)         # [2n, n]
+    return torch.complex(jac[:n], jac[n:])
 
 
 @pytest.mark.parametrize("mixer_cls", [DenseAffine, DiagonalAffine, C3Rotation])
@@ -307,3 +317,41 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="transition returned shape"):
         step_jacobians(mixer, inputs, previous)
     assert isinstance(jac, Jacobians)
+
+
+class ConjugatingAffine(DiagonalAffine):
+    """h_t = a_t * conj(h_{t-1}) + u_t: real-affine but not complex-differentiable."""
+
+    def step(self, inputs_t, h):
+        return inputs_t["a"] * torch.complex(h.real, -h.imag) + inputs_t["u"]
+
+
+def test_complex_states_use_realified_coordinates():
+    torch.manual_seed(0)
+    model = models.build("aussm", vocab_size=5, d_model=4, d_state=2, expand=1)
+    t = trace(model, torch.randint(0, 5, (2, 5)))
+    assert t.states.is_complex()
+    jac = step_jacobians(t.mixer, t.inputs, t.previous)
+    assert jac.diagonal and jac.is_complex
+    n = jac.n
+    dh = torch.randn(n, dtype=torch.complex64)
+    real = jac.realified()                                                      # [B, T, 2n, 2n]
+    torch.testing.assert_close(real[1, 2] @ torch.view_as_real(dh).flatten(),
+                               torch.view_as_real(jac.dense()[1, 2] @ dh).flatten())
+    q = torch.linalg.qr(torch.randn(2 * n, 3))[0]
+    expected = q.T @ real @ q
+    torch.testing.assert_close(jac.restrict(q), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(restricted_jacobians(t.mixer, t.inputs, t.previous, q, "autograd"), expected,
+                               atol=1e-6, rtol=1e-6)
+    # the premise check runs complex states given in realified coordinates: F(h_2) = h_3
+    start = torch.view_as_real(t.states[0, 2]).reshape(1, -1)
+    error = centroid_return_error(t.mixer, t.inputs, 3, 4, start.numpy())
+    assert float(error[0]) == pytest.approx(float((t.states[0, 3] - t.states[0, 2]).abs().square().sum().sqrt()),
+                                            rel=1e-5)
+
+    mixer = ConjugatingAffine()
+    inputs = mixer.prepare(torch.randn(1, 3, 3))
+    previous = torch.randn(1, 3, 2, 3, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="Cauchy-Riemann"):
+        step_jacobians(mixer, inputs, previous, "autograd")
+    assert restricted_jacobians(mixer, inputs, previous, torch.eye(12)[:, :2], "autograd").shape == (1, 3, 2, 2)
