@@ -3,6 +3,7 @@
     interp demo [--out DIR] [--quick]
     interp train --model tanh_rnn --task S3 --train-length 60 --steps N --out runs/x
     interp eval runs/x --lengths 60,100,200,500,1000
+    interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_train(sub)
     _add_eval(sub)
+    _add_heads(sub)
     return parser
 
 
@@ -149,6 +151,12 @@ def _add_train(sub) -> None:
     for flag, (_, kind, text) in MODEL_OVERRIDES.items():
         train.add_argument(flag, type=kind, default=None, help=f"model override: {text}")
     train.set_defaults(func=_train)
+
+
+def _add_heads(sub) -> None:
+    from interp.heads_cli import add_parser  # implementation: interp.heads (issue 7)
+
+    add_parser(sub)
 
 
 def _add_eval(sub) -> None:
