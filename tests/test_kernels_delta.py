@@ -62,7 +62,7 @@ def test_chunked_matches_naive(batch, length, heads, d_k, d_v, chunk):
         assert rel_err(g, ref) <= 1e-5, name
 
 
-@pytest.mark.parametrize("chunk", [4, 5])
+@pytest.mark.parametrize("chunk", [4, 5, 16])  # 16: more than 8 states inside a chunk
 def test_chunked_pins_and_chunk_exports_match_naive(chunk):
     length = 19
     problem = make_problem(2, length, 2, 8, 6, seed=3)

@@ -306,40 +306,42 @@ def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
     size = min(chunk_size, length)
     n_chunks = -(-length // size)
     pad = n_chunks * size - length
-    # zero-padded steps (k = v = beta = 0) leave the state unchanged
-    q, k, v, beta = (torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta))
 
-    def chunks(x):  # [B, N*C, H, ...] -> [B, H, N, C, ...]
+    def chunks(x):  # [B, L, H, ...] -> [N, B, H, C, ...] contiguous, zero-padded at the end
+        # padded steps (k = v = beta = 0) leave the state unchanged
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
         x = x.reshape(batch, n_chunks, size, heads, *x.shape[3:])
-        return x.movedim(3, 1)
+        return x.permute(1, 0, 3, 2, *range(4, x.dim())).contiguous()
 
-    qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # bc [B, H, N, C]
-    causal_strict = torch.ones(size, size, dtype=torch.bool, device=k.device).tril(-1)
-    causal = torch.ones(size, size, dtype=torch.bool, device=k.device).tril()
-    # UT transform: (I + A) [W | U] = diag(beta) [K | V], A strictly lower
-    A = (bc[..., None] * (kc @ kc.transpose(-1, -2))).masked_fill(~causal_strict, 0)  # [B,H,N,C,C]
-    rhs = bc[..., None] * torch.cat([kc, vc], dim=-1)  # [B, H, N, C, K+V]
-    WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # bc [N, B, H, C]
+    kb = kc * bc[..., None]  # beta_i k_i
+    # UT transform: (I + A) [W | U] = diag(beta) [K | V], A_ij = beta_i k_i . k_j for j < i
+    A = torch.tril(kb @ kc.transpose(-1, -2), diagonal=-1)  # [N, B, H, C, C]
+    WU = torch.linalg.solve_triangular(
+        A, torch.cat([kb, vc * bc[..., None]], dim=-1), upper=False, unitriangular=True
+    )  # [N, B, H, C, K+V]
     W, U = WU[..., :d_k], WU[..., d_k:]
-    QK = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0)  # [B, H, N, C, C]
+    QK = torch.tril(qc @ kc.transpose(-1, -2))  # [N, B, H, C, C]
 
     by_chunk: dict[int, list[int]] = {}
     for j in offsets:
-        by_chunk.setdefault(j // size, []).append(j)
+        by_chunk.setdefault(j // size, []).append(j % size)
     outs, kept = [], {}
     for n in range(n_chunks):
-        k_n = kc[:, :, n]  # [B, H, C, K]
-        corrected = U[:, :, n] - W[:, :, n] @ S.transpose(-1, -2)  # U' [B, H, C, V]
-        outs.append(qc[:, :, n] @ S.transpose(-1, -2) + QK[:, :, n] @ corrected)  # [B, H, C, V]
-        S_next = S + corrected.transpose(-1, -2) @ k_n
-        # a chunk's (or the segment's) last step is S_next; earlier steps need a cumulative sum
-        at_end = [j for j in by_chunk.get(n, []) if j % size == size - 1 or j == length - 1]
-        inside = [j for j in by_chunk.get(n, []) if j not in at_end]
-        if inside:
-            steps = corrected[..., :, None] * k_n[..., None, :]  # [B, H, C, V, K]
-            partial = S[:, :, None] + steps.cumsum(dim=2)
-            kept.update({j: partial[:, :, j % size] for j in inside})
-        kept.update({j: S_next for j in at_end})
+        St = S.transpose(-1, -2)  # [B, H, K, V]
+        corrected = U[n] - W[n] @ St  # U' = U - W S^T  [B, H, C, V]
+        outs.append(qc[n] @ St + QK[n] @ corrected)  # [B, H, C, V]
+        S_next = S + corrected.transpose(-1, -2) @ kc[n]  # [B, H, V, K]
+        wanted = by_chunk.get(n, [])
+        # a chunk's (or the segment's) last step is S_next; earlier steps are partial sums
+        inside = [j for j in wanted if j != size - 1 and n * size + j != length - 1]
+        if len(inside) > 8:
+            partial = S[:, :, None] + (corrected[..., :, None] * kc[n][..., None, :]).cumsum(dim=2)
+            kept.update({n * size + j: partial[:, :, j] for j in inside})
+        else:
+            kept.update({n * size + j: S + corrected[:, :, : j + 1].transpose(-1, -2) @ kc[n][:, :, : j + 1]
+                         for j in inside})
+        kept.update({n * size + j: S_next for j in wanted if j not in inside})
         S = S_next
-    o = torch.stack(outs, dim=2).reshape(batch, heads, n_chunks * size, -1)[:, :, :length]
-    return o.transpose(1, 2), S, kept
+    o = torch.stack(outs, dim=1).permute(0, 1, 3, 2, 4)  # [B, N, C, H, V]
+    return o.reshape(batch, n_chunks * size, heads, -1)[:, :length], S, kept
