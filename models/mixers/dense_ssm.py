@@ -47,7 +47,8 @@ class DenseSSM(RecurrentMixer):
         self.out_proj = nn.Linear(n, cfg.d_model)
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        A = self.A0 + self.A_proj(x).unflatten(-1, (self.n, self.n))  # [B, T, n, n]
+        A = nn.functional.linear(x, self.A_proj.weight, self.A0.flatten())  # A_0 + W_A x, one addmm
+        A = A.unflatten(-1, (self.n, self.n))  # [B, T, n, n]
         return {"A": A, "u": self.in_proj(x)}
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
