@@ -156,8 +156,9 @@ def _as_pins(pins, patches, a: torch.Tensor):
 
 def _readout(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """h [B, T, *S], c [B, T, N] or [B, T, *S] -> y [B, T, *lead]."""
-    if c.dim() != h.dim():
-        c = c.reshape(*c.shape[:2], *([1] * (h.dim() - 3)), c.shape[-1])
+    if c.dim() != h.dim():  # shared over the lead dims: a batched mat-vec, no [B, T, *S] temporary
+        flat = h.reshape(*h.shape[:2], -1, h.shape[-1])  # [B, T, lead, N]
+        return (flat @ c[..., None]).reshape(h.shape[:-1])
     return (h * c).sum(-1)
 
 
@@ -184,40 +185,52 @@ def _naive(a, b, c, h0, export_idx, pins):
 # ----------------------------------------------------------------------------- chunked core
 
 
-def scan_states(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunk: int) -> torch.Tensor:
-    """All states of h_t = a_t h_{t-1} + b_t without autograd: a, b [B, T, M], h0 [B, M] -> [B, T, M]."""
+def scan_states(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunk: int, reverse: bool = False) -> torch.Tensor:
+    """All states of h_t = a_t h_{t-1} + b_t without autograd: a, b [B, T, M], h0 [B, M] -> [B, T, M].
+
+    reverse: h_t = a_t h_{t+1} + b_t from h_T = h0 (the adjoint direction).
+    """
     batch, length, width = a.shape
-    if length <= chunk:  # one chunk: the loop
-        out = torch.empty_like(b)
-        h = h0
-        for t in range(length):
-            h = torch.addcmul(b[:, t], a[:, t], h)
-            out[:, t] = h
+    out = torch.empty_like(b)
+    n_chunks = length // chunk
+    if n_chunks < 2:  # short: the loop
+        _loop(a, b, h0, out, range(length - 1, -1, -1) if reverse else range(length))
         return out
-    n_chunks = math.ceil(length / chunk)
-    pad = n_chunks * chunk - length
-    if pad:  # identity steps at the end: a = 1, b = 0
-        a = torch.cat([a, a.new_ones(batch, pad, width)], dim=1)
-        b = torch.cat([b, b.new_zeros(batch, pad, width)], dim=1)
-    a4 = a.reshape(batch, n_chunks, chunk, width)
-    b4 = b.reshape(batch, n_chunks, chunk, width)
-    end = b4[:, :, 0]  # pass 1: every chunk's end state from a zero start, all chunks at once
-    for k in range(1, chunk):
+    main = n_chunks * chunk  # full chunks; the remaining tail steps run as a loop
+    lo = length - main if reverse else 0
+    a4 = a[:, lo : lo + main].reshape(batch, n_chunks, chunk, width)
+    b4 = b[:, lo : lo + main].reshape(batch, n_chunks, chunk, width)
+    out4 = out[:, lo : lo + main].view(batch, n_chunks, chunk, width)
+    order = range(chunk - 1, -1, -1) if reverse else range(chunk)
+    end = b4[:, :, order[0]]  # pass 1: every chunk's end state from a zero start, all chunks at once
+    for k in order[1:]:
         end = torch.addcmul(b4[:, :, k], a4[:, :, k], end)  # [B, nC, M]
-    ends = scan_states(a4.prod(dim=2), end, h0, chunk)  # [B, nC, M] true chunk-end states
-    h = torch.cat([h0[:, None], ends[:, :-1]], dim=1)  # [B, nC, M] state before each chunk
-    out = torch.empty_like(b4)
-    for k in range(chunk):  # pass 2: every state, from the true chunk starts
+    ends = scan_states(a4.prod(dim=2), end, h0, chunk, reverse)  # [B, nC, M] true chunk-end states
+    if reverse:  # the state entering each chunk
+        h = torch.cat([ends[:, 1:], h0[:, None]], dim=1)
+    else:
+        h = torch.cat([h0[:, None], ends[:, :-1]], dim=1)
+    for k in order:  # pass 2: every state, from the true chunk starts
         h = torch.addcmul(b4[:, :, k], a4[:, :, k], h)
-        out[:, :, k] = h
-    return out.reshape(batch, n_chunks * chunk, width)[:, :length]
+        out4[:, :, k] = h
+    if reverse:
+        _loop(a, b, ends[:, 0], out, range(lo - 1, -1, -1))
+    else:
+        _loop(a, b, ends[:, -1], out, range(main, length))
+    return out
+
+
+def _loop(a, b, h, out, steps) -> None:
+    for t in steps:
+        h = torch.addcmul(b[:, t], a[:, t], h)
+        out[:, t] = h
 
 
 def _reverse_adjoint(a, g_direct, chunk):
     """g_t = g_direct_t + conj(a_{t+1}) g_{t+1}, all [B, T, M]."""
     a_next = torch.cat([a[:, 1:], torch.zeros_like(a[:, :1])], dim=1).conj()
     zero = g_direct.new_zeros(g_direct.shape[0], g_direct.shape[2])
-    return scan_states(a_next.flip(1), g_direct.flip(1), zero, chunk).flip(1)
+    return scan_states(a_next, g_direct, zero, chunk, reverse=True)
 
 
 class _ChunkedScan(torch.autograd.Function):
@@ -243,9 +256,11 @@ class _ChunkedScan(torch.autograd.Function):
         hs = scan_states(flat(a), flat(b), h0.reshape(shape[0], -1), ctx.chunk).reshape(shape)
         g_direct = direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx)
         g = _reverse_adjoint(flat(a), flat(g_direct), ctx.chunk).reshape(shape)  # dL/dh_t (total)
-        h_prev = torch.cat([h0[:, None], hs[:, :-1]], dim=1)
+        grad_a = torch.empty_like(g)  # g_t conj(h_{t-1})
+        torch.mul(g[:, 1:], hs[:, :-1].conj(), out=grad_a[:, 1:])
+        grad_a[:, 0] = g[:, 0] * h0.conj()
         grad_c = readout_grad_c(g_out, c, hs) if ctx.needs_input_grad[2] else None
-        return g * h_prev.conj(), g, grad_c, a[:, 0].conj() * g[:, 0], None, None
+        return grad_a, g, grad_c, a[:, 0].conj() * g[:, 0], None, None
 
 
 def direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx) -> torch.Tensor:
@@ -258,7 +273,7 @@ def direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx) -> torch.Te
     else:
         if c.dim() != hs.dim():
             c = c.reshape(*c.shape[:2], *([1] * (hs.dim() - 3)), c.shape[-1])
-        g_direct = g_out[..., None] * c.conj() + torch.zeros_like(hs)
+        g_direct = g_out[..., None] * c.conj()  # broadcasts to [B, T, *S]
     if g_final is not None:
         g_direct[:, -1] += g_final
     if export_idx is not None and g_exported is not None:
@@ -270,9 +285,11 @@ def readout_grad_c(g_out, c, hs) -> torch.Tensor | None:
     """dL/dc of y = sum_n c h, reduced to c's shape ([B, T, N] or [B, T, *S])."""
     if c is None or g_out is None:
         return None
-    grad_c = g_out[..., None] * hs.conj()  # [B, T, *S]
-    if c.dim() != hs.dim():
-        grad_c = grad_c.sum(dim=tuple(range(2, hs.dim() - 1)))
+    if c.dim() != hs.dim():  # sum over the lead dims as a batched vec-mat
+        flat = hs.conj().reshape(*hs.shape[:2], -1, hs.shape[-1])  # [B, T, lead, N]
+        grad_c = (g_out.reshape(*hs.shape[:2], 1, -1) @ flat)[:, :, 0]  # [B, T, N]
+    else:
+        grad_c = g_out[..., None] * hs.conj()  # [B, T, *S]
     return grad_c if c.is_complex() else grad_c.real
 
 
