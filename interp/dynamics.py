@@ -25,6 +25,12 @@ corrected). `theorem1_check` measures ||Q^T J_word Q - I||_2; `centroid_return_e
 premise by running the word from every centroid.
 
 The contraction summary of a model is the largest singular value of Q^T J_t Q over steps.
+
+Complex states (S4D, AUSSM, Mamba-3): J_t is the complex derivative [n, n] of a step that is
+complex-linear in the state (autograd differentiates the realified step and checks the
+Cauchy-Riemann equations, raising if they fail). Probes see complex states as real vectors
+view_as_real(h).flatten() of size 2n, so a basis Q for them is [2n, k], and restriction uses the
+realified Jacobian (`Jacobians.realified()`, 2 x 2 blocks [[Re, -Im], [Im, Re]]).
 """
 
 from __future__ import annotations
@@ -206,6 +212,11 @@ def _chunks(inputs: dict[str, torch.Tensor], previous: torch.Tensor, chunk_size:
         yield {k: v[start : start + chunk_size] for k, v in flat_inputs.items()}, flat_prev[start : start + chunk_size]
 
 
+def _check_chunk_size(chunk_size) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+
+
 def _resolve_method(mixer: RecurrentMixer, method: str) -> str:
     if method not in METHODS:
         raise ValueError(unknown_name_message("method", str(method), list(METHODS)))
@@ -243,13 +254,14 @@ def step_jacobians(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor], previ
     """
     batch, length, shape = _check_trace_inputs(mixer, inputs, previous)
     method = _resolve_method(mixer, method)
+    _check_chunk_size(chunk_size)
     n = math.prod(shape)
     if method == "structured":
         # one call over all positions: the output has to be held anyway, and a time-invariant
         # transition (A.expand(...)) stays a broadcast view instead of T copies
         flat_inputs = {k: v.reshape(-1, *v.shape[2:]) for k, v in inputs.items()}
         a, diagonal = _transition(mixer, flat_inputs, shape, n)
-        return Jacobians(a.reshape(batch, length, *a.shape[1:]), diagonal, shape, method)
+        return Jacobians(a.detach().reshape(batch, length, *a.shape[1:]), diagonal, shape, method)
     complex_state = previous.dtype.is_complex
     one = _single_step(mixer, shape, complex_state)
     # jacrev sees only the state (inputs may be complex, which jacrev refuses as arguments)
@@ -273,6 +285,7 @@ def restricted_jacobians(mixer: RecurrentMixer, inputs: dict[str, torch.Tensor],
     """Q^T J_t Q [B, T, k, k] without forming J_t when differentiating (k jvps per position)."""
     batch, length, shape = _check_trace_inputs(mixer, inputs, previous)
     method = _resolve_method(mixer, method)
+    _check_chunk_size(chunk_size)
     n = math.prod(shape)
     complex_state = previous.dtype.is_complex
     real_prev = _real_coordinates(previous)

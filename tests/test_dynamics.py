@@ -166,6 +166,7 @@ def test_autograd_jacobians_of_every_recurrent_model(name):
     autograd = step_jacobians(t.mixer, t.inputs, t.previous, "autograd")
     n = math.prod(t.mixer.state_shape)
     assert autograd.values.shape == (2, 4, n, n)
+    assert not autograd.values.requires_grad                   # no graph back to the parameters
     for b, step in [(0, 0), (1, 3)]:
         torch.testing.assert_close(autograd.values[b, step], reference_jacobian(t.mixer, t.inputs, t.previous, b, step),
                                    atol=1e-5, rtol=1e-5)
@@ -174,6 +175,7 @@ def test_autograd_jacobians_of_every_recurrent_model(name):
                                t.states[:, 2], atol=1e-5, rtol=1e-5)
     if t.mixer.is_affine:
         structured = step_jacobians(t.mixer, t.inputs, t.previous, "structured")
+        assert not structured.values.requires_grad
         torch.testing.assert_close(structured.dense(), autograd.values, atol=1e-5, rtol=1e-5)
         assert jacobians(model, tokens, layer=1).method == "structured"
 
@@ -355,3 +357,21 @@ def test_complex_states_use_realified_coordinates():
     with pytest.raises(ValueError, match="Cauchy-Riemann"):
         step_jacobians(mixer, inputs, previous, "autograd")
     assert restricted_jacobians(mixer, inputs, previous, torch.eye(12)[:, :2], "autograd").shape == (1, 3, 2, 2)
+
+
+def test_probes_run_on_any_cached_site_of_a_real_model():
+    from interp.tasks import make_task
+    from probes.subspace import drift, tcross
+
+    task = make_task("S3", format="acot")
+    batch = task.sample(6, 10, seed=0)
+    model = models.build("mamba", vocab_size=task.vocab_size, d_model=8, d_state=2, n_layers=2)
+    names = ["blocks.1.mixer.hook_state", "blocks.0.hook_resid_post"]
+    _, cache = model.run_with_cache(batch.tokens, names=names)
+    for name in names:
+        sub = state_subspace(centroids(cache[name], batch.states))
+        result = drift(cache[name], batch.states, sub, chunk_size=4)
+        assert result.q.shape == (10,) and np.all(np.isfinite(result.q)) and sub.rank <= 5
+        assert tcross(result).value > 0
+    with pytest.raises(ValueError, match="chunk_size"):
+        jacobians(model, batch.tokens, layer=1, chunk_size=0)
