@@ -46,7 +46,9 @@ def chunked_linear_scan(A: torch.Tensor, u: torch.Tensor, chunk: int) -> torch.T
     """States of h_t = A h_{t-1} + u_t, h_0 = 0. A [n, n], u [B, T, n] -> [B, T, n]."""
     batch, length, n = u.shape
     n_chunks = -(-length // chunk)
-    u = nn.functional.pad(u, (0, 0, 0, n_chunks * chunk - length)).view(batch, n_chunks, chunk, n)
+    if n_chunks * chunk != length:
+        u = nn.functional.pad(u, (0, 0, 0, n_chunks * chunk - length))
+    u = u.view(batch, n_chunks, chunk, n)
     u_steps = u.unbind(2)  # unbind, not u[:, :, j]: one backward op instead of C full-size ones
     h = u_steps[0]  # [B, n_chunks, n]: each chunk scanned from a zero state
     local = [h]
@@ -58,13 +60,14 @@ def chunked_linear_scan(A: torch.Tensor, u: torch.Tensor, chunk: int) -> torch.T
     for _ in range(chunk - 1):
         powers.append(powers[-1] @ A)
     powers = torch.stack(powers)  # [C, n, n]: A^1 .. A^C
+    powers_t = powers.permute(2, 0, 1).reshape(n, chunk * n)  # [n, C*n]: column (j, m) = row m of A^{j+1}
     start = u.new_zeros(batch, n)
     starts = [start]  # state entering each chunk
     for last in local[:, :-1, -1].unbind(1):  # local state at the end of chunk c
-        start = start @ powers[-1].T + last
+        start = start @ powers[-1].T + last  # A^C s_c + local end
         starts.append(start)
     starts = torch.stack(starts, dim=1)  # [B, n_chunks, n]
-    states = local + torch.einsum("jmn,bcn->bcjm", powers, starts)
+    states = local + (starts @ powers_t).view(batch, n_chunks, chunk, n)  # + A^{j+1} s_c
     return states.reshape(batch, n_chunks * chunk, n)[:, :length]
 
 
