@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from models.kernels import diag_scan
+from models.kernels import delta_rule, diag_scan
 
 CHUNK = 64
 
@@ -50,7 +51,28 @@ def diag_call(inputs: dict, impl: str, export_at) -> list:
     return [x for x in (res.output, res.states_at) if x is not None]
 
 
-KERNELS: dict[str, Bench] = {"diag_scan": Bench(diag_setup, diag_call)}
+def delta_setup(batch: int, heads: int, d_head: int, length: int, seed: int) -> dict:
+    """DeltaNet-like: unit queries and keys, beta in [0, 2] (scale 2), K = V = d_head."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, length, heads, d_head)
+    return {
+        "q": F.normalize(torch.randn(shape, generator=gen), dim=-1).requires_grad_(),
+        "k": F.normalize(torch.randn(shape, generator=gen), dim=-1).requires_grad_(),
+        "v": torch.randn(shape, generator=gen).requires_grad_(),
+        "beta": (2 * torch.rand(shape[:3], generator=gen)).requires_grad_(),
+    }
+
+
+def delta_call(inputs: dict, impl: str, export_at) -> list:
+    res = delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at=export_at,
+                     impl=impl, chunk_size=CHUNK)
+    return [x for x in (res.output, res.states_at) if x is not None]
+
+
+KERNELS: dict[str, Bench] = {
+    "diag_scan": Bench(diag_setup, diag_call),
+    "delta_rule": Bench(delta_setup, delta_call),
+}
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
@@ -89,6 +111,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--exports", nargs="+", default=["none", "chunks", "all"],
+                        choices=["none", "chunks", "all"], help="export modes to run (naive/none always)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -101,6 +125,8 @@ def main() -> None:
         for length in args.lengths:
             base = None
             for impl, export in ROWS:
+                if base is not None and (export or "none") not in args.exports:
+                    continue
                 repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
                 fwd, fwd_bwd = measure(KERNELS[name], length, impl, export, repeats, args)
                 if base is None:

@@ -337,7 +337,8 @@ def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
         inside = [j for j in wanted if j != size - 1 and n * size + j != length - 1]
         if len(inside) > 8:
             partial = S[:, :, None] + (corrected[..., :, None] * kc[n][..., None, :]).cumsum(dim=2)
-            kept.update({n * size + j: partial[:, :, j] for j in inside})
+            steps = partial.unbind(dim=2)  # one backward (a stack), not one per selected step
+            kept.update({n * size + j: steps[j] for j in inside})
         else:
             kept.update({n * size + j: S + corrected[:, :, : j + 1].transpose(-1, -2) @ kc[n][:, :, : j + 1]
                          for j in inside})
