@@ -12,10 +12,12 @@ Layout: activations are [B, T, ...] with the head axis (if any) third, except `h
 
 Interchange (SCIENCE.md section 2). The clean run is cached once (only the hooks the sites need);
 the corrupted run is replayed with one site patched from the clean run. Many sites and example
-pairs go through one forward pass: the corrupt batch is repeated once per site of a chunk of
-sites, and one hook per hook name writes each replica's own site from the clean cache. A hook on
-`hook_state` that changes the states is a causal state patch (models.hooks.scan_with_state_hook),
-so patching the state at a position makes the recurrence continue from the clean state.
+pairs go through one forward pass: each row of a pass is one (site, example) pair - a corrupted
+example, repeated once per site - and one hook per hook name writes each row's own site from the
+clean cache. Pairs whose patch cannot change the answer (a site after the answer position, or a
+clean value equal to the corrupted one) are not run. A hook on `hook_state` that changes the
+states is a causal state patch (models.hooks.scan_with_state_hook), so patching the state at a
+position makes the recurrence continue from the clean state.
 
     restoration[s, b] = (p_patched[s, b](y_b) - p_corrupt[b](y_b)) / (p_clean[b](y_b) - p_corrupt[b](y_b))
 
@@ -317,9 +319,13 @@ def _device(model) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_batch_size(batch_size) -> None:
+def _rows_per_pass(batch_size, n_examples: int) -> int:
+    """batch_size checked; None -> max(N, 512) rows (sites are packed when N is small)."""
+    if batch_size is None:
+        return max(n_examples, 512)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size (rows per forward pass) must be a positive int; got {batch_size!r}")
+        raise ValueError(f"batch_size (rows per forward pass) must be None or a positive int; got {batch_size!r}")
+    return batch_size
 
 
 def patched_answer_probs(
@@ -340,7 +346,7 @@ def patched_answer_probs(
     example b patched at site s), sites of one hook sharing one hook. skip [S, N] bool marks
     pairs whose patch is known to change nothing; they take `unpatched` = (p [N], correct [N]).
     """
-    _check_batch_size(batch_size)
+    batch_size = _rows_per_pass(batch_size, len(target))
     n_sites, n_total = len(sites), len(target)
     target_pos = [site_positions(target, site.position, "target") for site in sites]
     device = _device(model)
@@ -437,7 +443,7 @@ def patched_probs(
     sites: Sequence[Site],
     answer_tokens: torch.Tensor | None = None,
     answer: str | None = None,
-    batch_size: int = 4096,
+    batch_size: int | None = None,
     skip_noops: bool = True,
 ) -> torch.Tensor:
     """Run `target` with each site patched from the `source` run -> p(answer) [S, N] float64.
@@ -448,7 +454,7 @@ def patched_probs(
     """
     check_pair(source, target)
     sites = check_sites(model, sites)
-    _check_batch_size(batch_size)
+    batch_size = _rows_per_pass(batch_size, len(target))
     target_ans = answer_positions(target, answer, "target")
     if answer_tokens is None:
         source_ans = answer_positions(source, answer, "source")
@@ -550,14 +556,17 @@ def interchange(
     corrupt: Batch,
     sites: Sequence[Site],
     metric: str = "restoration",
-    batch_size: int = 4096,
+    batch_size: int | None = None,
     min_effect: float = 0.01,
     answer: str | None = None,
     skip_noops: bool = True,
 ) -> InterchangeResult:
     """Patch each site of the corrupted run from the clean run; restoration per site and example.
 
-    batch_size: rows per forward pass ((site, example) pairs are packed up to it).
+    batch_size: rows per forward pass ((site, example) pairs are packed up to it); default
+    max(N, 512). On a CPU the cost per row does not fall with larger passes (it can rise for
+    memory-bound scans), so packing pays where a pass's fixed cost dominates: small N, or a GPU,
+    where passes of several thousand rows cost little more than one of N.
     answer: a role naming the answer-prediction position (default the last loss_mask position).
     Positions come from clean.roles for the source and corrupt.roles for the target.
     skip_noops: pairs whose patch cannot change the answer are not run and get p_corrupt: every
@@ -571,7 +580,7 @@ def interchange(
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
-    _check_batch_size(batch_size)
+    batch_size = _rows_per_pass(batch_size, len(clean))
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
     y = clean.targets[torch.arange(len(clean)), clean_ans]  # [N] the clean answer tokens
@@ -624,11 +633,12 @@ class AblationResult:
         )
 
 
-def site_means(model, reference: Batch, sites: Sequence[Site], batch_size: int = 4096) -> list[torch.Tensor]:
+def site_means(model, reference: Batch, sites: Sequence[Site], batch_size: int | None = None) -> list[torch.Tensor]:
     """Mean activation of each site over `reference` (over examples and the site's positions;
     per position for position=None) -> one tensor per site."""
     with models.instrumented():
-        _, cache = run_cached(model, reference, sorted({s.hook for s in sites}), batch_size)
+        _, cache = run_cached(model, reference, sorted({s.hook for s in sites}),
+                              _rows_per_pass(batch_size, len(reference)))
     means = []
     for site in sites:
         pos = site_positions(reference, site.position, "reference")
@@ -644,7 +654,7 @@ def ablate(
     sites: Sequence[Site],
     mode: str = "zero",
     reference: Batch | None = None,
-    batch_size: int = 4096,
+    batch_size: int | None = None,
     answer: str | None = None,
 ) -> AblationResult:
     """Zero- or mean-ablate each site separately; answer probability and accuracy per site.
@@ -658,6 +668,7 @@ def ablate(
     sites = check_sites(model, sites)
     if reference is not None:
         _check_batch("reference", reference)
+    batch_size = _rows_per_pass(batch_size, len(batch))
     ans = answer_positions(batch, answer)
     y = batch.targets[torch.arange(len(batch)), ans]
     means = site_means(model, reference or batch, sites, batch_size) if mode == "mean" else None

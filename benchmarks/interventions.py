@@ -1,0 +1,223 @@
+"""Interchange grid: batched `interp.interventions.interchange` vs one forward pass per site (and pyvene).
+
+Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 256 AR pairs
+(clean, key-corrupted). Methods, each measured in a fresh subprocess, side by side in one run:
+
+  loop      what one writes by hand: the clean run cached once, then per site one
+            `run_with_hooks` pass of the N corrupted examples with that site patched
+  all-pairs interchange(batch_size=R, skip_noops=False): every (site, example) pair, packed
+            into passes of up to R rows
+  batched   interchange(batch_size=R): the same, without the pairs whose patch cannot change the
+            answer (site after the answer position, or clean value == corrupt value there)
+  pyvene    pyvene.IntervenableModel with one VanillaIntervention per site ("pos" unit), one call
+            (a source and a base pass) per site; same model, sites and positions
+
+Every method runs on the instrumented path (models.instrumented()), so all compute the same
+numbers. Time covers the interchange only (model, data and imports are set up before); peak memory
+is the process's peak RSS during it minus its RSS before. Agreement: max |p_patched -
+p_patched(loop)| over sites x examples.
+
+    python benchmarks/interventions.py [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import models  # noqa: E402
+from interp.interventions import answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
+from interp.tasks.recall import AssociativeRecall  # noqa: E402
+
+ROLES = ["key", "value", "query", "answer"]
+MODELS = {
+    "tanh_rnn": dict(
+        build=dict(d_model=64, n_layers=2, residual=True, norm="layernorm"),
+        hooks=["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_in", "blocks.{l}.mixer.hook_state",
+               "blocks.{l}.mixer.hook_out"],
+    ),
+    "mamba": dict(
+        build=dict(d_model=32, n_layers=2, d_state=8),
+        hooks=["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_conv", "blocks.{l}.mixer.hook_state",
+               "blocks.{l}.mixer.hook_out"],
+    ),
+}
+# (N pairs, method, rows per pass or None) per model
+PLAN = {
+    "tanh_rnn": [(256, "loop", None), (256, "all-pairs", 2048), (256, "batched", 256), (256, "batched", 2048),
+                 (256, "batched", 8192), (256, "pyvene", None), (16, "loop", None), (16, "batched", 512)],
+    "mamba": [(256, "loop", None), (256, "all-pairs", 2048), (256, "batched", 256), (256, "batched", 2048),
+              (256, "pyvene", None), (16, "loop", None), (16, "batched", 512)],
+}
+
+
+def rss_mb(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of this process in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def setup(name: str, n: int, pairs: int):
+    torch.manual_seed(0)
+    task = AssociativeRecall(n_keys=32, n_values=32)
+    clean = task.sample(n, pairs, seed=0)
+    corrupt = corrupt_ar(clean, task, seed=1)
+    model = models.build(name, vocab_size=task.vocab_size, **MODELS[name]["build"]).eval()
+    sites = site_grid(model, MODELS[name]["hooks"], ROLES)
+    return model, clean, corrupt, sites
+
+
+def pyvene_probs(model, clean, corrupt, sites, passes: list[int]) -> torch.Tensor:
+    """p_patched [S, N] via pyvene: one IntervenableModel and one call per site (passes counted)."""
+    import pyvene as pv
+    from pyvene.models.modeling_utils import type_to_dimension_mapping
+    from torch import nn
+
+    class Adapter(nn.Module):
+        """What pyvene expects of a model: `.config`, `.device`, keyword inputs."""
+
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner, self.config = inner, None
+
+        @property
+        def device(self):
+            return next(self.parameters()).device
+
+        def forward(self, tokens):
+            passes[0] += 1
+            return self.inner(tokens)
+
+    type_to_dimension_mapping[Adapter] = {}  # unknown architecture: no dimension lookup
+    adapter = Adapter(model)
+    rows = torch.arange(len(clean))
+    query = clean.roles["query"]
+    y = clean.targets[rows, query]
+    out = []
+    for site in sites:
+        config = pv.IntervenableConfig([{"component": f"inner.{site.hook}.output", "unit": "pos",
+                                         "intervention_type": pv.VanillaIntervention}])
+        intervenable = pv.IntervenableModel(config, adapter)
+        intervenable.disable_model_gradients()
+        source = clean.roles[site.position][None, :, None].tolist()
+        base = corrupt.roles[site.position][None, :, None].tolist()
+        _, logits = intervenable({"tokens": corrupt.tokens}, [{"tokens": clean.tokens}],
+                                 {"sources->base": (source, base)})
+        out.append(answer_probs(logits, query, y))
+    return torch.stack(out)
+
+
+def loop_probs(model, clean, corrupt, sites) -> torch.Tensor:
+    """p_patched [S, N]: the clean run cached once, then one patched pass per site."""
+    rows = torch.arange(len(clean))
+    query = clean.roles["query"]
+    y = clean.targets[rows, query]
+    _, cache = model.run_with_cache(clean.tokens, names=sorted({s.hook for s in sites}))
+    out = []
+    for site in sites:
+        source = cache[site.hook][rows, clean.roles[site.position]]
+
+        def patch(act, hook, source=source, position=corrupt.roles[site.position]):
+            act = act.clone()
+            act[rows, position] = source
+            return act
+
+        out.append(answer_probs(model.run_with_hooks(corrupt.tokens, fwd_hooks=[(site.hook, patch)]), query, y))
+    return torch.stack(out)
+
+
+def child(name: str, method: str, rows: int | None, n: int, pairs: int, out_path: str) -> None:
+    torch.set_num_threads(1)
+    model, clean, corrupt, sites = setup(name, n, pairs)
+    if method == "pyvene":
+        import pyvene  # noqa: F401  (import cost outside the timing)
+    passes = [0]
+    if method != "pyvene":  # pyvene removes the model's forward hooks; its adapter counts instead
+        model.embed.register_forward_hook(lambda *args: passes.__setitem__(0, passes[0] + 1))
+    before = rss_mb("VmRSS")
+    start = time.perf_counter()
+    with torch.no_grad(), models.instrumented():
+        if method == "pyvene":
+            p = pyvene_probs(model, clean, corrupt, sites, passes)
+        elif method == "loop":
+            p = loop_probs(model, clean, corrupt, sites)
+        else:
+            p = interchange(model, clean, corrupt, sites, batch_size=rows, min_effect=0.0,
+                            skip_noops=method == "batched").p_patched
+    seconds = time.perf_counter() - start
+    torch.save(p, out_path)
+    print(json.dumps({"seconds": seconds, "passes": passes[0], "peak_mb": rss_mb("VmHWM") - before,
+                      "sites": len(sites), "T": clean.tokens.shape[1]}))
+
+
+def run_child(name, method, rows, n, pairs, out_path) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, method, str(rows or 0), "--n", str(n),
+           "--pairs", str(pairs), "--out", out_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=256, help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, default=8, help="key-value pairs in context (T = 2 pairs + 4)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        name, method, rows = args.child
+        child(name, method, int(rows) or None, args.n, args.pairs, args.out)
+        return
+
+    lines = [
+        f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread, 2-core CPU shared with other "
+        f"jobs (load average {os.getloadavg()[0]:.1f} at start). AR with {args.pairs} pairs in context "
+        f"(T = {2 * args.pairs + 4}), untrained models (timing only), 2 layers x 4 hooks x 4 roles = 32 sites.",
+        "",
+        "| model | N pairs | method | rows per pass | forward passes | seconds | speed-up vs loop | "
+        "peak extra RSS (MiB) | max abs diff p vs loop |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            reference, loop_seconds = {}, {}
+            for n, method, rows in PLAN[name]:
+                path = str(Path(tmp) / f"{name}-{n}-{method}-{rows}.pt")
+                result = run_child(name, method, rows, n, args.pairs, path)
+                head = f"| {name} | {n} | {method} | {rows or n} |"
+                if "error" in result:
+                    lines.append(f"{head} - | - | - | - | failed: {result['error'][:100]} |")
+                    print(lines[-1], flush=True)
+                    continue
+                p = torch.load(path)
+                if method == "loop":
+                    reference[n], loop_seconds[n] = p, result["seconds"]
+                diff = (p - reference[n]).abs().max().item()
+                lines.append(
+                    f"{head} {result['passes']} | {result['seconds']:.2f} | "
+                    f"{loop_seconds[n] / result['seconds']:.1f}x | {result['peak_mb']:.0f} | {diff:.1e} |"
+                )
+                print(lines[-1], flush=True)
+    print("\n".join(lines) if args.markdown else "")
+
+
+if __name__ == "__main__":
+    main()
