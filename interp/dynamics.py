@@ -24,7 +24,8 @@ to itself along a word that returns every state to itself, Q^T J_word Q = I (dri
 corrected). `theorem1_check` measures ||Q^T J_word Q - I||_2; `centroid_return_error` checks the
 premise by running the word from every centroid.
 
-The contraction summary of a model is the largest singular value of Q^T J_t Q over steps.
+The contraction summary of a model is the largest singular value of Q^T J_t Q over steps
+(`contraction(model, tokens, basis, layer)`, or `contraction_summary(Q^T J Q)`).
 
 Complex states (S4D, AUSSM, Mamba-3): J_t is the complex derivative [n, n] of a step that is
 complex-linear in the state (autograd differentiates the realified step and checks the
@@ -449,3 +450,11 @@ def contraction_summary(restricted: torch.Tensor) -> ContractionSummary:
     flat = top.flatten().double()
     return ContractionSummary(top, float(flat.max()), float(flat.mean()), float(flat.median()),
                               float((flat > 1).double().mean()))
+
+
+def contraction(model, tokens: torch.Tensor, basis, layer: int = 0, method: str = "auto",
+                chunk_size: int = 256) -> ContractionSummary:
+    """A model's contraction summary on U along tokens [B, T]: the largest singular value of
+    Q^T J_t Q at every step (structured for affine mixers, k jvps per step otherwise)."""
+    t = trace(model, tokens, layer)
+    return contraction_summary(restricted_jacobians(t.mixer, t.inputs, t.previous, basis, method, chunk_size))

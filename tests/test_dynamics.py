@@ -8,7 +8,7 @@ import torch
 
 import models
 from interp.dynamics import (
-    Jacobians, centroid_return_error, contraction_summary, jacobians, restricted_jacobians, spectra,
+    Jacobians, centroid_return_error, contraction, contraction_summary, jacobians, restricted_jacobians, spectra,
     step_jacobians, theorem1_check, trace, word_jacobian,
 )
 from models.config import ModelConfig
@@ -375,3 +375,10 @@ def test_probes_run_on_any_cached_site_of_a_real_model():
         assert tcross(result).value > 0
     with pytest.raises(ValueError, match="chunk_size"):
         jacobians(model, batch.tokens, layer=1, chunk_size=0)
+    # the contraction summary on U of the model's own state subspace, both paths
+    _, cache = model.run_with_cache(batch.tokens, names=["blocks.1.mixer.hook_state"])
+    sub = state_subspace(centroids(cache["blocks.1.mixer.hook_state"], batch.states))
+    structured = contraction(model, batch.tokens, sub, layer=1)
+    autograd = contraction(model, batch.tokens, sub, layer=1, method="autograd")
+    torch.testing.assert_close(structured.per_step, autograd.per_step, atol=1e-5, rtol=1e-5)
+    assert structured.per_step.shape == (6, 10) and structured.max == pytest.approx(float(structured.per_step.max()))
