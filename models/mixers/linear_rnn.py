@@ -48,27 +48,27 @@ def chunked_linear_scan(A: torch.Tensor, u: torch.Tensor, chunk: int) -> torch.T
     n_chunks = -(-length // chunk)
     if n_chunks * chunk != length:
         u = nn.functional.pad(u, (0, 0, 0, n_chunks * chunk - length))
-    u = u.view(batch, n_chunks, chunk, n)
-    u_steps = u.unbind(2)  # unbind, not u[:, :, j]: one backward op instead of C full-size ones
-    h = u_steps[0]  # [B, n_chunks, n]: each chunk scanned from a zero state
+    u_steps = u.view(batch * n_chunks, chunk, n).unbind(1)  # unbind: one backward op, not C full-size ones
+    h = u_steps[0]  # [B * n_chunks, n]: every chunk scanned from a zero state
     local = [h]
     for u_j in u_steps[1:]:
         h = h @ A.T + u_j
         local.append(h)
-    local = torch.stack(local, dim=2)  # [B, n_chunks, C, n]
+    local = torch.stack(local, dim=1).view(batch, n_chunks, chunk * n)  # [B, n_chunks, C*n]
     powers = [A]
     for _ in range(chunk - 1):
         powers.append(powers[-1] @ A)
     powers = torch.stack(powers)  # [C, n, n]: A^1 .. A^C
     powers_t = powers.permute(2, 0, 1).reshape(n, chunk * n)  # [n, C*n]: column (j, m) = row m of A^{j+1}
-    start = u.new_zeros(batch, n)
+    start = local.new_zeros(batch, n)
     starts = [start]  # state entering each chunk
-    for last in local[:, :-1, -1].unbind(1):  # local state at the end of chunk c
+    for last in local[:, :-1, -n:].unbind(1):  # local state at the end of chunk c
         start = start @ powers[-1].T + last  # A^C s_c + local end
         starts.append(start)
     starts = torch.stack(starts, dim=1)  # [B, n_chunks, n]
-    states = local + (starts @ powers_t).view(batch, n_chunks, chunk, n)  # + A^{j+1} s_c
-    return states.reshape(batch, n_chunks * chunk, n)[:, :length]
+    rows = batch * n_chunks
+    states = torch.addmm(local.view(rows, chunk * n), starts.view(rows, n), powers_t)  # + A^{j+1} s_c
+    return states.view(batch, n_chunks * chunk, n)[:, :length]
 
 
 @register_mixer("linear_rnn", n_layers=1, residual=False, norm="none")
