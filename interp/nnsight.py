@@ -2,16 +2,23 @@
 
     nn_model = wrap(model)
     with nn_model.trace() as tracer:
+        barrier = tracer.barrier(2)                             # orders the read before the write
         with tracer.invoke(clean_tokens):                       # [n, T]
             clean_out = nn_model.blocks[0].mixer.hook_out.output[rows, pos]
+            barrier()
         with tracer.invoke(corrupt_tokens):                     # [n, T], same T
+            barrier()
             nn_model.blocks[0].mixer.hook_out.output[rows, pos] = clean_out
             logits = nn_model.output.save()                     # this invoke's rows only
 
+Within an invoke, read and write sites in execution order (in a mixer, hook_state comes before
+hook_out); a value handed from one invoke to another needs a `tracer.barrier` (nnsight 0.8).
+
 Envoys follow the hook grammar (`nn_model.blocks[0].mixer.hook_state`, or
 `nn_model.hook_envoy("blocks.0.mixer.hook_state")`, which checks the name). The invokes of one
-trace run as one forward pass over their concatenated token rows (nnsight 0.8 batches through the
-`_batch_size` / `_batch` overrides below); each invoke sees and edits only its own rows.
+trace run as one forward pass over their concatenated token rows (nnsight 0.8.1 batches through the
+`_batch_size` / `_batch` overrides below; it has no `_prepare_input`); each invoke sees and edits
+only its own rows.
 
 Every trace runs on the instrumented path (`models.instrumented()`): nnsight intercepts a module's
 forward, not torch hooks, so a mixer cannot tell that nnsight will read or replace its per-step
