@@ -452,3 +452,22 @@ def test_corrupt_ar_on_the_recall_task():
     changed = clean.tokens != corrupt.tokens
     assert torch.equal(changed, F.one_hot(clean.roles["key"], clean.tokens.shape[1]).bool())
     assert torch.equal(answer_positions(clean), clean.roles["query"])
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_every_layer_hook_of_the_zoo_patches_exactly(name, pair):
+    """Every hook of a layer (patterns, 4-D states, heads) patched with the run's own values
+    gives back the run's probabilities bit for bit; a value-position patch from clean runs."""
+    clean, corrupt = pair
+    clean, corrupt = clean.select(slice(0, 6)), corrupt.select(slice(0, 6))
+    torch.manual_seed(0)
+    model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=1)
+    hooks = [h for h in model.hook_names() if h.startswith("blocks.0.")]
+    sites = [Site(h, "value") for h in hooks]
+    with torch.no_grad(), models.instrumented():
+        _, cache = model.run_with_cache(clean.tokens, names=hooks)
+    sites += [Site(h, "query", head=1) for h in hooks if cache[h].dim() >= 4]  # [B, T, H, ...] / pattern
+    own = patched_probs(model, clean, clean, sites, skip_noops=False)
+    result = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    assert torch.equal(own, result.p_clean.expand_as(own))
+    assert torch.isfinite(result.p_patched).all()
