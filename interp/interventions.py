@@ -671,19 +671,13 @@ def ablate(
     batch_size = _rows_per_pass(batch_size, len(batch))
     ans = answer_positions(batch, answer)
     y = batch.targets[torch.arange(len(batch)), ans]
-    means = site_means(model, reference or batch, sites, batch_size) if mode == "mean" else None
+    means = site_means(model, batch if reference is None else reference, sites, batch_size) if mode == "mean" else None
 
     def source(s: int, examples: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         if means is None:
             return torch.zeros_like(current)
         mean = means[s].to(current)  # [*feat] or, for position=None, [T, *feat]
         if mean.shape != current.shape[2 - (sites[s].position is None):]:
-            raise ValueError(
-                f"site {sites[s].label}: mean over the reference has shape {tuple(mean.shape)}, the "
-                f"batch's activation {tuple(current.shape[1:])} (position=None needs equal lengths)"
-            )
-        return mean.expand_as(current)
-        if mean.shape != current.shape[1:]:
             raise ValueError(
                 f"site {sites[s].label}: mean over the reference has shape {tuple(mean.shape)}, the "
                 f"batch's activation {tuple(current.shape[1:])} (position=None needs equal lengths)"
