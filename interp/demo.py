@@ -143,8 +143,10 @@ def write_demo_report(path: Path, demo: DemoPlan, runs: dict[str, TrainResult],
         f"evaluated length whose accuracy is at least {THRESHOLD:.0%}."
     )
     if short:
+        patience = next(iter(demo.models.values()))[1].curriculum_patience
         intro += (f"\n\nNot every model reached the training length: the curriculum stopped at "
-                  f"{', '.join(short)} because accuracy never held at 95% there.")
+                  f"{', '.join(short)}, where its final-state accuracy never reached 95% on "
+                  f"{patience} consecutive evaluations.")
     if demo.label == "quick":
         intro += "\n\nThis is the --quick smoke run: toy sizes and few steps; its numbers mean nothing."
     config_rows = []
