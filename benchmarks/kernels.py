@@ -3,11 +3,11 @@
     python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown]
 
 One table, one row per (kernel, T, implementation, export): the fastest of --repeats wall times
-(the minimum is the least contention-sensitive estimate on a shared machine) of the forward
-and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels / heads,
-d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is naive time / this row's
-time at the same T (forward+backward). Export modes: "none", "chunks" (the state at every chunk
-end), "all" (every step's state).
+of the forward and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels /
+heads, d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is the naive/none
+row's time / this row's time at the same T. The rows of one (kernel, T) are timed round-robin
+(every row once per round, the minimum over rounds), so load drift on a shared machine hits them
+alike. Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
 
 Each kernel contributes one `Bench` entry in KERNELS: setup(B, H, d_head, T, seed) -> inputs and
 call(inputs, impl, export_at) -> tensors to sum into the loss. The delta rule adds its own entry.
@@ -75,17 +75,8 @@ KERNELS: dict[str, Bench] = {
 }
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def measure(bench: Bench, length: int, impl: str, export: str | None, repeats: int, args) -> tuple[float, float]:
+def runners(bench: Bench, length: int, impl: str, export: str | None, args) -> tuple[Callable, Callable]:
+    """(forward, forward+backward) closures for one row."""
     inputs = bench.setup(args.batch, args.heads, args.d_head, length, 0)
     leaves = [v for v in inputs.values() if v.requires_grad]
 
@@ -97,7 +88,21 @@ def measure(bench: Bench, length: int, impl: str, export: str | None, repeats: i
         loss = sum(x.sum() for x in bench.call(inputs, impl, export))
         torch.autograd.grad(loss, leaves)
 
-    return timed(forward, repeats), timed(forward_backward, repeats)
+    return forward, forward_backward
+
+
+def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
+    """Fastest wall time of each fn over `repeats` rounds that run every fn once (round-robin), so
+    every row sees the same drift in machine load."""
+    for fn in fns:
+        fn()  # warm-up
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
 
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all")]
@@ -123,17 +128,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in args.kernels:
         for length in args.lengths:
-            base = None
-            for impl, export in ROWS:
-                if base is not None and (export or "none") not in args.exports:
-                    continue
-                repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
-                fwd, fwd_bwd = measure(KERNELS[name], length, impl, export, repeats, args)
-                if base is None:
-                    base = (fwd, fwd_bwd)
-                print(f"| {name} | {length} | {impl} | {export or 'none'} | {fwd * 1e3:.1f} | "
-                      f"{fwd_bwd * 1e3:.1f} | {base[0] / fwd:.1f}x | {base[1] / fwd_bwd:.1f}x |", flush=True)
-
+            rows = [(impl, export) for impl, export in ROWS
+                    if (impl, export) == ROWS[0] or (export or "none") in args.exports]
+            fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
+            repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
+            fwd = measure_interleaved([f for f, _ in fns], repeats)
+            fwd_bwd = measure_interleaved([fb for _, fb in fns], repeats)
+            for (impl, export), f, fb in zip(rows, fwd, fwd_bwd):
+                print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | "
+                      f"{fb * 1e3:.1f} | {fwd[0] / f:.1f}x | {fwd_bwd[0] / fb:.1f}x |", flush=True)
 
 if __name__ == "__main__":
     main()
