@@ -4,6 +4,7 @@
     interp train --model tanh_rnn --task S3 --train-length 60 --steps N --out runs/x
     interp eval runs/x --lengths 60,100,200,500,1000
     interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
+    interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_heads(sub)
+    _add_drift(sub)
     return parser
 
 
@@ -155,6 +157,12 @@ def _add_train(sub) -> None:
 
 def _add_heads(sub) -> None:
     from interp.heads_cli import add_parser  # implementation: interp.heads (issue 7)
+
+    add_parser(sub)
+
+
+def _add_drift(sub) -> None:
+    from interp.drift_cli import add_parser  # implementation: interp.error_control (issue 6)
 
     add_parser(sub)
 
