@@ -1,0 +1,150 @@
+"""Does the crossing time of the state-distinguishing subspace predict where models fail on longer
+sequences? (shared/SCIENCE.md section 1)
+
+Trains state-dependent (tanh RNN, state-gated RNN) and affine models (linear RNN, token-gated RNN,
+Mamba, negative Mamba, AUSSM, S4D) on the group word problems C2, C6 and S3 (aligned CoT, length
+curriculum up to 60), evaluates them up to length 1000, measures q(t) and Tcross on the last
+layer's hook_state (interp.error_control), and reports mp, Tcross and the Pearson r of log mp and
+log Tcross (all runs, and affine models on S3), plus a Theorem-1 check on an affine model.
+
+    python examples/error_control.py [--quick] [--steps N] [--models a,b] [--groups C6,S3] [--seeds 0,1]
+Finished runs in --out are reused (delete a run directory to retrain it).
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+import models
+from interp import checkpoint as ckpt, error_control as ec, figures, figures_dynamics as fd
+from interp.dynamics import jacobians, spectra
+from interp.report import Table, Text, write_report
+from interp.tasks import make_task
+from interp.train import TrainConfig, train
+
+STATE_DEPENDENT = ["tanh_rnn", "state_gated_rnn"]
+AFFINE = ["linear_rnn", "token_gated_rnn", "mamba", "negative_mamba", "aussm", "s4d"]
+SSMS = {"mamba", "negative_mamba", "aussm", "s4d", "mamba3"}
+TRAIN_LENGTH = 60
+
+
+def names(text):
+    return [part for part in text.split(",") if part]
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="toy sizes and steps (a smoke test; numbers mean nothing)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 400; 30 with --quick)")
+    p.add_argument("--models", type=names, default=STATE_DEPENDENT + AFFINE)
+    p.add_argument("--groups", type=names, default=["C2", "C6", "S3"])
+    p.add_argument("--seeds", type=lambda t: [int(s) for s in names(t)], default=[0])
+    p.add_argument("--out", type=Path, default=None, help="default runs/error_control(-quick)")
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.models) - set(models.list_models()))
+    if unknown:
+        p.error(f"argument --models: unknown models {unknown}; choose from {models.list_models()}")
+    args.steps = args.steps or (30 if args.quick else 400)
+    args.out = args.out or Path("runs/error_control-quick" if args.quick else "runs/error_control")
+    args.lengths = [60, 120] if args.quick else [60, 100, 200, 500, 1000]
+    args.n = dict(n_fit=32, n_drift=16, n_eval=32, n_jac=2) if args.quick else dict(n_fit=256, n_drift=64, n_eval=256)
+    return args
+
+
+def run_one(name, group, seed, args):
+    """Train (or reuse) one run and analyse it; returns (summary row, ErrorControl, model, task)."""
+    task = make_task(group, format="acot")
+    ssm = name in SSMS
+    width = 8 if args.quick else (32 if ssm else 64)
+    size = dict(d_model=width, n_layers=1) | (dict(d_state=4) if ssm else {})
+    cfg = models.preset_config(name, vocab_size=task.vocab_size, **size)
+    tc = TrainConfig(steps=args.steps, batch_size=16 if args.quick else (64 if ssm else 128), lr=1e-2,
+                     warmup=min(30, args.steps // 10), train_length=TRAIN_LENGTH, curriculum=True,
+                     curriculum_patience=1, eval_every=10, eval_size=64, checkpoint_every=args.steps, seed=seed)
+    started = time.perf_counter()
+    result = train(cfg, task, tc, args.out / f"{group}-{name}-s{seed}", resume=True, progress=False, label=name)
+    trained = time.perf_counter() - started
+    analysis = ec.analyze(result.model, task, TRAIN_LENGTH, args.lengths, seed=seed, name=name, **args.n)
+    row = {"model": name, "kind": "state-dependent" if name in STATE_DEPENDENT else "affine", "group": group,
+           "seed": seed, **{k: v for k, v in analysis.summary().items() if k not in ("name", "accuracy", "site")},
+           **{f"acc@{t}": a for t, a in analysis.evaluation.final_accuracy.items()},
+           "train_s": round(trained, 1), "analysis_s": round(time.perf_counter() - started - trained, 1)}
+    ckpt.write_json(args.out / f"{group}-{name}-s{seed}" / "error_control.json", row)
+    return row, analysis, result.model, task
+
+
+def correlations(rows):
+    """Pearson r of log mp vs log Tcross over several subsets of runs."""
+    subsets = {"all runs": rows, "affine, all groups": [r for r in rows if r["kind"] == "affine"]}
+    for group in dict.fromkeys(r["group"] for r in rows):
+        subsets[f"affine, {group}"] = [r for r in rows if r["kind"] == "affine" and r["group"] == group]
+    out = []
+    for label, subset in subsets.items():
+        r, count = fd.loglog_pearson([x["mp"] or float("nan") for x in subset], [x["tcross"] for x in subset])
+        out.append({"runs": label, "pearson_r_loglog": r, "placed": count, "total": len(subset)})
+    return out
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(1)
+    started, rows, analyses = time.perf_counter(), [], {}
+    for group in args.groups:
+        for name in args.models:
+            for seed in args.seeds:
+                row, analysis, model, task = run_one(name, group, seed, args)
+                rows.append(row)
+                analyses[(group, name, seed)] = (analysis, model, task)
+                print(f"{group:>3} {name:<16} seed {seed}: mp {row['mp']!s:>5}  Tcross {row['tcross']:8.1f}"
+                      f"{' (est)' if row['tcross_estimated'] else '      '}  q@60 {row['q_train']:.3f}  "
+                      f"acc@{args.lengths[-1]} {row[f'acc@{args.lengths[-1]}']:.3f}  ({row['train_s']} s)", flush=True)
+    corr = correlations(rows)
+    theorem = theorem1_rows(analyses, args)
+    for line in corr + theorem:
+        print(line)
+    report = write(args, rows, corr, theorem, analyses)
+    ckpt.write_json(args.out / "summary.json", {"runs": rows, "correlations": corr, "theorem1": theorem,
+                                                "wall_s": round(time.perf_counter() - started, 1)})
+    print(f"report: {report}  ({time.perf_counter() - started:.0f} s)")
+    return rows, corr, theorem
+
+
+def theorem1_rows(analyses, args):
+    """Theorem 1 along a returning word, on the first seed's runs of the last group."""
+    group, seed, out = args.groups[-1], args.seeds[0], []
+    for name in args.models:
+        analysis, model, task = analyses[(group, name, seed)]
+        layer = ec.recurrent_layer(model, analysis.site)
+        if layer is not None:
+            out.append({"model": name, "group": group, **ec.theorem1_on_run(model, task, analysis.subspace, layer)})
+    return out
+
+
+def write(args, rows, corr, theorem, analyses):
+    sections = [Text(__doc__.split("\n\n")[1] + f"\n\nSteps {args.steps}; lengths {args.lengths}; seeds {args.seeds}."
+                     + ("\n\n--quick smoke run: the numbers mean nothing." if args.quick else ""), heading="Setup"),
+                Table(corr, heading="Pearson r of log mp and log Tcross"),
+                fd.tcross_vs_mp(rows, title="Tcross vs mp, all runs"),
+                Table(rows, heading="Runs"), Table(theorem, heading="Theorem 1: ||Q^T J_word Q - I||_2")]
+    for group in args.groups:
+        picked = {f"{n} s{s}": analyses[(g, n, s)][0] for (g, n, s) in analyses if g == group}
+        sections += [figures.accuracy_vs_length({k: a.evaluation for k, a in picked.items()}, 0.9, TRAIN_LENGTH,
+                                                title=f"{group}: final-state accuracy vs length"),
+                     fd.drift_curves({k: a.drift for k, a in picked.items()}, {k: a.tcross for k, a in picked.items()},
+                                     TRAIN_LENGTH, title=f"{group}: drift ratio q(t)")]
+    last, seed = args.groups[-1], args.seeds[0]
+    for name in args.models:
+        analysis, model, task = analyses[(last, name, seed)]
+        sections.append(fd.state_projection(analysis.snapshots, title=f"{last} {name}: states on U"))
+        layer = ec.recurrent_layer(model, analysis.site)
+        if layer is not None and name in (STATE_DEPENDENT[:1] + AFFINE[:1]):
+            tokens = task.sample(1, TRAIN_LENGTH, 12345).tokens
+            spec = spectra(jacobians(model, tokens, layer), analysis.subspace.basis)
+            sections.append(fd.jacobian_spectra(spec, title=f"{last} {name}: spectrum of Q^T J_t Q"))
+    return write_report(args.out / "report.html", "Error control: Tcross vs mp", sections)
+
+
+if __name__ == "__main__":
+    main()

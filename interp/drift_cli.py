@@ -1,0 +1,69 @@
+"""`interp drift RUN_DIR`: the error-control analysis of a trained run (see `interp.error_control`).
+
+Prints U's rank and M, Tcross (measured or estimated), q at the training length and at the horizon,
+the contraction on U and accuracy by length with mp; writes an HTML report (default
+RUN_DIR/drift.html) and RUN_DIR/drift.json. Kept free of heavy imports so `interp --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def statistic(text: str) -> str | float:
+    if text == "mean":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'mean' or a percentile in [0, 100]; got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be 'mean' or a percentile in [0, 100]; got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    from interp.cli import length_list, non_negative_int, positive_float, positive_int
+
+    drift = sub.add_parser(
+        "drift", help="state-distinguishing subspace, drift q(t), Tcross, contraction and mp of a run",
+        description="Error-control analysis of a trained run: centroids and the subspace U from "
+                    "in-distribution sequences (the training length), the drift ratio q(t) on "
+                    "sequences of the longest length, Tcross, the contraction on U and accuracy by "
+                    "length. Writes an HTML report and drift.json.")
+    drift.add_argument("run_dir", type=Path, help="a run directory written by `interp train`")
+    drift.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
+                       help="evaluation lengths; the longest is the drift horizon (default 60,100,200,500,1000)")
+    drift.add_argument("--site", default=None,
+                       help="hook to analyse (default: the last block's mixer.hook_state, else hook_resid_post)")
+    drift.add_argument("--n-fit", type=positive_int, default=256, help="in-distribution sequences for U")
+    drift.add_argument("--n-drift", type=positive_int, default=64, help="long sequences for q(t)")
+    drift.add_argument("--n", type=positive_int, default=256, help="sequences per evaluated length")
+    drift.add_argument("--tau", type=positive_float, default=0.5, help="threshold on q (default 0.5)")
+    drift.add_argument("--statistic", type=statistic, default="mean",
+                       help="spread R(t): 'mean' or a percentile such as 90")
+    drift.add_argument("--seed", type=non_negative_int, default=None, help="data seed (default: the run's)")
+    drift.add_argument("--out", type=Path, default=None, help="HTML report (default RUN_DIR/drift.html)")
+    drift.add_argument("--device", default="cpu")
+    drift.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interp.error_control import drift_run
+
+    out = args.out or args.run_dir / "drift.html"
+    options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
+                   statistic=args.statistic)
+    if args.seed is not None:
+        options["seed"] = args.seed
+    try:
+        result = drift_run(args.run_dir, args.lengths, out, device=args.device, **options)
+    except (ValueError, TypeError, FileNotFoundError, KeyError) as error:
+        print(f"interp drift: error: {error}", file=sys.stderr)
+        return 2
+    for key, value in result.summary().items():
+        print(f"{key:>18}: {value}")
+    print(f"wrote {out} and {args.run_dir / 'drift.json'}")
+    return 0

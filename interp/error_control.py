@@ -1,0 +1,278 @@
+"""Error-control analysis of a trained run (shared/SCIENCE.md section 1).
+
+    analyze(model, task, train_length=60, lengths=(60, 100, 200, 500, 1000)) -> ErrorControl
+    analyze_run(run_dir, ...) -> ErrorControl            (model and task from the run directory)
+    write_drift_report(result, path, title) -> Path      (q(t), projections on U, spectra, accuracy)
+
+What it computes, on the cache of one site (`site`; default: the last block's `mixer.hook_state`
+when that mixer is recurrent, else the last block's `hook_resid_post`):
+
+    U          centroids and the state-distinguishing subspace from `n_fit` in-distribution
+               sequences of the training length (every position), probes.subspace;
+    q(t)       the drift ratio on `n_drift` fresh sequences of the longest evaluated length
+               (the horizon), measured against those centroids; Tcross its first crossing of tau,
+               or the drift-rate estimate when the horizon ends first (`estimator`, `fit_start`);
+    contraction  the largest singular value of Q^T J_t Q along `n_jac` in-distribution sequences
+               (interp.dynamics; only when the site is a recurrent mixer's hook_state);
+    accuracy   final-state accuracy at each length and mp (interp.evaluate).
+
+Complex states (S4D, AUSSM, Mamba-3) are seen as real vectors view_as_real(h).flatten(), the
+coordinates interp.dynamics uses for complex states. Data streams: the fit and drift sequences come
+from seeds derived from `seed` on streams 2 and 3 (training uses stream 0, evaluation stream 1).
+The model runs in chunks of `chunk` sequences, and the drift is accumulated chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from interp import dynamics
+from interp.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
+from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
+                             state_subspace, tcross)
+
+FIT_STREAM, DRIFT_STREAM = 2, 3
+DEFAULT_LENGTHS = (60, 100, 200, 500, 1000)
+
+
+@dataclass
+class ErrorControl:
+    """The analysis of one model on one task (see the module docstring).
+
+    site: the hook analysed; subspace: U (centroids, basis, M); drift: q(t) on the horizon;
+    tcross: Tcross (measured or estimated); contraction: None unless the site is a recurrent
+    mixer's hook_state; evaluation: accuracy by length; snapshots: {step: (coords [N, k] on U,
+    true states [N])} of the drift sequences at the training length and at the horizon.
+    """
+
+    site: str
+    train_length: int
+    subspace: Subspace
+    drift: DriftResult
+    tcross: Tcross
+    contraction: dynamics.ContractionSummary | None
+    evaluation: LengthEval
+    snapshots: dict[int, tuple[np.ndarray, np.ndarray]] = field(repr=False)
+    name: str = "model"
+
+    @property
+    def mp(self) -> int | None:
+        return self.evaluation.mp
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers as a JSON-able dict."""
+        c = self.contraction
+        return {
+            "name": self.name, "site": self.site, "train_length": self.train_length,
+            "horizon": int(self.drift.steps[-1]), "rank_U": self.subspace.rank, "M": self.subspace.M,
+            "tau": self.tcross.tau, "tcross": self.tcross.value, "tcross_estimated": self.tcross.estimated,
+            "eta": self.tcross.eta, "q_train": float(self.drift.q[min(self.train_length, len(self.drift.q)) - 1]),
+            "q_end": float(self.drift.q[-1]), "mp": self.mp,
+            "accuracy": {str(k): v for k, v in sorted(self.evaluation.final_accuracy.items())},
+            "contraction_max": None if c is None else c.max, "contraction_mean": None if c is None else c.mean,
+            "expanding_fraction": None if c is None else c.expanding,
+        }
+
+
+def default_site(model) -> str:
+    """The last block's mixer.hook_state when that mixer is recurrent, else its hook_resid_post."""
+    from models.mixers.base import RecurrentMixer
+
+    last = len(model.blocks) - 1
+    if isinstance(model.blocks[last].mixer, RecurrentMixer):
+        return f"blocks.{last}.mixer.hook_state"
+    return f"blocks.{last}.hook_resid_post"
+
+
+def recurrent_layer(model, site: str) -> int | None:
+    """The layer whose recurrent state `site` is (blocks.{l}.mixer.hook_state), else None."""
+    from models.mixers.base import RecurrentMixer
+
+    parts = site.split(".")
+    if len(parts) == 4 and parts[0] == "blocks" and parts[1].isdigit() and parts[2:] == ["mixer", "hook_state"]:
+        layer = int(parts[1])
+        if layer < len(model.blocks) and isinstance(model.blocks[layer].mixer, RecurrentMixer):
+            return layer
+    return None
+
+
+def real_states(states: torch.Tensor) -> torch.Tensor:
+    """[B, T, *S] -> real [B, T, *S] (or [B, T, *S, 2] = view_as_real for complex states)."""
+    return torch.view_as_real(states) if states.is_complex() else states
+
+
+@torch.no_grad()
+def site_states(model, tokens: torch.Tensor, site: str) -> torch.Tensor:
+    """The (real) cache of `site` on tokens [B, T]: [B, T, ...]."""
+    _, cache = model.run_with_cache(tokens, names=[site])
+    if site not in cache:
+        raise ValueError(f"site {site!r} was not cached; valid names: {sorted(model.hook_dict)[:40]}")
+    return real_states(cache[site]).float()
+
+
+def _check_int(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+    return int(value)
+
+
+def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, site: str | None = None,
+            n_fit: int = 256, n_drift: int = 64, n_eval: int = 256, n_jac: int = 4, tau: float = 0.5,
+            statistic: str | float = "mean", estimator: str = "rate", fit_start: int = 1, seed: int = 0,
+            threshold: float = 0.9, chunk: int = 32, name: str = "model") -> ErrorControl:
+    """U, q(t), Tcross, contraction and accuracy by length of `model` on `task` (module docstring).
+
+    The horizon of q(t) is max(lengths); it must be at least train_length.
+    """
+    train_length = _check_int("train_length", train_length)
+    lengths = check_lengths(lengths)
+    horizon = max(lengths)
+    if horizon < train_length:
+        raise ValueError(f"the longest length {horizon} must be >= train_length {train_length}")
+    for key, value in (("n_fit", n_fit), ("n_drift", n_drift), ("n_eval", n_eval), ("chunk", chunk)):
+        _check_int(key, value)
+    _check_int("n_jac", n_jac, 0)
+    site = site or default_site(model)
+    was_training = model.training
+    model.eval()
+    try:
+        subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk)
+        drift, snapshots = measure_drift(model, task, subspace, horizon, site, n_drift,
+                                         stream_seed(seed, DRIFT_STREAM, 0), chunk, tau, statistic,
+                                         (train_length, horizon))
+        crossing = tcross(drift, estimator=estimator, fit_start=fit_start)
+        layer = recurrent_layer(model, site)
+        contraction = None
+        if layer is not None and n_jac > 0:
+            tokens = task.sample(n_jac, train_length, stream_seed(seed, FIT_STREAM, 1)).tokens
+            contraction = dynamics.contraction(model, tokens, subspace.basis, layer)
+        evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
+    finally:
+        model.train(was_training)
+    return ErrorControl(site, train_length, subspace, drift, crossing, contraction, evaluation, snapshots, name)
+
+
+def fit_subspace(model, task, length: int, site: str, n: int, data_seed: int, chunk: int = 32,
+                 rtol: float = 1e-6) -> Subspace:
+    """Centroids and U from n in-distribution sequences of `length` (every position)."""
+    batch = task.sample(n, length, data_seed)
+    acc = CentroidAccumulator()
+    for start in range(0, n, chunk):
+        acc.update(site_states(model, batch.tokens[start:start + chunk], site), batch.states[start:start + chunk])
+    return state_subspace(acc.result(), rtol)
+
+
+def measure_drift(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
+                  chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean",
+                  snapshot_steps=()) -> tuple[DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """q(t) of n fresh sequences of length `horizon`, and the states on U at `snapshot_steps`."""
+    batch = task.sample(n, horizon, data_seed)
+    acc = DriftAccumulator(subspace, statistic, tau)
+    steps = sorted({int(s) for s in snapshot_steps if 1 <= s <= horizon})
+    coords: dict[int, list[np.ndarray]] = {s: [] for s in steps}
+    for start in range(0, n, chunk):
+        states = site_states(model, batch.tokens[start:start + chunk], site)       # [c, T, ...]
+        labels = batch.states[start:start + chunk]
+        acc.update(states, labels)
+        for s in steps:
+            coords[s].append(subspace.coords(states[:, s - 1]))
+    snapshots = {s: (np.concatenate(coords[s]), batch.states[:, s - 1].numpy().copy()) for s in steps}
+    return acc.result(), snapshots
+
+
+def load_run(run_dir: str | Path, device: str = "cpu"):
+    """(model, task, config) of a run directory written by interp.train."""
+    import models
+    from interp import checkpoint as ckpt
+    from interp.tasks import make_task
+
+    config = ckpt.read_config(run_dir)
+    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+    return models.load(run_dir, device=device), task, config
+
+
+def analyze_run(run_dir: str | Path, lengths=DEFAULT_LENGTHS, device: str = "cpu", **options) -> ErrorControl:
+    """`analyze` of a run directory (its task, training length and seed unless given)."""
+    model, task, config = load_run(run_dir, device)
+    options.setdefault("name", config["model"]["mixer"])
+    options.setdefault("seed", int(config.get("seed", 0)))
+    return analyze(model, task, config["train"]["train_length"], lengths, **options)
+
+
+def drift_run(run_dir: str | Path, lengths=DEFAULT_LENGTHS, out: str | Path | None = None,
+              device: str = "cpu", **options) -> ErrorControl:
+    """`interp drift`: analyse a run, write the HTML report (default RUN_DIR/drift.html) and
+    RUN_DIR/drift.json (the summary)."""
+    from interp import checkpoint as ckpt
+
+    model, task, config = load_run(run_dir, device)
+    options.setdefault("name", config["model"]["mixer"])
+    options.setdefault("seed", int(config.get("seed", 0)))
+    result = analyze(model, task, config["train"]["train_length"], lengths, **options)
+    write_drift_report(result, out or Path(run_dir) / "drift.html", model=model, task=task)
+    ckpt.write_json(Path(run_dir) / "drift.json", result.summary())
+    return result
+
+
+def theorem1_on_run(model, task, subspace: Subspace, layer: int, length: int = 60, seed: int = 0,
+                    min_word: int = 2, max_word: int = 12) -> dict[str, float]:
+    """Theorem 1 along a real word: the shortest stretch (min_word..max_word steps) of a sequence
+    whose true state returns to where it was, so that the word's product is the identity.
+
+    Returns ||Q^T J_word Q - I||_2, the premise ||F_word(c_g) - c_g|| (max over g, relative to M)
+    and the word length. The site of `subspace` must be blocks.{layer}.mixer.hook_state.
+    """
+    batch = task.sample(8, length, stream_seed(seed, FIT_STREAM, 2))
+    states = batch.states                                                           # [B, T]
+    best = None
+    for b in range(states.shape[0]):
+        for start in range(1, length):
+            stops = [stop for stop in range(start + min_word, min(length, start + max_word) + 1)
+                     if int(states[b, stop - 1]) == int(states[b, start - 1])]
+            if stops and (best is None or stops[0] - start < best[2] - best[1]):
+                best = (b, start, stops[0])
+    if best is None:
+        raise ValueError(f"no returning word of at most {max_word} steps in 8 sequences of length {length}")
+    b, start, stop = best
+    t = dynamics.trace(model, batch.tokens[b:b + 1], layer)
+    jac = dynamics.step_jacobians(t.mixer, t.inputs, t.previous)
+    check = dynamics.theorem1_check(dynamics.word_jacobian(jac, start, stop), subspace.basis)
+    premise = dynamics.centroid_return_error(t.mixer, t.inputs, start, stop, subspace.centroids.means)
+    return {"word_length": stop - start, "deviation": float(check.deviation[0]),
+            "premise_max_over_M": float(premise.max()) / subspace.M,
+            "rank_U": subspace.rank, "affine": bool(t.mixer.is_affine)}
+
+
+def write_drift_report(result: ErrorControl, path: str | Path, title: str | None = None, model=None,
+                       task=None) -> Path:
+    """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
+    model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
+    from interp import figures, figures_dynamics as fd
+    from interp.report import Table, Text, write_report
+
+    summary = result.summary()
+    rows = [{k: v for k, v in summary.items() if k != "accuracy"}]
+    sections = [
+        Text(f"Site {result.site}; centroids and U from in-distribution sequences of length "
+             f"{result.train_length}; drift on sequences of length {summary['horizon']}. Tcross is "
+             f"{'estimated from the drift rate' if result.tcross.estimated else 'the first crossing'} "
+             f"(tau = {result.tcross.tau}).", heading="What was measured"),
+        Table(rows, heading="Summary"),
+        fd.drift_curves({result.name: result.drift}, {result.name: result.tcross}, result.train_length),
+        fd.state_projection(result.snapshots, title=f"{result.name}: states on U (first two dimensions)"),
+        figures.accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
+                                   result.train_length),
+    ]
+    layer = recurrent_layer(model, result.site) if model is not None else None
+    if layer is not None and task is not None:
+        tokens = task.sample(1, result.train_length, stream_seed(0, FIT_STREAM, 3)).tokens
+        jac = dynamics.jacobians(model, tokens, layer)
+        sections.append(fd.jacobian_spectra(dynamics.spectra(jac, result.subspace.basis),
+                                            title=f"{result.name}: spectrum of Q^T J_t Q on U"))
+    return write_report(path, title or f"Error control: {result.name}", sections)
