@@ -203,8 +203,10 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
                 raise TrainingDiverged(_diverged_message("gradient norm", norm, step, run_dir, last_saved))
             optimizer.step()
             step += 1
-            sums = state["sums"]
-            sums[0] += loss.item(); sums[1] += accuracy.item(); sums[2] += 1  # noqa: E702
+            sums = state["sums"]  # [loss sum, accuracy sum, count] since the last log record
+            sums[0] += loss.item()
+            sums[1] += accuracy.item()
+            sums[2] += 1
             if step % cfg.log_every == 0 or step == cfg.steps:
                 records.append({"kind": "train", "step": step, "loss": sums[0] / sums[2],
                                 "accuracy": sums[1] / sums[2], "lr": learning_rate(step - 1, cfg),
