@@ -335,10 +335,12 @@ def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
         wanted = by_chunk.get(n, [])
         # a chunk's (or the segment's) last step is S_next; earlier steps are partial sums
         inside = [j for j in wanted if j != size - 1 and n * size + j != length - 1]
-        if len(inside) > 8:
-            partial = S[:, :, None] + (corrected[..., :, None] * kc[n][..., None, :]).cumsum(dim=2)
-            steps = partial.unbind(dim=2)  # one backward (a stack), not one per selected step
-            kept.update({n * size + j: steps[j] for j in inside})
+        if len(inside) > 8:  # running sum of the rank-1 writes (cumsum over dim 2 is slow on CPU)
+            partial, chosen = S, set(inside)
+            for j in range(max(inside) + 1):
+                partial = torch.addcmul(partial, corrected[:, :, j, :, None], kc[n][:, :, j, None, :])
+                if j in chosen:
+                    kept[n * size + j] = partial
         else:
             kept.update({n * size + j: S + corrected[:, :, : j + 1].transpose(-1, -2) @ kc[n][:, :, : j + 1]
                          for j in inside})
