@@ -1,4 +1,4 @@
-"""The `interp` command. Subcommands are added by their issues; `demo` is the main job.
+"""The `interp` command: train and evaluate runs, analyse them, and the main job `interp demo`.
 
     interp demo [--out DIR] [--quick]
     interp train --model tanh_rnn --task S3 --train-length 60 --steps N --out runs/x
