@@ -48,7 +48,6 @@ one explicit step with the replacement, and the scan resumes from the pinned sta
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Sequence
 
 import torch
