@@ -170,6 +170,14 @@ def test_auto_is_chunked_on_cpu_and_complex_promotes():
     torch.testing.assert_close(out.real, diag_scan(a, b).output)
 
 
+def test_triton_without_a_device_or_interpreter_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        diag_scan(torch.rand(1, 3, 2), torch.rand(1, 3, 2), impl="triton")
+    with pytest.raises(ValueError, match="real dtypes"):
+        diag_scan(torch.rand(1, 3, 2), torch.rand(1, 3, 2, dtype=torch.complex64), impl="triton")
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -48,6 +48,7 @@ one explicit step with the replacement, and the scan resumes from the pinned sta
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Sequence
 
 import torch
@@ -364,6 +365,8 @@ def diag_scan(
     else:
         if a.is_complex():
             raise ValueError(f"impl='triton' supports real dtypes only; got {a.dtype} (use 'chunked')")
+        if not a.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"impl='triton' needs CUDA tensors or TRITON_INTERPRET=1; got a on {a.device}")
         from models.kernels.triton_diag_scan import TritonScan
 
         out, final, exported = segmented(TritonScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
