@@ -4,7 +4,9 @@
     y_t = sum_n c_t[..., n] h_t[..., n]    (optional read-out; `D x` is added by the caller)
 
 Shapes (batch-first): a, b [B, T, *S] (real or complex, S = (*lead, N)); c None, [B, T, N]
-(shared across the lead dims, Mamba's C) or [B, T, *S]; initial_state [B, *S].
+(shared across the lead dims, Mamba's C) or [B, T, *S]; initial_state [B, *S]. a, b, c,
+initial_state and pin values are promoted to one dtype (complex when any of a, b, c is), which is
+the dtype of every result.
 
     diag_scan(a, b, c=None, *, initial_state=None, output_final_state=False, export_at=None,
               pins=None, patches=None, impl="auto", chunk_size=64)
