@@ -4,15 +4,14 @@ sequences? (shared/SCIENCE.md section 1)
 Trains state-dependent (tanh RNN, state-gated RNN) and affine models (linear RNN, token-gated RNN,
 Mamba, negative Mamba, AUSSM, S4D) on the group word problems C2, C6 and S3 (aligned CoT, length
 curriculum up to 60), evaluates them up to length 1000, measures q(t) and Tcross on the last
-layer's hook_state (interp.error_control), and reports mp, Tcross and the Pearson r of log mp and
-log Tcross (all runs, and affine models on S3), plus a Theorem-1 check on an affine model.
+layer's hook_state (interp.error_control), and reports mp, Tcross (and the excess-drift Tcross) and
+the Pearson r of log mp and log Tcross (all runs, affine models per group), plus Theorem-1 checks.
 
     python examples/error_control.py [--quick] [--steps N] [--models a,b] [--groups C6,S3] [--seeds 0,1]
 Finished runs in --out are reused (delete a run directory to retrain it).
 """
 
-import argparse
-import time
+import argparse, time  # noqa: E401
 from pathlib import Path
 
 import torch
@@ -30,8 +29,7 @@ SSMS = {"mamba", "negative_mamba", "aussm", "s4d", "mamba3"}
 TRAIN_LENGTH = 60
 
 
-def names(text):
-    return [part for part in text.split(",") if part]
+names = lambda text: [part for part in text.split(",") if part]  # noqa: E731
 
 
 def parse(argv=None):
@@ -75,15 +73,15 @@ def run_one(name, group, seed, args):
     return row, analysis, result.model, task
 
 
-def correlations(rows):
-    """Pearson r of log mp vs log Tcross over several subsets of runs."""
+def correlations(rows, key="tcross"):
+    """Pearson r of log mp vs log Tcross (or tcross_excess) over several subsets of runs."""
     subsets = {"all runs": rows, "affine, all groups": [r for r in rows if r["kind"] == "affine"]}
     for group in dict.fromkeys(r["group"] for r in rows):
         subsets[f"affine, {group}"] = [r for r in rows if r["kind"] == "affine" and r["group"] == group]
     out = []
     for label, subset in subsets.items():
-        r, count = fd.loglog_pearson([x["mp"] or float("nan") for x in subset], [x["tcross"] for x in subset])
-        out.append({"runs": label, "pearson_r_loglog": r, "placed": count, "total": len(subset)})
+        r, count = fd.loglog_pearson([x["mp"] or float("nan") for x in subset], [x[key] for x in subset])
+        out.append({"Tcross": key, "runs": label, "pearson_r_loglog": r, "placed": count, "total": len(subset)})
     return out
 
 
@@ -98,9 +96,9 @@ def main(argv=None):
                 rows.append(row)
                 analyses[(group, name, seed)] = (analysis, model, task)
                 print(f"{group:>3} {name:<16} seed {seed}: mp {row['mp']!s:>5}  Tcross {row['tcross']:8.1f}"
-                      f"{' (est)' if row['tcross_estimated'] else '      '}  q@60 {row['q_train']:.3f}  "
+                      f"{' (est)' if row['tcross_estimated'] else '      '}  excess {row['tcross_excess']:9.1f}  q@60 {row['q_train']:.3f}  "
                       f"acc@{args.lengths[-1]} {row[f'acc@{args.lengths[-1]}']:.3f}  ({row['train_s']} s)", flush=True)
-    corr = correlations(rows)
+    corr = correlations(rows) + correlations(rows, "tcross_excess")
     theorem = theorem1_rows(analyses, args)
     for line in corr + theorem:
         print(line)
@@ -127,6 +125,8 @@ def write(args, rows, corr, theorem, analyses):
                      + ("\n\n--quick smoke run: the numbers mean nothing." if args.quick else ""), heading="Setup"),
                 Table(corr, heading="Pearson r of log mp and log Tcross"),
                 fd.tcross_vs_mp(rows, title="Tcross vs mp, all runs"),
+                fd.tcross_vs_mp([r | {"tcross": r["tcross_excess"], "tcross_estimated": r["tcross_excess_estimated"]}
+                                 for r in rows], title="Excess-drift Tcross vs mp"),
                 Table(rows, heading="Runs"), Table(theorem, heading="Theorem 1: ||Q^T J_word Q - I||_2")]
     for group in args.groups:
         picked = {f"{n} s{s}": analyses[(g, n, s)][0] for (g, n, s) in analyses if g == group}

@@ -46,7 +46,8 @@ class ErrorControl:
     """The analysis of one model on one task (see the module docstring).
 
     site: the hook analysed; subspace: U (centroids, basis, M); drift: q(t) on the horizon;
-    tcross: Tcross (measured or estimated); contraction: None unless the site is a recurrent
+    tcross: Tcross (measured or estimated); tcross_excess: the crossing of the drift in excess of the
+    in-distribution level (`excess_tcross`; None when the horizon is shorter than train_length + 2); contraction: None unless the site is a recurrent
     mixer's hook_state; evaluation: accuracy by length; snapshots: {step: (coords [N, k] on U,
     true states [N])} of the drift sequences at the training length and at the horizon.
     """
@@ -56,10 +57,12 @@ class ErrorControl:
     subspace: Subspace
     drift: DriftResult
     tcross: Tcross
+    tcross_excess: Tcross | None
     contraction: dynamics.ContractionSummary | None
     evaluation: LengthEval
     snapshots: dict[int, tuple[np.ndarray, np.ndarray]] = field(repr=False)
     name: str = "model"
+    normalize: bool = False
 
     @property
     def mp(self) -> int | None:
@@ -67,12 +70,13 @@ class ErrorControl:
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a JSON-able dict."""
-        c = self.contraction
+        c, excess = self.contraction, self.tcross_excess
         return {
             "name": self.name, "site": self.site, "train_length": self.train_length,
             "horizon": int(self.drift.steps[-1]), "rank_U": self.subspace.rank, "M": self.subspace.M,
             "tau": self.tcross.tau, "tcross": self.tcross.value, "tcross_estimated": self.tcross.estimated,
-            "eta": self.tcross.eta, "q_train": float(self.drift.q[min(self.train_length, len(self.drift.q)) - 1]),
+            "eta": self.tcross.eta, "tcross_excess": None if excess is None else excess.value,
+            "tcross_excess_estimated": None if excess is None else excess.estimated, "normalize": self.normalize, "q_train": float(self.drift.q[min(self.train_length, len(self.drift.q)) - 1]),
             "q_end": float(self.drift.q[-1]), "mp": self.mp,
             "accuracy": {str(k): v for k, v in sorted(self.evaluation.final_accuracy.items())},
             "contraction_max": None if c is None else c.max, "contraction_mean": None if c is None else c.mean,
@@ -108,12 +112,17 @@ def real_states(states: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def site_states(model, tokens: torch.Tensor, site: str) -> torch.Tensor:
-    """The (real) cache of `site` on tokens [B, T]: [B, T, ...]."""
+def site_states(model, tokens: torch.Tensor, site: str, normalize: bool = False) -> torch.Tensor:
+    """The (real) cache of `site` on tokens [B, T]: [B, T, ...]; with normalize, every state is
+    divided by its norm (over all its features)."""
     _, cache = model.run_with_cache(tokens, names=[site])
     if site not in cache:
         raise ValueError(f"site {site!r} was not cached; valid names: {sorted(model.hook_dict)[:40]}")
-    return real_states(cache[site]).float()
+    states = real_states(cache[site]).float()
+    if normalize:
+        norms = torch.linalg.vector_norm(states.reshape(*states.shape[:2], -1), dim=-1)     # [B, T]
+        states = states / norms.clamp_min(1e-30).reshape(*norms.shape, *([1] * (states.dim() - 2)))
+    return states
 
 
 def _check_int(name: str, value, low: int = 1) -> int:
@@ -125,11 +134,14 @@ def _check_int(name: str, value, low: int = 1) -> int:
 def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, site: str | None = None,
             n_fit: int = 256, n_drift: int = 64, n_eval: int = 256, n_jac: int = 4, tau: float = 0.5,
             statistic: str | float = "mean", estimator: str = "rate", fit_start: int = 1, seed: int = 0,
-            threshold: float = 0.9, chunk: int = 32, name: str = "model") -> ErrorControl:
+            threshold: float = 0.9, chunk: int = 32, normalize: bool = False, name: str = "model") -> ErrorControl:
     """U, q(t), Tcross, contraction and accuracy by length of `model` on `task` (module docstring).
 
-    The horizon of q(t) is max(lengths); it must be at least train_length.
+    The horizon of q(t) is max(lengths); it must be at least train_length. normalize: divide every
+    state by its norm first (the view of a scale-invariant read-out; our own option, off by default).
     """
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {normalize!r}")
     train_length = _check_int("train_length", train_length)
     lengths = check_lengths(lengths)
     horizon = max(lengths)
@@ -142,10 +154,11 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     was_training = model.training
     model.eval()
     try:
-        subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk)
+        subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk,
+                                normalize=normalize)
         drift, snapshots = measure_drift(model, task, subspace, horizon, site, n_drift,
                                          stream_seed(seed, DRIFT_STREAM, 0), chunk, tau, statistic,
-                                         (train_length, horizon))
+                                         (train_length, horizon), normalize)
         crossing = tcross(drift, estimator=estimator, fit_start=fit_start)
         layer = recurrent_layer(model, site)
         contraction = None
@@ -155,29 +168,49 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
     finally:
         model.train(was_training)
-    return ErrorControl(site, train_length, subspace, drift, crossing, contraction, evaluation, snapshots, name)
+    excess = excess_tcross(drift, train_length) if horizon >= train_length + 2 else None
+    return ErrorControl(site, train_length, subspace, drift, crossing, excess,
+                        contraction, evaluation, snapshots, name, normalize)
+
+
+def excess_tcross(drift: DriftResult, train_length: int, tau: float | None = None) -> Tcross:
+    """Tcross of the drift in excess of its in-distribution level (our own variant, reported next to
+    Tcross): q_ex(t) = q(t) - mean(q(1..train_length)); the first t with q_ex(t) > tau, else the
+    fitted line a + eta t of R_ex over t >= train_length extrapolated to tau * M ('line').
+
+    Why: a trained model's within-class spread can exceed tau * M at every step (the state carries
+    more than the group element, e.g. the last token) while the model reads out perfectly; then
+    Tcross = 1 says nothing, and the growth past the training length is what matters.
+    """
+    if drift.q.shape[0] < train_length + 2:
+        raise ValueError(f"the drift horizon {drift.q.shape[0]} must exceed train_length {train_length}")
+    base = float(drift.q[:train_length].mean())
+    shifted = DriftResult(drift.q - base, drift.R - base * drift.M, drift.M, drift.tau, drift.statistic,
+                          drift.steps, drift.distances)
+    return tcross(shifted, tau, estimator="line", fit_start=train_length)
 
 
 def fit_subspace(model, task, length: int, site: str, n: int, data_seed: int, chunk: int = 32,
-                 rtol: float = 1e-6) -> Subspace:
+                 rtol: float = 1e-6, normalize: bool = False) -> Subspace:
     """Centroids and U from n in-distribution sequences of `length` (every position)."""
     batch = task.sample(n, length, data_seed)
     acc = CentroidAccumulator()
     for start in range(0, n, chunk):
-        acc.update(site_states(model, batch.tokens[start:start + chunk], site), batch.states[start:start + chunk])
+        states = site_states(model, batch.tokens[start:start + chunk], site, normalize)
+        acc.update(states, batch.states[start:start + chunk])
     return state_subspace(acc.result(), rtol)
 
 
 def measure_drift(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
                   chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean",
-                  snapshot_steps=()) -> tuple[DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
+                  snapshot_steps=(), normalize: bool = False) -> tuple[DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """q(t) of n fresh sequences of length `horizon`, and the states on U at `snapshot_steps`."""
     batch = task.sample(n, horizon, data_seed)
     acc = DriftAccumulator(subspace, statistic, tau)
     steps = sorted({int(s) for s in snapshot_steps if 1 <= s <= horizon})
     coords: dict[int, list[np.ndarray]] = {s: [] for s in steps}
     for start in range(0, n, chunk):
-        states = site_states(model, batch.tokens[start:start + chunk], site)       # [c, T, ...]
+        states = site_states(model, batch.tokens[start:start + chunk], site, normalize)   # [c, T, ...]
         labels = batch.states[start:start + chunk]
         acc.update(states, labels)
         for s in steps:

@@ -90,6 +90,21 @@ def test_jacobian_spectra_and_state_projection_traces():
         fd.state_projection({5: (coords, np.zeros(3))})
 
 
+def test_excess_tcross_subtracts_the_in_distribution_level():
+    steps = np.arange(1, 31)
+    q = np.where(steps <= 10, 0.8, 0.8 + 0.1 * (steps - 10))      # flat at 0.8 (above tau), then grows
+    assert ps.tcross(_drift(q)).value == 1.0                        # the plain Tcross says nothing
+    crossed = ec.excess_tcross(_drift(q), train_length=10)
+    assert not crossed.estimated and crossed.value == 16.0         # 0.1 * (t - 10) > 0.5 first at t = 16
+    slow = np.where(steps <= 10, 0.8, 0.8 + 0.01 * (steps - 10))
+    estimated = ec.excess_tcross(_drift(slow, M=2.0), train_length=10)
+    # R_ex = 2 * 0.01 (t - 10) reaches tau * M = 1 at t = 60
+    assert estimated.estimated and estimated.value == pytest.approx(60.0)
+    assert ec.excess_tcross(_drift(np.full(30, 0.8)), 10).value == float("inf")
+    with pytest.raises(ValueError, match="horizon 11 must exceed train_length 10"):
+        ec.excess_tcross(_drift(np.ones(11)), 10)
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     torch.manual_seed(0)
