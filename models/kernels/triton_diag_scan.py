@@ -100,15 +100,16 @@ class TritonScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_final, g_exported):
         a, b, c, h0, export_idx = ctx.saved_tensors
+        a, h0 = a.contiguous(), h0.contiguous()  # the kernels index flat [B, T, M] / [B, M] memory
         _, hs, _ = _forward(a, b, None, h0, store=True)
         g_direct = direct_state_grad(g_out, g_final, g_exported, c, hs, export_idx).contiguous()
         h_prev = torch.cat([h0[:, None], hs[:, :-1]], dim=1).contiguous()
         batch, length = a.shape[:2]
         width = a[0, 0].numel()
-        grad_a, grad_b, grad_h0 = torch.empty_like(a), torch.empty_like(b), torch.empty_like(h0)
+        grad_a, grad_b, grad_h0 = torch.empty_like(a), torch.empty_like(a), torch.empty_like(h0)
         block = min(1024, triton.next_power_of_2(width))
         _scan_bwd[(batch, triton.cdiv(width, block))](
-            a.contiguous(), h_prev, g_direct, grad_a, grad_b, grad_h0, length, width, BLOCK=block
+            a, h_prev, g_direct, grad_a, grad_b, grad_h0, length, width, BLOCK=block
         )
         grad_c = readout_grad_c(g_out, c, hs) if ctx.needs_input_grad[2] else None
         return grad_a, grad_b, grad_c, grad_h0, None, None
