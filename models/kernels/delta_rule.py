@@ -35,11 +35,14 @@ Implementations:
            triangular (beta_i k_i . k_j) and the UT transform T = (I + A)^{-1} diag(beta),
            W = T K, U = T V, the chunk's corrected values are U' = U - W S_0^T, its outputs
            O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
-           S_0 + cumsum_i u'_i k_i^T. Patches split the sequence and resume from the new state.
+           S_0 + cumsum_i u'_i k_i^T. After the first pin the sequence is split at each pin and the
+           scan resumes from the pinned state.
   triton   fused recurrent kernels (models/kernels/triton_delta_rule.py), forward and backward,
            the state on chip; CUDA, or the CPU under TRITON_INTERPRET=1
-  auto     triton for CUDA tensors; otherwise naive when every step's state is requested
-           (export_at="all"), chunked else
+  auto     triton for CUDA tensors, chunked otherwise, also when every state is exported: the
+           chunked outputs do not depend on export_at, so a model's fast path (no export) and
+           instrumented path (every state) agree bit for bit, and steps before a pin keep their
+           bits (measured faster than the loop too, benchmarks/RESULTS.md)
 
 Returns `ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None,
 states_at [B, n_export, H, V, K] | None)` (the tuple of `models.kernels.diag_scan`). States are
@@ -88,12 +91,7 @@ def delta_rule(
     beta = _clamped(beta, beta_clamp, heads)
 
     if impl == "auto":
-        if q.is_cuda:
-            impl = "triton"
-        elif isinstance(export_at, str) and export_at == "all":
-            impl = "naive"
-        else:
-            impl = "chunked"
+        impl = "triton" if q.is_cuda else "chunked"
     if impl == "triton":
         from models.kernels.triton_delta_rule import delta_rule_triton
 
@@ -266,33 +264,36 @@ def _stack_exports(export: list[int], kept: dict[int, torch.Tensor], like: torch
 
 
 def _chunked(q, k, v, beta, state, export, pin_list, chunk_size):
-    """Split at patched steps; each segment runs the chunked WY form from the carried state."""
+    """The chunked WY form; pins split the sequence and resume from the pinned state.
+
+    The steps up to the first pin come from the pass over the whole sequence, so a patch leaves
+    them bit for bit as they are without it (re-chunking would change their rounding).
+    """
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
     S = state if state is not None else v.new_zeros(batch, heads, d_v, d_k)
     wanted = sorted(set(export or ()))
-    outs, kept = [], {}
-    start = 0
-    ends = [t + 1 for t, _, _ in pin_list]
-    if not ends or ends[-1] != length:
-        ends.append(length)
-    pins = {t: (mask, values) for t, mask, values in pin_list}
-    for end in ends:
-        seg = slice(start, end)
-        offsets = [t - start for t in wanted if start <= t < end]
-        o, S, seg_states = _chunked_segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S,
-                                            offsets, chunk_size)
-        kept.update({start + j: seg_states[j] for j in offsets})
-        t = end - 1
-        if t in pins:
-            mask, values = pins[t]
-            S = torch.where(mask[:, None, None, None], values.to(S.dtype), S)
-            o_pinned = torch.einsum("bhvk,bhk->bhv", S, q[:, t])
-            o = torch.cat([o[:, :-1], o_pinned[:, None]], dim=1)
-            if t in kept:
-                kept[t] = S
-        outs.append(o)
-        start = end
+    pin_times = [t for t, _, _ in pin_list]
+    o, S, kept = _chunked_segment(q, k, v, beta, S, wanted + pin_times[:1], chunk_size)
+    outs = [o]
+    if pin_list:
+        first = pin_times[0]
+        outs, S = [o[:, : first + 1]], kept[first]
+        kept = {t: kept[t] for t in wanted if t <= first}
+    for i, (t, mask, values) in enumerate(pin_list):
+        S = torch.where(mask[:, None, None, None], values.to(S.dtype), S)
+        o_pinned = torch.einsum("bhvk,bhk->bhv", S, q[:, t])  # o_t reads the pinned state
+        outs[-1] = torch.cat([outs[-1][:, :-1], o_pinned[:, None]], dim=1)
+        if t in kept:
+            kept[t] = S
+        end = pin_times[i + 1] if i + 1 < len(pin_times) else length - 1
+        if end > t:  # steps t+1 .. end from the pinned state
+            seg = slice(t + 1, end + 1)
+            offsets = [u - t - 1 for u in wanted if t < u <= end]
+            o, S, seg_states = _chunked_segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S,
+                                                offsets, chunk_size)
+            kept.update({t + 1 + j: seg_states[j] for j in offsets})
+            outs.append(o)
     states = None if export is None else _stack_exports(export, kept, S)
     return torch.cat(outs, dim=1), S, states
 

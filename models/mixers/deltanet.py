@@ -32,7 +32,9 @@ applied inside the kernel on every path (hook_beta still shows the unclamped bet
 `mixer.clear_beta_clamp()` removes the clamp. Not saved in checkpoints.
 
 Paths: fast = the chunked delta-rule kernel (Triton on CUDA) returning outputs only;
-instrumented = the kernel with every step's state exported and hook_state pins honoured.
+instrumented = the same kernel with every step's state exported and hook_state pins honoured. Both
+read o_t from the kernel (the pinned state where a patch sets one), so without patches they agree
+bit for bit (`readout` from hook_state's states gives the same up to rounding).
 
 mixer_options: gate (bool, default False): output gate as in fla's use_gate; chunk_size (int,
 default 64): chunk length of the chunked kernel; impl ("auto", "naive", "chunked", "triton";
@@ -46,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.hooks import HookPoint
+from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import delta_rule, short_conv
 from models.mixers.base import RecurrentMixer, register_mixer
 
@@ -160,6 +162,13 @@ class DeltaNet(RecurrentMixer):
             beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
         )
         return result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        if not self.use_instrumented(self.hook_state):
+            return self.fast_forward(x)
+        inputs = self.prepare(x)
+        o, _ = scan_with_state_hook(self.hook_state, lambda pins: self.scan(inputs, pins), 3)
+        return self._output(o, inputs)
 
     def readout(self, x, states, inputs) -> torch.Tensor:
         o = torch.einsum("bthvk,bthk->bthv", states, inputs["q"].to(states.dtype))
