@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
     drift.add_argument("--tau", type=positive_float, default=0.5, help="threshold on q (default 0.5)")
     drift.add_argument("--statistic", type=statistic, default="mean",
                        help="spread R(t): 'mean' or a percentile such as 90")
+    drift.add_argument("--normalize", action="store_true",
+                       help="divide every state by its norm first (the view of a scale-invariant read-out)")
     drift.add_argument("--seed", type=non_negative_int, default=None, help="data seed (default: the run's)")
     drift.add_argument("--out", type=Path, default=None, help="HTML report (default RUN_DIR/drift.html)")
     drift.add_argument("--device", default="cpu")
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or args.run_dir / "drift.html"
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
-                   statistic=args.statistic)
+                   statistic=args.statistic, normalize=args.normalize)
     if args.seed is not None:
         options["seed"] = args.seed
     try:

@@ -146,6 +146,15 @@ def test_analysis_equals_probes_on_the_same_cache(tiny_run):
     json.dumps(summary)
 
 
+def test_normalized_states_have_unit_norm(tiny_run):
+    model, task, _ = tiny_run
+    tokens = task.sample(3, 9, 0).tokens
+    raw = ec.site_states(model, tokens, "blocks.0.mixer.hook_state")
+    unit = ec.site_states(model, tokens, "blocks.0.mixer.hook_state", normalize=True)
+    np.testing.assert_allclose(torch.linalg.vector_norm(unit, dim=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(unit * torch.linalg.vector_norm(raw, dim=-1, keepdim=True), raw, rtol=1e-5, atol=1e-6)
+
+
 def test_analysis_of_a_residual_site_and_bad_arguments(tiny_run):
     model, task, _ = tiny_run
     result = ec.analyze(model, task, 12, [12, 20], site="blocks.0.hook_resid_post", n_fit=8, n_drift=4, n_eval=4)
@@ -174,6 +183,9 @@ def test_drift_cli_writes_the_report(tiny_run, tmp_path, capsys):
     summary = json.loads((run_dir / "drift.json").read_text())
     assert summary["horizon"] == 30 and summary["train_length"] == 12
     assert "tcross" in capsys.readouterr().out
+    assert main(["drift", str(run_dir), "--lengths", "12,20", "--n-fit", "8", "--n-drift", "4", "--n", "4",
+                 "--normalize", "--statistic", "90", "--out", str(tmp_path / "n.html")]) == 0
+    assert json.loads((run_dir / "drift.json").read_text())["normalize"] is True
     assert main(["drift", str(tmp_path / "missing")]) == 2
     assert "interp drift: error" in capsys.readouterr().err
     with pytest.raises(SystemExit):
