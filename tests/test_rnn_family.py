@@ -315,7 +315,8 @@ def test_linear_rnn_rejects_unknown_options():
 
 
 @pytest.mark.parametrize(
-    "name", ["state_gated_rnn", "lstm", "gru", "token_gated_rnn", "dense_ssm", "layernorm_rnn", "sphere_rnn"]
+    "name", ["tanh_rnn", "state_gated_rnn", "lstm", "gru", "token_gated_rnn", "dense_ssm", "layernorm_rnn",
+             "sphere_rnn", "h3", "baseconv"]
 )
 def test_mixers_without_options_reject_options(name):
     with pytest.raises(ValueError, match=rf"{name} takes no mixer_options; got \{{'chunk': 4\}}"):

@@ -32,19 +32,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.mixers.base import Mixer, register_mixer
+from models.mixers.base import Mixer, mixer_options, register_mixer
 
 OPTIONS = {"rope_base": 10000.0}
-
-
-def mixer_options(cfg, defaults: dict) -> dict:
-    """cfg.mixer_options merged over `defaults`; unknown keys raise."""
-    unknown = set(cfg.mixer_options) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"mixer_options for {cfg.mixer!r} got unknown keys {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **cfg.mixer_options}
 
 
 def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,6 +40,23 @@ def register_mixer(name: str, presets: dict[str, dict[str, Any]] | None = None, 
     return decorate
 
 
+def mixer_options(cfg: ModelConfig, defaults: dict[str, Any]) -> dict[str, Any]:
+    """cfg.mixer_options merged over `defaults` (a mixer's documented options).
+
+    Unknown keys raise a ValueError naming them and the allowed ones; a mixer without options
+    (`defaults` empty) rejects any.
+    """
+    options = cfg.mixer_options
+    if not defaults and options:
+        raise ValueError(f"{cfg.mixer} takes no mixer_options; got {options!r}")
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"{cfg.mixer} mixer_options: unknown keys {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **options}
+
+
 class Mixer(nn.Module):
     """Base sequence mixer: forward(x) = hook_out(mix(hook_in(x)))."""
 

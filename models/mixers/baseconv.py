@@ -28,15 +28,14 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import short_conv
 from models.kernels.fft_conv import fft_causal_conv
-from models.mixers.base import Mixer, register_mixer
+from models.mixers.base import Mixer, mixer_options, register_mixer
 
 
 @register_mixer("baseconv", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
 class BaseConv(Mixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"baseconv takes no mixer_options; got {sorted(cfg.mixer_options)}")
+        mixer_options(cfg, {})
         d = cfg.d_model
         self.gate_proj = nn.Linear(d, d)
         self.in_proj = nn.Linear(d, d)

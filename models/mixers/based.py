@@ -45,19 +45,9 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import short_conv
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {"feature_dim": 16, "window": 64}
-
-
-def mixer_options(cfg, defaults: dict) -> dict:
-    """cfg.mixer_options merged over `defaults`; unknown keys raise."""
-    unknown = set(cfg.mixer_options) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"mixer_options for {cfg.mixer!r} got unknown keys {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **cfg.mixer_options}
 
 
 def taylor_features(z: torch.Tensor) -> torch.Tensor:

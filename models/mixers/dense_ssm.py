@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("dense_ssm", n_layers=1, residual=False, norm="none")
@@ -35,8 +35,7 @@ class DenseSSM(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"dense_ssm takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         n = cfg.hidden
         self.n = n
         self.state_shape = (n,)

@@ -20,15 +20,14 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint, apply_pin, scan_with_state_hook, state_pins
-from models.mixers.base import RecurrentMixer, per_step, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, per_step, register_mixer
 
 
 @register_mixer("gru", n_layers=1, residual=False, norm="none")
 class GRU(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"gru takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         self.hidden = cfg.hidden
         self.state_shape = (cfg.hidden,)
         self.gru = nn.GRU(cfg.d_model, cfg.hidden, batch_first=True)

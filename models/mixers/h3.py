@@ -33,7 +33,7 @@ from torch import nn
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import diag_scan, short_conv
 from models.kernels.fft_conv import fft_causal_conv
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("h3", n_layers=2, mlp=True, d_conv=4, d_state=16, norm="layernorm")
@@ -42,8 +42,7 @@ class H3(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"h3 takes no mixer_options; got {sorted(cfg.mixer_options)}")
+        mixer_options(cfg, {})
         self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
         channels, n = self.n_heads * self.d_head, cfg.d_state
         self.state_shape = (channels, n)

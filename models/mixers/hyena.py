@@ -35,19 +35,9 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import short_conv
 from models.kernels.fft_conv import fft_causal_conv
-from models.mixers.base import Mixer, register_mixer
+from models.mixers.base import Mixer, mixer_options, register_mixer
 
 OPTIONS = {"filter_order": 64, "emb_dim": 5}
-
-
-def mixer_options(cfg, defaults: dict) -> dict:
-    """cfg.mixer_options merged over `defaults`; unknown keys raise."""
-    unknown = set(cfg.mixer_options) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"mixer_options for {cfg.mixer!r} got unknown keys {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **cfg.mixer_options}
 
 
 def positional_features(length: int, emb_dim: int) -> torch.Tensor:

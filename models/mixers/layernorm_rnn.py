@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 EPS = 1e-5
 
@@ -31,8 +31,7 @@ EPS = 1e-5
 class LayerNormRNN(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"layernorm_rnn takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         hidden = cfg.hidden
         self.state_shape = (hidden,)
         self.in_proj = nn.Linear(cfg.d_model, hidden)  # U x + b

@@ -21,15 +21,14 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("sphere_rnn", n_layers=1, residual=False, norm="none")
 class SphereRNN(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"sphere_rnn takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         n = cfg.hidden
         self.state_shape = (n,)
         self.radius = math.sqrt(n)

@@ -23,15 +23,14 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint, apply_pin, scan_with_state_hook, state_pins
-from models.mixers.base import RecurrentMixer, per_step, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, per_step, register_mixer
 
 
 @register_mixer("state_gated_rnn", n_layers=1, residual=False, norm="none")
 class StateGatedRNN(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"state_gated_rnn takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         hidden = cfg.hidden
         self.state_shape = (hidden,)
         self.in_proj = nn.Linear(cfg.d_model, 2 * hidden)  # [U; U_g] x + [b; b_g]

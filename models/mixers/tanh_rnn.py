@@ -5,6 +5,7 @@
 
 State-dependent: dh_t/dh_{t-1} = diag(1 - h_t^2) W_hh depends on the state.
 Fast path: torch.nn.RNN. Instrumented path: the same weights in a step loop, hook_state [B, T, H].
+No mixer_options.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("tanh_rnn", n_layers=1, residual=False, norm="none")
 class TanhRNN(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
+        mixer_options(cfg, {})
         self.state_shape = (cfg.hidden,)
         self.rnn = nn.RNN(cfg.d_model, cfg.hidden, nonlinearity="tanh", batch_first=True)
         self.out_proj = nn.Linear(cfg.hidden, cfg.d_model)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("token_gated_rnn", n_layers=1, residual=False, norm="none")
@@ -31,8 +31,7 @@ class TokenGatedRNN(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        if cfg.mixer_options:
-            raise ValueError(f"token_gated_rnn takes no mixer_options; got {cfg.mixer_options!r}")
+        mixer_options(cfg, {})
         n = cfg.hidden
         self.state_shape = (n,)
         self.A = nn.Parameter(nn.init.orthogonal_(torch.empty(n, n)))
