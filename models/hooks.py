@@ -126,12 +126,33 @@ def state_pins(
 def apply_pin(
     state: torch.Tensor, pins: tuple[torch.Tensor, torch.Tensor] | None, t: int
 ) -> torch.Tensor:
-    """Replace state [B, *S] by the pinned value at step t where a pin is set."""
+    """Replace state [B, *S] by the pinned value at step t where a pin is set.
+
+    In a loop over every step prefer `step_pins` + `apply_step_pin`: indexing values[:, t] at each
+    step makes the backward pass build a full [B, T, *S] gradient per step (quadratic in T).
+    """
     if pins is None:
         return state
     mask, values = pins
-    step_mask = mask[:, t].reshape(-1, *([1] * (state.dim() - 1)))
-    return torch.where(step_mask, values[:, t].to(state.dtype), state)
+    return apply_step_pin(state, (mask[:, t], values[:, t]))
+
+
+def step_pins(
+    pins: tuple[torch.Tensor, torch.Tensor] | None, length: int
+) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """pins (mask [B, T], values [B, T, *S]) or None -> T per-step pins (mask [B], values [B, *S])
+    or T Nones. Split with unbind, whose backward is one stack."""
+    if pins is None:
+        return [None] * length
+    return list(zip(pins[0].unbind(1), pins[1].unbind(1)))
+
+
+def apply_step_pin(state: torch.Tensor, pin: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """Replace state [B, *S] by values [B, *S] where mask [B] is set (pin = (mask, values) or None)."""
+    if pin is None:
+        return state
+    mask, values = pin
+    return torch.where(mask.reshape(-1, *([1] * (state.dim() - 1))), values.to(state.dtype), state)
 
 
 class Cache(Mapping):
@@ -298,7 +319,7 @@ def scan_with_state_hook(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an instrumented scan through `hook_state` with causal state patches.
 
-    run_scan(pins) -> (outputs, states [B, T, *S]) must honour pins with `apply_pin` (or the
+    run_scan(pins) -> (outputs, states [B, T, *S]) must honour pins with `step_pins` (or the
     kernels' equivalent). The scan runs once; if a patch changed any state it runs again with
     those states pinned, so the change propagates to every later step. Readers see final states.
     """

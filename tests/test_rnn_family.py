@@ -211,10 +211,8 @@ def test_cached_gates_are_the_gates_of_the_cached_states(name):
             inputs_t = {k: v[:, t] for k, v in inputs.items()}
             if name == "token_gated_rnn":
                 torch.testing.assert_close(gates[:, t], inputs_t["gate"])
-            elif name == "state_gated_rnn":
-                torch.testing.assert_close(gates[:, t], mixer.gate_and_recurrent(inputs_t, previous[:, t])[0])
             else:
-                torch.testing.assert_close(gates[:, t], mixer.gates(inputs_t, previous[:, t]))
+                torch.testing.assert_close(gates[:, t], mixer.gate_step(inputs_t, previous[:, t])[0])
 
 
 def patch_gate(name, t):
@@ -283,10 +281,7 @@ def test_gate_and_state_patches_combine(name):
     # the gates reported at t_state + 1 are those computed from the pinned state
     inputs_t = {k: v[:, t_state + 1] for k, v in mixer.prepare(pcache[hin]).items()}
     with torch.no_grad():
-        if name == "state_gated_rnn":
-            gate = mixer.gate_and_recurrent(inputs_t, pcache[hstate][:, t_state])[0]
-        else:
-            gate = mixer.gates(inputs_t, pcache[hstate][:, t_state])
+        gate = mixer.gate_step(inputs_t, pcache[hstate][:, t_state])[0]
     torch.testing.assert_close(pcache[hgate][:, t_state + 1], gate)
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.hooks import HookPoint, apply_pin, scan_with_state_hook
+from models.hooks import HookPoint, apply_step_pin, scan_with_state_hook, state_pins, step_pins
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -146,11 +146,78 @@ class RecurrentMixer(Mixer):
         batch = first.shape[0]
         h = self.initial_state(batch, first)
         states = []
-        for t, inputs_t in enumerate(per_step(inputs)):
-            h = apply_pin(self.step(inputs_t, h), pins, t)
+        for inputs_t, pin in zip(per_step(inputs), step_pins(pins, first.shape[1])):
+            h = apply_step_pin(self.step(inputs_t, h), pin)
             states.append(h)
         states = torch.stack(states, dim=1)
         return states, states
+
+
+class GatedRecurrentMixer(RecurrentMixer):
+    """A RecurrentMixer whose gates depend on h_{t-1}, exposed as hook_gate [B, T, *G].
+
+    A patch on hook_gate replaces the gates used in the recurrence: the scan re-runs with the
+    patched gates pinned (like a state patch), before hook_state patches apply.
+
+    Subclasses define (besides prepare, readout, state_shape):
+      gate_dims                          len(G), the number of gate axes after [B, T]
+      gate_step(inputs_t, h)             -> (gates [B, *G], aux): aux is whatever the update
+                                            reuses from the gate computation (e.g. W h_{t-1})
+      state_step(inputs_t, gates, aux, h) -> h_t [B, *S]
+    so that step(inputs_t, h) = state_step(inputs_t, *gate_step(inputs_t, h), h).
+    The fast path (fast_states) is the step loop without hooks and without collecting gates.
+    """
+
+    gate_dims = 1
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.hook_gate = HookPoint()
+
+    def gate_step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def state_step(self, inputs_t: dict[str, torch.Tensor], gates: torch.Tensor, aux: Any, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        gates, aux = self.gate_step(inputs_t, h)
+        return self.state_step(inputs_t, gates, aux, h)
+
+    def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return RecurrentMixer.scan(self, inputs)[1]  # [B, T, *S]
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        if not self.use_instrumented(self.hook_state, self.hook_gate):
+            return self.fast_forward(x)
+        inputs = self.prepare(x)
+        gate_pins = self.gate_pins(inputs)
+        gates, states = scan_with_state_hook(
+            self.hook_state, lambda pins: self.scan(inputs, pins, gate_pins), len(self.state_shape)
+        )
+        self.hook_gate.emit(gates)
+        return self.readout(x, states, inputs)
+
+    def gate_pins(self, inputs: dict[str, torch.Tensor]):
+        """Where patches on hook_gate changed the gates of an unpatched scan (None if nowhere)."""
+        if not self.hook_gate.has_patches:
+            return None
+        gates, _ = self.scan(inputs)
+        return state_pins(gates, self.hook_gate(gates.clone(), defer_readers=True), self.gate_dims)
+
+    def scan(self, inputs, pins=None, gate_pins=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step loop honouring state and gate pins; returns (gates [B, T, *G], states [B, T, *S])."""
+        first = next(iter(inputs.values()))
+        h = self.initial_state(first.shape[0], first)
+        length = first.shape[1]
+        gates, states = [], []
+        for inputs_t, pin, gate_pin in zip(per_step(inputs), step_pins(pins, length), step_pins(gate_pins, length)):
+            gate, aux = self.gate_step(inputs_t, h)
+            gate = apply_step_pin(gate, gate_pin)
+            h = apply_step_pin(self.state_step(inputs_t, gate, aux, h), pin)
+            gates.append(gate)
+            states.append(h)
+        return torch.stack(gates, dim=1), torch.stack(states, dim=1)
 
 
 def per_step(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:

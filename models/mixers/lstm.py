@@ -22,12 +22,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.hooks import HookPoint, apply_pin, scan_with_state_hook, state_pins
-from models.mixers.base import RecurrentMixer, mixer_options, per_step, register_mixer
+from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixer
 
 
 @register_mixer("lstm", n_layers=1, residual=False, norm="none")
-class LSTM(RecurrentMixer):
+class LSTM(GatedRecurrentMixer):
+    gate_dims = 2  # hook_gate [B, T, 4, H]
+
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         mixer_options(cfg, {})
@@ -35,59 +36,25 @@ class LSTM(RecurrentMixer):
         self.state_shape = (2, cfg.hidden)
         self.lstm = nn.LSTM(cfg.d_model, cfg.hidden, batch_first=True)
         self.out_proj = nn.Linear(cfg.hidden, cfg.d_model)
-        self.hook_gate = HookPoint()
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         lstm = self.lstm
         return {"drive": x @ lstm.weight_ih_l0.T + lstm.bias_ih_l0 + lstm.bias_hh_l0}  # [B, T, 4H]
 
-    def gates(self, inputs_t, state: torch.Tensor) -> torch.Tensor:
-        """state [B, 2, H] -> (i, f, g, o) [B, 4, H]."""
+    def gate_step(self, inputs_t, state: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """state [B, 2, H] -> ((i, f, g, o) [B, 4, H], None)."""
         z = (inputs_t["drive"] + state[:, 0] @ self.lstm.weight_hh_l0.T).unflatten(-1, (4, self.hidden))
         i, f, g, o = z.unbind(1)
-        return torch.stack([torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)], dim=1)
+        return torch.stack([torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)], dim=1), None
 
-    def update(self, gates: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def state_step(self, inputs_t, gates: torch.Tensor, aux, state: torch.Tensor) -> torch.Tensor:
         """gates [B, 4, H], state [B, 2, H] -> next state [B, 2, H]."""
         i, f, g, o = gates.unbind(1)
         c = f * state[:, 1] + i * g
         return torch.stack([o * torch.tanh(c), c], dim=1)
-
-    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        return self.update(self.gates(inputs_t, h), h)
 
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states[:, :, 0])  # h_t
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(self.lstm(x)[0])  # nn.LSTM: h sequence [B, T, H]
-
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        if not self.use_instrumented(self.hook_state, self.hook_gate):
-            return self.fast_forward(x)
-        inputs = self.prepare(x)
-        gate_pins = self.gate_pins(inputs)
-        gates, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan(inputs, pins, gate_pins), 2
-        )
-        self.hook_gate.emit(gates)
-        return self.readout(x, states, inputs)
-
-    def gate_pins(self, inputs):
-        """Where patches on hook_gate changed the gates of an unpatched scan (None if nowhere)."""
-        if not self.hook_gate.has_patches:
-            return None
-        gates, _ = self.scan(inputs)
-        return state_pins(gates, self.hook_gate(gates.clone(), defer_readers=True), 2)
-
-    def scan(self, inputs, pins=None, gate_pins=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step loop honouring state and gate pins; returns (gates [B, T, 4, H], states [B, T, 2, H])."""
-        drive = inputs["drive"]
-        state = self.initial_state(drive.shape[0], drive)
-        gates, states = [], []
-        for t, inputs_t in enumerate(per_step(inputs)):
-            gate = apply_pin(self.gates(inputs_t, state), gate_pins, t)
-            state = apply_pin(self.update(gate, state), pins, t)
-            gates.append(gate)
-            states.append(state)
-        return torch.stack(gates, dim=1), torch.stack(states, dim=1)
