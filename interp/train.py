@@ -85,9 +85,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise ValueError(f"TrainConfig.{name} must be a positive finite number; got {value!r}")
-        if not isinstance(self.weight_decay, (int, float)) or not 0 <= self.weight_decay < math.inf:
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+        if not number(self.weight_decay) or not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"TrainConfig.weight_decay must be a non-negative number; got {self.weight_decay!r}")
-        if not 0 < self.curriculum_threshold <= 1:
+        if not number(self.curriculum_threshold) or not 0 < self.curriculum_threshold <= 1:
             raise ValueError(f"TrainConfig.curriculum_threshold must be in (0, 1]; got {self.curriculum_threshold!r}")
         if not isinstance(self.curriculum, bool):
             raise TypeError(f"TrainConfig.curriculum must be a bool; got {self.curriculum!r}")
@@ -167,7 +168,7 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
     if model_config.vocab_size < task.vocab_size:
         raise ValueError(f"model_config.vocab_size ({model_config.vocab_size}) is smaller than the "
                          f"task's vocab_size ({task.vocab_size})")
-    if stop_at is not None and (not isinstance(stop_at, int) or stop_at < 1):
+    if stop_at is not None and (not isinstance(stop_at, int) or isinstance(stop_at, bool) or stop_at < 1):
         raise ValueError(f"stop_at must be None or a positive int; got {stop_at!r}")
     end = min(cfg.steps, stop_at or cfg.steps)
 

@@ -55,8 +55,11 @@ class ModelConfig:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
         for name in ("d_hidden", "d_head"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
+        for name in ("residual", "mlp", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool; got {getattr(self, name)!r}")
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}")
         if self.positional not in POSITIONALS:
@@ -65,6 +68,13 @@ class ModelConfig:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
                 "unless d_head is given"
+            )
+        scale = self.beta_scale
+        is_number = lambda s: isinstance(s, (int, float)) and not isinstance(s, bool)  # noqa: E731
+        if not (is_number(scale) or (isinstance(scale, (list, tuple)) and all(is_number(s) for s in scale))):
+            raise ValueError(
+                f"beta_scale must be a float in [0, 2] or a list of n_heads={self.n_heads} such "
+                f"floats; got {scale!r}"
             )
         scales = self.beta_scales
         if len(scales) != self.n_heads or any(not 0.0 <= s <= 2.0 for s in scales):

@@ -80,6 +80,16 @@ def test_bad_config_values_raise_clear_errors():
         ModelConfig(beta_scale=2.5)
     with pytest.raises(ValueError, match="unknown"):
         models.build("tanh_rnn", d_modl=3)
+    # values Python would coerce: a string scale iterates as characters, True is 1, "no" is truthy
+    with pytest.raises(ValueError, match=r"beta_scale must be a float .*; got '2'"):
+        ModelConfig(n_heads=1, beta_scale="2")
+    with pytest.raises(ValueError, match="beta_scale"):
+        ModelConfig(n_heads=2, beta_scale=[1.0, True])
+    with pytest.raises(ValueError, match="d_hidden must be None or a positive int; got True"):
+        ModelConfig(d_hidden=True)
+    with pytest.raises(TypeError, match="residual must be a bool; got 'no'"):
+        ModelConfig(residual="no")
+    assert ModelConfig(n_heads=2, beta_scale=(1, 2.0)).beta_scales == [1.0, 2.0]
 
 
 def test_hook_returning_non_tensor_raises():

@@ -129,6 +129,8 @@ def test_learning_rate_schedule():
     ("lr", math.nan, "TrainConfig.lr"),
     ("warmup", 50, r"warmup \(50\) must be smaller than steps \(20\)"),
     ("curriculum_threshold", 1.5, "curriculum_threshold must be in"),
+    ("curriculum_threshold", "0.9", "curriculum_threshold must be in .*; got '0.9'"),
+    ("weight_decay", True, "weight_decay must be a non-negative number; got True"),
     ("device", "gpu0", "TrainConfig.device 'gpu0'"),
 ])
 def test_train_config_validation(field, value, pattern):
