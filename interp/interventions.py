@@ -408,8 +408,8 @@ def _noop_pairs(sites, source: Source, target_cache, target_pos, target_ans) -> 
     for s, site in enumerate(sites):
         pos = target_pos[s]
         current = _select(_layout(target_cache[site.hook], site.hook), examples, pos, site)  # [N, k, ...]
-        same = (source(s, examples, current) == current).flatten(1).all(1)
-        skip[s] = (pos > target_ans[:, None]).all(1) | same
+        same = (source(s, examples, current) == current).flatten(1).all(1)  # on the cache's device
+        skip[s] = (pos > target_ans[:, None]).all(1).cpu() | same.cpu()
     return skip
 
 

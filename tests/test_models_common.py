@@ -34,6 +34,41 @@ def test_fast_path_equals_instrumented_path(name, tokens):
     torch.testing.assert_close(grad_slow, grad_fast, atol=1e-5, rtol=1e-5)
 
 
+def converted_copy(name: str, **to) -> models.SequenceModel:
+    """small_model(name) with the same weights, moved with .to(**to)."""
+    model = models.build(name, **SMALL)
+    model.load_state_dict(small_model(name).state_dict())
+    return model.to(**to)
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_float64_model_computes_in_float64(name, tokens):
+    """model.double(): both paths agree to float64 precision, match the float32 model, and every
+    activation is float64 (complex128) - no kernel or table silently stays in float32."""
+    model = converted_copy(name, dtype=torch.float64)
+    with torch.no_grad():
+        reference = small_model(name).set_execution_path("fast")(tokens)
+        fast = model.set_execution_path("fast")(tokens)
+        _, cache = model.set_execution_path("instrumented").run_with_cache(tokens)
+    assert fast.dtype == torch.float64
+    torch.testing.assert_close(cache["hook_logits"], fast, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(fast.float(), reference, atol=1e-5, rtol=1e-5)
+    wrong = {n: v.dtype for n, v in cache.items() if v.dtype not in (torch.float64, torch.complex128)}
+    assert not wrong, wrong
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", models.list_models())
+def test_cuda_model_matches_cpu(name, tokens):
+    """The model on CUDA (Triton kernels where they exist) gives the CPU outputs on both paths."""
+    model = converted_copy(name, device="cuda")
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        reference = small_model(name)(tokens)
+        for path in ("fast", "instrumented"):
+            out = model.set_execution_path(path)(tokens.cuda())
+            torch.testing.assert_close(out.cpu(), reference, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", models.list_models())
 @pytest.mark.parametrize("path", ["fast", "instrumented"])
 def test_causal(name, path, tokens):

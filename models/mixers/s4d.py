@@ -109,7 +109,7 @@ class S4D(RecurrentMixer):
     def convolution_kernel(self, length: int) -> torch.Tensor:
         """K [D, T] with K[d, k] = 2 Re(sum_m C dB dA^k), computed in complex128."""
         dA, dB = (v.to(torch.complex128) for v in self.discrete())
-        powers = torch.exp(torch.log(dA)[..., None] * torch.arange(length, dtype=torch.float64))  # [D, M, T]
+        powers = torch.exp(torch.log(dA)[..., None] * torch.arange(length, dtype=torch.float64, device=dA.device))  # [D, M, T]
         weights = torch.view_as_complex(self.C).to(torch.complex128) * dB  # [D, M]
         return 2 * torch.einsum("dm,dmk->dk", weights, powers).real
 
