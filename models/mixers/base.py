@@ -126,7 +126,11 @@ class RecurrentMixer(Mixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if not self.use_instrumented(self.hook_state):
             return self.fast_forward(x)
-        inputs = self.prepare(x)
+        return self.instrumented_forward(x, self.prepare(x))
+
+    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The instrumented path from prepared inputs: scan through hook_state (states patched
+        there are pinned and the scan re-runs from them), then read out -> [B, T, D]."""
         _, states = scan_with_state_hook(
             self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
         )

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import HookPoint, scan_with_state_hook
+from models.hooks import HookPoint
 from models.kernels import short_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
@@ -147,8 +147,5 @@ class Based(RecurrentMixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(x)
         if self.use_instrumented(self.hook_state):
-            _, states = scan_with_state_hook(
-                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
-            )
-            return self.readout(x, states, inputs)
+            return self.instrumented_forward(x, inputs)
         return self.combine(x, self.parallel(inputs))

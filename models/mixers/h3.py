@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from models.hooks import HookPoint, scan_with_state_hook
+from models.hooks import HookPoint
 from models.kernels import diag_scan, short_conv
 from models.kernels.fft_conv import fft_causal_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
@@ -107,9 +107,6 @@ class H3(RecurrentMixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(x)
         if self.use_instrumented(self.hook_state):
-            _, states = scan_with_state_hook(
-                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
-            )
-            return self.readout(x, states, inputs)
+            return self.instrumented_forward(x, inputs)
         u = inputs["u"]
         return self.gated_output(fft_causal_conv(u, self.kernel(u.shape[1])), inputs)

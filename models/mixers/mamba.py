@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import HookPoint, scan_with_state_hook
+from models.hooks import HookPoint
 from models.kernels import diag_scan, short_conv
 from models.mixers.base import RecurrentMixer, register_mixer
 
@@ -135,10 +135,7 @@ class Mamba(RecurrentMixer):
     def mix(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(u)
         if self.use_instrumented(self.hook_state):
-            _, states = scan_with_state_hook(
-                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
-            )
-            return self.readout(u, states, inputs)
+            return self.instrumented_forward(u, inputs)
         a, b = self.transition_terms(inputs)
         y = diag_scan(a, b, inputs["C"], chunk_size=self.chunk_size).output  # [B, T, E], fused C h
         return self.finish(y, inputs)

@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import scan_with_state_hook
 from models.kernels import diag_scan
 from models.mixers.base import RecurrentMixer, register_mixer
 
@@ -123,8 +122,5 @@ class S4D(RecurrentMixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(x)
         if self.use_instrumented(self.hook_state):
-            _, states = scan_with_state_hook(
-                self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
-            )
-            return self.readout(x, states, inputs)
+            return self.instrumented_forward(x, inputs)
         return self.finish(self.convolve(x), x)
