@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint
 from models.kernels import diag_scan, short_conv
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {
     "dt_rank": None,
@@ -47,15 +47,12 @@ OPTIONS = {
 }
 
 
-def mamba_options(name: str, options: dict) -> dict:
-    """Defaults merged with cfg.mixer_options; unknown keys raise."""
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise ValueError(f"{name} mixer_options: unknown {sorted(unknown)}; allowed: {sorted(OPTIONS)}")
-    merged = {**OPTIONS, **options}
+def mamba_options(cfg) -> dict:
+    """Defaults merged with cfg.mixer_options; unknown keys or a bad dt range raise."""
+    merged = mixer_options(cfg, OPTIONS)
     if not 0 < merged["dt_min"] <= merged["dt_max"]:
         raise ValueError(
-            f"{name} mixer_options need 0 < dt_min <= dt_max; got {merged['dt_min']}, {merged['dt_max']}"
+            f"{cfg.mixer} mixer_options need 0 < dt_min <= dt_max; got {merged['dt_min']}, {merged['dt_max']}"
         )
     return merged
 
@@ -66,7 +63,7 @@ class Mamba(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        opts = mamba_options(self.mixer_name, cfg.mixer_options)
+        opts = mamba_options(cfg)
         d_inner, n = cfg.expand * cfg.d_model, cfg.d_state
         self.d_inner, self.d_state = d_inner, n
         self.dt_rank = opts["dt_rank"] or math.ceil(cfg.d_model / 16)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.kernels import diag_scan
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {"dt_min": 0.001, "dt_max": 0.1}
 
@@ -55,10 +55,7 @@ class S4D(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        unknown = set(cfg.mixer_options) - set(OPTIONS)
-        if unknown:
-            raise ValueError(f"s4d mixer_options: unknown {sorted(unknown)}; allowed: {sorted(OPTIONS)}")
-        opts = {**OPTIONS, **cfg.mixer_options}
+        opts = mixer_options(cfg, OPTIONS)
         if not 0 < opts["dt_min"] <= opts["dt_max"]:
             raise ValueError(f"s4d mixer_options need 0 < dt_min <= dt_max; got {opts['dt_min']}, {opts['dt_max']}")
         d, m = cfg.d_model, cfg.d_state
