@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 
 import torch
@@ -25,16 +24,7 @@ import torch
 import models
 from interp import heads
 from interp.tasks import make_task
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import timed  # benchmarks/timing.py
 
 
 def main() -> None:

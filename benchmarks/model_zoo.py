@@ -1,6 +1,6 @@
 """Forward+backward throughput per model: fast path vs fully cached path, and hook overhead.
 
-    python benchmarks/model_zoo.py [--batch 32] [--length 256] [--repeats 5] [--markdown]
+    python benchmarks/model_zoo.py [--batch 32] [--length 256] [--repeats 5] [--threads 1]
 
 Measures, in one run on this machine:
   * tokens/s of forward+backward for every registered model (d_model=64, 2 layers), on the fast
@@ -14,27 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 from torch import nn
 
 import models
+from timing import timed  # benchmarks/timing.py
 
 VOCAB, D_MODEL, N_LAYERS = 16, 64, 2
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def fwd_bwd(model, tokens, cached: bool):
@@ -99,7 +88,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-length", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: stable ratios on a shared machine)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (args.batch, args.length))
     n_tokens = tokens.numel()

@@ -14,23 +14,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 
 import numpy as np
 import torch
 
 from interp.tasks import make_task
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import timed  # benchmarks/timing.py
 
 
 def python_fold_tokens_per_s(batch: int, length: int) -> float:
