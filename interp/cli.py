@@ -15,54 +15,26 @@ import sys
 from pathlib import Path
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
-    return value
+def checked_number(parse, allowed, what: str):
+    """An argparse type: parse the text, keep it if allowed(value), else name what is allowed."""
+
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not allowed(value):
+            raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}")
+        return value
+
+    return check
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number; got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number; got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number; got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a non-negative finite number; got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1]; got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1]; got {text!r}")
-    return value
+positive_int = checked_number(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = checked_number(int, lambda v: v >= 0, "a non-negative integer")
+positive_float = checked_number(float, lambda v: 0 < v < float("inf"), "a positive finite number")
+non_negative_float = checked_number(float, lambda v: 0 <= v < float("inf"), "a non-negative finite number")
+fraction = checked_number(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 def length_list(text: str) -> list[int]:
