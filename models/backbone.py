@@ -45,7 +45,16 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         x = self.hook_resid_pre(x)
-        mixed = self.mixer(self.norm_mixer(x))
+        return self.after_mixer(x, self.mixer(self.norm_mixer(x)))
+
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+        """forward() at positions start, ... only: x [B, n, D] the block input there, before
+        [B, w, D] the block input at the positions just before (at least the mixer's
+        resume_context of them, all when that is None), carry the mixer's state after start - 1."""
+        x = self.hook_resid_pre(x)
+        return self.after_mixer(x, self.mixer.resume(self.norm_mixer(x), self.norm_mixer(before), carry))
+
+    def after_mixer(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:  # [B, T, D] each
         x = self.hook_resid_mid(x + mixed if self.residual else mixed)
         if hasattr(self, "mlp"):
             out = self.mlp(self.norm_mlp(x))
@@ -87,6 +96,39 @@ class SequenceModel(HookedMixin, nn.Module):
             x = block(x)
         x = self.hook_final(self.norm_final(x))
         return self.hook_logits(self.unembed(x))
+
+    def resume_hooks(self, layer: int = 0) -> dict[str, list[str]]:
+        """The cached activations `resume_from` reads for runs resumed at block >= layer:
+        {"resid": block inputs, "carry": recurrent states (mixers that resume from a state)}."""
+        blocks = range(layer, len(self.blocks))
+        return {
+            "resid": [f"blocks.{j}.hook_resid_pre" for j in blocks],
+            "carry": [f"blocks.{j}.mixer.hook_state" for j in blocks if self._carries(j)],
+        }
+
+    def _carries(self, layer: int) -> bool:
+        mixer = self.blocks[layer].mixer
+        return hasattr(mixer, "hook_state") and mixer.resume_context is not None
+
+    def resume_from(self, cache, examples: torch.Tensor, layer: int, start: int, end: int) -> torch.Tensor:
+        """Logits [R, end - start, V] at positions start, ..., end - 1 of the cached run's
+        examples [R], recomputed from block `layer` on. `cache` ({hook name: [N, T, ...]}, with
+        the `resume_hooks(layer)`) is of a run that agrees with this one at every position before
+        `start` and at blocks before `layer` (by causality, a run patched only at positions >=
+        start in blocks >= layer): hooks patched during this call change the result as in a full
+        run, with positions counted from the end (see Mixer.resume). The block inputs before
+        `start` and the recurrent states after start - 1 come from the cache."""
+        if not 0 <= layer < len(self.blocks) or not 0 <= start < end:
+            raise ValueError(f"resume_from needs 0 <= layer < {len(self.blocks)} and 0 <= start < end; "
+                             f"got layer={layer}, start={start}, end={end}")
+        x = cache[f"blocks.{layer}.hook_resid_pre"][examples, start:end]  # [R, n, D]
+        for j in range(layer, len(self.blocks)):
+            context = self.blocks[j].mixer.resume_context
+            lo = 0 if context is None else max(start - context, 0)
+            before = cache[f"blocks.{j}.hook_resid_pre"][examples, lo:start]  # [R, w, D]
+            carry = cache[f"blocks.{j}.mixer.hook_state"][examples, start - 1] if start and self._carries(j) else None
+            x = self.blocks[j].resume(x, before, carry)
+        return self.hook_logits(self.unembed(self.hook_final(self.norm_final(x))))
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if not isinstance(tokens, torch.Tensor):

@@ -136,3 +136,56 @@ def test_every_hook_caches_with_batch_first_shape(name, tokens):
             assert value.shape[0] == B and value.shape[-2:] == (T, T), hook_name
         else:
             assert value.shape[:2] == (B, T), (hook_name, tuple(value.shape))
+
+
+def resume_cache(model, tokens):
+    """Logits and the activations `resume_from` reads, from one instrumented run."""
+    hooks = model.resume_hooks()
+    return model.run_with_cache(tokens, names=hooks["resid"] + hooks["carry"])
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_resume_from_cache_equals_the_full_run(name, tokens):
+    model = small_model(name).set_execution_path("instrumented")
+    with torch.no_grad():
+        full, cache = resume_cache(model, tokens)
+        for layer in range(len(model.blocks)):
+            for start, end in [(0, T), (1, T), (5, 9), (T - 1, T)]:
+                resumed = model.resume_from(cache, torch.tensor([2, 0]), layer, start, end)
+                torch.testing.assert_close(resumed, full[[2, 0], start:end], atol=1e-5, rtol=1e-5,
+                                           msg=f"layer {layer}, positions [{start}, {end})")
+
+
+def at_position(t: int, end: int, new_value):
+    """A patch writing new_value(act[:, t]) at absolute position t, for full and resumed runs
+    alike: a hook tensor with m time steps holds positions end - m, ..., end - 1."""
+
+    def patch(act, hook):
+        act = act.clone()
+        local = t - (end - act.shape[1])
+        act[:, local] = new_value(act[:, local])
+        return act
+
+    return patch
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_resumed_run_with_a_patch_equals_the_full_patched_run(name, tokens):
+    model = small_model(name).set_execution_path("instrumented")
+    start, end = 4, 10
+    gen = torch.Generator().manual_seed(3)
+    names = ["blocks.1.hook_resid_pre", "blocks.1.mixer.hook_in", "blocks.1.mixer.hook_out"]
+    names += [n for n in model.hook_names() if n.startswith("blocks.1.mixer.hook_")
+              and n.rsplit(".", 1)[1] in ("hook_state", "hook_conv", "hook_q", "hook_k", "hook_v", "hook_gate")]
+    with torch.no_grad():
+        clean, cache = resume_cache(model, tokens[:, :end])
+        for hook_name in names:
+            for t in (start, start + 2):
+                scale = 1 + torch.rand((), generator=gen).item()
+                patch = at_position(t, end, lambda v: v * scale + 0.5)
+                full = model.run_with_hooks(tokens[:, :end], fwd_hooks=[(hook_name, patch)])
+                with model.hooks([(hook_name, patch)]):
+                    resumed = model.resume_from(cache, torch.arange(B), 1, start, end)
+                torch.testing.assert_close(resumed, full[:, start:], atol=1e-5, rtol=1e-5,
+                                           msg=f"{hook_name} patched at {t}")
+                assert (full[:, t:] - clean[:, t:]).abs().max() > 1e-6, f"{hook_name}: the patch changed nothing"

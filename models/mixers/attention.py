@@ -52,12 +52,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
+    """[Tq, Tk] bool, True where query s (the last Tq of the Tk positions) may attend key t <= s."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
+
+
 def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """q, k [B, H, T, d] -> softmax probabilities [B, H, T, T], zero above the diagonal."""
-    length = q.shape[2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, T, T]
-    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    """q [B, H, Tq, d] (the last Tq positions), k [B, H, Tk, d] -> softmax probabilities
+    [B, H, Tq, Tk], zero for keys after the query."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, Tq, Tk]
+    allowed = causal_mask(q.shape[2], k.shape[2], q.device)
+    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
 
 
 @register_mixer(
@@ -78,18 +83,25 @@ class Attention(Mixer):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern = HookPoint()
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+    def mix(self, x: torch.Tensor, queries_from: int = 0) -> torch.Tensor:  # [B, T, D] -> [B, T - queries_from, D]
+        """Outputs at positions queries_from, ..., T - 1 (all of them by default)."""
         batch, length, _ = x.shape
         heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
-        q = self.hook_q(heads[:, :, 0])  # [B, T, H, d_head]
-        k = self.hook_k(heads[:, :, 1])
+        q = self.hook_q(heads[:, queries_from:, 0])  # [B, Tq, H, d_head]
+        k = self.hook_k(heads[:, :, 1])  # [B, T, H, d_head]
         v = self.hook_v(heads[:, :, 2])
         if self.cfg.positional == "rope":
             cos, sin = rotary_tables(length, self.d_head, float(self.options["rope_base"]), q)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_head]
+            q, k = apply_rotary(q, cos[queries_from:], sin[queries_from:]), apply_rotary(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T(q), d_head]
         if self.use_instrumented(self.hook_pattern):
-            z = self.hook_pattern(causal_pattern(q, k)) @ v  # [B, H, T, d_head]
-        else:
+            z = self.hook_pattern(causal_pattern(q, k)) @ v  # [B, H, Tq, d_head]
+        elif queries_from == 0:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out_proj(z.transpose(1, 2).reshape(batch, length, -1))
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], length, x.device))
+        return self.out_proj(z.transpose(1, 2).reshape(batch, length - queries_from, -1))
+
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
+        """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""
+        return self.hook_out(self.mix(self.hook_in(torch.cat([before, x], dim=1)), before.shape[1]))

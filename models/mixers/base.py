@@ -58,11 +58,18 @@ def mixer_options(cfg: ModelConfig, defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 class Mixer(nn.Module):
-    """Base sequence mixer: forward(x) = hook_out(mix(hook_in(x)))."""
+    """Base sequence mixer: forward(x) = hook_out(mix(hook_in(x))).
+
+    resume(x, before, carry) continues a run from a later position (see `Mixer.resume`);
+    `resume_context` says how many input positions before the resume point it reads: None (the
+    default: all of them, the mixer is recomputed over the whole prefix), 0 for a recurrent mixer
+    whose prepare() is per position, d_conv - 1 for one with a short convolution in prepare().
+    """
 
     mixer_name = "<base>"
     # "auto": fast path unless a hook needs per-step values; "fast" / "instrumented" force one.
     execution_path = "auto"
+    resume_context: int | None = None
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -76,6 +83,18 @@ class Mixer(nn.Module):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         raise NotImplementedError
+
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+        """forward() at positions start, ..., start + n - 1 only -> [B, n, D].
+
+        x [B, n, D]: the input at those positions; before [B, w, D]: the input at the w positions
+        just before them (w = resume_context, fewer at the start of the sequence; every earlier
+        position when resume_context is None); carry [B, *S]: a recurrent mixer's state after
+        step start - 1 (None: the initial state). This default recomputes the whole prefix.
+        Hook tensors inside a resumed call cover the last positions only: one with m time steps
+        holds positions start + n - m, ..., start + n - 1.
+        """
+        return self(torch.cat([before, x], dim=1))[:, before.shape[1] :]
 
     def use_instrumented(self, *hooks: HookPoint) -> bool:
         """Whether to take the per-step path: forced, or any of these hook points is in use."""
@@ -103,6 +122,7 @@ class RecurrentMixer(Mixer):
 
     is_affine = False
     state_shape: tuple[int, ...] = ()
+    resume_context: int | None = 0
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -128,11 +148,22 @@ class RecurrentMixer(Mixer):
             return self.fast_forward(x)
         return self.instrumented_forward(x, self.prepare(x))
 
-    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+        """Mixer.resume from the carried state: prepare() over the resume_context positions
+        before x and x (a short conv needs them), then the instrumented scan from `carry`."""
+        if self.resume_context is None:
+            return super().resume(x, before, carry)
+        window = self.hook_in(torch.cat([before, x], dim=1))  # [B, w + n, D]
+        skip = before.shape[1]
+        inputs = {name: value[:, skip:] for name, value in self.prepare(window).items()}
+        return self.hook_out(self.instrumented_forward(window[:, skip:], inputs, carry))
+
+    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         """The instrumented path from prepared inputs: scan through hook_state (states patched
-        there are pinned and the scan re-runs from them), then read out -> [B, T, D]."""
+        there are pinned and the scan re-runs from them), then read out -> [B, T, D].
+        initial [B, *S]: the state before the first step (None: initial_state())."""
         _, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan(inputs, pins), len(self.state_shape)
+            self.hook_state, lambda pins: self.scan(inputs, pins, initial), len(self.state_shape)
         )
         return self.readout(x, states, inputs)
 
@@ -144,11 +175,11 @@ class RecurrentMixer(Mixer):
     def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.scan(inputs, None)[1]
 
-    def scan(self, inputs: dict[str, torch.Tensor], pins=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference step loop honouring pins; returns (states, states) [B, T, *S]."""
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference step loop honouring pins, from `initial` [B, *S] (None: initial_state());
+        returns (states, states) [B, T, *S]."""
         first = next(iter(inputs.values()))
-        batch = first.shape[0]
-        h = self.initial_state(batch, first)
+        h = self.initial_state(first.shape[0], first) if initial is None else initial
         states = []
         for inputs_t, pin in zip(per_step(inputs), step_pins(pins, first.shape[1])):
             h = apply_step_pin(self.step(inputs_t, h), pin)
@@ -194,25 +225,28 @@ class GatedRecurrentMixer(RecurrentMixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if not self.use_instrumented(self.hook_state, self.hook_gate):
             return self.fast_forward(x)
-        inputs = self.prepare(x)
-        gate_pins = self.gate_pins(inputs)
+        return self.instrumented_forward(x, self.prepare(x))
+
+    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
+        gate_pins = self.gate_pins(inputs, initial)
         gates, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan(inputs, pins, gate_pins), len(self.state_shape)
+            self.hook_state, lambda pins: self.scan(inputs, pins, gate_pins, initial), len(self.state_shape)
         )
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)
 
-    def gate_pins(self, inputs: dict[str, torch.Tensor]):
+    def gate_pins(self, inputs: dict[str, torch.Tensor], initial=None):
         """Where patches on hook_gate changed the gates of an unpatched scan (None if nowhere)."""
         if not self.hook_gate.has_patches:
             return None
-        gates, _ = self.scan(inputs)
+        gates, _ = self.scan(inputs, initial=initial)
         return state_pins(gates, self.hook_gate(gates.clone(), defer_readers=True), self.gate_dims)
 
-    def scan(self, inputs, pins=None, gate_pins=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step loop honouring state and gate pins; returns (gates [B, T, *G], states [B, T, *S])."""
+    def scan(self, inputs, pins=None, gate_pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step loop honouring state and gate pins, from `initial` [B, *S] (None: initial_state());
+        returns (gates [B, T, *G], states [B, T, *S])."""
         first = next(iter(inputs.values()))
-        h = self.initial_state(first.shape[0], first)
+        h = self.initial_state(first.shape[0], first) if initial is None else initial
         length = first.shape[1]
         gates, states = [], []
         for inputs_t, pin, gate_pin in zip(per_step(inputs), step_pins(pins, length), step_pins(gate_pins, length)):

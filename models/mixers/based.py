@@ -67,6 +67,7 @@ def window_mask(length: int, window: int, device) -> torch.Tensor:
 @register_mixer("based", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
 class Based(RecurrentMixer):
     is_affine = True
+    resume_context = None  # the sliding window reads earlier positions in readout(): recompute
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

@@ -67,6 +67,7 @@ class DeltaNet(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
+        self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
         self.options = _options(cfg.mixer_options)
         heads, d = cfg.n_heads, cfg.head_dim
         self.heads, self.d_head = heads, d
@@ -156,9 +157,9 @@ class DeltaNet(RecurrentMixer):
         n = heads * d * d
         return M.reshape(batch, n, n)
 
-    def scan(self, inputs, pins=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def scan(self, inputs, pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
         result = delta_rule(
-            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at="all", pins=pins,
+            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at="all", pins=pins, initial_state=initial,
             beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
         )
         return result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
@@ -166,8 +167,10 @@ class DeltaNet(RecurrentMixer):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if not self.use_instrumented(self.hook_state):
             return self.fast_forward(x)
-        inputs = self.prepare(x)
-        o, _ = scan_with_state_hook(self.hook_state, lambda pins: self.scan(inputs, pins), 3)
+        return self.instrumented_forward(x, self.prepare(x))
+
+    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
+        o, _ = scan_with_state_hook(self.hook_state, lambda pins: self.scan(inputs, pins, initial), 3)
         return self._output(o, inputs)
 
     def readout(self, x, states, inputs) -> torch.Tensor:

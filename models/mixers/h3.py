@@ -42,6 +42,7 @@ class H3(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
+        self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
         mixer_options(cfg, {})
         self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
         channels, n = self.n_heads * self.d_head, cfg.d_state
@@ -85,12 +86,13 @@ class H3(RecurrentMixer):
         _, abar, bbar = self.discretised()
         return abar * h + bbar * inputs_t["u"][..., None]  # [B, C, N]
 
-    def scan(self, inputs: dict[str, torch.Tensor], pins=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recurrence by the diagonal-scan kernel, honouring pins -> (states, states) [B, T, C, N]."""
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrence by the diagonal-scan kernel, honouring pins, from `initial` [B, C, N]
+        (None: zeros) -> (states, states) [B, T, C, N]."""
         _, abar, bbar = self.discretised()
         u = inputs["u"]  # [B, T, C]
         a = abar.expand(*u.shape[:2], *abar.shape)
-        states = diag_scan(a, bbar * u[..., None], pins=pins).output
+        states = diag_scan(a, bbar * u[..., None], pins=pins, initial_state=initial).output
         return states, states
 
     def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -63,6 +63,7 @@ class Mamba(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
+        self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
         opts = mamba_options(cfg)
         d_inner, n = cfg.expand * cfg.d_model, cfg.d_state
         self.d_inner, self.d_state = d_inner, n
@@ -115,9 +116,9 @@ class Mamba(RecurrentMixer):
         a, b = self.transition_terms(inputs_t)
         return a * h + b  # [B, E, N]
 
-    def scan(self, inputs, pins=None):
+    def scan(self, inputs, pins=None, initial=None):
         a, b = self.transition_terms(inputs)
-        states = diag_scan(a, b, pins=pins, chunk_size=self.chunk_size).output  # [B, T, E, N]
+        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E, N]
         return states, states
 
     def readout(self, u, states, inputs) -> torch.Tensor:

@@ -29,6 +29,7 @@ from models.mixers.mamba import Mamba
 class Mamba3(Mamba):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
+        self.resume_context = cfg.d_conv  # the short conv, and x_prev / B_prev one step further back
         self.rot_proj = nn.Linear(self.d_inner, self.d_state)
         self.lam_proj = nn.Linear(self.d_inner, self.d_inner)
 

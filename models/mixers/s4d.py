@@ -88,11 +88,11 @@ class S4D(RecurrentMixer):
         dA, dB = self.discrete()
         return dA * h + dB * inputs_t["x"][..., None]  # [B, D, M]
 
-    def scan(self, inputs, pins=None):
+    def scan(self, inputs, pins=None, initial=None):
         dA, dB = self.discrete()
         x = inputs["x"]
         a = dA.expand(*x.shape, dA.shape[-1])  # [B, T, D, M] (a view)
-        states = diag_scan(a, dB * x[..., None], pins=pins).output  # [B, T, D, M]
+        states = diag_scan(a, dB * x[..., None], pins=pins, initial_state=initial).output  # [B, T, D, M]
         return states, states
 
     def readout(self, x, states, inputs) -> torch.Tensor:
