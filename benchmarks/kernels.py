@@ -105,7 +105,9 @@ def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
     return best
 
 
-ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all")]
+ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
+        ("native", None), ("native", "chunks"), ("native", "all")]
+NATIVE = {"diag_scan"}  # kernels with a native CPU implementation (models/kernels/native_scan.py)
 
 
 def main() -> None:
@@ -129,7 +131,8 @@ def main() -> None:
     for name in args.kernels:
         for length in args.lengths:
             rows = [(impl, export) for impl, export in ROWS
-                    if (impl, export) == ROWS[0] or (export or "none") in args.exports]
+                    if ((impl, export) == ROWS[0] or (export or "none") in args.exports)
+                    and (impl != "native" or name in NATIVE)]
             fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
             repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
             fwd = measure_interleaved([f for f, _ in fns], repeats)

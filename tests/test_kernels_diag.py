@@ -162,9 +162,12 @@ def test_export_all_and_chunks():
     torch.testing.assert_close(chunks, states[:, [3, 7]])
 
 
-def test_auto_is_chunked_on_cpu_and_complex_promotes():
+def test_auto_on_cpu_is_native_else_chunked_and_complex_promotes():
+    from models.kernels import native_scan
+
     a, b, c, _ = make_problem("decay", 2, 10, (3,), seed=8, readout=None)
-    assert torch.equal(diag_scan(a, b).output, diag_scan(a, b, impl="chunked").output)
+    expected = "native" if native_scan.available() else "chunked"
+    assert torch.equal(diag_scan(a, b).output, diag_scan(a, b, impl=expected).output)
     out = diag_scan(a, b.to(torch.complex64)).output
     assert out.dtype == torch.complex64
     torch.testing.assert_close(out.real, diag_scan(a, b).output)

@@ -8,13 +8,16 @@ short_conv(x [B,T,C], weight [C,W], bias [C] | None, initial_state [B,C,W-1] | N
 diag_scan(a [B,T,*S], b [B,T,*S], c None | [B,T,N] | [B,T,*S] = None, *, initial_state [B,*S],
           output_final_state=False, export_at=None | "all" | "chunks" | time indices,
           pins=(mask [B,T], values [B,T,*S]),
-          patches={t: state [B,*S]}, impl="auto" | "naive" | "chunked" | "triton", chunk_size=64)
+          patches={t: state [B,*S]}, impl="auto" | "naive" | "chunked" | "native" | "triton",
+          chunk_size=64)
     -> ScanOutput(output, final_state, states_at)
     h_t = a_t * h_{t-1} + b_t, real or complex; output = states [B,T,*S] or, with c, the read-out
     y_t = sum_n c_t[..., n] h_t[..., n] [B,T,*lead] without returning the states
     (models/kernels/diag_scan.py). A pin at t replaces h_t; the scan continues from it.
-    chunked: exact products (a = 0, negative, complex a are safe), custom backward; triton: real
-    dtypes, CUDA or TRITON_INTERPRET=1 (models/kernels/triton_diag_scan.py).
+    chunked: exact products (a = 0, negative, complex a are safe), custom backward; native: a
+    plain-C loop on the CPU built with the system compiler (models/kernels/native_scan.py), the
+    CPU default when built; triton: real dtypes, CUDA or TRITON_INTERPRET=1
+    (models/kernels/triton_diag_scan.py).
 
 delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, initial_state [B,H,V,K],
            output_final_state=False, export_at=None | "all" | "chunks" | time indices,

@@ -23,10 +23,16 @@ the dtype of every result.
                pins or patches, not both)
   impl         "naive"   the sequential loop, the definition (autograd through the loop)
                "chunked" pure torch, parallel across chunks (below), custom backward
+               "native"  a plain-C loop on the CPU, one pass over the inputs, custom backward
+                         (models/kernels/native_scan.py: float32/64, complex64/128; compiled
+                         once per machine with the system C compiler; raises ValueError when
+                         there is none)
                "triton"  GPU kernel (models/kernels/triton_diag_scan.py), real dtypes
-               "auto"    triton for CUDA tensors of a real dtype, chunked otherwise (also when
-                         every state is requested: chunked computes them all anyway and is
-                         faster than the loop, see benchmarks/RESULTS.md)
+               "auto"    triton for CUDA tensors of a real dtype; on the CPU native when it
+                         is built and supports the dtype, else chunked (also when every state
+                         is requested; see benchmarks/RESULTS.md)
+  chunk_size   chunked: the chunk length; native: the backward's checkpoint spacing (the
+               state entering every chunk_size-th step is kept; no effect on results)
 
 Chunked algorithm (choice and numeric limits). Mamba's transition is diagonal per (channel,
 state) pair, so the segment-sum ("attention") form used for scalar decays would need an
@@ -55,7 +61,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-IMPLS = ("auto", "naive", "chunked", "triton")
+IMPLS = ("auto", "naive", "chunked", "native", "triton")
 
 
 class ScanOutput(NamedTuple):
@@ -359,11 +365,14 @@ def diag_scan(
     if pins is not None:
         pins = (pins[0].to(a.device), pins[1].to(dtype))
     if impl == "auto":
-        impl = "triton" if a.is_cuda and not a.is_complex() and _triton_ok() else "chunked"
+        impl = _auto_impl(a)
     if impl == "naive":
         out, final, exported = _naive(a, b, c, h0, export_idx, pins)
     elif impl == "chunked":
         out, final, exported = segmented(_ChunkedScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
+    elif impl == "native":
+        native = _native_module(a)
+        out, final, exported = segmented(native.NativeScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     else:
         if a.is_complex():
             raise ValueError(f"impl='triton' supports real dtypes only; got {a.dtype} (use 'chunked')")
@@ -373,6 +382,31 @@ def diag_scan(
 
         out, final, exported = segmented(TritonScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     return ScanOutput(out, final if output_final_state else None, exported)
+
+
+def _auto_impl(a: torch.Tensor) -> str:
+    if a.is_cuda:
+        return "triton" if not a.is_complex() and _triton_ok() else "chunked"
+    if a.device.type == "cpu":
+        from models.kernels import native_scan
+
+        if a.dtype in native_scan.DTYPES and native_scan.available():
+            return "native"
+    return "chunked"
+
+
+def _native_module(a: torch.Tensor):
+    """models.kernels.native_scan, after checking that it can run on a."""
+    from models.kernels import native_scan
+
+    if a.device.type != "cpu":
+        raise ValueError(f"impl='native' runs on CPU tensors; got a on {a.device}")
+    if a.dtype not in native_scan.DTYPES:
+        raise ValueError(f"impl='native' supports {[str(d) for d in native_scan.DTYPES]}; got {a.dtype}")
+    if not native_scan.available():
+        raise ValueError(f"impl='native' is not available here: {native_scan.unavailable_reason()} "
+                         "(use 'chunked', or impl='auto', which falls back to it)")
+    return native_scan
 
 
 def _triton_ok() -> bool:

@@ -1,0 +1,191 @@
+"""The diagonal scan as a small plain-C kernel on the CPU: one pass over a, b (and c) per call.
+
+    h_t = a_t * h_{t-1} + b_t,   y_t[l] = sum_n c_t[l, n] h_t[l, n]     (see diag_scan.py)
+
+The C code (native_scan.c, native_scan_body.h: no torch headers, no threads) walks each batch row
+through time over contiguous [T, M] memory, updating the state in place in cache; with a read-out
+it writes only y. The forward also keeps the state entering every chunk_size-th step
+(checkpoints, [B, ceil(T / chunk), *S], 1/chunk of the inputs' size). The backward recomputes the
+states of one checkpoint span at a time into a cache-sized buffer and walks the adjoint back over
+them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t,
+grad c_t = gy_t conj(h_t), grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
+(results agree to rounding of the read-out sums). Dtypes: float32, float64, complex64, complex128
+(complex as interleaved (re, im) pairs, torch's layout).
+
+Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
+-O3 -fopenmp-simd, no -ffast-math, no -march) into a cache directory
+($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
+keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
+into place atomically, so parallel processes do not race. Loaded with ctypes and called on
+contiguous CPU tensors through data_ptr(). `available()` says whether it built;
+`unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to chunked, and
+impl="native" raises).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "native_scan.c", HERE / "native_scan_body.h")
+FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd"]
+SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
+DTYPES = tuple(SUFFIX)
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _P]
+_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P]
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("INTERP_SEQ_CACHE"):
+        return Path(os.environ["INTERP_SEQ_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "interp-seq"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why it is not available). Built at most once per source hash."""
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler found ($CC, cc, gcc, clang)"
+    try:
+        key = hashlib.sha256()
+        for path in SOURCES:
+            key.update(path.read_bytes())
+        key.update(" ".join(FLAGS + [platform.machine(), platform.system()]).encode())
+        target = _cache_dir() / f"native_scan-{key.hexdigest()[:16]}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            cmd = [compiler, *FLAGS, f"-I{HERE}", str(SOURCES[0]), "-o", tmp]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                return None, f"compiling {SOURCES[0].name} failed: {done.stderr.strip()[-2000:]}"
+            os.replace(tmp, target)  # atomic: a concurrent build of the same source wins either way
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:
+        return None, f"building or loading the native scan failed: {err}"
+    for suffix in SUFFIX.values():
+        getattr(lib, f"scan_fwd_{suffix}").argtypes = _FWD_ARGS
+        getattr(lib, f"scan_bwd_{suffix}").argtypes = _BWD_ARGS
+    return lib, ""
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _load()[1]
+
+
+def _ptr(x: torch.Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
+
+
+def _geometry(a: torch.Tensor, c: torch.Tensor | None) -> tuple[int, int, int, int, int]:
+    """(B, T, L, N, c_lead_stride): S = (*lead, N) flattened to L x N; c shared (0) or full (N)."""
+    batch, length, n = a.shape[0], a.shape[1], a.shape[-1]
+    lead = math.prod(a.shape[2:-1])
+    return batch, length, lead, n, (0 if c is None or c.dim() != a.dim() else n)
+
+
+def _slots(export_idx: torch.Tensor | None, length: int):
+    """Step -> export slot ([T] int64, -1 where none), the unique sorted steps, and for each asked
+    index its slot (so repeats and any order come from one stored state per step; None when the
+    asked indices are already sorted and unique)."""
+    if export_idx is None:
+        return None, None, None
+    steps, where = torch.unique(export_idx.cpu(), sorted=True, return_inverse=True)
+    slot = torch.full((length,), -1, dtype=torch.int64)
+    slot[steps] = torch.arange(len(steps))
+    return slot, steps, None if torch.equal(where, torch.arange(len(where))) else where
+
+
+def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False):
+    """a, b [B, T, *S], c None | [B, T, N] | [B, T, *S], h0 [B, *S] (one dtype in DTYPES, CPU)
+    -> (y [B, T, *lead] | None, hs [B, T, *S] | None, final [B, *S], exported [B, K, *S] | None,
+    checkpoints [B, ceil(T / chunk), *S])."""
+    lib, _ = _load()
+    a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
+    batch, length, lead, n, c_stride = _geometry(a, c)
+    state = a.shape[2:]
+    final = h0.contiguous().clone()
+    y = None if c is None else a.new_empty(batch, length, *state[:-1])
+    hs = a.new_empty(a.shape) if store_all else None
+    slot, steps, where = _slots(export_idx, length)
+    unique = None if slot is None else a.new_empty(batch, len(steps), *state)
+    ckpt = a.new_empty(batch, -(-length // chunk), *state)
+    getattr(lib, f"scan_fwd_{SUFFIX[a.dtype]}")(
+        batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(final), _ptr(y), _ptr(hs),
+        _ptr(slot), _ptr(unique), 0 if steps is None else len(steps), chunk, _ptr(ckpt),
+    )
+    exported = unique if where is None else unique.index_select(1, where)
+    return y, hs, final, exported, ckpt
+
+
+def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_c: bool):
+    """Gradients (a, b, c | None, h0) of forward's outputs given their cotangents (None: zero)."""
+    lib, _ = _load()
+    a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
+    batch, length, lead, n, c_stride = _geometry(a, c)
+    grad_a, grad_b = torch.empty_like(a), torch.empty_like(a)
+    grad_h0 = a.new_empty(batch, *a.shape[2:])
+    grad_c = torch.zeros_like(c) if (need_c and c is not None and g_out is not None) else None
+    slot, steps, where = _slots(export_idx if g_exported is not None else None, length)
+    g_unique = None
+    if slot is not None:  # cotangents of repeated indices add up on one stored step
+        g_unique = g_exported.contiguous() if where is None else (
+            a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
+    g_out = None if g_out is None else g_out.contiguous()
+    g_final = None if g_final is None else g_final.contiguous()
+    work = a.new_zeros(min(chunk, length) * lead * n + 2 * n)  # see scan_bwd in the C code
+    getattr(lib, f"scan_bwd_{SUFFIX[a.dtype]}")(
+        batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(ckpt), chunk,
+        _ptr(g_out), _ptr(g_final), _ptr(slot), _ptr(g_unique), 0 if steps is None else len(steps),
+        _ptr(grad_a), _ptr(grad_b), _ptr(grad_c), _ptr(grad_h0), _ptr(work),
+    )
+    return grad_a, grad_b, grad_c, grad_h0
+
+
+class NativeScan(torch.autograd.Function):
+    """The segment function of diag_scan (the signature of its chunked one); chunk is the
+    checkpoint spacing of the backward."""
+
+    @staticmethod
+    def forward(ctx, a, b, c, h0, export_idx, chunk):
+        y, hs, final, exported, ckpt = forward(a, b, c, h0, export_idx, chunk, store_all=c is None)
+        ctx.save_for_backward(a, b, c, ckpt, export_idx)
+        ctx.chunk = chunk
+        return (hs if c is None else y), final, (a.new_zeros(0) if exported is None else exported)
+
+    @staticmethod
+    def backward(ctx, g_out, g_final, g_exported):
+        a, b, c, ckpt, export_idx = ctx.saved_tensors
+        grad_a, grad_b, grad_c, grad_h0 = backward(
+            a, b, c, ckpt, ctx.chunk, g_out, g_final, g_exported if export_idx is not None else None,
+            export_idx, ctx.needs_input_grad[2],
+        )
+        return grad_a, grad_b, grad_c, grad_h0, None, None

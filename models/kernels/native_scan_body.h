@@ -1,0 +1,170 @@
+/* The diagonal scan for one element type; included by native_scan.c once per type with
+ *   R     the real type (float, double)
+ *   CPLX  0: elements are R; 1: elements are (re, im) pairs of R (torch's complex layout)
+ *   SFX   the name suffix (f32, f64, c64, c128)
+ *
+ * Layout (all contiguous, row-major; M = L * N state entries per batch row):
+ *   a, b [B, T, M]   h [B, M]   y [B, T, L]   hs [B, T, M]
+ *   c [B, T, N] (c_lead_stride = 0: shared over the L lead rows) or [B, T, M] (c_lead_stride = N)
+ *   slot [T]: the export slot of step t, or -1; exported [B, K, M]
+ *   ckpt [B, ceil(T / every), M]: the state entering steps 0, every, 2 every, ...
+ */
+
+#define CAT_(x, y) x##_##y
+#define CAT(x, y) CAT_(x, y)
+#define FN(name) CAT(name, SFX)
+#define E FN(elem)
+
+#if CPLX
+typedef struct { R re, im; } E;
+static inline E FN(mul)(E x, E y) { E r = {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re}; return r; }
+static inline E FN(add)(E x, E y) { E r = {x.re + y.re, x.im + y.im}; return r; }
+static inline E FN(conj)(E x) { E r = {x.re, -x.im}; return r; }
+static const E FN(zero) = {0, 0};
+
+/* sum_n c[n] h[n] */
+static inline E FN(dot)(const E *c, const E *h, int64_t n) {
+    R re = 0, im = 0;
+    for (int64_t i = 0; i < n; i++) {
+        re += c[i].re * h[i].re - c[i].im * h[i].im;
+        im += c[i].re * h[i].im + c[i].im * h[i].re;
+    }
+    E r = {re, im};
+    return r;
+}
+#else
+typedef R E;
+static inline E FN(mul)(E x, E y) { return x * y; }
+static inline E FN(add)(E x, E y) { return x + y; }
+static inline E FN(conj)(E x) { return x; }
+static const E FN(zero) = 0;
+
+static inline E FN(dot)(const E *c, const E *h, int64_t n) {
+    R acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += c[i] * h[i];
+    return acc;
+}
+#endif
+
+/* h_t = a_t h_{t-1} + b_t over n entries, in place. */
+static inline void FN(step)(const E *restrict a, const E *restrict b, E *restrict h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = FN(add)(FN(mul)(a[i], h[i]), b[i]);
+}
+
+/* The same from h_prev into a separate h_next (the backward's recomputation). */
+static inline void FN(step_to)(const E *restrict a, const E *restrict b, const E *restrict h_prev,
+                               E *restrict h_next, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h_next[i] = FN(add)(FN(mul)(a[i], h_prev[i]), b[i]);
+}
+
+#if CPLX
+/* One lead row: the step, then its read-out sum_n c[n] h[n]. */
+static inline E FN(step_dot)(const E *restrict a, const E *restrict b, const E *restrict c,
+                             E *restrict h, int64_t n) {
+    FN(step)(a, b, h, n);
+    return FN(dot)(c, h, n);
+}
+#else
+static inline E FN(step_dot)(const E *restrict a, const E *restrict b, const E *restrict c,
+                             E *restrict h, int64_t n) {
+    R acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = a[i] * h[i] + b[i];
+        acc += c[i] * h[i];
+    }
+    return acc;
+}
+#endif
+
+/* Forward. h holds h_{-1} on entry and h_{T-1} on return. Optional outputs (NULL: skipped):
+ * y (needs c), hs (every state), exported (the states at steps with slot[t] >= 0), ckpt. */
+void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
+                  const E *a, const E *b, const E *c, int64_t c_lead_stride,
+                  E *h, E *y, E *hs, const int64_t *slot, E *exported, int64_t K,
+                  int64_t every, E *ckpt) {
+    const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
+    for (int64_t bi = 0; bi < B; bi++) {
+        E *hb = h + bi * M;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t bt = bi * T + t;
+            const E *at = a + bt * M, *bt_ = b + bt * M;
+            if (ckpt && t % every == 0) memcpy(ckpt + (bi * n_ckpt + t / every) * M, hb, M * sizeof(E));
+            if (y)
+                for (int64_t l = 0; l < L; l++)
+                    y[bt * L + l] = FN(step_dot)(at + l * N, bt_ + l * N, c + bt * c_row + l * c_lead_stride,
+                                                 hb + l * N, N);
+            else
+                FN(step)(at, bt_, hb, M);
+            if (hs) memcpy(hs + bt * M, hb, M * sizeof(E));
+            if (slot && slot[t] >= 0) memcpy(exported + (bi * K + slot[t]) * M, hb, M * sizeof(E));
+        }
+    }
+}
+
+/* The adjoint at one step of one lead row (n entries), branch-free so it vectorises:
+ *   g = carry + gy conj(c) + d1 + d2    (read-out, all-states output, export; absent ones are zero rows)
+ *   grad b = g, grad a = g conj(h_prev), carry = conj(a) g, grad c += gy conj(h). */
+static inline void FN(bwd_row)(const E *restrict a, const E *restrict c, E gy, const E *restrict d1,
+                               const E *restrict d2, const E *restrict h, const E *restrict h_prev,
+                               E *restrict carry, E *restrict ga, E *restrict gb, E *restrict gc,
+                               int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        E g = FN(add)(FN(add)(FN(add)(carry[i], FN(mul)(gy, FN(conj)(c[i]))), d1[i]), d2[i]);
+        gb[i] = g;
+        ga[i] = FN(mul)(g, FN(conj)(h_prev[i]));
+        carry[i] = FN(mul)(FN(conj)(a[i]), g);
+        gc[i] = FN(add)(gc[i], FN(mul)(gy, FN(conj)(h[i])));
+    }
+}
+
+/* Backward of scan_fwd from its checkpoints: the reverse adjoint
+ *   g_t = dL/dh_t (direct: read-out, all-states output, final state, exports) + conj(a_{t+1}) g_{t+1}
+ *   grad a_t = g_t conj(h_{t-1}), grad b_t = g_t, grad h_{-1} = conj(a_0) g_0,
+ *   grad c_t = gy_t conj(h_t) (summed over the lead rows when c is shared).
+ * gy: [B, T, L] (with c) or [B, T, M] (without), or NULL; gfinal [B, M] or NULL; gexp [B, K, M]
+ * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape, zeroed by the caller
+ * when shared) or NULL. work: scratch of min(every, T) * M + 2 N elements, the last 2 N zero (the
+ * states of one checkpoint span, recomputed from its checkpoint, then a zero row and a sink row). Memory per batch row: the span's states stay in cache while
+ * the adjoint walks back over them. */
+void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
+                  const E *a, const E *b, const E *c, int64_t c_lead_stride,
+                  const E *ckpt, int64_t every,
+                  const E *gy, const E *gfinal, const int64_t *slot, const E *gexp, int64_t K,
+                  E *ga, E *gb, E *gc, E *gh0, E *work) {
+    const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
+    const int64_t span = every < T ? every : T;
+    const E *zeros = work + span * M; /* a row of N zeros, then a row the unused grad c goes to */
+    E *sink = work + span * M + N;
+    for (int64_t bi = 0; bi < B; bi++) {
+        E *carry = gh0 + bi * M; /* conj(a_{t+1}) g_{t+1}; starts as dL/dh_{T-1} from the final state */
+        for (int64_t i = 0; i < M; i++) carry[i] = gfinal ? gfinal[bi * M + i] : FN(zero);
+        for (int64_t k = n_ckpt - 1; k >= 0; k--) {
+            const int64_t t0 = k * every, t1 = t0 + every < T ? t0 + every : T;
+            const E *start = ckpt + (bi * n_ckpt + k) * M; /* h_{t0 - 1} */
+            for (int64_t t = t0; t < t1; t++) { /* work[t - t0] = h_t */
+                E *ht = work + (t - t0) * M;
+                FN(step_to)(a + (bi * T + t) * M, b + (bi * T + t) * M, t > t0 ? ht - M : start, ht, M);
+            }
+            for (int64_t t = t1 - 1; t >= t0; t--) {
+                const int64_t bt = bi * T + t;
+                const E *ht = work + (t - t0) * M, *hprev = t > t0 ? ht - M : start;
+                const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
+                for (int64_t l = 0; l < L; l++) {
+                    const int64_t o = bt * M + l * N; /* this lead row in [B, T, M] */
+                    const E *cl = c ? c + bt * c_row + l * c_lead_stride : zeros;
+                    E *gcl = gc ? gc + bt * c_row + l * c_lead_stride : sink;
+                    const E gyl = gy && c ? gy[bt * L + l] : FN(zero);
+                    FN(bwd_row)(a + o, cl, gyl, gy && !c ? gy + o : zeros, ge ? ge + l * N : zeros,
+                                ht + l * N, hprev + l * N, carry + l * N, ga + o, gb + o, gcl, N);
+                }
+            }
+        }
+    }
+}
+
+#undef E
+#undef FN
+#undef CAT
+#undef CAT_
