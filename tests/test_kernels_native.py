@@ -78,6 +78,10 @@ def test_checkpoint_spacing_changes_no_bits():
     out64, grads64 = run("native", a, b, c, h0, [3, 20], chunk=64)
     for x, y in zip(out2 + grads2, out64 + grads64):
         assert torch.equal(x, y)
+    with torch.no_grad():  # the forward without checkpoints (no gradient wanted) gives the same bits
+        plain = diag_scan(a, b, c, initial_state=h0, output_final_state=True, export_at=[3, 20], impl="native")
+    for x, y in zip(plain, out2):
+        assert torch.equal(x, y)
 
 
 @needs_native

@@ -372,7 +372,7 @@ def diag_scan(
         out, final, exported = segmented(_ChunkedScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     elif impl == "native":
         native = _native_module(a)
-        out, final, exported = segmented(native.NativeScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
+        out, final, exported = segmented(native.segment, a, b, c, h0, export_idx, pins, chunk_size)
     else:
         if a.is_complex():
             raise ValueError(f"impl='triton' supports real dtypes only; got {a.dtype} (use 'chunked')")

@@ -124,10 +124,10 @@ def _slots(export_idx: torch.Tensor | None, length: int):
     return slot, steps, None if torch.equal(where, torch.arange(len(where))) else where
 
 
-def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False):
+def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints: bool = True):
     """a, b [B, T, *S], c None | [B, T, N] | [B, T, *S], h0 [B, *S] (one dtype in DTYPES, CPU)
     -> (y [B, T, *lead] | None, hs [B, T, *S] | None, final [B, *S], exported [B, K, *S] | None,
-    checkpoints [B, ceil(T / chunk), *S])."""
+    checkpoints [B, ceil(T / chunk), *S] | None)."""
     lib, _ = _load()
     a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
     batch, length, lead, n, c_stride = _geometry(a, c)
@@ -137,7 +137,7 @@ def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False):
     hs = a.new_empty(a.shape) if store_all else None
     slot, steps, where = _slots(export_idx, length)
     unique = None if slot is None else a.new_empty(batch, len(steps), *state)
-    ckpt = a.new_empty(batch, -(-length // chunk), *state)
+    ckpt = a.new_empty(batch, -(-length // chunk), *state) if checkpoints else None
     getattr(lib, f"scan_fwd_{SUFFIX[a.dtype]}")(
         batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(final), _ptr(y), _ptr(hs),
         _ptr(slot), _ptr(unique), 0 if steps is None else len(steps), chunk, _ptr(ckpt),
@@ -153,7 +153,7 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
     batch, length, lead, n, c_stride = _geometry(a, c)
     grad_a, grad_b = torch.empty_like(a), torch.empty_like(a)
     grad_h0 = a.new_empty(batch, *a.shape[2:])
-    grad_c = torch.zeros_like(c) if (need_c and c is not None and g_out is not None) else None
+    grad_c = torch.empty_like(c) if (need_c and c is not None and g_out is not None) else None
     slot, steps, where = _slots(export_idx if g_exported is not None else None, length)
     g_unique = None
     if slot is not None:  # cotangents of repeated indices add up on one stored step
@@ -161,13 +161,22 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
             a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
-    work = a.new_zeros(min(chunk, length) * lead * n + 2 * n)  # see scan_bwd in the C code
+    work = a.new_empty(min(chunk, length), *a.shape[2:])
     getattr(lib, f"scan_bwd_{SUFFIX[a.dtype]}")(
         batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(ckpt), chunk,
         _ptr(g_out), _ptr(g_final), _ptr(slot), _ptr(g_unique), 0 if steps is None else len(steps),
         _ptr(grad_a), _ptr(grad_b), _ptr(grad_c), _ptr(grad_h0), _ptr(work),
     )
     return grad_a, grad_b, grad_c, grad_h0
+
+
+def segment(a, b, c, h0, export_idx, chunk):
+    """diag_scan's segment function (the signature of its chunked one): NativeScan when a
+    gradient can flow, else the forward alone (no checkpoints kept)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (a, b, c, h0)):
+        return NativeScan.apply(a, b, c, h0, export_idx, chunk)
+    y, hs, final, exported, _ = forward(a, b, c, h0, export_idx, chunk, store_all=c is None, checkpoints=False)
+    return (hs if c is None else y), final, exported
 
 
 class NativeScan(torch.autograd.Function):

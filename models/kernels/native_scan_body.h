@@ -103,19 +103,47 @@ void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
     }
 }
 
-/* The adjoint at one step of one lead row (n entries), branch-free so it vectorises:
- *   g = carry + gy conj(c) + d1 + d2    (read-out, all-states output, export; absent ones are zero rows)
- *   grad b = g, grad a = g conj(h_prev), carry = conj(a) g, grad c += gy conj(h). */
-static inline void FN(bwd_row)(const E *restrict a, const E *restrict c, E gy, const E *restrict d1,
-                               const E *restrict d2, const E *restrict h, const E *restrict h_prev,
-                               E *restrict carry, E *restrict ga, E *restrict gb, E *restrict gc,
-                               int64_t n) {
+/* The adjoint at one step of one lead row (n entries):
+ *   g = carry + gy conj(c) + d1 + d2    (read-out, all-states output, export: the terms present)
+ *   grad b = g, grad a = g conj(h_prev), carry = conj(a) g.
+ * The has_* flags are constants at every call, so each combination compiles to its own
+ * branch-free loop. */
+static inline void FN(bwd_row_core)(const E *restrict a, const E *restrict c, E gy, const E *restrict d1,
+                                    const E *restrict d2, const E *restrict h_prev, E *restrict carry,
+                                    E *restrict ga, E *restrict gb, int64_t n,
+                                    const int has_c, const int has_d1, const int has_d2) {
     for (int64_t i = 0; i < n; i++) {
-        E g = FN(add)(FN(add)(FN(add)(carry[i], FN(mul)(gy, FN(conj)(c[i]))), d1[i]), d2[i]);
+        E g = carry[i];
+        if (has_c) g = FN(add)(g, FN(mul)(gy, FN(conj)(c[i])));
+        if (has_d1) g = FN(add)(g, d1[i]);
+        if (has_d2) g = FN(add)(g, d2[i]);
         gb[i] = g;
         ga[i] = FN(mul)(g, FN(conj)(h_prev[i]));
         carry[i] = FN(mul)(FN(conj)(a[i]), g);
-        gc[i] = FN(add)(gc[i], FN(mul)(gy, FN(conj)(h[i])));
+    }
+}
+
+static void FN(bwd_row)(const E *a, const E *c, E gy, const E *d1, const E *d2, const E *h_prev,
+                        E *carry, E *ga, E *gb, int64_t n) {
+    if (c && d2) FN(bwd_row_core)(a, c, gy, NULL, d2, h_prev, carry, ga, gb, n, 1, 0, 1);
+    else if (c) FN(bwd_row_core)(a, c, gy, NULL, NULL, h_prev, carry, ga, gb, n, 1, 0, 0);
+    else if (d1 && d2) FN(bwd_row_core)(a, NULL, gy, d1, d2, h_prev, carry, ga, gb, n, 0, 1, 1);
+    else if (d1) FN(bwd_row_core)(a, NULL, gy, d1, NULL, h_prev, carry, ga, gb, n, 0, 1, 0);
+    else if (d2) FN(bwd_row_core)(a, NULL, gy, NULL, d2, h_prev, carry, ga, gb, n, 0, 0, 1);
+    else FN(bwd_row_core)(a, NULL, gy, NULL, NULL, h_prev, carry, ga, gb, n, 0, 0, 0);
+}
+
+/* grad c_t from one step's states h [L, N] and read-out cotangents gy [L]: gc [N] = sum_l gy_l
+ * conj(h_l) when c is shared over the lead rows, else gc [L, N] = gy_l conj(h_l). */
+static void FN(readout_grad)(const E *restrict gy, const E *restrict h, E *restrict gc, int64_t L,
+                             int64_t N, int shared) {
+    if (shared) {
+        for (int64_t n = 0; n < N; n++) gc[n] = FN(zero);
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t n = 0; n < N; n++) gc[n] = FN(add)(gc[n], FN(mul)(gy[l], FN(conj)(h[l * N + n])));
+    } else {
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t n = 0; n < N; n++) gc[l * N + n] = FN(mul)(gy[l], FN(conj)(h[l * N + n]));
     }
 }
 
@@ -124,19 +152,15 @@ static inline void FN(bwd_row)(const E *restrict a, const E *restrict c, E gy, c
  *   grad a_t = g_t conj(h_{t-1}), grad b_t = g_t, grad h_{-1} = conj(a_0) g_0,
  *   grad c_t = gy_t conj(h_t) (summed over the lead rows when c is shared).
  * gy: [B, T, L] (with c) or [B, T, M] (without), or NULL; gfinal [B, M] or NULL; gexp [B, K, M]
- * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape, zeroed by the caller
- * when shared) or NULL. work: scratch of min(every, T) * M + 2 N elements, the last 2 N zero (the
- * states of one checkpoint span, recomputed from its checkpoint, then a zero row and a sink row). Memory per batch row: the span's states stay in cache while
- * the adjoint walks back over them. */
+ * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape; needs c and gy) or
+ * NULL. work: scratch of min(every, T) * M elements: the states of one checkpoint span,
+ * recomputed from its checkpoint, stay in cache while the adjoint walks back over them. */
 void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   const E *a, const E *b, const E *c, int64_t c_lead_stride,
                   const E *ckpt, int64_t every,
                   const E *gy, const E *gfinal, const int64_t *slot, const E *gexp, int64_t K,
                   E *ga, E *gb, E *gc, E *gh0, E *work) {
     const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
-    const int64_t span = every < T ? every : T;
-    const E *zeros = work + span * M; /* a row of N zeros, then a row the unused grad c goes to */
-    E *sink = work + span * M + N;
     for (int64_t bi = 0; bi < B; bi++) {
         E *carry = gh0 + bi * M; /* conj(a_{t+1}) g_{t+1}; starts as dL/dh_{T-1} from the final state */
         for (int64_t i = 0; i < M; i++) carry[i] = gfinal ? gfinal[bi * M + i] : FN(zero);
@@ -153,12 +177,11 @@ void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                 const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
                 for (int64_t l = 0; l < L; l++) {
                     const int64_t o = bt * M + l * N; /* this lead row in [B, T, M] */
-                    const E *cl = c ? c + bt * c_row + l * c_lead_stride : zeros;
-                    E *gcl = gc ? gc + bt * c_row + l * c_lead_stride : sink;
-                    const E gyl = gy && c ? gy[bt * L + l] : FN(zero);
-                    FN(bwd_row)(a + o, cl, gyl, gy && !c ? gy + o : zeros, ge ? ge + l * N : zeros,
-                                ht + l * N, hprev + l * N, carry + l * N, ga + o, gb + o, gcl, N);
+                    const E *cl = c && gy ? c + bt * c_row + l * c_lead_stride : NULL;
+                    FN(bwd_row)(a + o, cl, cl ? gy[bt * L + l] : FN(zero), gy && !c ? gy + o : NULL,
+                                ge ? ge + l * N : NULL, hprev + l * N, carry + l * N, ga + o, gb + o, N);
                 }
+                if (gc) FN(readout_grad)(gy + bt * L, ht, gc + bt * c_row, L, N, !c_lead_stride);
             }
         }
     }
