@@ -91,6 +91,10 @@ def runners(bench: Bench, length: int, impl: str, export: str | None, args) -> t
     return forward, forward_backward
 
 
+def no_backward() -> None:
+    """Stands in for forward+backward where an implementation has no backward (timed as nan)."""
+
+
 def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
     """Fastest wall time of each fn over `repeats` rounds that run every fn once (round-robin), so
     every row sees the same drift in machine load."""
@@ -107,7 +111,8 @@ def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
         ("native", None), ("native", "chunks"), ("native", "all")]
-NATIVE = {"diag_scan"}  # kernels with a native CPU implementation (models/kernels/native_scan.py)
+# kernels with a native CPU implementation (models/kernels/native_scan.py): has it a backward?
+NATIVE = {"diag_scan": True, "delta_rule": False}
 
 
 def main() -> None:
@@ -134,12 +139,15 @@ def main() -> None:
                     if ((impl, export) == ROWS[0] or (export or "none") in args.exports)
                     and (impl != "native" or name in NATIVE)]
             fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
+            has_bwd = [impl != "native" or NATIVE[name] for impl, _ in rows]
             repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
             fwd = measure_interleaved([f for f, _ in fns], repeats)
-            fwd_bwd = measure_interleaved([fb for _, fb in fns], repeats)
-            for (impl, export), f, fb in zip(rows, fwd, fwd_bwd):
+            fwd_bwd = measure_interleaved([fb if ok else no_backward for (_, fb), ok in zip(fns, has_bwd)], repeats)
+            for (impl, export), f, fb, ok in zip(rows, fwd, fwd_bwd, has_bwd):
+                both = f"{fb * 1e3:.1f} | " if ok else "- | "
+                ratio = f"{fwd_bwd[0] / fb:.1f}x" if ok else "- (forward only)"
                 print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | "
-                      f"{fb * 1e3:.1f} | {fwd[0] / f:.1f}x | {fwd_bwd[0] / fb:.1f}x |", flush=True)
+                      f"{both}{fwd[0] / f:.1f}x | {ratio} |", flush=True)
 
 if __name__ == "__main__":
     main()

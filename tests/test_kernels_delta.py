@@ -4,8 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.kernels import delta_rule
+from models.kernels import delta_rule, native_scan
 from tests.conftest import triton_interpreter_available
+
+needs_native = pytest.mark.skipif(
+    not native_scan.available(), reason=f"native kernels unavailable: {native_scan.unavailable_reason()}"
+)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -107,7 +111,7 @@ def test_gradcheck_float64(impl):
     assert torch.autograd.gradcheck(fn, (q, k, v, beta, s0, values), eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["naive", "chunked"])
+@pytest.mark.parametrize("impl", ["naive", "chunked", pytest.param("native", marks=needs_native)])
 @pytest.mark.parametrize("t", [0, 6, 11])
 def test_patch_equals_run_replace_run_on(impl, t):
     length = 12
@@ -134,7 +138,7 @@ def test_patch_equals_run_replace_run_on(impl, t):
     assert torch.equal(patched.output[:, :t], clean.output[:, :t])
 
 
-@pytest.mark.parametrize("impl", ["naive", "chunked"])
+@pytest.mark.parametrize("impl", ["naive", "chunked", pytest.param("native", marks=needs_native)])
 def test_beta_clamp_equals_clamping_beta_first(impl):
     q, k, v, beta, s0, _ = [x.detach() for x in make_problem(2, 9, 3, 4, 4, seed=2)]
     clamp = torch.tensor([[0.0, 1.0], [-float("inf"), float("inf")], [0.5, 0.7]])
@@ -155,6 +159,47 @@ def test_auto_dispatch_agrees_with_naive():
         if export_at is not None:
             assert rel_err(got.states_at, ref.states_at) <= 1e-5
     assert got.final_state is None
+
+
+# ----------------------------------------------------------------------------- native (forward only)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,length,heads,d_k,d_v,chunk", CASES)
+def test_native_forward_matches_naive(batch, length, heads, d_k, d_v, chunk, dtype):
+    q, k, v, beta, s0, values = [x.detach() for x in make_problem(batch, length, heads, d_k, d_v, seed=length,
+                                                                  dtype=dtype)]
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[0, length // 2] = mask[-1, 0] = True
+    for export_at, initial, pins in (([length - 1, 0, length // 2, length // 2], s0, (mask, values)),
+                                     ("all", None, None)):
+        got = delta_rule(q, k, v, beta, initial_state=initial, output_final_state=True, export_at=export_at,
+                         pins=pins, impl="native")
+        ref = delta_rule(q, k, v, beta, initial_state=initial, output_final_state=True, export_at=export_at,
+                         pins=pins, impl="naive")
+        for name, x, r in zip(("output", "final_state", "states_at"), got, ref):
+            assert x.dtype == r.dtype and x.shape == r.shape, name
+            assert rel_err(x, r) <= (1e-5 if dtype == torch.float32 else 1e-12), name
+
+
+@needs_native
+def test_native_is_forward_only_and_auto_picks_it_without_gradients():
+    problem = make_problem(2, 9, 2, 8, 4, seed=5)
+    q, k, v, beta, s0, _ = problem
+    with pytest.raises(ValueError, match="no backward"):
+        delta_rule(q, k, v, beta, initial_state=s0, impl="native")
+    ref_out, ref_grads = run("naive", problem)  # auto with gradients: the chunked form
+    out, grads = run("auto", problem, chunk_size=4)
+    for x, r in zip(out + grads, ref_out + ref_grads):
+        assert rel_err(x, r) <= 1e-5
+    with torch.no_grad():
+        auto = delta_rule(q, k, v, beta, initial_state=s0, impl="auto", export_at="all")
+        native = delta_rule(q, k, v, beta, initial_state=s0, impl="native", export_at="all")
+    assert torch.equal(auto.output, native.output) and torch.equal(auto.states_at, native.states_at)
+    detached = [x.detach() for x in (q, k, v, beta, s0)]  # grad mode on, nothing requires grad
+    torch.testing.assert_close(delta_rule(*detached[:4], initial_state=detached[4], impl="native").output,
+                               native.output, rtol=0, atol=0)
 
 
 def test_bad_input_raises():

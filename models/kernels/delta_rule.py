@@ -21,7 +21,7 @@ Arguments shared with the other scan kernels (`models.kernels.diag_scan`):
                       the pinned state (the form `models.hooks.scan_with_state_hook` produces)
   patches             {t: new_state [B, H, V, K] or [H, V, K]}, t in [-T, T): every example's
                       state after step t is replaced (give pins or patches, not both)
-  impl                "auto" | "naive" | "chunked" | "triton"
+  impl                "auto" | "naive" | "chunked" | "native" | "triton"
 delta-specific:
   beta_clamp          None or [H, 2] (min, max per head): beta is clamped per head before use
                       (ablations: clamp one head to [0, 1], others to (-inf, inf)); gradients
@@ -37,12 +37,16 @@ Implementations:
            O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
            S_0 + cumsum_i u'_i k_i^T. After the first pin the sequence is split at each pin and the
            scan resumes from the pinned state.
+  native   the recurrence as a plain-C loop on the CPU (models/kernels/native_scan.py, built once
+           per machine with the system C compiler), forward only: raises ValueError when a
+           gradient is wanted (grad mode on and an input requires grad); float32 / float64
   triton   fused recurrent kernels (models/kernels/triton_delta_rule.py), forward and backward,
            the state on chip; CUDA, or the CPU under TRITON_INTERPRET=1
-  auto     triton for CUDA tensors, chunked otherwise, also when every state is exported: the
-           chunked outputs do not depend on export_at, so a model's fast path (no export) and
-           instrumented path (every state) agree bit for bit, and steps before a pin keep their
-           bits (measured faster than the loop too, benchmarks/RESULTS.md)
+  auto     triton for CUDA tensors; on the CPU native when no gradient is wanted and it is
+           built, else chunked; also when every state is exported: neither's outputs depend on
+           export_at, so a model's fast path (no export) and instrumented path (every state)
+           agree bit for bit, and steps before a pin keep their bits (both measured faster than
+           the loop, benchmarks/RESULTS.md)
 
 Returns `ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None,
 states_at [B, n_export, H, V, K] | None)` (the tuple of `models.kernels.diag_scan`). States are
@@ -56,7 +60,7 @@ import torch
 
 from models.kernels.diag_scan import ScanOutput
 
-IMPLS = ("auto", "naive", "chunked", "triton")
+IMPLS = ("auto", "naive", "chunked", "native", "triton")
 
 # Internal patch list: time -> (mask [B] bool, values [B, H, V, K]), sorted by time.
 PinList = list[tuple[int, torch.Tensor, torch.Tensor]]
@@ -90,8 +94,13 @@ def delta_rule(
     pin_list = _pin_list(pins, patches, batch, length, state_shape)
     beta = _clamped(beta, beta_clamp, heads)
 
+    wants_grad = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (q, k, v, beta, *([] if state is None else [state]), *(p[2] for p in pin_list))
+    )
     if impl == "auto":
-        impl = "triton" if q.is_cuda else "chunked"
+        impl = "triton" if q.is_cuda else ("native" if not wants_grad and _native_ok(q) else "chunked")
+    if impl == "native":
+        _check_native(q, wants_grad)
     if impl == "triton":
         from models.kernels.triton_delta_rule import delta_rule_triton
 
@@ -101,6 +110,8 @@ def delta_rule(
         s0 = None if state is None else state.to(compute)
         if impl == "naive":
             out, final, states = _naive(*args, s0, export, pin_list)
+        elif impl == "native":
+            out, final, states = _chunked(*args, s0, export, pin_list, chunk_size, _native_segment)
         else:
             out, final, states = _chunked(*args, s0, export, pin_list, chunk_size)
     return ScanOutput(out.to(v.dtype), final if output_final_state else None, states)
@@ -228,6 +239,35 @@ def _clamped(beta: torch.Tensor, beta_clamp, heads: int) -> torch.Tensor:
     return torch.clamp(beta, min=lo, max=hi)
 
 
+# ----------------------------------------------------------------------------- native
+
+
+def _native_ok(q: torch.Tensor) -> bool:
+    from models.kernels import native_scan
+
+    return q.device.type == "cpu" and native_scan.available()
+
+
+def _check_native(q: torch.Tensor, wants_grad: bool) -> None:
+    from models.kernels import native_scan
+
+    if q.device.type != "cpu":
+        raise ValueError(f"impl='native' runs on CPU tensors; got q on {q.device}")
+    if wants_grad:
+        raise ValueError("impl='native' has no backward (forward only); use 'chunked' or 'auto' when "
+                         "a gradient is wanted, or run under torch.no_grad()")
+    if not native_scan.available():
+        raise ValueError(f"impl='native' is not available here: {native_scan.unavailable_reason()} "
+                         "(use 'chunked', or impl='auto', which falls back to it)")
+
+
+def _native_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
+    """One unpatched stretch with the C loop (the signature of _chunked_segment; no chunks)."""
+    from models.kernels import native_scan
+
+    return native_scan.delta_forward(q, k, v, beta, S, offsets)
+
+
 # ----------------------------------------------------------------------------- naive
 
 
@@ -263,18 +303,20 @@ def _stack_exports(export: list[int], kept: dict[int, torch.Tensor], like: torch
 # ----------------------------------------------------------------------------- chunked
 
 
-def _chunked(q, k, v, beta, state, export, pin_list, chunk_size):
+def _chunked(q, k, v, beta, state, export, pin_list, chunk_size, segment=None):
     """The chunked WY form; pins split the sequence and resume from the pinned state.
 
     The steps up to the first pin come from the pass over the whole sequence, so a patch leaves
     them bit for bit as they are without it (re-chunking would change their rounding).
+    segment: the kernel for one unpatched stretch (signature of _chunked_segment; default it).
     """
+    segment = segment or _chunked_segment
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
     S = state if state is not None else v.new_zeros(batch, heads, d_v, d_k)
     wanted = sorted(set(export or ()))
     pin_times = [t for t, _, _ in pin_list]
-    o, S, kept = _chunked_segment(q, k, v, beta, S, wanted + pin_times[:1], chunk_size)
+    o, S, kept = segment(q, k, v, beta, S, wanted + pin_times[:1], chunk_size)
     outs = [o]
     if pin_list:
         first = pin_times[0]
@@ -290,8 +332,7 @@ def _chunked(q, k, v, beta, state, export, pin_list, chunk_size):
         if end > t:  # steps t+1 .. end from the pinned state
             seg = slice(t + 1, end + 1)
             offsets = [u - t - 1 for u in wanted if t < u <= end]
-            o, S, seg_states = _chunked_segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S,
-                                                offsets, chunk_size)
+            o, S, seg_states = segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S, offsets, chunk_size)
             kept.update({t + 1 + j: seg_states[j] for j in offsets})
             outs.append(o)
     states = None if export is None else _stack_exports(export, kept, S)

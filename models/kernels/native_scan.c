@@ -1,6 +1,7 @@
 /* Plain-C diagonal affine scan h_t = a_t h_{t-1} + b_t with the optional read-out
  * y_t[l] = sum_n c_t[l, n] h_t[l, n], forward and backward, for float32, float64, complex64 and
- * complex128 (models/kernels/native_scan.py builds and loads it; native_scan_body.h is the code).
+ * complex128 (models/kernels/native_scan.py builds and loads it; native_scan_body.h is the code),
+ * and the delta-rule forward for float32 and float64 (native_delta_body.h).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <stdint.h>
@@ -20,6 +21,19 @@
 #include "native_scan_body.h"
 #undef R
 #undef CPLX
+#undef SFX
+
+/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only */
+#define R float
+#define SFX f32
+#include "native_delta_body.h"
+#undef R
+#undef SFX
+
+#define R double
+#define SFX f64
+#include "native_delta_body.h"
+#undef R
 #undef SFX
 
 #define R float

@@ -1,4 +1,4 @@
-"""The diagonal scan as a small plain-C kernel on the CPU: one pass over a, b (and c) per call.
+"""The diagonal scan (and the delta-rule forward) as small plain-C kernels on the CPU.
 
     h_t = a_t * h_{t-1} + b_t,   y_t[l] = sum_n c_t[l, n] h_t[l, n]     (see diag_scan.py)
 
@@ -11,6 +11,10 @@ them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad 
 grad c_t = gy_t conj(h_t), grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
 (results agree to rounding of the read-out sums). Dtypes: float32, float64, complex64, complex128
 (complex as interleaved (re, im) pairs, torch's layout).
+
+The same library holds the delta-rule forward (native_delta_body.h; `delta_forward`, used by
+models.kernels.delta_rule with impl="native"; no backward): one pass over the [V, K] state per
+step per head, kept transposed in cache so every product is an axpy.
 
 Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
 -O3 -fopenmp-simd, no -ffast-math, no -march) into a cache directory
@@ -38,7 +42,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "native_scan.c", HERE / "native_scan_body.h")
+SOURCES = (HERE / "native_scan.c", HERE / "native_scan_body.h", HERE / "native_delta_body.h")
 FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
 DTYPES = tuple(SUFFIX)
@@ -46,6 +50,7 @@ DTYPES = tuple(SUFFIX)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _P]
 _BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P]
+_DELTA_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
 
 
 def _cache_dir() -> Path:
@@ -90,6 +95,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     for suffix in SUFFIX.values():
         getattr(lib, f"scan_fwd_{suffix}").argtypes = _FWD_ARGS
         getattr(lib, f"scan_bwd_{suffix}").argtypes = _BWD_ARGS
+    for suffix in ("f32", "f64"):
+        getattr(lib, f"delta_fwd_{suffix}").argtypes = _DELTA_ARGS
     return lib, ""
 
 
@@ -177,6 +184,28 @@ def segment(a, b, c, h0, export_idx, chunk):
         return NativeScan.apply(a, b, c, h0, export_idx, chunk)
     y, hs, final, exported, _ = forward(a, b, c, h0, export_idx, chunk, store_all=c is None, checkpoints=False)
     return (hs if c is None else y), final, exported
+
+
+def delta_forward(q, k, v, beta, state, steps: list[int]):
+    """The delta-rule forward (no autograd): q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H],
+    state [B, H, V, K], one dtype in (float32, float64), CPU -> (o [B, T, H, V], final state
+    [B, H, V, K], {step: state [B, H, V, K]} for the given steps)."""
+    lib, _ = _load()
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    batch, length, heads, d_k = k.shape
+    d_v = v.shape[-1]
+    final = state.contiguous().clone()
+    o = v.new_empty(batch, length, heads, d_v)
+    steps = sorted(set(steps))
+    slot = torch.full((length,), -1, dtype=torch.int64)
+    slot[steps] = torch.arange(len(steps))
+    exported = v.new_empty(batch, len(steps), heads, d_v, d_k)
+    work = v.new_empty(d_k * d_v + 2 * d_v)
+    getattr(lib, f"delta_fwd_{SUFFIX[v.dtype]}")(
+        batch, length, heads, d_k, d_v, _ptr(q), _ptr(k), _ptr(v), _ptr(beta), _ptr(final), _ptr(o),
+        _ptr(slot), _ptr(exported), len(steps), _ptr(work),
+    )
+    return o, final, {t: exported[:, i] for i, t in enumerate(steps)}
 
 
 class NativeScan(torch.autograd.Function):

@@ -1,0 +1,90 @@
+/* The delta-rule forward for one real type; included by native_scan.c with R (float, double) and
+ * SFX (f32, f64). Per batch row b and head h, with the state S [V, K] (values x keys):
+ *     S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
+ * Layout (contiguous): q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H], S [B, H, V, K] (the
+ * initial state on entry, the final state on return), o [B, T, H, V]; slot [T] (export slot of
+ * step t or -1) and exported [B, n_export, H, V, K]. work: K * V + 2 * V elements.
+ *
+ * The loop keeps the transpose St [K, V] in work so that every product is an axpy along V (no
+ * horizontal sums): per key index i, St[i] += k_t[i] d_t; o_t += q_t[i] St[i]; and the next
+ * step's recall r_{t+1} += k_{t+1}[i] St[i], all in one pass over the state per step. */
+
+#define DCAT_(x, y) x##_##y
+#define DCAT(x, y) DCAT_(x, y)
+#define DFN(name) DCAT(name, SFX)
+
+static void DFN(transpose)(const R *restrict src, R *restrict dst, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
+/* One step on four key rows St[i..i+3] (each V long): row += k_i d; o += q_i row; r += kn_i row
+ * (kn NULL: the last step, no next recall). */
+static inline void DFN(rows4)(R *restrict St, const R *kt, const R *qt, const R *kn, const R *restrict d,
+                              R *restrict o, R *restrict r, int64_t V) {
+    R *restrict s0 = St, *restrict s1 = St + V, *restrict s2 = St + 2 * V, *restrict s3 = St + 3 * V;
+    const R k0 = kt[0], k1 = kt[1], k2 = kt[2], k3 = kt[3], q0 = qt[0], q1 = qt[1], q2 = qt[2], q3 = qt[3];
+    if (kn) {
+        const R n0 = kn[0], n1 = kn[1], n2 = kn[2], n3 = kn[3];
+        for (int64_t j = 0; j < V; j++) {
+            const R a0 = s0[j] + k0 * d[j], a1 = s1[j] + k1 * d[j], a2 = s2[j] + k2 * d[j], a3 = s3[j] + k3 * d[j];
+            s0[j] = a0; s1[j] = a1; s2[j] = a2; s3[j] = a3;
+            o[j] += ((q0 * a0 + q1 * a1) + q2 * a2) + q3 * a3;
+            r[j] += ((n0 * a0 + n1 * a1) + n2 * a2) + n3 * a3;
+        }
+    } else {
+        for (int64_t j = 0; j < V; j++) {
+            const R a0 = s0[j] + k0 * d[j], a1 = s1[j] + k1 * d[j], a2 = s2[j] + k2 * d[j], a3 = s3[j] + k3 * d[j];
+            s0[j] = a0; s1[j] = a1; s2[j] = a2; s3[j] = a3;
+            o[j] += ((q0 * a0 + q1 * a1) + q2 * a2) + q3 * a3;
+        }
+    }
+}
+
+static inline void DFN(rows1)(R *restrict row, R ki, R qi, R ni, const R *restrict d, R *restrict o,
+                              R *restrict r, int64_t V) {
+    for (int64_t j = 0; j < V; j++) {
+        row[j] += ki * d[j];
+        o[j] += qi * row[j];
+        r[j] += ni * row[j];
+    }
+}
+
+void DFN(delta_fwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V,
+                    const R *q, const R *k, const R *v, const R *beta, R *S, R *o,
+                    const int64_t *slot, R *exported, int64_t n_export, R *work) {
+    R *St = work, *r = work + K * V, *d = r + V;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            R *Sbh = S + (b * H + h) * V * K;
+            DFN(transpose)(Sbh, St, V, K); /* St [K, V] */
+            const R *k0 = k + (b * T * H + h) * K;
+            for (int64_t j = 0; j < V; j++) r[j] = 0;
+            for (int64_t i = 0; i < K; i++)
+                for (int64_t j = 0; j < V; j++) r[j] += k0[i] * St[i * V + j]; /* r_0 = S_{-1} k_0 */
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t bth = (b * T + t) * H + h;
+                const R *kt = k + bth * K, *qt = q + bth * K, *vt = v + bth * V;
+                const R *kn = t + 1 < T ? k + (bth + H) * K : NULL;
+                R *ot = o + bth * V;
+                const R bt = beta[bth];
+                for (int64_t j = 0; j < V; j++) {
+                    d[j] = bt * (vt[j] - r[j]);
+                    ot[j] = 0;
+                    r[j] = 0;
+                }
+                int64_t i = 0;
+                for (; i + 4 <= K; i += 4) /* four key rows per pass over o and r */
+                    DFN(rows4)(St + i * V, kt + i, qt + i, kn ? kn + i : NULL, d, ot, r, V);
+                for (; i < K; i++) DFN(rows1)(St + i * V, kt[i], qt[i], kn ? kn[i] : 0, d, ot, r, V);
+                if (slot && slot[t] >= 0)
+                    DFN(transpose)(St, exported + ((b * n_export + slot[t]) * H + h) * V * K, K, V);
+            }
+            DFN(transpose)(St, Sbh, K, V);
+        }
+    }
+}
+
+#undef DFN
+#undef DCAT
+#undef DCAT_
