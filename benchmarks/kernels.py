@@ -1,6 +1,7 @@
 """Scan kernels on the CPU: chunked vs naive, forward and forward+backward, and state-export cost.
 
     python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown]
+    python benchmarks/kernels.py --widths 4x64 64x16 512x16 1024x16 --lengths 256   (width sweep)
 
 One table, one row per (kernel, T, implementation, export): the fastest of --repeats wall times
 of the forward and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels /
@@ -8,6 +9,8 @@ heads, d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is t
 row's time / this row's time at the same T. The rows of one (kernel, T) are timed round-robin
 (every row once per round, the minimum over rounds), so load drift on a shared machine hits them
 alike. Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
+Implementations: naive, chunked and native (the plain-C CPU kernels of models/kernels/native_scan.py;
+the delta rule's is forward only, so its forward+backward cells read "-").
 
 Each kernel contributes one `Bench` entry in KERNELS: setup(B, H, d_head, T, seed) -> inputs and
 call(inputs, impl, export_at) -> tensors to sum into the loss. The delta rule adds its own entry.
@@ -126,8 +129,14 @@ def main() -> None:
     parser.add_argument("--exports", nargs="+", default=["none", "chunks", "all"],
                         choices=["none", "chunks", "all"], help="export modes to run (naive/none always)")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--widths", nargs="+", default=[], metavar="HxN",
+                        help="instead of the main table: a diag_scan width sweep, H channels x N state "
+                             "entries (e.g. 512x16: Mamba's d_inner x d_state), export none")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.widths:
+        width_sweep(args)
+        return
     print(f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread; "
           f"B={args.batch}, H={args.heads}, d_head={args.d_head}, chunk={CHUNK}, float32, "
           f"min of {args.repeats}.\n")
@@ -148,6 +157,25 @@ def main() -> None:
                 ratio = f"{fwd_bwd[0] / fb:.1f}x" if ok else "- (forward only)"
                 print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | "
                       f"{both}{fwd[0] / f:.1f}x | {ratio} |", flush=True)
+
+def width_sweep(args) -> None:
+    """diag_scan naive / chunked / native at several state widths (B x H x N entries per step)."""
+    print(f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread; diag_scan with read-out, "
+          f"B={args.batch}, chunk={CHUNK}, float32, export none, min of {args.repeats}.\n")
+    print("| T | H x N | entries per step | impl | fwd ms | fwd+bwd ms | fwd speed-up | fwd+bwd speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
+    impls = ["naive", "chunked", "native"]
+    for length in args.lengths:
+        for width in args.widths:
+            heads, d_state = (int(x) for x in width.split("x"))
+            shape = argparse.Namespace(batch=args.batch, heads=heads, d_head=d_state)
+            fns = [runners(KERNELS["diag_scan"], length, impl, None, shape) for impl in impls]
+            fwd = measure_interleaved([f for f, _ in fns], args.repeats)
+            fwd_bwd = measure_interleaved([fb for _, fb in fns], args.repeats)
+            for impl, f, fb in zip(impls, fwd, fwd_bwd):
+                print(f"| {length} | {width} | {args.batch * heads * d_state} | {impl} | {f * 1e3:.1f} | "
+                      f"{fb * 1e3:.1f} | {fwd[0] / f:.1f}x | {fwd_bwd[0] / fb:.1f}x |", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -4,8 +4,9 @@
 
 The C code (native_scan.c, native_scan_body.h: no torch headers, no threads) walks each batch row
 through time over contiguous [T, M] memory, updating the state in place in cache; with a read-out
-it writes only y. The forward also keeps the state entering every chunk_size-th step
-(checkpoints, [B, ceil(T / chunk), *S], 1/chunk of the inputs' size). The backward recomputes the
+it writes only y. When a gradient can flow the forward also keeps the state entering every
+s-th step (checkpoints, [B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer
+steps where s states exceed SPAN_BYTES, so that one span of recomputed states stays in cache). The backward recomputes the
 states of one checkpoint span at a time into a cache-sized buffer and walks the adjoint back over
 them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t,
 grad c_t = gy_t conj(h_t), grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
@@ -168,13 +169,21 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
             a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
-    work = a.new_empty(min(chunk, length), *a.shape[2:])
+    work = a.new_empty(min(chunk, length) + 1, *a.shape[2:])  # see scan_bwd in the C code
     getattr(lib, f"scan_bwd_{SUFFIX[a.dtype]}")(
         batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(ckpt), chunk,
         _ptr(g_out), _ptr(g_final), _ptr(slot), _ptr(g_unique), 0 if steps is None else len(steps),
         _ptr(grad_a), _ptr(grad_b), _ptr(grad_c), _ptr(grad_h0), _ptr(work),
     )
     return grad_a, grad_b, grad_c, grad_h0
+
+
+SPAN_BYTES = 256 * 1024  # the backward's recomputed span of states stays within this (L2-sized)
+
+
+def checkpoint_spacing(chunk: int, a: torch.Tensor) -> int:
+    """Steps between checkpoints: chunk, or fewer where chunk steps of state exceed SPAN_BYTES."""
+    return max(1, min(chunk, SPAN_BYTES // max(1, math.prod(a.shape[2:]) * a.element_size())))
 
 
 def segment(a, b, c, h0, export_idx, chunk):
@@ -209,14 +218,15 @@ def delta_forward(q, k, v, beta, state, steps: list[int]):
 
 
 class NativeScan(torch.autograd.Function):
-    """The segment function of diag_scan (the signature of its chunked one); chunk is the
-    checkpoint spacing of the backward."""
+    """The segment function of diag_scan (the signature of its chunked one); chunk bounds the
+    checkpoint spacing of the backward (checkpoint_spacing)."""
 
     @staticmethod
     def forward(ctx, a, b, c, h0, export_idx, chunk):
-        y, hs, final, exported, ckpt = forward(a, b, c, h0, export_idx, chunk, store_all=c is None)
+        spacing = checkpoint_spacing(chunk, a)
+        y, hs, final, exported, ckpt = forward(a, b, c, h0, export_idx, spacing, store_all=c is None)
         ctx.save_for_backward(a, b, c, ckpt, export_idx)
-        ctx.chunk = chunk
+        ctx.chunk = spacing
         return (hs if c is None else y), final, (a.new_zeros(0) if exported is None else exported)
 
     @staticmethod

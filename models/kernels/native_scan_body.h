@@ -103,18 +103,16 @@ void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
     }
 }
 
-/* The adjoint at one step of one lead row (n entries):
- *   g = carry + gy conj(c) + d1 + d2    (read-out, all-states output, export: the terms present)
+/* The adjoint at one step over m state entries:
+ *   g = carry + d1 + d2    (direct terms: read-out or all-states output, export; NULL: absent)
  *   grad b = g, grad a = g conj(h_prev), carry = conj(a) g.
  * The has_* flags are constants at every call, so each combination compiles to its own
  * branch-free loop. */
-static inline void FN(bwd_row_core)(const E *restrict a, const E *restrict c, E gy, const E *restrict d1,
-                                    const E *restrict d2, const E *restrict h_prev, E *restrict carry,
-                                    E *restrict ga, E *restrict gb, int64_t n,
-                                    const int has_c, const int has_d1, const int has_d2) {
-    for (int64_t i = 0; i < n; i++) {
+static inline void FN(bwd_step_core)(const E *restrict a, const E *restrict d1, const E *restrict d2,
+                                     const E *restrict h_prev, E *restrict carry, E *restrict ga,
+                                     E *restrict gb, int64_t m, const int has_d1, const int has_d2) {
+    for (int64_t i = 0; i < m; i++) {
         E g = carry[i];
-        if (has_c) g = FN(add)(g, FN(mul)(gy, FN(conj)(c[i])));
         if (has_d1) g = FN(add)(g, d1[i]);
         if (has_d2) g = FN(add)(g, d2[i]);
         gb[i] = g;
@@ -123,14 +121,19 @@ static inline void FN(bwd_row_core)(const E *restrict a, const E *restrict c, E 
     }
 }
 
-static void FN(bwd_row)(const E *a, const E *c, E gy, const E *d1, const E *d2, const E *h_prev,
-                        E *carry, E *ga, E *gb, int64_t n) {
-    if (c && d2) FN(bwd_row_core)(a, c, gy, NULL, d2, h_prev, carry, ga, gb, n, 1, 0, 1);
-    else if (c) FN(bwd_row_core)(a, c, gy, NULL, NULL, h_prev, carry, ga, gb, n, 1, 0, 0);
-    else if (d1 && d2) FN(bwd_row_core)(a, NULL, gy, d1, d2, h_prev, carry, ga, gb, n, 0, 1, 1);
-    else if (d1) FN(bwd_row_core)(a, NULL, gy, d1, NULL, h_prev, carry, ga, gb, n, 0, 1, 0);
-    else if (d2) FN(bwd_row_core)(a, NULL, gy, NULL, d2, h_prev, carry, ga, gb, n, 0, 0, 1);
-    else FN(bwd_row_core)(a, NULL, gy, NULL, NULL, h_prev, carry, ga, gb, n, 0, 0, 0);
+static void FN(bwd_step)(const E *a, const E *d1, const E *d2, const E *h_prev, E *carry, E *ga, E *gb,
+                         int64_t m) {
+    if (d1 && d2) FN(bwd_step_core)(a, d1, d2, h_prev, carry, ga, gb, m, 1, 1);
+    else if (d1) FN(bwd_step_core)(a, d1, NULL, h_prev, carry, ga, gb, m, 1, 0);
+    else if (d2) FN(bwd_step_core)(a, NULL, d2, h_prev, carry, ga, gb, m, 0, 1);
+    else FN(bwd_step_core)(a, NULL, NULL, h_prev, carry, ga, gb, m, 0, 0);
+}
+
+/* dL/dh_t through the read-out: direct [L, N] = gy_l conj(c_l) (c [N] shared when stride 0). */
+static void FN(readout_direct)(const E *restrict gy, const E *restrict c, int64_t c_lead_stride,
+                               E *restrict direct, int64_t L, int64_t N) {
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t n = 0; n < N; n++) direct[l * N + n] = FN(mul)(gy[l], FN(conj)(c[l * c_lead_stride + n]));
 }
 
 /* grad c_t from one step's states h [L, N] and read-out cotangents gy [L]: gc [N] = sum_l gy_l
@@ -153,14 +156,16 @@ static void FN(readout_grad)(const E *restrict gy, const E *restrict h, E *restr
  *   grad c_t = gy_t conj(h_t) (summed over the lead rows when c is shared).
  * gy: [B, T, L] (with c) or [B, T, M] (without), or NULL; gfinal [B, M] or NULL; gexp [B, K, M]
  * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape; needs c and gy) or
- * NULL. work: scratch of min(every, T) * M elements: the states of one checkpoint span,
- * recomputed from its checkpoint, stay in cache while the adjoint walks back over them. */
+ * NULL. work: scratch of (min(every, T) + 1) * M elements: the states of one checkpoint span,
+ * recomputed from its checkpoint, stay in cache while the adjoint walks back over them; then one
+ * step's dL/dh through the read-out. */
 void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   const E *a, const E *b, const E *c, int64_t c_lead_stride,
                   const E *ckpt, int64_t every,
                   const E *gy, const E *gfinal, const int64_t *slot, const E *gexp, int64_t K,
                   E *ga, E *gb, E *gc, E *gh0, E *work) {
     const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
+    E *direct = work + (every < T ? every : T) * M;
     for (int64_t bi = 0; bi < B; bi++) {
         E *carry = gh0 + bi * M; /* conj(a_{t+1}) g_{t+1}; starts as dL/dh_{T-1} from the final state */
         for (int64_t i = 0; i < M; i++) carry[i] = gfinal ? gfinal[bi * M + i] : FN(zero);
@@ -175,12 +180,14 @@ void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                 const int64_t bt = bi * T + t;
                 const E *ht = work + (t - t0) * M, *hprev = t > t0 ? ht - M : start;
                 const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
-                for (int64_t l = 0; l < L; l++) {
-                    const int64_t o = bt * M + l * N; /* this lead row in [B, T, M] */
-                    const E *cl = c && gy ? c + bt * c_row + l * c_lead_stride : NULL;
-                    FN(bwd_row)(a + o, cl, cl ? gy[bt * L + l] : FN(zero), gy && !c ? gy + o : NULL,
-                                ge ? ge + l * N : NULL, hprev + l * N, carry + l * N, ga + o, gb + o, N);
+                const E *d1 = NULL; /* dL/dh_t through the output */
+                if (gy && c) {
+                    FN(readout_direct)(gy + bt * L, c + bt * c_row, c_lead_stride, direct, L, N);
+                    d1 = direct;
+                } else if (gy) {
+                    d1 = gy + bt * M;
                 }
+                FN(bwd_step)(a + bt * M, d1, ge, hprev, carry, ga + bt * M, gb + bt * M, M);
                 if (gc) FN(readout_grad)(gy + bt * L, ht, gc + bt * c_row, L, N, !c_lead_stride);
             }
         }
