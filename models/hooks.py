@@ -92,10 +92,11 @@ def _forced_instrumented() -> bool:
 
 
 @contextlib.contextmanager
-def instrumented() -> Iterator[None]:
-    """Within this context every mixer runs its instrumented (per-step state) path."""
+def instrumented(enabled: bool = True) -> Iterator[None]:
+    """Within this context every mixer runs its instrumented (per-step state) path;
+    instrumented(False) lifts an enclosing one (each mixer chooses by its hooks again)."""
     previous = _FORCE_INSTRUMENTED[0]
-    _FORCE_INSTRUMENTED[0] = True
+    _FORCE_INSTRUMENTED[0] = enabled
     try:
         yield
     finally:

@@ -134,13 +134,13 @@ def test_patching_a_run_with_its_own_values_restores_exactly(pair):
     clean, corrupt = pair
     model = rnn_model()
     sites = site_grid(model, HOOKS, ROLES) + [Site("hook_embed", None), Site("blocks.1.mixer.hook_state", None)]
-    result = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    result = interchange(model, clean, corrupt, sites, min_effect=0.0, resume=False)
     assert result.n_kept > 0
     # every pair runs (skip_noops=False); with skipping every pair is a no-op and is not run
-    clean_into_clean = patched_probs(model, clean, clean, sites, skip_noops=False)
+    clean_into_clean = patched_probs(model, clean, clean, sites, skip_noops=False, resume=False)
     corrupt_into_corrupt = patched_probs(model, corrupt, corrupt, sites, answer_tokens=clean.targets[:, -1],
-                                         skip_noops=False)
-    assert torch.equal(patched_probs(model, clean, clean, sites), clean_into_clean)
+                                         skip_noops=False, resume=False)
+    assert torch.equal(patched_probs(model, clean, clean, sites), clean_into_clean)  # skipped: exact
     # bit-identical probabilities, so restoration is exactly 1 and exactly 0 where defined
     assert torch.equal(clean_into_clean, result.p_clean.expand_as(clean_into_clean))
     assert torch.equal(corrupt_into_corrupt, result.p_corrupt.expand_as(corrupt_into_corrupt))
@@ -150,18 +150,21 @@ def test_patching_a_run_with_its_own_values_restores_exactly(pair):
     assert torch.equal(zeros[:, kept], torch.zeros_like(zeros[:, kept]))
     # patching the embedding at every position from clean reproduces the clean run
     assert torch.equal(result["hook_embed@all"][kept], torch.ones(int(kept.sum()), dtype=torch.float64))
+    # resumed passes (the default) give the same up to float rounding
+    resumed = patched_probs(model, clean, clean, sites, skip_noops=False)
+    torch.testing.assert_close(resumed, clean_into_clean, atol=1e-6, rtol=0)
 
 
 def test_batched_interchange_equals_one_site_at_a_time(pair):
     clean, corrupt = pair
     model = rnn_model()
     sites = site_grid(model, HOOKS, ROLES)
-    batched = interchange(model, clean, corrupt, sites, batch_size=10 * len(clean), min_effect=0.0)
+    batched = interchange(model, clean, corrupt, sites, batch_size=10 * len(clean), min_effect=0.0, resume=False)
     every_pair = interchange(model, clean, corrupt, sites, batch_size=10 * len(clean), min_effect=0.0,
-                             skip_noops=False)
+                             skip_noops=False, resume=False)
     assert torch.equal(batched.p_patched, every_pair.p_patched)  # skipped pairs are exact no-ops
     # reading the answer at the value position: patches at the (later) query are skipped, exactly
-    early = [interchange(model, clean, corrupt, sites, answer="value", min_effect=0.0, skip_noops=skip)
+    early = [interchange(model, clean, corrupt, sites, answer="value", min_effect=0.0, skip_noops=skip, resume=False)
              for skip in (True, False)]
     assert torch.equal(early[0].p_patched, early[1].p_patched)
     query_site = early[0].labels.index("blocks.1.mixer.hook_out@query")
@@ -169,11 +172,11 @@ def test_batched_interchange_equals_one_site_at_a_time(pair):
     # passes of 240 rows (no-op pairs skipped) against one pass of the 24 examples per site
     for i, site in enumerate(sites):
         alone = interchange(model, clean, corrupt, [site], batch_size=len(clean), min_effect=0.0,
-                            skip_noops=False)
+                            skip_noops=False, resume=False)
         assert torch.equal(alone.p_patched[0], batched.p_patched[i]), site
     # passes of 7 rows: the same values up to float32 rounding (a matmul over 7 rows may take
     # another BLAS kernel than one over 240 rows, so the last bits may differ)
-    small = interchange(model, clean, corrupt, sites, batch_size=7, min_effect=0.0)
+    small = interchange(model, clean, corrupt, sites, batch_size=7, min_effect=0.0, resume=False)
     torch.testing.assert_close(small.p_patched, batched.p_patched, atol=1e-7, rtol=0)
     assert torch.equal(alone.p_clean, batched.p_clean) and torch.equal(alone.p_corrupt, batched.p_corrupt)
 
@@ -183,7 +186,7 @@ def test_state_site_is_a_causal_state_patch(pair):
     clean, corrupt = pair
     model = rnn_model()
     site = Site("blocks.0.mixer.hook_state", "key")
-    result = interchange(model, clean, corrupt, [site], min_effect=0.0)
+    result = interchange(model, clean, corrupt, [site], min_effect=0.0, resume=False)
     rows, key = torch.arange(len(clean)), clean.roles["key"]
     with models.instrumented(), torch.no_grad():
         _, cache = model.run_with_cache(clean.tokens, names=[site.hook])
@@ -202,6 +205,32 @@ def test_state_site_is_a_causal_state_patch(pair):
     assert (patched_cache[site.hook][:, -1] - corrupt_cache[site.hook][:, -1]).abs().max() > 1e-4
 
 
+def count_rows_and_positions(model):
+    """A forward hook on the unembedding adding up rows x positions of every pass."""
+    counted = [0]
+    model.unembed.register_forward_hook(lambda mod, args, out: counted.__setitem__(0, counted[0] + out.shape[0] * out.shape[1]))
+    return counted
+
+
+@pytest.mark.parametrize("name", ["tanh_rnn", "lstm", "mamba", "deltanet", "transformer", "based"])
+def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pair):
+    """The default (resume=True) starts each pair at its site's block and first position."""
+    clean, corrupt = pair
+    torch.manual_seed(0)
+    model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
+    hooks = ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_out", "blocks.{l}.hook_resid_post"]
+    hooks += [h for h in ("blocks.{l}.mixer.hook_state", "blocks.{l}.mixer.hook_conv", "blocks.{l}.mixer.hook_k")
+              if h.format(l=0) in model.hook_names()]
+    sites = site_grid(model, hooks, ["key", "value", "query"]) + [Site("hook_embed", "key")]
+    counted = count_rows_and_positions(model)
+    whole = interchange(model, clean, corrupt, sites, min_effect=0.0, resume=False)
+    whole_work, counted[0] = counted[0], 0
+    resumed = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
+    assert torch.equal(resumed.p_clean, whole.p_clean) and torch.equal(resumed.p_corrupt, whole.p_corrupt)
+    assert counted[0] < 0.8 * whole_work, (counted[0], whole_work)
+
+
 def test_subspace_identity_equals_full_patch_and_partial_patch_moves_only_the_subspace(pair):
     clean, corrupt = pair
     model = rnn_model()
@@ -217,7 +246,7 @@ def test_subspace_identity_equals_full_patch_and_partial_patch_moves_only_the_su
     pos = [site_positions(clean, "value")]
     source = _source_from_cache([site], clean_cache, pos)
     rows = torch.arange(len(clean))
-    patch = _patch_hooks([site], torch.zeros_like(rows), rows, pos, source)[0][1]
+    patch = _patch_hooks([site], torch.zeros_like(rows), rows, pos, source, clean.tokens.shape[1])[0][1]
     patched = patch(corrupt_cache[site.hook], SimpleNamespace(name=site.hook))  # [N, T, D]
     rows, value = torch.arange(len(clean)), clean.roles["value"]
     got, was, want = (t[rows, value] for t in (patched, corrupt_cache[site.hook], clean_cache[site.hook]))
@@ -240,7 +269,7 @@ def test_head_and_pattern_layout():
         return source[examples, 2, 1][:, None]
 
     one_site, rows = torch.zeros(4, dtype=torch.long), torch.arange(4)
-    out = _patch_hooks([site], one_site, rows, pos, from_source)[0][1](act, SimpleNamespace(name=site.hook))
+    out = _patch_hooks([site], one_site, rows, pos, from_source, 5)[0][1](act, SimpleNamespace(name=site.hook))
     expected = act.clone()
     expected[:, 2, 1] = source[:, 2, 1]
     assert torch.equal(out, expected) and not torch.equal(act, expected)
@@ -248,13 +277,17 @@ def test_head_and_pattern_layout():
     pattern, new = torch.rand(4, 3, 5, 5), torch.rand(4, 3, 5, 5)
     site = Site("blocks.0.mixer.hook_pattern", 3, head=2)
     out = _patch_hooks([site], one_site, rows, [torch.full((4, 1), 3)],
-                       lambda s, e, cur: new[e, 2, 3][:, None])[0][1](pattern, SimpleNamespace(name=site.hook))
+                       lambda s, e, cur: new[e, 2, 3][:, None], 5)[0][1](pattern, SimpleNamespace(name=site.hook))
     expected = pattern.clone()
     expected[:, 2, 3, :] = new[:, 2, 3, :]
     assert torch.equal(out, expected)
+    # in a resumed pass over positions [2, 5) a [B, H, 3, 5] pattern's query axis starts at 2
+    out = _patch_hooks([site], one_site, rows, [torch.full((4, 1), 3)],
+                       lambda s, e, cur: new[e, 2, 3][:, None], 5)[0][1](pattern[:, :, 2:], SimpleNamespace(name=site.hook))
+    assert torch.equal(out, expected[:, :, 2:])
     bad = Site("blocks.0.mixer.hook_v", 2, head=7)
     with pytest.raises(ValueError, match="head 7"):
-        _patch_hooks([bad], one_site, rows, pos, from_source)[0][1](act, SimpleNamespace(name=bad.hook))
+        _patch_hooks([bad], one_site, rows, pos, from_source, 5)[0][1](act, SimpleNamespace(name=bad.hook))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,7 +500,12 @@ def test_every_layer_hook_of_the_zoo_patches_exactly(name, pair):
     with torch.no_grad(), models.instrumented():
         _, cache = model.run_with_cache(clean.tokens, names=hooks)
     sites += [Site(h, "query", head=1) for h in hooks if cache[h].dim() >= 4]  # [B, T, H, ...] / pattern
-    own = patched_probs(model, clean, clean, sites, skip_noops=False)
+    own = patched_probs(model, clean, clean, sites, skip_noops=False, resume=False)
     result = interchange(model, clean, corrupt, sites, min_effect=0.0)
     assert torch.equal(own, result.p_clean.expand_as(own))
     assert torch.isfinite(result.p_patched).all()
+    # resumed passes (the default) compute the same up to float rounding
+    resumed_own = patched_probs(model, clean, clean, sites, skip_noops=False)
+    torch.testing.assert_close(resumed_own, own, atol=1e-6, rtol=0)
+    whole = interchange(model, clean, corrupt, sites, min_effect=0.0, resume=False)
+    torch.testing.assert_close(result.p_patched, whole.p_patched, atol=1e-6, rtol=0)

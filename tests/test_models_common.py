@@ -144,9 +144,10 @@ def resume_cache(model, tokens):
     return model.run_with_cache(tokens, names=hooks["resid"] + hooks["carry"])
 
 
+@pytest.mark.parametrize("path", ["instrumented", "auto"])
 @pytest.mark.parametrize("name", models.list_models())
-def test_resume_from_cache_equals_the_full_run(name, tokens):
-    model = small_model(name).set_execution_path("instrumented")
+def test_resume_from_cache_equals_the_full_run(name, path, tokens):
+    model = small_model(name).set_execution_path(path)  # auto: resumed without hooks = fast_from
     with torch.no_grad():
         full, cache = resume_cache(model, tokens)
         for layer in range(len(model.blocks)):

@@ -72,7 +72,7 @@ def test_nnsight_interchange_equals_native_interchange(setup):
     model, clean, corrupt = setup
     sites = [Site("blocks.0.mixer.hook_state", "key"), Site("blocks.0.mixer.hook_out", "value"),
              Site("blocks.1.mixer.hook_state", "value")]
-    native = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    native = interchange(model, clean, corrupt, sites, min_effect=0.0, resume=False)  # whole passes, as nnsight
     nn_model = wrap(model)
     rows = torch.arange(len(clean))
     logits = []
@@ -106,7 +106,7 @@ def test_nnsight_patch_equals_native_across_mixers(name, setup):
     torch.manual_seed(0)
     model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=1)
     hook = "blocks.0.mixer.hook_state" if "blocks.0.mixer.hook_state" in model.hook_names() else "blocks.0.mixer.hook_v"
-    native = interchange(model, clean, corrupt, [Site(hook, "key")], min_effect=0.0)
+    native = interchange(model, clean, corrupt, [Site(hook, "key")], min_effect=0.0, resume=False)
     nn_model = wrap(model)
     rows = torch.arange(len(clean))
     with torch.no_grad(), nn_model.trace() as tracer:

@@ -144,19 +144,30 @@ class RecurrentMixer(Mixer):
         return like.new_zeros(batch, *self.state_shape)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        if not self.use_instrumented(self.hook_state):
+        if not self.wants_instrumented():
             return self.fast_forward(x)
         return self.instrumented_forward(x, self.prepare(x))
 
+    def wants_instrumented(self) -> bool:
+        """Whether this call needs the per-step path (forced, or a per-step hook is in use)."""
+        return self.use_instrumented(self.hook_state)
+
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
         """Mixer.resume from the carried state: prepare() over the resume_context positions
-        before x and x (a short conv needs them), then the instrumented scan from `carry`."""
+        before x and x (a short conv needs them), then the scan from `carry`."""
         if self.resume_context is None:
             return super().resume(x, before, carry)
         window = self.hook_in(torch.cat([before, x], dim=1))  # [B, w + n, D]
         skip = before.shape[1]
-        inputs = {name: value[:, skip:] for name, value in self.prepare(window).items()}
-        return self.hook_out(self.instrumented_forward(window[:, skip:], inputs, carry))
+        x, inputs = window[:, skip:], {name: value[:, skip:] for name, value in self.prepare(window).items()}
+        if self.wants_instrumented():
+            return self.hook_out(self.instrumented_forward(x, inputs, carry))
+        return self.hook_out(self.fast_from(x, inputs, carry))
+
+    def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
+        """The output without per-step hooks from prepared inputs and a state `initial` [B, *S]
+        before the first step (None: initial_state()) -> [B, T, D]; override with a fused kernel."""
+        return self.readout(x, self.scan(inputs, initial=initial)[1], inputs)
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         """The instrumented path from prepared inputs: scan through hook_state (states patched
@@ -222,10 +233,8 @@ class GatedRecurrentMixer(RecurrentMixer):
     def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return RecurrentMixer.scan(self, inputs)[1]  # [B, T, *S]
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        if not self.use_instrumented(self.hook_state, self.hook_gate):
-            return self.fast_forward(x)
-        return self.instrumented_forward(x, self.prepare(x))
+    def wants_instrumented(self) -> bool:
+        return self.use_instrumented(self.hook_state, self.hook_gate)
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         gate_pins = self.gate_pins(inputs, initial)

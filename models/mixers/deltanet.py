@@ -178,9 +178,11 @@ class DeltaNet(RecurrentMixer):
         return self._output(o.to(x.dtype), inputs)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        inputs = self.prepare(x)
+        return self.fast_from(x, self.prepare(x))
+
+    def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         o = delta_rule(
-            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], beta_clamp=self._clamp(),
+            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], beta_clamp=self._clamp(), initial_state=initial,
             chunk_size=self.options["chunk_size"], impl=self.options["impl"],
         ).output  # [B, T, H, d]
         return self._output(o, inputs)

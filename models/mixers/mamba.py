@@ -134,6 +134,9 @@ class Mamba(RecurrentMixer):
         inputs = self.prepare(u)
         if self.use_instrumented(self.hook_state):
             return self.instrumented_forward(u, inputs)
+        return self.fast_from(u, inputs)
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
         a, b = self.transition_terms(inputs)
-        y = diag_scan(a, b, inputs["C"], chunk_size=self.chunk_size).output  # [B, T, E], fused C h
+        y = diag_scan(a, b, inputs["C"], initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
         return self.finish(y, inputs)

@@ -35,5 +35,8 @@ class TanhRNN(RecurrentMixer):
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(self.rnn(x)[0])  # nn.RNN: [B, T, H]
 
+    def fast_from(self, x, inputs, initial=None) -> torch.Tensor:
+        return self.out_proj(self.rnn(x, None if initial is None else initial[None].contiguous())[0])
+
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states)
