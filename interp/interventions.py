@@ -387,28 +387,34 @@ def patched_answer_probs(
     return probs, correct
 
 
-# A resumed group smaller than this joins the group before it (same block, earlier start): a few
-# more positions computed for its rows, one pass fewer (a pass has a fixed cost of its own).
+# A resumed group smaller than this joins the group before it (same block and hook, earlier
+# start): a few more positions computed for its rows, one pass fewer (a pass has a fixed cost).
 MIN_ROWS_PER_PASS = 64
 
 
 def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | None, int, torch.Tensor]]:
-    """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block and first
-    site position (small groups merged, see MIN_ROWS_PER_PASS); sites outside the blocks
-    (hook_embed, hook_final, ...) form one group of whole passes (None, 0)."""
+    """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block, hook and
+    first site position (small groups merged, see MIN_ROWS_PER_PASS). One hook per pass keeps
+    the per-step (instrumented) path to the passes that patch hook_state and the like. Sites
+    outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0)."""
     first_pos = torch.stack([pos.min(dim=1).values for pos in target_pos])[pairs[:, 0], pairs[:, 1]]  # [P]
+    hook_ids = {hook: i for i, hook in enumerate(sorted({s.hook for s in sites}))}
     layer = torch.tensor([-1 if s.layer is None else s.layer for s in sites])[pairs[:, 0]]  # [P]
+    hook = torch.tensor([hook_ids[s.hook] for s in sites])[pairs[:, 0]]  # [P]
     if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
         raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
     groups: list[tuple[int | None, int, torch.Tensor]] = []
-    for block, start in torch.unique(torch.stack([layer, first_pos], dim=1), dim=0).tolist():  # sorted
-        members = pairs[(layer == block) & (first_pos == start)]
+    previous = None
+    keys = torch.stack([layer, hook, first_pos], dim=1)  # [P, 3]
+    for block, hook_id, start in torch.unique(keys, dim=0).tolist():  # sorted: block, hook, start
+        members = pairs[(keys == torch.tensor([block, hook_id, start])).all(1)]
         if block < 0:
             groups.append((None, 0, members))
-        elif groups and groups[-1][0] == block and len(members) < MIN_ROWS_PER_PASS:
+        elif previous == (block, hook_id) and len(members) < MIN_ROWS_PER_PASS:
             groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
         else:
             groups.append((block, start, members))
+        previous = (block, hook_id)
     return groups
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import HookPoint
+from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import diag_scan, short_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
@@ -117,9 +117,20 @@ class Mamba(RecurrentMixer):
         return a * h + b  # [B, E, N]
 
     def scan(self, inputs, pins=None, initial=None):
-        a, b = self.transition_terms(inputs)
-        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E, N]
+        return self.scan_terms(*self.transition_terms(inputs), pins, initial)
+
+    def scan_terms(self, a, b, pins=None, initial=None):
+        """The states [B, T, E, N] of h_t = a_t h_{t-1} + b_t (twice: the scan contract)."""
+        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
         return states, states
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        """RecurrentMixer.instrumented_forward with a and b computed once for both scans."""
+        a, b = self.transition_terms(inputs)  # [B, T, E, N] each
+        _, states = scan_with_state_hook(
+            self.hook_state, lambda pins: self.scan_terms(a, b, pins, initial), len(self.state_shape)
+        )
+        return self.readout(u, states, inputs)
 
     def readout(self, u, states, inputs) -> torch.Tensor:
         y = (states * inputs["C"][:, :, None, :]).sum(-1)  # [B, T, E]
