@@ -3,7 +3,7 @@
  *     S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
  * Layout (contiguous): q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H], S [B, H, V, K] (the
  * initial state on entry, the final state on return), o [B, T, H, V]; slot [T] (export slot of
- * step t or -1) and exported [B, n_export, H, V, K]. work: K * V + 2 * V elements.
+ * step t or -1) and exported [B, n_export, H, V, K]. work: H * (K * V + 2 * V) elements.
  *
  * The loop keeps the transpose St [K, V] in work so that every product is an axpy along V (no
  * horizontal sums): per key index i, St[i] += k_t[i] d_t; o_t += q_t[i] St[i]; and the next
@@ -50,38 +50,46 @@ static inline void DFN(rows1)(R *restrict row, R ki, R qi, R ni, const R *restri
     }
 }
 
+/* One step of one head: d = beta (v - r); St += k d^T; o = St^T q; r = St^T k_next. */
+static void DFN(head_step)(R *restrict St, R *restrict r, R *restrict d, const R *kt, const R *qt,
+                           const R *vt, const R *kn, R bt, R *restrict ot, int64_t K, int64_t V) {
+    for (int64_t j = 0; j < V; j++) {
+        d[j] = bt * (vt[j] - r[j]);
+        ot[j] = 0;
+        r[j] = 0;
+    }
+    int64_t i = 0;
+    for (; i + 4 <= K; i += 4) /* four key rows per pass over o and r */
+        DFN(rows4)(St + i * V, kt + i, qt + i, kn ? kn + i : NULL, d, ot, r, V);
+    for (; i < K; i++) DFN(rows1)(St + i * V, kt[i], qt[i], kn ? kn[i] : 0, d, ot, r, V);
+}
+
 void DFN(delta_fwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V,
                     const R *q, const R *k, const R *v, const R *beta, R *S, R *o,
                     const int64_t *slot, R *exported, int64_t n_export, R *work) {
-    R *St = work, *r = work + K * V, *d = r + V;
+    /* per head: St [K, V], r [V], d [V]; all heads of one batch row advance together, so q, k,
+     * v and o are walked once, in memory order */
+    const int64_t per_head = K * V + 2 * V;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
-            R *Sbh = S + (b * H + h) * V * K;
-            DFN(transpose)(Sbh, St, V, K); /* St [K, V] */
+            R *St = work + h * per_head, *r = St + K * V;
+            DFN(transpose)(S + (b * H + h) * V * K, St, V, K);
             const R *k0 = k + (b * T * H + h) * K;
             for (int64_t j = 0; j < V; j++) r[j] = 0;
             for (int64_t i = 0; i < K; i++)
                 for (int64_t j = 0; j < V; j++) r[j] += k0[i] * St[i * V + j]; /* r_0 = S_{-1} k_0 */
-            for (int64_t t = 0; t < T; t++) {
+        }
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t h = 0; h < H; h++) {
                 const int64_t bth = (b * T + t) * H + h;
-                const R *kt = k + bth * K, *qt = q + bth * K, *vt = v + bth * V;
-                const R *kn = t + 1 < T ? k + (bth + H) * K : NULL;
-                R *ot = o + bth * V;
-                const R bt = beta[bth];
-                for (int64_t j = 0; j < V; j++) {
-                    d[j] = bt * (vt[j] - r[j]);
-                    ot[j] = 0;
-                    r[j] = 0;
-                }
-                int64_t i = 0;
-                for (; i + 4 <= K; i += 4) /* four key rows per pass over o and r */
-                    DFN(rows4)(St + i * V, kt + i, qt + i, kn ? kn + i : NULL, d, ot, r, V);
-                for (; i < K; i++) DFN(rows1)(St + i * V, kt[i], qt[i], kn ? kn[i] : 0, d, ot, r, V);
+                R *St = work + h * per_head, *r = St + K * V, *d = r + V;
+                DFN(head_step)(St, r, d, k + bth * K, q + bth * K, v + bth * V,
+                               t + 1 < T ? k + (bth + H) * K : NULL, beta[bth], o + bth * V, K, V);
                 if (slot && slot[t] >= 0)
                     DFN(transpose)(St, exported + ((b * n_export + slot[t]) * H + h) * V * K, K, V);
             }
-            DFN(transpose)(St, Sbh, K, V);
         }
+        for (int64_t h = 0; h < H; h++) DFN(transpose)(work + h * per_head, S + (b * H + h) * V * K, K, V);
     }
 }
 

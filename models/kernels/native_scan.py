@@ -209,7 +209,7 @@ def delta_forward(q, k, v, beta, state, steps: list[int]):
     slot = torch.full((length,), -1, dtype=torch.int64)
     slot[steps] = torch.arange(len(steps))
     exported = v.new_empty(batch, len(steps), heads, d_v, d_k)
-    work = v.new_empty(d_k * d_v + 2 * d_v)
+    work = v.new_empty(heads * (d_k * d_v + 2 * d_v))
     getattr(lib, f"delta_fwd_{SUFFIX[v.dtype]}")(
         batch, length, heads, d_k, d_v, _ptr(q), _ptr(k), _ptr(v), _ptr(beta), _ptr(final), _ptr(o),
         _ptr(slot), _ptr(exported), len(steps), _ptr(work),
