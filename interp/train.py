@@ -131,10 +131,12 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (dim >= 2) only, not on biases and norm gains."""
+    """AdamW; weight decay on matrices (dim >= 2) only, not on biases and norm gains, nor on
+    parameters marked `_no_weight_decay` (SSM decay rates such as Mamba's A_log, as in mamba_ssm)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    decayed = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)  # noqa: E731
+    decay = [p for p in params if decayed(p)]
+    no_decay = [p for p in params if not decayed(p)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
 

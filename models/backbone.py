@@ -72,6 +72,9 @@ class SequenceModel(HookedMixin, nn.Module):
         super().__init__()
         if cfg.mixer not in MIXERS:
             raise ValueError(unknown_name_message("mixer", cfg.mixer, list(MIXERS)))
+        if cfg.positional == "rope" and not MIXERS[cfg.mixer][0].rotary_positions:
+            raise ValueError(f"positional='rope' rotates attention queries and keys; the {cfg.mixer!r} mixer has "
+                             f"none (allowed for it: 'none', 'learned')")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":

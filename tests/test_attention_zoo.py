@@ -367,3 +367,9 @@ def test_zoo_presets_and_hooks(name):
 def test_unknown_mixer_options_raise(name):
     with pytest.raises(ValueError, match="unknown keys"):
         build(name, mixer_options={"nonsense": 1})
+
+
+def test_rope_on_a_mixer_without_attention_raises():
+    with pytest.raises(ValueError, match="positional='rope'.*'mamba' mixer"):
+        build("mamba", positional="rope")
+    build("mamba", positional="learned")  # learned positions live in the backbone: any mixer

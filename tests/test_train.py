@@ -149,3 +149,15 @@ def test_vocab_too_small_for_task_is_rejected():
     with pytest.raises(ValueError, match="vocab_size"):
         train(models.preset_config("tanh_rnn", vocab_size=1, d_model=8), make_task("C2"), small_cfg(),
               progress=False)
+
+
+@pytest.mark.parametrize("name, rates", [("mamba", ["A_log"]), ("s4d", ["log_neg_re", "im"]), ("h3", ["log_neg_a"])])
+def test_ssm_decay_rates_get_no_weight_decay(name, rates):
+    model = models.build(name, vocab_size=5, d_model=8, n_layers=1)
+    optimizer = train_module.make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    mixer = model.blocks[0].mixer
+    for rate in rates:
+        assert decay_of[id(getattr(mixer, rate))] == 0.0, rate
+    assert decay_of[id(model.embed.weight)] == 0.1  # matrices are still decayed
+    assert len(decay_of) == len(list(model.parameters()))

@@ -71,6 +71,8 @@ def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     mlp=True, positional="learned", n_layers=2, norm="layernorm",
 )
 class Attention(Mixer):
+    rotary_positions = True
+
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.options = mixer_options(cfg, OPTIONS)

@@ -70,6 +70,7 @@ class Mixer(nn.Module):
     # "auto": fast path unless a hook needs per-step values; "fast" / "instrumented" force one.
     execution_path = "auto"
     resume_context: int | None = None
+    rotary_positions = False  # whether positional="rope" means something to this mixer
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()

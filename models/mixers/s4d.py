@@ -63,6 +63,7 @@ class S4D(RecurrentMixer):
         eig, b = legs_diagonal(m)
         self.log_neg_re = nn.Parameter(torch.log(-eig.real).float().repeat(d, 1))  # [D, M]
         self.im = nn.Parameter(eig.imag.float().repeat(d, 1))  # [D, M]
+        self.log_neg_re._no_weight_decay = self.im._no_weight_decay = True  # eigenvalues, not weights
         self.B = nn.Parameter(torch.view_as_real(b.to(torch.complex64)).repeat(d, 1, 1))  # [D, M, 2]
         self.C = nn.Parameter(torch.randn(d, m, 2) * math.sqrt(0.5))  # [D, M, 2]
         log_lo, log_hi = math.log(opts["dt_min"]), math.log(opts["dt_max"])
