@@ -124,6 +124,11 @@ class SequenceModel(HookedMixin, nn.Module):
         if not 0 <= layer < len(self.blocks) or not 0 <= start < end:
             raise ValueError(f"resume_from needs 0 <= layer < {len(self.blocks)} and 0 <= start < end; "
                              f"got layer={layer}, start={start}, end={end}")
+        needed = self.resume_hooks(layer)
+        missing = [name for name in needed["resid"] + needed["carry"] if name not in cache]
+        if missing:
+            raise ValueError(f"cache lacks {missing}: cache every name in model.resume_hooks({layer}) "
+                             f"(run_with_cache(tokens, names=hooks['resid'] + hooks['carry']))")
         x = cache[f"blocks.{layer}.hook_resid_pre"][examples, start:end]  # [R, n, D]
         for j in range(layer, len(self.blocks)):
             context = self.blocks[j].mixer.resume_context

@@ -190,3 +190,13 @@ def test_resumed_run_with_a_patch_equals_the_full_patched_run(name, tokens):
                 torch.testing.assert_close(resumed, full[:, start:], atol=1e-5, rtol=1e-5,
                                            msg=f"{hook_name} patched at {t}")
                 assert (full[:, t:] - clean[:, t:]).abs().max() > 1e-6, f"{hook_name}: the patch changed nothing"
+
+
+def test_resume_from_names_missing_cache_entries_and_bad_ranges(tokens):
+    model = small_model("mamba")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names=model.resume_hooks()["resid"])
+        with pytest.raises(ValueError, match=r"cache lacks \['blocks.0.mixer.hook_state'"):
+            model.resume_from(cache, torch.arange(B), 0, 2, T)
+        with pytest.raises(ValueError, match="start < end"):
+            model.resume_from(cache, torch.arange(B), 0, 5, 5)
