@@ -22,7 +22,9 @@ Build: compiled once per machine with the system C compiler ($CC, else cc, gcc o
 ($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
 keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
 into place atomically, so parallel processes do not race. Loaded with ctypes and called on
-contiguous CPU tensors through data_ptr(). `available()` says whether it built;
+contiguous CPU tensors through data_ptr(). Large outputs are advised as transparent huge pages
+(`empty`): on the shared VM this was measured on, first-touch page faults of fresh gradient
+tensors cost about as much as the backward itself. `available()` says whether it built;
 `unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to chunked, and
 impl="native" raises).
 """
@@ -109,6 +111,35 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
+HUGE = 2 << 20  # transparent huge page size on x86-64 / most arm64 Linux
+_MADV_HUGEPAGE = 14
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def empty(shape, like: torch.Tensor) -> torch.Tensor:
+    """torch.empty for a large output the kernel is about to write: on Linux, the whole 2 MiB
+    pages inside it are advised as huge pages (madvise; a no-op where THP is off), so writing a
+    freshly mapped tensor takes one page fault per 2 MiB instead of per 4 KiB."""
+    out = like.new_empty(shape)
+    nbytes = out.numel() * out.element_size()
+    libc = _libc() if platform.system() == "Linux" and nbytes >= 2 * HUGE else None
+    if libc is not None:
+        start = -(-out.data_ptr() // HUGE) * HUGE
+        end = (out.data_ptr() + nbytes) // HUGE * HUGE
+        if end > start:
+            libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failure changes nothing
+    return out
+
+
 def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
@@ -142,9 +173,9 @@ def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints
     state = a.shape[2:]
     final = h0.contiguous().clone()
     y = None if c is None else a.new_empty(batch, length, *state[:-1])
-    hs = a.new_empty(a.shape) if store_all else None
+    hs = empty(a.shape, a) if store_all else None
     slot, steps, where = _slots(export_idx, length)
-    unique = None if slot is None else a.new_empty(batch, len(steps), *state)
+    unique = None if slot is None else empty((batch, len(steps), *state), a)
     ckpt = a.new_empty(batch, -(-length // chunk), *state) if checkpoints else None
     getattr(lib, f"scan_fwd_{SUFFIX[a.dtype]}")(
         batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(final), _ptr(y), _ptr(hs),
@@ -159,9 +190,9 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
     lib, _ = _load()
     a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
     batch, length, lead, n, c_stride = _geometry(a, c)
-    grad_a, grad_b = torch.empty_like(a), torch.empty_like(a)
+    grad_a, grad_b = empty(a.shape, a), empty(a.shape, a)
     grad_h0 = a.new_empty(batch, *a.shape[2:])
-    grad_c = torch.empty_like(c) if (need_c and c is not None and g_out is not None) else None
+    grad_c = empty(c.shape, c) if (need_c and c is not None and g_out is not None) else None
     slot, steps, where = _slots(export_idx if g_exported is not None else None, length)
     g_unique = None
     if slot is not None:  # cotangents of repeated indices add up on one stored step
@@ -204,11 +235,11 @@ def delta_forward(q, k, v, beta, state, steps: list[int]):
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
     final = state.contiguous().clone()
-    o = v.new_empty(batch, length, heads, d_v)
+    o = empty((batch, length, heads, d_v), v)
     steps = sorted(set(steps))
     slot = torch.full((length,), -1, dtype=torch.int64)
     slot[steps] = torch.arange(len(steps))
-    exported = v.new_empty(batch, len(steps), heads, d_v, d_k)
+    exported = empty((batch, len(steps), heads, d_v, d_k), v)
     work = v.new_empty(heads * (d_k * d_v + 2 * d_v))
     getattr(lib, f"delta_fwd_{SUFFIX[v.dtype]}")(
         batch, length, heads, d_k, d_v, _ptr(q), _ptr(k), _ptr(v), _ptr(beta), _ptr(final), _ptr(o),
