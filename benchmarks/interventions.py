@@ -4,7 +4,10 @@ Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 2
 (clean, key-corrupted). Methods, each measured in a fresh subprocess, side by side in one run:
 
   loop      what one writes by hand: the clean run cached once, then per site one
-            `run_with_hooks` pass of the N corrupted examples with that site patched
+            `run_with_hooks` pass of the N corrupted examples with that site patched, every
+            mixer on the instrumented path (models.instrumented())
+  loop-auto the same loop on the default path: each mixer is instrumented only where a per-step
+            hook (hook_state, ...) is patched, the fast path elsewhere
   all-pairs interchange(batch_size=R, skip_noops=False, resume=False): every (site, example)
             pair, packed into whole passes of up to R rows
   whole     interchange(batch_size=R, resume=False): the same, without the pairs whose patch
@@ -16,8 +19,9 @@ Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 2
   pyvene    pyvene.IntervenableModel with one VanillaIntervention per site ("pos" unit), one call
             (a source and a base pass) per site; same model, sites and positions
 
-Every method runs on the instrumented path (models.instrumented()), so all compute the same
-numbers. Time covers the interchange only (model, data and imports are set up before); peak memory
+Every method except loop-auto runs inside models.instrumented(); interchange's resumed passes
+(batched) lift it and take the default path per mixer, like loop-auto, so they agree with the
+others up to float rounding (last column). Time covers the interchange only (model, data and imports are set up before); peak memory
 is the process's peak RSS during it minus its RSS before. Agreement: max |p_patched -
 p_patched(loop)| over sites x examples.
 
@@ -60,11 +64,11 @@ MODELS = {
 }
 # (N pairs, method, rows per pass or None) per model
 PLAN = {
-    "tanh_rnn": [(256, "loop", None), (256, "all-pairs", 2048), (256, "whole", 256), (256, "batched", 256),
-                 (256, "batched", 2048), (256, "pyvene", None), (16, "loop", None), (16, "whole", 512),
+    "tanh_rnn": [(256, "loop", None), (256, "loop-auto", None), (256, "all-pairs", 2048), (256, "whole", 256), (256, "batched", 256),
+                 (256, "batched", 2048), (256, "pyvene", None), (16, "loop", None), (16, "loop-auto", None), (16, "whole", 512),
                  (16, "batched", 512)],
-    "mamba": [(256, "loop", None), (256, "all-pairs", 2048), (256, "whole", 256), (256, "batched", 256),
-              (256, "batched", 2048), (256, "pyvene", None), (16, "loop", None), (16, "whole", 512),
+    "mamba": [(256, "loop", None), (256, "loop-auto", None), (256, "all-pairs", 2048), (256, "whole", 256), (256, "batched", 256),
+              (256, "batched", 2048), (256, "pyvene", None), (16, "loop", None), (16, "loop-auto", None), (16, "whole", 512),
               (16, "batched", 512)],
 }
 
@@ -154,11 +158,12 @@ def child(name: str, method: str, rows: int | None, n: int, pairs: int, out_path
     passes = [0]
     if method != "pyvene":  # pyvene removes the model's forward hooks; its adapter counts instead
         model.unembed.register_forward_hook(lambda *args: passes.__setitem__(0, passes[0] + 1))
+
     def run():
-        with torch.no_grad(), models.instrumented():
+        with torch.no_grad(), models.instrumented(method != "loop-auto"):
             if method == "pyvene":
                 return pyvene_probs(model, clean, corrupt, sites, passes)
-            if method == "loop":
+            if method in ("loop", "loop-auto"):
                 return loop_probs(model, clean, corrupt, sites)
             return interchange(model, clean, corrupt, sites, batch_size=rows, min_effect=0.0,
                                skip_noops=method != "all-pairs", resume=method == "batched").p_patched
@@ -207,8 +212,8 @@ def main() -> None:
         f"fastest of {args.repeats} runs per method.",
         "",
         "| model | N pairs | method | rows per pass | forward passes | seconds | speed-up vs loop | "
-        "peak extra RSS (MiB) | max abs diff p vs loop |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "speed-up vs loop-auto | peak extra RSS (MiB) | max abs diff p vs loop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
@@ -218,16 +223,21 @@ def main() -> None:
                 result = run_child(name, method, rows, n, args.pairs, path, args.repeats)
                 head = f"| {name} | {n} | {method} | {rows or n} |"
                 if "error" in result:
-                    lines.append(f"{head} - | - | - | - | failed: {result['error'][:100]} |")
+                    lines.append(f"{head} - | - | - | - | - | failed: {result['error'][:100]} |")
                     print(lines[-1], flush=True)
                     continue
                 p = torch.load(path)
-                if method == "loop":
-                    reference[n], loop_seconds[n] = p, result["seconds"]
+                if method.startswith("loop"):
+                    loop_seconds[n, method] = result["seconds"]
+                    reference.setdefault(n, p)
                 diff = (p - reference[n]).abs().max().item()
+                speedups = " | ".join(
+                    f"{loop_seconds[n, loop] / result['seconds']:.1f}x" if (n, loop) in loop_seconds else "-"
+                    for loop in ("loop", "loop-auto")
+                )
                 lines.append(
-                    f"{head} {result['passes']} | {result['seconds']:.2f} | "
-                    f"{loop_seconds[n] / result['seconds']:.1f}x | {result['peak_mb']:.0f} | {diff:.1e} |"
+                    f"{head} {result['passes']} | {result['seconds']:.2f} | {speedups} | "
+                    f"{result['peak_mb']:.0f} | {diff:.1e} |"
                 )
                 print(lines[-1], flush=True)
     print("\n".join(lines) if args.markdown else "")
