@@ -387,14 +387,15 @@ def patched_answer_probs(
     return probs, correct
 
 
-# A resumed group smaller than this joins the group before it (same block and hook, earlier
-# start): a few more positions computed for its rows, one pass fewer (a pass has a fixed cost).
-MIN_ROWS_PER_PASS = 64
+# A resumed group joins the one before it (same block and hook, earlier start) when that adds
+# fewer than this many row x position steps (its rows times the start difference): a few more
+# positions computed, one pass fewer (a pass has a fixed cost of its own).
+MERGE_ROW_POSITIONS = 256
 
 
 def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | None, int, torch.Tensor]]:
     """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block, hook and
-    first site position (small groups merged, see MIN_ROWS_PER_PASS). One hook per pass keeps
+    first site position (small groups merged, see MERGE_ROW_POSITIONS). One hook per pass keeps
     the per-step (instrumented) path to the passes that patch hook_state and the like. Sites
     outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0)."""
     first_pos = torch.stack([pos.min(dim=1).values for pos in target_pos])[pairs[:, 0], pairs[:, 1]]  # [P]
@@ -410,7 +411,7 @@ def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | Non
         members = pairs[(keys == torch.tensor([block, hook_id, start])).all(1)]
         if block < 0:
             groups.append((None, 0, members))
-        elif previous == (block, hook_id) and len(members) < MIN_ROWS_PER_PASS:
+        elif previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
             groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
         else:
             groups.append((block, start, members))

@@ -216,7 +216,7 @@ def count_rows_and_positions(model):
 @pytest.mark.parametrize("name", ["tanh_rnn", "lstm", "mamba", "deltanet", "transformer", "based"])
 def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pair, monkeypatch):
     """The default (resume=True) starts each pair at its site's block and first position."""
-    monkeypatch.setattr(interventions, "MIN_ROWS_PER_PASS", 1)  # no merging of small groups: every start its own
+    monkeypatch.setattr(interventions, "MERGE_ROW_POSITIONS", 0)  # no merging: every start its own pass
     clean, corrupt = pair
     torch.manual_seed(0)
     model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
@@ -231,7 +231,7 @@ def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pa
     torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
     assert torch.equal(resumed.p_clean, whole.p_clean) and torch.equal(resumed.p_corrupt, whole.p_corrupt)
     assert counted[0] < 0.8 * whole_work, (counted[0], whole_work)
-    monkeypatch.setattr(interventions, "MIN_ROWS_PER_PASS", 64)  # small groups merged: the same values
+    monkeypatch.setattr(interventions, "MERGE_ROW_POSITIONS", 10**9)  # every start merged: the same values
     merged = interchange(model, clean, corrupt, sites, min_effect=0.0)
     torch.testing.assert_close(merged.p_patched, whole.p_patched, atol=1e-6, rtol=0)
 
