@@ -1,4 +1,4 @@
-"""Scan kernels on the CPU: chunked vs naive, forward and forward+backward, and state-export cost.
+"""Scan kernels on the CPU: naive, chunked and native, forward and forward+backward, state export.
 
     python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown]
     python benchmarks/kernels.py --widths 4x64 64x16 512x16 1024x16 --lengths 256   (width sweep)
