@@ -6,9 +6,8 @@ The C code (native_scan.c, native_scan_body.h: no torch headers, no threads) wal
 through time over contiguous [T, M] memory, updating the state in place in cache; with a read-out
 it writes only y. When a gradient can flow the forward also keeps the state entering every
 s-th step (checkpoints, [B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer
-steps where s states exceed SPAN_BYTES, so that one span of recomputed states stays in cache). The backward recomputes the
-states of one checkpoint span at a time into a cache-sized buffer and walks the adjoint back over
-them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t,
+steps where s states exceed SPAN_BYTES). The backward recomputes the states of one checkpoint
+span at a time into that cache-sized buffer and walks the adjoint back over them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t,
 grad c_t = gy_t conj(h_t), grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
 (results agree to rounding of the read-out sums). Dtypes: float32, float64, complex64, complex128
 (complex as interleaved (re, im) pairs, torch's layout).
@@ -70,6 +69,27 @@ def _compiler() -> str | None:
     return None
 
 
+def _build(compiler: str, target: Path) -> str:
+    """Compile into a temporary file next to target and rename it into place (atomic, so a
+    concurrent build of the same source wins either way). Returns "" or what went wrong."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, f"-I{HERE}", str(SOURCES[0]), "-o", tmp]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return f"compiling {SOURCES[0].name} with {compiler} took over 300 s"
+        if done.returncode != 0:
+            return f"compiling {SOURCES[0].name} with {compiler} failed: {done.stderr.strip()[-2000:]}"
+        os.replace(tmp, target)
+        return ""
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """(the library, "") or (None, why it is not available). Built at most once per source hash."""
@@ -83,15 +103,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         key.update(" ".join(FLAGS + [platform.machine(), platform.system()]).encode())
         target = _cache_dir() / f"native_scan-{key.hexdigest()[:16]}.so"
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-            os.close(fd)
-            cmd = [compiler, *FLAGS, f"-I{HERE}", str(SOURCES[0]), "-o", tmp]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                os.unlink(tmp)
-                return None, f"compiling {SOURCES[0].name} failed: {done.stderr.strip()[-2000:]}"
-            os.replace(tmp, target)  # atomic: a concurrent build of the same source wins either way
+            error = _build(compiler, target)
+            if error:
+                return None, error
         lib = ctypes.CDLL(str(target))
     except OSError as err:
         return None, f"building or loading the native scan failed: {err}"
