@@ -38,13 +38,6 @@ static inline E FN(mul)(E x, E y) { return x * y; }
 static inline E FN(add)(E x, E y) { return x + y; }
 static inline E FN(conj)(E x) { return x; }
 static const E FN(zero) = 0;
-
-static inline E FN(dot)(const E *c, const E *h, int64_t n) {
-    R acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < n; i++) acc += c[i] * h[i];
-    return acc;
-}
 #endif
 
 /* h_t = a_t h_{t-1} + b_t over n entries, in place. */
@@ -66,6 +59,8 @@ static inline E FN(step_dot)(const E *restrict a, const E *restrict b, const E *
     return FN(dot)(c, h, n);
 }
 #else
+/* Real: the step and the read-out in one loop; the omp simd reduction (-fopenmp-simd) lets the
+ * compiler vectorise the sum with partial sums, which plain C rounding rules would forbid. */
 static inline E FN(step_dot)(const E *restrict a, const E *restrict b, const E *restrict c,
                              E *restrict h, int64_t n) {
     R acc = 0;
