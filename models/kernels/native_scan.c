@@ -23,7 +23,17 @@
 #undef CPLX
 #undef SFX
 
-/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only */
+/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only; an AVX2
+ * clone beside the baseline one where the toolchain can dispatch at load time (ifunc: glibc) */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DELTA_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef DELTA_CLONES
+#define DELTA_CLONES
+#endif
+
 #define R float
 #define SFX f32
 #include "native_delta_body.h"
