@@ -745,11 +745,14 @@ def ablate(
     reference: Batch | None = None,
     batch_size: int | None = None,
     answer: str | None = None,
+    resume: bool = True,
 ) -> AblationResult:
     """Zero- or mean-ablate each site separately; answer probability and accuracy per site.
 
     mode "mean" replaces the site by its mean over `reference` (default: `batch` itself). For a
     subspace site only the component in the subspace is replaced (zero: projected out).
+    resume: each ablated run starts at the site's block and first position from the batch's own
+    cached run (as in `interchange`; sites after the answer keep the baseline); False: whole passes.
     """
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}; got {mode!r}")
@@ -773,11 +776,15 @@ def ablate(
             )
         return mean.expand_as(current)
 
+    resume = resume and hasattr(model, "resume_from")
     with models.instrumented():
-        logits, _ = run_cached(model, batch, [], batch_size)
+        logits, cache = run_cached(model, batch, _resume_hooks(model, sites) if resume else [], batch_size)
         baseline_p = answer_probs(logits, ans, y)
         baseline_correct = logits[torch.arange(len(batch)), ans].argmax(-1).cpu() == y
-        p_answer, correct = patched_answer_probs(model, batch, sites, source, y, ans, batch_size)
+        skip = _after_answer([site_positions(batch, s.position) for s in sites], ans) if resume else None
+        p_answer, correct = patched_answer_probs(model, batch, sites, source, y, ans, batch_size, skip=skip,
+                                                 unpatched=(baseline_p, baseline_correct),
+                                                 resume_cache=cache if resume else None)
     return AblationResult(sites, mode, p_answer, correct, baseline_p, baseline_correct)
 
 

@@ -387,6 +387,18 @@ def test_zero_and_mean_ablation(pair):
     assert frame.loc[0, "mode"] == "mean" and frame.loc[0, "baseline_accuracy"] == 1.0
 
 
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_resumed_ablation_agrees_with_whole_passes(mode, pair):
+    clean, _ = pair
+    torch.manual_seed(0)
+    model = models.build("mamba", vocab_size=VOCAB, d_model=16, d_state=4, n_layers=2)
+    sites = site_grid(model, ["blocks.{l}.mixer.hook_state", "blocks.{l}.mixer.hook_out"], ["key", "query"])
+    resumed, whole = (ablate(model, clean, sites, mode=mode, resume=r) for r in (True, False))
+    torch.testing.assert_close(resumed.p_answer, whole.p_answer, atol=1e-6, rtol=0)
+    assert torch.equal(resumed.baseline_p, whole.baseline_p)
+    assert (whole.p_answer - whole.baseline_p).abs().max() > 1e-3  # the ablations do something
+
+
 # ----------------------------------------------------------------------------------------------
 # Short-conv ablation
 # ----------------------------------------------------------------------------------------------
