@@ -91,11 +91,12 @@ def test_quick_recipe_writes_report(tmp_path):
         assert html.count(f'"name":"{hook}"') == len(names)
     assert "Accuracy vs short-conv width" in html and "<script" in html
     # 2 layers x 2 hooks x 3 roles per model; restoration of layer 0's block input at the key (the
-    # corrupted token itself) is 1 for every kept pair
+    # corrupted token itself) is 1 for every kept pair: exactly with whole passes, up to float32
+    # rounding over the effect (>= 0.01) with the recipe's resumed passes (measured 7e-7 once)
     assert len(results["restoration"]) == 12 * len(names)
     for row in results["restoration"]:
         if row["n_kept"] and (row["layer"], row["hook"], row["role"]) == (0, "hook_resid_pre", "key"):
-            assert row["restoration"] == pytest.approx(1.0, abs=1e-9)
+            assert row["restoration"] == pytest.approx(1.0, abs=1e-5)
         if row["n_kept"] and row["hook"] == "hook_resid_pre" and row["layer"] == 0 and row["role"] != "key":
             assert row["restoration"] == pytest.approx(0.0, abs=1e-9)  # untouched tokens
     # Mamba (trained with d_conv 4) and every other model with short convs get all four widths

@@ -31,15 +31,16 @@ applied inside the kernel on every path (hook_beta still shows the unclamped bet
 `mixer.clamp_beta(head, lo, hi)` sets one head's row (the others are unbounded);
 `mixer.clear_beta_clamp()` removes the clamp. Not saved in checkpoints.
 
-Paths: fast = the chunked delta-rule kernel (Triton on CUDA) returning outputs only;
-instrumented = the same kernel with every step's state exported and hook_state pins honoured. Both
-read o_t from the kernel (the pinned state where a patch sets one), so without patches they agree
-bit for bit (`readout` from hook_state's states gives the same up to rounding).
+Paths: fast = the delta-rule kernel returning outputs only; instrumented = the same kernel with
+every step's state exported and hook_state pins honoured. Both read o_t from the kernel (the
+pinned state where a patch sets one), so without patches they agree bit for bit (`readout` from
+hook_state's states gives the same up to rounding).
 
 mixer_options: gate (bool, default False): output gate as in fla's use_gate; chunk_size (int,
-default 64): chunk length of the chunked kernel; impl ("auto", "naive", "chunked", "triton";
-default "auto": Triton on CUDA, else chunked, naive when every state is exported): the kernel
-implementation on both paths (forcing "triton" runs it under TRITON_INTERPRET=1 on the CPU).
+default 64): chunk length of the chunked kernel; impl (models.kernels.delta_rule's "auto",
+"naive", "chunked", "native", "triton"; default "auto": Triton on CUDA; on the CPU the native C
+forward when no gradient is needed, else chunked): the kernel on both paths ("native" is forward
+only; forcing "triton" runs it under TRITON_INTERPRET=1 on the CPU).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ from torch import nn
 
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import delta_rule, short_conv
+from models.kernels.delta_rule import IMPLS
 from models.mixers.base import RecurrentMixer, register_mixer
 
 OPTIONS = {"gate": False, "chunk_size": 64, "impl": "auto"}
-IMPLS = ("auto", "naive", "chunked", "triton")
 _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=True)
 
 
