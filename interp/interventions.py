@@ -353,7 +353,7 @@ def patched_answer_probs(
     pairs whose patch is known to change nothing; they take `unpatched` = (p [N], correct [N]).
     resume_cache: the target run's `model.resume_hooks()` activations; with it a pair at a block
     site runs from its block and first position on (`SequenceModel.resume_from`), up to its
-    last site or answer position; pairs are grouped into passes by (block, first position).
+    last site or answer position; pairs are grouped into passes by (block, hook, first position).
     Pairs whose site lies after the answer must then be in `skip` (they cannot be resumed).
     """
     batch_size = _rows_per_pass(batch_size, len(target))
@@ -404,14 +404,13 @@ def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | Non
     hook = torch.tensor([hook_ids[s.hook] for s in sites])[pairs[:, 0]]  # [P]
     if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
         raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
-    groups: list[tuple[int | None, int, torch.Tensor]] = []
+    outside = layer < 0
+    groups: list[tuple[int | None, int, torch.Tensor]] = [(None, 0, pairs[outside])] if outside.any() else []
     previous = None
-    keys = torch.stack([layer, hook, first_pos], dim=1)  # [P, 3]
+    keys = torch.stack([layer, hook, first_pos], dim=1)[~outside]  # [P', 3]
     for block, hook_id, start in torch.unique(keys, dim=0).tolist():  # sorted: block, hook, start
-        members = pairs[(keys == torch.tensor([block, hook_id, start])).all(1)]
-        if block < 0:
-            groups.append((None, 0, members))
-        elif previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
+        members = pairs[~outside][(keys == torch.tensor([block, hook_id, start])).all(1)]
+        if previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
             groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
         else:
             groups.append((block, start, members))
