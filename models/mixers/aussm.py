@@ -33,6 +33,6 @@ class AUSSM(Mamba):
     def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         dt = inputs["dt"][..., None]  # [B, (T,) E, 1]
         angle = dt * self.omega  # [B, (T,) E, N]
-        a = torch.polar(torch.ones_like(angle), angle)  # unit modulus
+        a = torch.complex(torch.cos(angle), torch.sin(angle))  # unit modulus
         b = (dt * inputs["x"][..., None]) * inputs["B"][..., None, :]  # real, promoted by the kernel
         return a, b

@@ -134,6 +134,7 @@ class Mamba(RecurrentMixer):
         return self.readout(u, states, inputs)
 
     def readout(self, u, states, inputs) -> torch.Tensor:
+        states = states.real if states.is_complex() else states  # C is real: Re(h C) = Re(h) C
         y = (states * inputs["C"][:, :, None, :]).sum(-1)  # [B, T, E]
         return self.finish(y, inputs)
 
