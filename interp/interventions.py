@@ -406,10 +406,12 @@ def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | Non
         raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
     outside = layer < 0
     groups: list[tuple[int | None, int, torch.Tensor]] = [(None, 0, pairs[outside])] if outside.any() else []
+    keys, inside = torch.stack([layer, hook, first_pos], dim=1)[~outside], pairs[~outside]  # [P', 3], [P', 2]
+    order = np.lexsort(keys.numpy().T[::-1])  # by block, then hook, then start
+    keys, inside = keys[order], inside[order]
+    distinct, counts = torch.unique_consecutive(keys, dim=0, return_counts=True)
     previous = None
-    keys = torch.stack([layer, hook, first_pos], dim=1)[~outside]  # [P', 3]
-    for block, hook_id, start in torch.unique(keys, dim=0).tolist():  # sorted: block, hook, start
-        members = pairs[~outside][(keys == torch.tensor([block, hook_id, start])).all(1)]
+    for (block, hook_id, start), members in zip(distinct.tolist(), inside.split(counts.tolist())):
         if previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
             groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
         else:
