@@ -234,6 +234,11 @@ def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pa
     monkeypatch.setattr(interventions, "MERGE_ROW_POSITIONS", 10**9)  # every start merged: the same values
     merged = interchange(model, clean, corrupt, sites, min_effect=0.0)
     torch.testing.assert_close(merged.p_patched, whole.p_patched, atol=1e-6, rtol=0)
+    # answer read at the value position: query sites lie after it and keep p_corrupt, exactly
+    early = [interchange(model, clean, corrupt, sites, answer="value", min_effect=0.0, resume=r) for r in (True, False)]
+    torch.testing.assert_close(early[0].p_patched, early[1].p_patched, atol=1e-6, rtol=0)
+    query_sites = [i for i, label in enumerate(early[0].labels) if label.endswith("@query")]
+    assert torch.equal(early[0].p_patched[query_sites], early[0].p_corrupt.expand(len(query_sites), -1))
 
 
 def test_subspace_identity_equals_full_patch_and_partial_patch_moves_only_the_subspace(pair):
