@@ -141,3 +141,173 @@ def test_builds_into_the_cache_directory(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         native_scan._load.cache_clear()
+
+
+# ----------------------------------------------------------------------------- selective scan
+
+
+def selective_problem(batch, length, inner, n, seed, dtype=torch.float32, initial=True):
+    """Mamba-like inputs: dt = softplus(...) in about (0.005, 3), A [E, N] negative (S4D-real
+    -(n + 1) scaled per channel), x, Bm, C standard normal; h0 [B, E, N] or None."""
+    gen = torch.Generator().manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)  # noqa: E731
+    dt = torch.nn.functional.softplus(randn(batch, length, inner) * 1.5 - 1.5)
+    A = -torch.arange(1, n + 1, dtype=dtype) * torch.exp(randn(inner, 1) * 0.5)
+    h0 = randn(batch, inner, n) if initial else None
+    return dt, A, randn(batch, length, inner), randn(batch, length, n), randn(batch, length, n), h0
+
+
+def unfused(dt, A, x, Bm, C, h0):
+    """The definition: a and b materialised in torch (Mamba.transition_terms), then the naive scan."""
+    a = torch.exp(dt[..., None] * A)  # [B, T, E, N]
+    b = (dt[..., None] * x[..., None]) * Bm[:, :, None, :]  # [B, T, E, N]
+    return diag_scan(a, b, C, initial_state=h0, impl="naive").output
+
+
+def selective_run(fn, inputs, gy, **kwargs):
+    """y and the gradients of every input (None for an absent initial state) for cotangent gy."""
+    leaves = [None if x is None else x.clone().requires_grad_() for x in inputs]
+    y = fn(*leaves, **kwargs)
+    grads = torch.autograd.grad(y, [x for x in leaves if x is not None], gy)
+    return y, list(grads)
+
+
+@needs_native
+@pytest.mark.parametrize("batch,length,inner,n,chunk,initial", [
+    (2, 1, 3, 4, 64, True),      # one step
+    (3, 11, 5, 6, 4, True),      # T not a multiple of the checkpoint spacing
+    (2, 11, 5, 6, 4, False),
+    (1, 37, 8, 16, 64, False),   # one span
+    (2, 64, 4, 16, 8, True),     # T a multiple of the spacing
+    (2, 200, 8, 16, 64, True),   # Mamba's N = 16 over a longer sequence
+])
+def test_selective_scan_matches_the_unfused_path(batch, length, inner, n, chunk, initial):
+    inputs = selective_problem(batch, length, inner, n, seed=length + n, initial=initial)
+    gy = torch.randn(batch, length, inner, generator=torch.Generator().manual_seed(2))
+    y_ref, grads_ref = selective_run(unfused, inputs, gy)
+    y, grads = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=chunk)
+    assert y.shape == (batch, length, inner) and y.dtype == torch.float32
+    assert rel_err(y, y_ref) <= 1e-5
+    assert len(grads) == len(grads_ref) == (6 if initial else 5)
+    for name, got, ref in zip(["dt", "A", "x", "Bm", "C", "h0"], grads, grads_ref):
+        assert got.shape == ref.shape, name
+        assert rel_err(got, ref) <= 1e-5, name
+
+
+@needs_native
+def test_selective_scan_gradcheck_float64():
+    dt, A, x, Bm, C, h0 = selective_problem(2, 7, 3, 4, seed=4, dtype=torch.float64)
+    inputs = [t.clone().requires_grad_() for t in (dt, A, x, Bm, C, h0)]
+    fn = lambda *args: native_scan.selective_scan(*args, chunk_size=3)  # noqa: E731 (spans 3, 3, 1)
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
+    ref = unfused(*inputs)
+    torch.testing.assert_close(fn(*inputs), ref, rtol=1e-12, atol=1e-12)
+
+
+@needs_native
+def test_selective_scan_checkpoint_spacing_changes_no_bits():
+    """The backward recomputes the forward's states exactly, so the spacing changes no bits; the
+    forward without checkpoints (no gradient wanted) gives the same y."""
+    inputs = selective_problem(2, 21, 4, 5, seed=6)
+    gy = torch.randn(2, 21, 4)
+    y2, grads2 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=2)
+    y64, grads64 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=64)
+    for got, ref in zip([y2, *grads2], [y64, *grads64]):
+        assert torch.equal(got, ref)
+    with torch.no_grad():
+        assert torch.equal(native_scan.selective_scan(*inputs), y2)
+
+
+@needs_native
+def test_selective_scan_gradients_only_where_asked():
+    dt, A, x, Bm, C, _ = selective_problem(2, 5, 3, 4, seed=7, initial=False)
+    A.requires_grad_()
+    y = native_scan.selective_scan(dt, A, x, Bm, C)
+    (grad_A,) = torch.autograd.grad(y.sum(), A)
+    (grad_A_ref,) = torch.autograd.grad(unfused(dt, A, x, Bm, C, None).sum(), A)
+    assert rel_err(grad_A, grad_A_ref) <= 1e-5
+
+
+@needs_native
+def test_selective_exp_f32_is_within_an_ulp_or_so():
+    """The float32 exponential of the fused scan (a polynomial, vectorised) against exp in float64:
+    at most 1.5 ulp over the float range (torch's float32 exp: 0.6), zero and inf where torch's
+    are, NaN for NaN."""
+    x = torch.cat([torch.linspace(-110, 90, 400_001), -torch.rand(100_000, generator=torch.Generator().manual_seed(0))])
+    got, exact, torch_f32 = native_scan.exp_f32(x), torch.exp(x.double()), torch.exp(x)
+    finite = torch.isfinite(torch_f32)
+    rounded = exact.float()
+    ulp = (torch.nextafter(rounded, torch.tensor(float("inf"))) - rounded).double()
+    ulp = torch.where(rounded == 0, 2.0 ** -149, ulp)
+    assert ((got.double() - exact).abs() / ulp)[finite].max() <= 1.5
+    assert torch.equal(got == 0, torch_f32 == 0) and torch.equal(torch.isinf(got), torch.isinf(torch_f32))
+    special = native_scan.exp_f32(torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]))
+    assert special[0].isnan() and special[1] == float("inf") and special[2] == 0 and special[3] == 1
+
+
+@needs_native
+def test_selective_scan_bad_inputs_raise():
+    dt, A, x, Bm, C, h0 = selective_problem(2, 5, 3, 4, seed=8)
+    with pytest.raises(ValueError, match=r"Bm must have shape \(2, 5, 4\)"):
+        native_scan.selective_scan(dt, A, x, Bm[:, :, :3], C)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 3, 4\)"):
+        native_scan.selective_scan(dt, A, x, Bm, C, initial_state=h0[:1])
+    with pytest.raises(ValueError, match="C is torch.float64"):
+        native_scan.selective_scan(dt, A, x, Bm, C.double())
+    with pytest.raises(ValueError, match="supports"):
+        native_scan.selective_scan(*(t.bfloat16() for t in (dt, A, x, Bm, C)))
+    with pytest.raises(ValueError, match=r"dt must be \[B, T, E\]"):
+        native_scan.selective_scan(dt[0], A, x, Bm, C)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor; got list"):
+        native_scan.selective_scan(dt, A, x.tolist(), Bm, C)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int; got 0"):
+        native_scan.selective_scan(dt, A, x, Bm, C, chunk_size=0)
+    assert not native_scan.selective_supported(dt, A, x.double(), Bm, C)
+    assert not native_scan.selective_supported(dt.bfloat16(), A.bfloat16())
+
+
+def mamba_fast_and_instrumented(name: str, tokens):
+    """Outputs and parameter gradients of a small model on both paths."""
+    import models
+
+    torch.manual_seed(0)
+    model = models.build(name, vocab_size=7, d_model=16, d_state=4, n_layers=2)
+    results = []
+    for path in ("fast", "instrumented"):
+        out = model.set_execution_path(path)(tokens)
+        results.append([out, *torch.autograd.grad(out.square().sum(), list(model.parameters()))])
+    return results
+
+
+@needs_native
+def test_mamba_fast_path_runs_the_fused_scan_and_matches_instrumented(monkeypatch):
+    calls = []
+    fused = native_scan.selective_scan
+    monkeypatch.setattr(native_scan, "selective_scan", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(1))
+    fast, slow = mamba_fast_and_instrumented("mamba", tokens)
+    assert len(calls) == 2  # one per layer, on the fast path only
+    for got, ref in zip(fast, slow):  # every parameter's gradient, A_log and D included
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    for variant in ("negative_mamba", "aussm", "mamba3"):  # own transition_terms: the unfused path
+        mamba_fast_and_instrumented(variant, tokens)
+    assert len(calls) == 2
+
+
+@needs_native
+def test_mamba_fast_from_an_initial_state_fused_equals_unfused(monkeypatch):
+    """fast_from with a carried state (the resume path): the fused scan against the unfused one."""
+    import models
+
+    torch.manual_seed(0)
+    mixer = models.build("mamba", vocab_size=7, d_model=16, d_state=4, n_layers=1).blocks[0].mixer
+    u = torch.randn(2, 9, 16)
+    initial = torch.randn(2, *mixer.state_shape, requires_grad=True)
+    results = []
+    for supported in (True, False):
+        if not supported:
+            monkeypatch.setattr(native_scan, "selective_supported", lambda *tensors: False)
+        out = mixer.fast_from(u, mixer.prepare(u), initial)
+        results.append([out, *torch.autograd.grad(out.square().sum(), [initial, mixer.A_log, mixer.dt_proj.weight])])
+    for got, ref in zip(*results):
+        assert rel_err(got, ref) <= 1e-5

@@ -16,8 +16,20 @@ The same library holds the delta-rule forward (native_delta_body.h; `delta_forwa
 models.kernels.delta_rule with impl="native"; no backward): one pass over the [V, K] state per
 step per head, kept transposed in cache so every product is an axpy.
 
+And Mamba's selective scan with the discretisation fused in (native_selective_body.h;
+`selective_scan`, used by Mamba's fast path; float32 and float64):
+
+    a_t[e, n] = exp(dt_t[e] A[e, n]),  b_t[e, n] = dt_t[e] x_t[e] Bm_t[n],
+    h_t = a_t h_{t-1} + b_t,           y_t[e] = sum_n C_t[n] h_t[e, n]
+
+a and b are formed per step inside the loop, so nothing [B, T, E, N] is materialised, forward or
+backward (the unfused path builds both in torch and keeps them for autograd). Same checkpointed
+backward as the diagonal scan; the gradients of dt, A, x, Bm, C and h0 are reduced from the
+adjoint inside the loop. float32 exp is a vectorisable polynomial (exp_f32 in native_scan.c,
+under 1 ulp from exp; torch's under 0.6), float64 exp is libm's.
+
 Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
--O3 -fopenmp-simd, no -ffast-math, no -march) into a cache directory
+-O3 -fopenmp-simd -fno-trapping-math, no -ffast-math, no -march; libm linked) into a cache directory
 ($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
 keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
 into place atomically, so parallel processes do not race. Loaded with ctypes and called on
@@ -44,8 +56,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "native_scan.c", HERE / "native_scan_body.h", HERE / "native_delta_body.h")
-FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd"]
+SOURCES = (HERE / "native_scan.c", HERE / "native_scan_body.h", HERE / "native_delta_body.h",
+           HERE / "native_selective_body.h")
+# -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value
+FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-math"]
+LIBS = ["-lm"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
 DTYPES = tuple(SUFFIX)
 
@@ -53,6 +68,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _P]
 _BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P]
 _DELTA_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
+_SEL_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P]
+_SEL_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P]
 
 
 def _cache_dir() -> Path:
@@ -76,7 +93,7 @@ def _build(compiler: str, target: Path) -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, f"-I{HERE}", str(SOURCES[0]), "-o", tmp]
+        cmd = [compiler, *FLAGS, f"-I{HERE}", str(SOURCES[0]), "-o", tmp, *LIBS]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
@@ -100,7 +117,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         key = hashlib.sha256()
         for path in SOURCES:
             key.update(path.read_bytes())
-        key.update(" ".join(FLAGS + [platform.machine(), platform.system()]).encode())
+        key.update(" ".join(FLAGS + LIBS + [platform.machine(), platform.system()]).encode())
         target = _cache_dir() / f"native_scan-{key.hexdigest()[:16]}.so"
         if not target.exists():
             error = _build(compiler, target)
@@ -114,6 +131,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         getattr(lib, f"scan_bwd_{suffix}").argtypes = _BWD_ARGS
     for suffix in ("f32", "f64"):
         getattr(lib, f"delta_fwd_{suffix}").argtypes = _DELTA_ARGS
+        getattr(lib, f"selective_fwd_{suffix}").argtypes = _SEL_FWD_ARGS
+        getattr(lib, f"selective_bwd_{suffix}").argtypes = _SEL_BWD_ARGS
+    lib.vexp_f32.argtypes = [_I, _P, _P]
     return lib, ""
 
 
@@ -282,3 +302,119 @@ class NativeScan(torch.autograd.Function):
             export_idx, ctx.needs_input_grad[2],
         )
         return grad_a, grad_b, grad_c, grad_h0, None, None
+
+
+# ----------------------------------------------------------------------------- selective scan
+
+SELECTIVE_DTYPES = (torch.float32, torch.float64)
+
+
+def selective_supported(*tensors: torch.Tensor | None) -> bool:
+    """Whether selective_scan runs on these tensors (None entries ignored): the library is built
+    and they are CPU tensors of one dtype in SELECTIVE_DTYPES."""
+    given = [x for x in tensors if x is not None]
+    return (all(x.device.type == "cpu" and x.dtype == given[0].dtype for x in given)
+            and given[0].dtype in SELECTIVE_DTYPES and available())
+
+
+def _check_selective(dt, A, x, Bm, C, initial_state, chunk_size) -> None:
+    named = {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state}
+    for name, value in named.items():
+        if not (isinstance(value, torch.Tensor) or (value is None and name == "initial_state")):
+            raise TypeError(f"selective_scan: {name} must be a torch.Tensor; got {type(value).__name__}")
+    if dt.dim() != 3:
+        raise ValueError(f"selective_scan: dt must be [B, T, E]; got shape {tuple(dt.shape)}")
+    batch, length, inner = dt.shape
+    n = A.shape[-1] if A.dim() == 2 else -1
+    expected = {"A": (inner, n), "x": (batch, length, inner), "Bm": (batch, length, n),
+                "C": (batch, length, n), "initial_state": (batch, inner, n)}
+    for name, shape in expected.items():
+        value = named[name]
+        if value is not None and (n < 1 or tuple(value.shape) != shape):
+            raise ValueError(f"selective_scan: {name} must have shape {shape} (dt [B, T, E] = "
+                             f"{tuple(dt.shape)}, A [E, N] = {tuple(A.shape)}); got {tuple(value.shape)}")
+    for name, value in named.items():
+        if value is not None and (value.dtype != dt.dtype or value.device.type != "cpu"):
+            raise ValueError(f"selective_scan: every input must be a CPU tensor of dt's dtype {dt.dtype}; "
+                             f"{name} is {value.dtype} on {value.device}")
+    if dt.dtype not in SELECTIVE_DTYPES:
+        raise ValueError(f"selective_scan supports {[str(d) for d in SELECTIVE_DTYPES]}; got {dt.dtype}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
+    if not available():
+        raise ValueError(f"selective_scan is not available here: {unavailable_reason()}")
+
+
+def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64) -> torch.Tensor:
+    """Mamba's selective scan (see the module docstring; no D x term): dt [B, T, E] (> 0, after
+    softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
+    None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
+    input; chunk_size bounds the backward's checkpoint spacing (no effect on results)."""
+    _check_selective(dt, A, x, Bm, C, initial_state, chunk_size)
+    h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
+    inputs = (dt, A, x, Bm, C, h0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return SelectiveScan.apply(*inputs, chunk_size)
+    return selective_forward(*inputs, chunk_size, checkpoints=False)[0]
+
+
+def selective_spacing(chunk: int, A: torch.Tensor) -> int:
+    """Steps between checkpoints: chunk, or fewer where chunk steps of states and transitions
+    (the backward's recomputed span) exceed SPAN_BYTES."""
+    return max(1, min(chunk, SPAN_BYTES // max(1, 2 * A.numel() * A.element_size())))
+
+
+def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool):
+    """-> (y [B, T, E], checkpoints [B, ceil(T / every), E, N] | None); see selective_scan."""
+    lib, _ = _load()
+    dt, A, x, Bm, C = (t.contiguous() for t in (dt, A, x, Bm, C))
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    h = h0.contiguous().clone()  # [B, E, N], the final state on return
+    y = dt.new_empty(batch, length, inner)
+    ckpt = dt.new_empty(batch, -(-length // every), inner, n) if checkpoints else None
+    getattr(lib, f"selective_fwd_{SUFFIX[dt.dtype]}")(
+        batch, length, inner, n, _ptr(dt), _ptr(A), _ptr(x), _ptr(Bm), _ptr(C), _ptr(h), _ptr(y),
+        every, _ptr(ckpt),
+    )
+    return y, ckpt
+
+
+def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy):
+    """Gradients (dt, A, x, Bm, C, h0) of selective_forward's y given its cotangent gy [B, T, E]."""
+    lib, _ = _load()
+    dt, A, x, Bm, C, gy = (t.contiguous() for t in (dt, A, x, Bm, C, gy))
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    grads = [torch.empty_like(t) for t in (dt, A, x, Bm, C)] + [dt.new_empty(batch, inner, n)]
+    work = dt.new_empty(2 * min(every, length) + 1, inner, n)  # see selective_bwd in the C code
+    getattr(lib, f"selective_bwd_{SUFFIX[dt.dtype]}")(
+        batch, length, inner, n, _ptr(dt), _ptr(A), _ptr(x), _ptr(Bm), _ptr(C), _ptr(ckpt), every,
+        _ptr(gy), *(_ptr(g) for g in grads), _ptr(work),
+    )
+    return tuple(grads)
+
+
+class SelectiveScan(torch.autograd.Function):
+    """selective_scan with the checkpointed C backward."""
+
+    @staticmethod
+    def forward(ctx, dt, A, x, Bm, C, h0, chunk):
+        every = selective_spacing(chunk, A)
+        y, ckpt = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True)
+        ctx.save_for_backward(dt, A, x, Bm, C, ckpt)
+        ctx.every = every
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        grads = selective_backward(*ctx.saved_tensors, ctx.every, gy)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """The selective scan's float32 exponential (exp_f32 in native_scan.c) over a float32 CPU
+    tensor (for its accuracy test)."""
+    lib, _ = _load()
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    lib.vexp_f32(x.numel(), _ptr(x), _ptr(y))
+    return y

@@ -150,6 +150,18 @@ class Mamba(RecurrentMixer):
         return self.fast_from(u, inputs)
 
     def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        """Mamba's own transition on the CPU in float32/64: the selective scan with exp(dt A) and
+        dt x B formed inside the C loop (no [B, T, E, N] tensors); otherwise (the variants'
+        transition_terms, other dtypes or devices, no C compiler) a and b from transition_terms
+        into diag_scan with the read-out C fused."""
+        from models.kernels import native_scan  # lazily, as diag_scan does
+
+        dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
+        if type(self).transition_terms is Mamba.transition_terms:
+            A = self.A()  # [E, N]
+            if native_scan.selective_supported(dt, A, x, B, C, initial):
+                y = native_scan.selective_scan(dt, A, x, B, C, initial_state=initial, chunk_size=self.chunk_size)
+                return self.finish(y, inputs)  # y [B, T, E]
         a, b = self.transition_terms(inputs)
-        y = diag_scan(a, b, inputs["C"], initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
+        y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
         return self.finish(y, inputs)
