@@ -365,16 +365,17 @@ def selective_spacing(chunk: int, A: torch.Tensor) -> int:
 
 
 def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool):
-    """-> (y [B, T, E], checkpoints [B, ceil(T / every), E, N] | None); see selective_scan."""
+    """-> (y [B, T, E], checkpoints [B, ceil(T / every), N, E] | None); see selective_scan. The
+    C code keeps A and the states transposed ([N, E]: its inner loops run over E)."""
     lib, _ = _load()
-    dt, A, x, Bm, C = (t.contiguous() for t in (dt, A, x, Bm, C))
+    dt, x, Bm, C, At = (t.contiguous() for t in (dt, x, Bm, C, A.t()))  # At [N, E]
     (batch, length, inner), n = dt.shape, A.shape[1]
-    h = h0.contiguous().clone()  # [B, E, N], the final state on return
+    h = h0.transpose(1, 2).contiguous()  # [B, N, E] (a copy), the final state on return
     y = dt.new_empty(batch, length, inner)
-    ckpt = dt.new_empty(batch, -(-length // every), inner, n) if checkpoints else None
+    ckpt = dt.new_empty(batch, -(-length // every), n, inner) if checkpoints else None
     getattr(lib, f"selective_fwd_{SUFFIX[dt.dtype]}")(
-        batch, length, inner, n, _ptr(dt), _ptr(A), _ptr(x), _ptr(Bm), _ptr(C), _ptr(h), _ptr(y),
-        every, _ptr(ckpt),
+        batch, length, inner, n, _ptr(dt), _ptr(At), _ptr(x), _ptr(Bm), _ptr(C),
+        _ptr(h), _ptr(y), every, _ptr(ckpt),
     )
     return y, ckpt
 
@@ -382,15 +383,17 @@ def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool):
 def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy):
     """Gradients (dt, A, x, Bm, C, h0) of selective_forward's y given its cotangent gy [B, T, E]."""
     lib, _ = _load()
-    dt, A, x, Bm, C, gy = (t.contiguous() for t in (dt, A, x, Bm, C, gy))
+    dt, x, Bm, C, gy, At = (t.contiguous() for t in (dt, x, Bm, C, gy, A.t()))  # At [N, E]
     (batch, length, inner), n = dt.shape, A.shape[1]
-    grads = [torch.empty_like(t) for t in (dt, A, x, Bm, C)] + [dt.new_empty(batch, inner, n)]
-    work = dt.new_empty(2 * min(every, length) + 1, inner, n)  # see selective_bwd in the C code
+    grad_dt, grad_x, grad_Bm, grad_C = (torch.empty_like(t) for t in (dt, x, Bm, C))
+    grad_At, grad_h0t = dt.new_empty(n, inner), dt.new_empty(batch, n, inner)  # transposed
+    work = dt.new_empty(2 * min(every, length) + 1, n, inner)  # see selective_bwd in the C code
     getattr(lib, f"selective_bwd_{SUFFIX[dt.dtype]}")(
-        batch, length, inner, n, _ptr(dt), _ptr(A), _ptr(x), _ptr(Bm), _ptr(C), _ptr(ckpt), every,
-        _ptr(gy), *(_ptr(g) for g in grads), _ptr(work),
+        batch, length, inner, n, _ptr(dt), _ptr(At), _ptr(x), _ptr(Bm), _ptr(C),
+        _ptr(ckpt), every, _ptr(gy), _ptr(grad_dt), _ptr(grad_At), _ptr(grad_x), _ptr(grad_Bm),
+        _ptr(grad_C), _ptr(grad_h0t), _ptr(work),
     )
-    return tuple(grads)
+    return grad_dt, grad_At.t(), grad_x, grad_Bm, grad_C, grad_h0t.transpose(1, 2)
 
 
 class SelectiveScan(torch.autograd.Function):
