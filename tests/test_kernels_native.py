@@ -219,6 +219,24 @@ def test_selective_scan_checkpoint_spacing_changes_no_bits():
 
 
 @needs_native
+def test_selective_scan_second_derivatives_raise():
+    dt, A, x, Bm, C, _ = selective_problem(1, 3, 2, 2, seed=10, initial=False)
+    x.requires_grad_()
+    (grad_x,) = torch.autograd.grad(native_scan.selective_scan(dt, A, x, Bm, C).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_x.sum().backward()
+
+
+@needs_native
+def test_selective_scan_empty_sequence():
+    inputs = [t.clone().requires_grad_() for t in selective_problem(2, 0, 3, 4, seed=9)]
+    y = native_scan.selective_scan(*inputs)
+    assert y.shape == (2, 0, 3)
+    grads = torch.autograd.grad(y.sum(), inputs)
+    assert all(g.shape == t.shape and not g.abs().sum() for g, t in zip(grads, inputs))
+
+
+@needs_native
 def test_selective_scan_gradients_only_where_asked():
     dt, A, x, Bm, C, _ = selective_problem(2, 5, 3, 4, seed=7, initial=False)
     A.requires_grad_()
@@ -256,8 +274,12 @@ def test_selective_scan_bad_inputs_raise():
         native_scan.selective_scan(dt, A, x, Bm, C.double())
     with pytest.raises(ValueError, match="supports"):
         native_scan.selective_scan(*(t.bfloat16() for t in (dt, A, x, Bm, C)))
-    with pytest.raises(ValueError, match=r"dt must be \[B, T, E\]"):
+    with pytest.raises(ValueError, match=r"dt must be \[B, T, E\] with a nonempty last dim; got shape \(5, 3\)"):
         native_scan.selective_scan(dt[0], A, x, Bm, C)
+    with pytest.raises(ValueError, match=r"A must be \[E, N\] with a nonempty last dim; got shape \(3, 0\)"):
+        native_scan.selective_scan(dt, A[:, :0], x, Bm[..., :0], C[..., :0])
+    with pytest.raises(ValueError, match="exp_f32 takes a float32 CPU tensor; got torch.float64"):
+        native_scan.exp_f32(dt.double())
     with pytest.raises(TypeError, match="x must be a torch.Tensor; got list"):
         native_scan.selective_scan(dt, A, x.tolist(), Bm, C)
     with pytest.raises(ValueError, match="chunk_size must be a positive int; got 0"):

@@ -322,15 +322,16 @@ def _check_selective(dt, A, x, Bm, C, initial_state, chunk_size) -> None:
     for name, value in named.items():
         if not (isinstance(value, torch.Tensor) or (value is None and name == "initial_state")):
             raise TypeError(f"selective_scan: {name} must be a torch.Tensor; got {type(value).__name__}")
-    if dt.dim() != 3:
-        raise ValueError(f"selective_scan: dt must be [B, T, E]; got shape {tuple(dt.shape)}")
-    batch, length, inner = dt.shape
-    n = A.shape[-1] if A.dim() == 2 else -1
+    for name, dims in (("dt", "[B, T, E]"), ("A", "[E, N]")):
+        if named[name].dim() != dims.count(",") + 1 or named[name].shape[-1] < 1:
+            raise ValueError(f"selective_scan: {name} must be {dims} with a nonempty last dim; "
+                             f"got shape {tuple(named[name].shape)}")
+    (batch, length, inner), n = dt.shape, A.shape[1]
     expected = {"A": (inner, n), "x": (batch, length, inner), "Bm": (batch, length, n),
                 "C": (batch, length, n), "initial_state": (batch, inner, n)}
     for name, shape in expected.items():
         value = named[name]
-        if value is not None and (n < 1 or tuple(value.shape) != shape):
+        if value is not None and tuple(value.shape) != shape:
             raise ValueError(f"selective_scan: {name} must have shape {shape} (dt [B, T, E] = "
                              f"{tuple(dt.shape)}, A [E, N] = {tuple(A.shape)}); got {tuple(value.shape)}")
     for name, value in named.items():
@@ -393,7 +394,7 @@ def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy):
         _ptr(ckpt), every, _ptr(gy), _ptr(grad_dt), _ptr(grad_At), _ptr(grad_x), _ptr(grad_Bm),
         _ptr(grad_C), _ptr(grad_h0t), _ptr(work),
     )
-    return grad_dt, grad_At.t(), grad_x, grad_Bm, grad_C, grad_h0t.transpose(1, 2)
+    return grad_dt, grad_At.t().contiguous(), grad_x, grad_Bm, grad_C, grad_h0t.transpose(1, 2).contiguous()
 
 
 class SelectiveScan(torch.autograd.Function):
@@ -408,6 +409,7 @@ class SelectiveScan(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
     def backward(ctx, gy):
         grads = selective_backward(*ctx.saved_tensors, ctx.every, gy)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
@@ -416,6 +418,9 @@ class SelectiveScan(torch.autograd.Function):
 def exp_f32(x: torch.Tensor) -> torch.Tensor:
     """The selective scan's float32 exponential (exp_f32 in native_scan.c) over a float32 CPU
     tensor (for its accuracy test)."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"exp_f32 takes a float32 CPU tensor; got {getattr(x, 'dtype', type(x).__name__)} "
+                         f"on {getattr(x, 'device', '-')}")
     lib, _ = _load()
     x = x.contiguous()
     y = torch.empty_like(x)
