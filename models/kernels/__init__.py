@@ -29,6 +29,10 @@ delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, initial_state
     (models/kernels/delta_rule.py). A pin at t replaces S_t; the scan continues from it.
     native: a plain-C loop on the CPU, forward only (impl="auto" uses it on the CPU when no
     gradient is wanted).
+
+native_scan.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N], initial_state=None)
+    -> y [B,T,E]: Mamba's scan with exp(dt A) and dt x Bm formed inside the C loop (CPU, float32/64;
+    forward and backward, nothing [B,T,E,N] materialised); the Mamba fast path on the CPU.
 """
 
 from models.kernels.delta_rule import delta_rule

@@ -12,9 +12,12 @@
 Affine and diagonal (is_affine = True): dh_t/dh_{t-1} = exp(dt_t A), every entry in (0, 1)
 since dt > 0 and A < 0; transition(inputs_t) returns it as [B, E, N].
 
-Fast path: models.kernels.diag_scan with the read-out C fused, so no [B, T, E, N] state tensor is
-returned or kept for autograd. Instrumented path: the same kernel returning every state through
-hook_state; state patches are passed to the kernel as pins and the scan resumes from them.
+Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native_scan.selective_scan,
+which forms exp(dt A) and dt x B inside its loop and reads out C h there, so no [B, T, E, N] tensor
+exists in the forward or the backward; elsewhere (and for the variants' own transitions)
+models.kernels.diag_scan with the read-out C fused. Instrumented path: diag_scan returning every
+state through hook_state; state patches are passed to the kernel as pins and the scan resumes
+from them.
 
 Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
@@ -33,7 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint, scan_with_state_hook
-from models.kernels import diag_scan, short_conv
+from models.kernels import diag_scan, native_scan, short_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {
@@ -154,8 +157,6 @@ class Mamba(RecurrentMixer):
         dt x B formed inside the C loop (no [B, T, E, N] tensors); otherwise (the variants'
         transition_terms, other dtypes or devices, no C compiler) a and b from transition_terms
         into diag_scan with the read-out C fused."""
-        from models.kernels import native_scan  # lazily, as diag_scan does
-
         dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
         if type(self).transition_terms is Mamba.transition_terms:
             A = self.A()  # [E, N]
