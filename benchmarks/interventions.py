@@ -1,7 +1,8 @@
 """Interchange grid: batched `interp.interventions.interchange` vs one forward pass per site (and pyvene).
 
 Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 256 AR pairs
-(clean, key-corrupted). Methods, each measured in a fresh subprocess, side by side in one run:
+(clean, key-corrupted). Methods, timed side by side in one process (round-robin rounds, so every
+method sees the same drift in machine load), each with its own copy of the model:
 
   loop      what one writes by hand: the clean run cached once, then per site one
             `run_with_hooks` pass of the N corrupted examples with that site patched, every
@@ -21,8 +22,9 @@ Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 2
 
 Every method except loop-auto runs inside models.instrumented(); interchange's resumed passes
 (batched) lift it and take the default path per mixer, like loop-auto, so they agree with the
-others up to float rounding (last column). Time covers the interchange only (model, data and imports are set up before); peak memory
-is the process's peak RSS during it minus its RSS before. Agreement: max |p_patched -
+others up to float rounding (last column). Time covers the interchange only (model, data and
+imports are set up before); peak memory is a fresh process's peak RSS during one run minus its RSS
+before. Agreement: max |p_patched -
 p_patched(loop)| over sites x examples.
 
     python benchmarks/interventions.py [--markdown]
@@ -36,7 +38,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -150,8 +151,8 @@ def loop_probs(model, clean, corrupt, sites) -> torch.Tensor:
     return torch.stack(out)
 
 
-def child(name: str, method: str, rows: int | None, n: int, pairs: int, out_path: str, repeats: int) -> None:
-    torch.set_num_threads(1)
+def runner(name: str, method: str, rows: int | None, n: int, pairs: int):
+    """(run() -> p_patched [S, N], passes counter) for one method on its own copy of the model."""
     model, clean, corrupt, sites = setup(name, n, pairs)
     if method == "pyvene":
         import pyvene  # noqa: F401  (import cost outside the timing)
@@ -159,7 +160,7 @@ def child(name: str, method: str, rows: int | None, n: int, pairs: int, out_path
     if method != "pyvene":  # pyvene removes the model's forward hooks; its adapter counts instead
         model.unembed.register_forward_hook(lambda *args: passes.__setitem__(0, passes[0] + 1))
 
-    def run():
+    def run() -> torch.Tensor:
         with torch.no_grad(), models.instrumented(method != "loop-auto"):
             if method == "pyvene":
                 return pyvene_probs(model, clean, corrupt, sites, passes)
@@ -168,26 +169,43 @@ def child(name: str, method: str, rows: int | None, n: int, pairs: int, out_path
             return interchange(model, clean, corrupt, sites, batch_size=rows, min_effect=0.0,
                                skip_noops=method != "all-pairs", resume=method == "batched").p_patched
 
+    return run, passes
+
+
+def child(name: str, method: str, rows: int | None, n: int, pairs: int) -> None:
+    """Peak memory of one run in a fresh process (the timing runs side by side in the parent)."""
+    torch.set_num_threads(1)
+    run, _ = runner(name, method, rows, n, pairs)
     before = rss_mb("VmRSS")
-    seconds = []
-    for _ in range(repeats):  # the fastest of `repeats` runs; passes and memory of the first
-        start = time.perf_counter()
-        p = run()
-        seconds.append(time.perf_counter() - start)
-        if len(seconds) == 1:
-            first_passes, peak = passes[0], rss_mb("VmHWM") - before
-    torch.save(p, out_path)
-    print(json.dumps({"seconds": min(seconds), "passes": first_passes, "peak_mb": peak,
-                      "sites": len(sites), "T": clean.tokens.shape[1]}))
+    run()
+    print(json.dumps({"peak_mb": rss_mb("VmHWM") - before}))
 
 
-def run_child(name, method, rows, n, pairs, out_path, repeats) -> dict:
-    cmd = [sys.executable, __file__, "--child", name, method, str(rows or 0), "--n", str(n),
-           "--pairs", str(pairs), "--out", out_path, "--repeats", str(repeats)]
+def peak_memory(name, method, rows, n, pairs) -> str:
+    cmd = [sys.executable, __file__, "--child", name, method, str(rows or 0), "--n", str(n), "--pairs", str(pairs)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:100]
+    return f"{json.loads(proc.stdout.strip().splitlines()[-1])['peak_mb']:.0f}"
+
+
+def time_side_by_side(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Fastest time of each run over `repeats` round-robin rounds (after one warm-up round, which
+    also gives each method's result); failures are reported instead of timed."""
+    results, best = {}, {}
+    for key, run in runs.items():
+        try:
+            results[key] = run()
+        except Exception as error:  # noqa: BLE001  (pyvene fails on 4-D states: reported in the table)
+            results[key] = error
+    for _ in range(repeats):
+        for key, run in runs.items():
+            if isinstance(results[key], Exception):
+                continue
+            start = time.perf_counter()
+            run()
+            best[key] = min(best.get(key, float("inf")), time.perf_counter() - start)
+    return results, best
 
 
 def main() -> None:
@@ -195,49 +213,48 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=256, help=argparse.SUPPRESS)
     parser.add_argument("--pairs", type=int, default=8, help="key-value pairs in context (T = 2 pairs + 4)")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--repeats", type=int, default=3, help="time of each method: the fastest of this many runs")
+    parser.add_argument("--repeats", type=int, default=3, help="round-robin rounds; each method's time is its fastest")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         name, method, rows = args.child
-        child(name, method, int(rows) or None, args.n, args.pairs, args.out, args.repeats)
+        child(name, method, int(rows) or None, args.n, args.pairs)
         return
 
+    torch.set_num_threads(1)
     lines = [
         f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread, 2-core CPU shared with other "
         f"jobs (load average {os.getloadavg()[0]:.1f} at start). AR with {args.pairs} pairs in context "
         f"(T = {2 * args.pairs + 4}), untrained models (timing only), 2 layers x 4 hooks x 4 roles = 32 sites; "
-        f"fastest of {args.repeats} runs per method.",
+        f"methods timed side by side in one process, fastest of {args.repeats} round-robin rounds; peak "
+        f"memory from one run of each method in a fresh process.",
         "",
         "| model | N pairs | method | rows per pass | forward passes | seconds | speed-up vs loop | "
         "speed-up vs loop-auto | peak extra RSS (MiB) | max abs diff p vs loop |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            reference, loop_seconds = {}, {}
-            for n, method, rows in PLAN[name]:
-                path = str(Path(tmp) / f"{name}-{n}-{method}-{rows}.pt")
-                result = run_child(name, method, rows, n, args.pairs, path, args.repeats)
+    for name in args.models:
+        for n in sorted({n for n, _, _ in PLAN[name]}, reverse=True):
+            plan = [(method, rows) for size, method, rows in PLAN[name] if size == n]
+            runs, counters = {}, {}
+            for method, rows in plan:
+                runs[method, rows], counters[method, rows] = runner(name, method, rows, n, args.pairs)
+            results, best = time_side_by_side(runs, args.repeats)
+            reference = results["loop", None]
+            for method, rows in plan:
                 head = f"| {name} | {n} | {method} | {rows or n} |"
-                if "error" in result:
-                    lines.append(f"{head} - | - | - | - | - | failed: {result['error'][:100]} |")
+                result = results[method, rows]
+                if isinstance(result, Exception):
+                    lines.append(f"{head} - | - | - | - | - | failed: {type(result).__name__}: {str(result)[:90]} |")
                     print(lines[-1], flush=True)
                     continue
-                p = torch.load(path)
-                if method.startswith("loop"):
-                    loop_seconds[n, method] = result["seconds"]
-                    reference.setdefault(n, p)
-                diff = (p - reference[n]).abs().max().item()
-                speedups = " | ".join(
-                    f"{loop_seconds[n, loop] / result['seconds']:.1f}x" if (n, loop) in loop_seconds else "-"
-                    for loop in ("loop", "loop-auto")
-                )
+                seconds = best[method, rows]
+                speedups = " | ".join(f"{best[loop, None] / seconds:.1f}x" for loop in ("loop", "loop-auto"))
+                passes = counters[method, rows][0] // (args.repeats + 1)
                 lines.append(
-                    f"{head} {result['passes']} | {result['seconds']:.2f} | {speedups} | "
-                    f"{result['peak_mb']:.0f} | {diff:.1e} |"
+                    f"{head} {passes} | {seconds:.2f} | {speedups} | {peak_memory(name, method, rows, n, args.pairs)} | "
+                    f"{(result - reference).abs().max().item():.1e} |"
                 )
                 print(lines[-1], flush=True)
     print("\n".join(lines) if args.markdown else "")
