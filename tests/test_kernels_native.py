@@ -333,3 +333,164 @@ def test_mamba_fast_from_an_initial_state_fused_equals_unfused(monkeypatch):
         results.append([out, *torch.autograd.grad(out.square().sum(), [initial, mixer.A_log, mixer.dt_proj.weight])])
     for got, ref in zip(*results):
         assert rel_err(got, ref) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- selective states
+
+
+def torch_states(dt, A, x, Bm, h0, pins=None):
+    """The definition: a and b materialised in torch (Mamba.transition_terms), every state from the naive scan."""
+    a = torch.exp(dt[..., None] * A)  # [B, T, E, N]
+    b = (dt[..., None] * x[..., None]) * Bm[:, :, None, :]  # [B, T, E, N]
+    return diag_scan(a, b, initial_state=h0, pins=pins, impl="naive").output
+
+
+def pins_at(batch, length, inner, n, steps, seed, dtype):
+    """(mask [B, T], values [B, T, E, N]) pinning batch row r at steps[r] (a list of steps)."""
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    for row, row_steps in enumerate(steps):
+        mask[row, row_steps] = True
+    values = torch.randn(batch, length, inner, n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return mask, values
+
+
+STATES_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,length,inner,n,initial", [
+    (2, 1, 3, 4, True),       # one step
+    (2, 1, 3, 4, False),
+    (3, 13, 5, 6, True),
+    (3, 13, 5, 6, False),
+    (2, 70, 8, 16, True),     # Mamba's N = 16
+])
+def test_selective_states_match_the_unfused_scan(dtype, batch, length, inner, n, initial):
+    dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=length + n, dtype=dtype, initial=initial)
+    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    assert got.shape == (batch, length, inner, n) and got.dtype == dtype and got.is_contiguous()
+    assert rel_err(got, torch_states(dt, A, x, Bm, h0)) <= STATES_TOL[dtype]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("initial", [True, False])
+def test_selective_states_with_pins_match_the_unfused_scan(dtype, initial):
+    """Pins at the first and last steps, at one step in several rows, and at different steps per row."""
+    batch, length, inner, n = 4, 17, 5, 6
+    dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=21, dtype=dtype, initial=initial)
+    pins = pins_at(batch, length, inner, n, [[0, 16], [5, 6], [5, 12], []], seed=22, dtype=dtype)
+    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, pins=pins)
+    ref = torch_states(dt, A, x, Bm, h0, pins)
+    assert rel_err(got, ref) <= STATES_TOL[dtype]
+    assert torch.equal(got[pins[0]], pins[1][pins[0]])  # pinned states are the pin values exactly
+    unpinned = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    assert torch.equal(got[3], unpinned[3])  # a row without pins is untouched by the others' pins
+    assert torch.equal(got[1, :5], unpinned[1, :5])  # steps before a row's first pin keep their bits
+    assert (got[1, 7:] - unpinned[1, 7:]).abs().max() > 1e-3  # and the pin propagates after it
+
+
+@needs_native
+def test_selective_states_pin_at_every_step_and_at_t0_only():
+    dt, A, x, Bm, _, h0 = selective_problem(2, 6, 3, 4, seed=23, dtype=torch.float64)
+    for steps in ([list(range(6)), [0]], [[0], []]):
+        pins = pins_at(2, 6, 3, 4, steps, seed=24, dtype=torch.float64)
+        got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, pins=pins)
+        assert rel_err(got, torch_states(dt, A, x, Bm, h0, pins)) <= 1e-12
+
+
+@needs_native
+def test_selective_states_are_the_states_selective_scan_reads_out():
+    dt, A, x, Bm, C, h0 = selective_problem(2, 9, 4, 5, seed=25)
+    states = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    y = native_scan.selective_scan(dt, A, x, Bm, C, initial_state=h0)
+    assert rel_err((states * C[:, :, None, :]).sum(-1), y) <= 1e-6
+
+
+@needs_native
+def test_selective_states_empty_sequence_and_non_contiguous_inputs():
+    dt, A, x, Bm, _, h0 = selective_problem(2, 0, 3, 4, seed=26)
+    assert native_scan.selective_states(dt, A, x, Bm, initial_state=h0).shape == (2, 0, 3, 4)
+    dt, A, x, Bm, _, h0 = selective_problem(3, 8, 5, 4, seed=27)
+    strided = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in (dt, x, Bm)]
+    got = native_scan.selective_states(strided[0], A.t().contiguous().t(), strided[1], strided[2],
+                                       initial_state=h0.transpose(1, 2).contiguous().transpose(1, 2))
+    assert torch.equal(got, native_scan.selective_states(dt, A, x, Bm, initial_state=h0))
+
+
+@needs_native
+def test_selective_states_refuse_gradients_and_bad_inputs():
+    dt, A, x, Bm, _, h0 = selective_problem(2, 5, 3, 4, seed=28)
+    mask, values = pins_at(2, 5, 3, 4, [[1], []], seed=29, dtype=torch.float32)
+    for name, args in (("A", (dt, A.clone().requires_grad_(), x, Bm, h0, None)),
+                       ("h0", (dt, A, x, Bm, h0.clone().requires_grad_(), None)),
+                       ("pins", (dt, A, x, Bm, h0, (mask, values.clone().requires_grad_())))):
+        assert not native_scan.selective_states_supported(*args), name
+        with pytest.raises(ValueError, match="selective_states has no backward"):
+            native_scan.selective_states(*args)
+        with torch.no_grad():  # no gradient wanted: runs
+            assert native_scan.selective_states_supported(*args), name
+            assert rel_err(native_scan.selective_states(*args), torch_states(*args[:5], args[5])) <= 1e-5
+    with pytest.raises(ValueError, match=r"selective_states: Bm must have shape \(2, 5, 4\)"):
+        native_scan.selective_states(dt, A, x, Bm[:, :, :3])
+    with pytest.raises(ValueError, match="selective_states: every input must be a CPU tensor of dt's dtype"):
+        native_scan.selective_states(dt, A, x, Bm, initial_state=h0.double())
+    with pytest.raises(TypeError, match="selective_states: x must be a torch.Tensor; got list"):
+        native_scan.selective_states(dt, A, x.tolist(), Bm)
+    with pytest.raises(ValueError, match=r"pins mask must be a bool \[B, T\]=\(2, 5\) tensor"):
+        native_scan.selective_states(dt, A, x, Bm, pins=(mask.float(), values))
+    with pytest.raises(ValueError, match=r"pins values must be a \[B, T, E, N\]=\(2, 5, 3, 4\) CPU tensor"):
+        native_scan.selective_states(dt, A, x, Bm, pins=(mask, values[..., :3]))
+    with pytest.raises(ValueError, match="pins must be a"):
+        native_scan.selective_states(dt, A, x, Bm, pins=mask)
+    assert not native_scan.selective_states_supported(dt.double(), A, x, Bm)
+
+
+def mamba_patched_run(model, tokens):
+    """logits and every hook_state (cached after the patches) with states patched in both layers."""
+    def patch(step, scale):
+        def fn(states, hook):
+            states = states.clone()
+            states[:, step] = states[:, step] * scale + 0.5
+            return states
+        return fn
+
+    hooks = [("blocks.0.mixer.hook_state", patch(4, -2.0)), ("blocks.1.mixer.hook_state", patch(9, 3.0))]
+    return model.run_with_cache(tokens, names=lambda n: n.endswith("hook_state"), fwd_hooks=hooks)
+
+
+@needs_native
+def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch):
+    """No gradient wanted: both scans of the instrumented path (the patched re-run too) and the
+    resume path run selective_states and agree with the unfused path (native states disabled);
+    with a gradient wanted the unfused path runs."""
+    import models
+
+    torch.manual_seed(0)
+    model = models.build("mamba", vocab_size=7, d_model=16, d_state=4, n_layers=2)
+    mixer = model.blocks[0].mixer
+    tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(1))
+    u, initial = torch.randn(3, 6, 16), torch.randn(3, *mixer.state_shape)
+    calls = []
+    native = native_scan.selective_states
+    monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(1) or native(*a, **k))
+    results = []
+    for supported in (True, False):
+        if not supported:
+            monkeypatch.setattr(native_scan, "selective_states_supported", lambda *args: False)
+        with torch.no_grad():
+            logits, cache = mamba_patched_run(model, tokens)
+            resumed = mixer.instrumented_forward(u, mixer.prepare(u), initial)
+        results.append([logits, cache["blocks.0.mixer.hook_state"], cache["blocks.1.mixer.hook_state"], resumed])
+        assert len(calls) == 5  # 2 layers x (first scan + patched re-run) + the resumed scan
+    for got, ref in zip(*results):
+        assert rel_err(got, ref) <= 1e-5
+    with torch.no_grad():  # the patch took effect: the cached state is the patched one
+        _, clean = model.run_with_cache(tokens, names="blocks.0.mixer.hook_state")
+    torch.testing.assert_close(results[0][1][:, 4], clean["blocks.0.mixer.hook_state"][:, 4] * -2.0 + 0.5)
+    monkeypatch.undo()
+    monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(1) or native(*a, **k))
+    logits, _ = mamba_patched_run(model, tokens)  # grad mode on, parameters require grad
+    assert len(calls) == 5 and logits.requires_grad
+    assert rel_err(logits, results[0][0]) <= 1e-5

@@ -2,7 +2,8 @@
  * y_t[l] = sum_n c_t[l, n] h_t[l, n], forward and backward, for float32, float64, complex64 and
  * complex128 (models/kernels/native_scan.py builds and loads it; native_scan_body.h is the code),
  * the delta-rule forward for float32 and float64 (native_delta_body.h), and Mamba's selective
- * scan for float32 and float64 (native_selective_body.h).
+ * scan for float32 and float64 (native_selective_body.h: the fused read-out with its backward, and
+ * every state, forward only, for the instrumented path).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <math.h>

@@ -25,7 +25,10 @@ And Mamba's selective scan with the discretisation fused in (native_selective_bo
 a and b are formed per step inside the loop, so nothing [B, T, E, N] is materialised, forward or
 backward (the unfused path builds both in torch and keeps them for autograd). Same checkpointed
 backward as the diagonal scan; the gradients of dt, A, x, Bm, C and h0 are reduced from the
-adjoint inside the loop. float32 exp is a vectorisable polynomial (exp_f32 in native_scan.c,
+adjoint inside the loop. `selective_states` is its forward-only sibling for Mamba's
+instrumented path: the same arithmetic, but every state [B, T, E, N] is written (and nothing
+else: no read-out, no checkpoints, no backward), with state pins applied between C calls split
+at the pinned steps. float32 exp is a vectorisable polynomial (exp_f32 in native_scan.c,
 under 1 ulp from exp; torch's under 0.6), float64 exp is libm's.
 
 Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
@@ -70,6 +73,7 @@ _BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _P,
 _DELTA_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
 _SEL_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P]
 _SEL_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P]
+_SEL_STATES_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P]
 
 
 def _cache_dir() -> Path:
@@ -133,6 +137,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         getattr(lib, f"delta_fwd_{suffix}").argtypes = _DELTA_ARGS
         getattr(lib, f"selective_fwd_{suffix}").argtypes = _SEL_FWD_ARGS
         getattr(lib, f"selective_bwd_{suffix}").argtypes = _SEL_BWD_ARGS
+        getattr(lib, f"selective_states_{suffix}").argtypes = _SEL_STATES_ARGS
     lib.vexp_f32.argtypes = [_I, _P, _P]
     return lib, ""
 
@@ -317,33 +322,32 @@ def selective_supported(*tensors: torch.Tensor | None) -> bool:
             and given[0].dtype in SELECTIVE_DTYPES and available())
 
 
-def _check_selective(dt, A, x, Bm, C, initial_state, chunk_size) -> None:
-    named = {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state}
+def _check_selective(fn: str, named: dict) -> None:
+    """Argument checks of selective_scan / selective_states (fn): named maps dt, A, x, Bm and
+    optionally C, initial_state (None allowed) to the given values."""
+    dt, A = named["dt"], named["A"]
     for name, value in named.items():
         if not (isinstance(value, torch.Tensor) or (value is None and name == "initial_state")):
-            raise TypeError(f"selective_scan: {name} must be a torch.Tensor; got {type(value).__name__}")
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor; got {type(value).__name__}")
     for name, dims in (("dt", "[B, T, E]"), ("A", "[E, N]")):
         if named[name].dim() != dims.count(",") + 1 or named[name].shape[-1] < 1:
-            raise ValueError(f"selective_scan: {name} must be {dims} with a nonempty last dim; "
+            raise ValueError(f"{fn}: {name} must be {dims} with a nonempty last dim; "
                              f"got shape {tuple(named[name].shape)}")
     (batch, length, inner), n = dt.shape, A.shape[1]
     expected = {"A": (inner, n), "x": (batch, length, inner), "Bm": (batch, length, n),
                 "C": (batch, length, n), "initial_state": (batch, inner, n)}
-    for name, shape in expected.items():
-        value = named[name]
-        if value is not None and tuple(value.shape) != shape:
-            raise ValueError(f"selective_scan: {name} must have shape {shape} (dt [B, T, E] = "
+    for name, value in named.items():
+        if value is not None and tuple(value.shape) != expected.get(name, tuple(value.shape)):
+            raise ValueError(f"{fn}: {name} must have shape {expected[name]} (dt [B, T, E] = "
                              f"{tuple(dt.shape)}, A [E, N] = {tuple(A.shape)}); got {tuple(value.shape)}")
     for name, value in named.items():
         if value is not None and (value.dtype != dt.dtype or value.device.type != "cpu"):
-            raise ValueError(f"selective_scan: every input must be a CPU tensor of dt's dtype {dt.dtype}; "
+            raise ValueError(f"{fn}: every input must be a CPU tensor of dt's dtype {dt.dtype}; "
                              f"{name} is {value.dtype} on {value.device}")
     if dt.dtype not in SELECTIVE_DTYPES:
-        raise ValueError(f"selective_scan supports {[str(d) for d in SELECTIVE_DTYPES]}; got {dt.dtype}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
+        raise ValueError(f"{fn} supports {[str(d) for d in SELECTIVE_DTYPES]}; got {dt.dtype}")
     if not available():
-        raise ValueError(f"selective_scan is not available here: {unavailable_reason()}")
+        raise ValueError(f"{fn} is not available here: {unavailable_reason()}")
 
 
 def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64) -> torch.Tensor:
@@ -351,7 +355,9 @@ def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64) ->
     softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
     None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
     input; chunk_size bounds the backward's checkpoint spacing (no effect on results)."""
-    _check_selective(dt, A, x, Bm, C, initial_state, chunk_size)
+    _check_selective("selective_scan", {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state})
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
     h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
     inputs = (dt, A, x, Bm, C, h0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
@@ -413,6 +419,72 @@ class SelectiveScan(torch.autograd.Function):
     def backward(ctx, gy):
         grads = selective_backward(*ctx.saved_tensors, ctx.every, gy)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def selective_states_supported(dt, A, x, Bm, initial_state=None, pins=None) -> bool:
+    """Whether selective_states runs here: selective_supported for these tensors (and the pin
+    values) and no gradient is wanted (grad mode off, or none of them requires grad)."""
+    values = None if pins is None else pins[1]
+    tensors = (dt, A, x, Bm, initial_state, values)
+    return selective_supported(*tensors) and not _needs_grad(*tensors)
+
+
+def _check_pins(pins, batch: int, length: int, state: tuple, dtype: torch.dtype) -> None:
+    if not isinstance(pins, (tuple, list)) or len(pins) != 2:
+        raise ValueError(f"selective_states: pins must be a (mask [B, T], values [B, T, E, N]) pair; "
+                         f"got {type(pins).__name__}")
+    mask, values = pins
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (batch, length):
+        raise ValueError(f"selective_states: pins mask must be a bool [B, T]={(batch, length)} tensor; "
+                         f"got {getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    if (not isinstance(values, torch.Tensor) or tuple(values.shape) != (batch, length, *state)
+            or values.dtype != dtype or values.device.type != "cpu"):
+        raise ValueError(f"selective_states: pins values must be a [B, T, E, N]={(batch, length, *state)} "
+                         f"CPU tensor of dt's dtype {dtype}; got {getattr(values, 'dtype', type(values).__name__)} "
+                         f"{tuple(getattr(values, 'shape', ()))}")
+
+
+def selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> torch.Tensor:
+    """Every state of Mamba's selective scan, forward only: dt [B, T, E] (> 0), A [E, N],
+    x [B, T, E], Bm [B, T, N], initial_state [B, E, N] or None (zeros); one dtype in
+    SELECTIVE_DTYPES, CPU -> states [B, T, E, N], h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) Bm_t^T
+    with a and b formed inside the C loop (the arithmetic of selective_scan's forward).
+
+    pins (mask [B, T] bool, values [B, T, E, N]): where mask[b, t], the state after step t becomes
+    values[b, t] and the scan continues from it (diag_scan's pins). The C loop runs up to each
+    pinned step, the pin is written into the output, and the next call starts from that row.
+    No backward: raises ValueError when grad mode is on and an input requires grad (use
+    selective_scan, or diag_scan over torch-formed a and b, for gradients)."""
+    _check_selective("selective_states", {"dt": dt, "A": A, "x": x, "Bm": Bm, "initial_state": initial_state})
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    if pins is not None:
+        _check_pins(pins, batch, length, (inner, n), dt.dtype)
+    if _needs_grad(dt, A, x, Bm, initial_state, None if pins is None else pins[1]):
+        raise ValueError("selective_states has no backward, but an input requires grad with grad mode on; "
+                         "run it under torch.no_grad() or use selective_scan / diag_scan for gradients")
+    lib, _ = _load()
+    dt, A, x, Bm = (t.contiguous() for t in (dt, A, x, Bm))
+    states = empty((batch, length, inner, n), dt)
+    h = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
+    h_stride = inner * n  # elements between batch rows of the state entering the next call
+    pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
+    stops = [t + 1 for t in pinned] + ([] if pinned and pinned[-1] == length - 1 else [length])
+    pinned = set(pinned)
+    start = 0
+    for stop in stops if length else []:  # steps [start, stop) in one call, then the pin at stop - 1
+        getattr(lib, f"selective_states_{SUFFIX[dt.dtype]}")(
+            batch, stop - start, length, inner, n, _ptr(dt[:, start]), _ptr(A), _ptr(x[:, start]),
+            _ptr(Bm[:, start]), _ptr(h), h_stride, _ptr(states[:, start]),
+        )
+        if stop - 1 in pinned:
+            rows = pins[0][:, stop - 1]  # [B] bool
+            states[rows, stop - 1] = pins[1][rows, stop - 1]
+        h, h_stride, start = states[:, stop - 1], length * inner * n, stop
+    return states
 
 
 def exp_f32(x: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,12 @@
  *   a_t[e, n] = exp(dt_t[e] A[e, n]),   b_t[e, n] = (dt_t[e] x_t[e]) Bm_t[n]
  *   h_t = a_t h_{t-1} + b_t,            y_t[e] = sum_n C_t[n] h_t[e, n]
  *
- * a and b are formed per step in registers; nothing [B, T, E, N] is read or written. The state
+ * a and b are formed per step in registers; nothing [B, T, E, N] is read, and only
+ * selective_states (every state, for Mamba's instrumented path) writes one. The scan's state
  * is kept transposed, [N, E], so every inner loop runs over the E channels (long and contiguous;
  * vectorised) and the read-out accumulates into y_t [E] without horizontal sums.
- * Layout (all contiguous, row-major; M = N * E state entries per batch row):
+ * Layout of selective_fwd / selective_bwd (all contiguous, row-major; M = N * E state entries
+ * per batch row; selective_states at the end keeps torch's [E, N] layout instead):
  *   dt, x, y [B, T, E]   At [N, E] (A transposed)   Bm, C [B, T, N]   h [B, N, E]
  *   ckpt [B, ceil(T / every), N, E]: the state entering steps 0, every, 2 every, ...
  * Products are associated as in the unfused torch path (exp(dt * A); (dt * x) * Bm; a * h + b),
@@ -140,6 +142,34 @@ SEL_CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
             }
         }
         for (int64_t i = 0; i < M; i++) gAt[i] += gA_row[i];
+    }
+}
+
+/* Every state, forward only (selective_states; no read-out, no checkpoints): states
+ * [B, *, E, N] in torch's layout, so A [E, N] is not transposed here and the inner loop runs
+ * over N; each step reads h_{t-1} back from the previous output row (in cache). Same products
+ * as selective_fwd, so the states are the ones it would read out. One segment of a longer
+ * sequence: dt, x [B, S, E], Bm [B, S, N] and states [B, S, E, N] are pointers to step `start`
+ * of arrays with S steps per batch row (S >= T); h0 [B, E, N] with rows h0_stride apart (a
+ * contiguous initial state: E N; the pinned state at step start - 1 of `states`: S E N). */
+SEL_CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N,
+                                     const R *dt, const R *A, const R *x, const R *Bm,
+                                     const R *h0, int64_t h0_stride, R *states) {
+    const int64_t M = E * N;
+    for (int64_t bi = 0; bi < B; bi++) {
+        const R *hp = h0 + bi * h0_stride;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t bt = bi * S + t;
+            const R *dtt = dt + bt * E, *xt = x + bt * E, *Bt = Bm + bt * N;
+            R *h = states + bt * M;
+            for (int64_t e = 0; e < E; e++) {
+                const R d = dtt[e], u = d * xt[e], *Ae = A + e * N, *hpe = hp + e * N;
+                R *he = h + e * N;
+#pragma omp simd
+                for (int64_t n = 0; n < N; n++) he[n] = EXP(d * Ae[n]) * hpe[n] + u * Bt[n];
+            }
+            hp = h;
+        }
     }
 }
 

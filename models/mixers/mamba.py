@@ -121,6 +121,15 @@ class Mamba(RecurrentMixer):
         return a * h + b  # [B, E, N]
 
     def scan(self, inputs, pins=None, initial=None):
+        """The states [B, T, E, N] (twice: the scan contract). When no gradient is wanted and Mamba's
+        own transition runs on the CPU in float32/64, native_scan.selective_states forms a and b
+        inside its C loop; otherwise scan_terms over transition_terms."""
+        dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
+        if type(self).transition_terms is Mamba.transition_terms:
+            A = self.A()  # [E, N]
+            if native_scan.selective_states_supported(dt, A, x, B, initial, pins):
+                states = native_scan.selective_states(dt, A, x, B, initial_state=initial, pins=pins)
+                return states, states
         return self.scan_terms(*self.transition_terms(inputs), pins, initial)
 
     def scan_terms(self, a, b, pins=None, initial=None):
@@ -129,11 +138,16 @@ class Mamba(RecurrentMixer):
         return states, states
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """RecurrentMixer.instrumented_forward with a and b computed once for both scans."""
-        a, b = self.transition_terms(inputs)  # [B, T, E, N] each
-        _, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan_terms(a, b, pins, initial), len(self.state_shape)
-        )
+        """RecurrentMixer.instrumented_forward: both scans (the first and the patched re-run) in
+        scan's native selective_states when it applies, else a and b computed once for both."""
+        dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
+        if type(self).transition_terms is Mamba.transition_terms and (
+                native_scan.selective_states_supported(dt, self.A(), x, B, initial)):
+            run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+        else:
+            a, b = self.transition_terms(inputs)  # [B, T, E, N] each
+            run = lambda pins: self.scan_terms(a, b, pins, initial)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
         return self.readout(u, states, inputs)
 
     def readout(self, u, states, inputs) -> torch.Tensor:
