@@ -33,6 +33,8 @@ delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, initial_state
 native_scan.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N], initial_state=None)
     -> y [B,T,E]: Mamba's scan with exp(dt A) and dt x Bm formed inside the C loop (CPU, float32/64;
     forward and backward, nothing [B,T,E,N] materialised); the Mamba fast path on the CPU.
+native_scan.selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> states [B,T,E,N]:
+    the same recurrence returning every state (forward only); Mamba's instrumented path without grad.
 """
 
 from models.kernels.delta_rule import delta_rule

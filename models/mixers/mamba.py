@@ -15,9 +15,9 @@ since dt > 0 and A < 0; transition(inputs_t) returns it as [B, E, N].
 Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native_scan.selective_scan,
 which forms exp(dt A) and dt x B inside its loop and reads out C h there, so no [B, T, E, N] tensor
 exists in the forward or the backward; elsewhere (and for the variants' own transitions)
-models.kernels.diag_scan with the read-out C fused. Instrumented path: diag_scan returning every
-state through hook_state; state patches are passed to the kernel as pins and the scan resumes
-from them.
+models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
+hook_state, from native_scan.selective_states (a and b formed in C) when no gradient is wanted on
+the CPU, else from diag_scan over a and b; state patches are pins and the scan resumes from them.
 
 Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
@@ -152,7 +152,7 @@ class Mamba(RecurrentMixer):
 
     def readout(self, u, states, inputs) -> torch.Tensor:
         states = states.real if states.is_complex() else states  # C is real: Re(h C) = Re(h) C
-        y = (states * inputs["C"][:, :, None, :]).sum(-1)  # [B, T, E]
+        y = (states @ inputs["C"][..., None])[..., 0]  # [B, T, E, N] @ [B, T, N, 1] -> [B, T, E]
         return self.finish(y, inputs)
 
     def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
