@@ -125,7 +125,7 @@ class Mamba(RecurrentMixer):
         own transition runs on the CPU in float32/64, native_scan.selective_states forms a and b
         inside its C loop; otherwise scan_terms over transition_terms."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if type(self).transition_terms is Mamba.transition_terms:
+        if self.own_transition():
             A = self.A()  # [E, N]
             if native_scan.selective_states_supported(dt, A, x, B, initial, pins):
                 states = native_scan.selective_states(dt, A, x, B, initial_state=initial, pins=pins)
@@ -141,8 +141,7 @@ class Mamba(RecurrentMixer):
         """RecurrentMixer.instrumented_forward: both scans (the first and the patched re-run) in
         scan's native selective_states when it applies, else a and b computed once for both."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if type(self).transition_terms is Mamba.transition_terms and (
-                native_scan.selective_states_supported(dt, self.A(), x, B, initial)):
+        if self.own_transition() and native_scan.selective_states_supported(dt, self.A(), x, B, initial):
             run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
         else:
             a, b = self.transition_terms(inputs)  # [B, T, E, N] each
@@ -160,11 +159,13 @@ class Mamba(RecurrentMixer):
         y = y.real if y.is_complex() else y
         return self.out_proj((y + self.D * inputs["x"]) * inputs["gate"])
 
-    def mix(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        inputs = self.prepare(u)
-        if self.use_instrumented(self.hook_state):
-            return self.instrumented_forward(u, inputs)
-        return self.fast_from(u, inputs)
+    def own_transition(self) -> bool:
+        """Whether the transition is Mamba's exp(dt A), dt x B (the variants override
+        transition_terms), so the native scans that form it in C apply."""
+        return type(self).transition_terms is Mamba.transition_terms
+
+    def fast_forward(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        return self.fast_from(u, self.prepare(u))
 
     def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
         """Mamba's own transition on the CPU in float32/64: the selective scan with exp(dt A) and
@@ -172,7 +173,7 @@ class Mamba(RecurrentMixer):
         transition_terms, other dtypes or devices, no C compiler) a and b from transition_terms
         into diag_scan with the read-out C fused."""
         dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
-        if type(self).transition_terms is Mamba.transition_terms:
+        if self.own_transition():
             A = self.A()  # [E, N]
             if native_scan.selective_supported(dt, A, x, B, C, initial):
                 y = native_scan.selective_scan(dt, A, x, B, C, initial_state=initial, chunk_size=self.chunk_size)
