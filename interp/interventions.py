@@ -466,7 +466,7 @@ def _after_answer(target_pos, target_ans) -> torch.Tensor:
 
 def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor:
     """[S, N] bool: the source equals the target's own value at the site (a no-op patch)."""
-    examples = torch.arange(len(target_pos[0])) if target_pos else torch.arange(0)
+    examples = torch.arange(len(target_pos[0]))  # sites are never empty (check_sites)
     same = torch.zeros(len(sites), len(examples), dtype=torch.bool)
     for s, site in enumerate(sites):
         current = _select(_layout(target_cache[site.hook], site.hook), examples, target_pos[s], site)  # [N, k, ...]
@@ -660,7 +660,7 @@ def interchange(
     cached block inputs and recurrent states (everything before is the corrupt run's, by
     causality) and stops at the last site or answer position: the work per pair falls with the
     site's depth and position (`SequenceModel.resume_from`; attention still reads every earlier
-    key, and mixers without a carried state - Based, BaseConv, H3's ... see Mixer.resume_context -
+    key, and mixers without a carried state - Based, BaseConv, Hyena, see Mixer.resume_context -
     recompute their prefix). The values agree with whole passes up to float rounding (1e-6
     measured, tests/test_interventions.py); False runs whole passes.
     """
