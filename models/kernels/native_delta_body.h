@@ -9,7 +9,7 @@
  * horizontal sums): per key index i, St[i] += k_t[i] d_t; o_t += q_t[i] St[i]; and the next
  * step's recall r_{t+1} += k_{t+1}[i] St[i], all in one pass over the state per step.
  * The loop is compute-bound, so on x86-64 with glibc it is also compiled for AVX2 and picked at
- * load time (DELTA_CLONES, native_scan.c); every lane does the same operations in the same order,
+ * load time (CLONES, native_scan.c); every lane does the same operations in the same order,
  * so both versions give the same bits. */
 
 #define DCAT_(x, y) x##_##y
@@ -67,7 +67,7 @@ static void DFN(head_step)(R *restrict St, R *restrict r, R *restrict d, const R
     for (; i < K; i++) DFN(rows1)(St + i * V, kt[i], qt[i], kn ? kn[i] : 0, d, ot, r, V);
 }
 
-DELTA_CLONES void DFN(delta_fwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V,
+CLONES void DFN(delta_fwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V,
                     const R *q, const R *k, const R *v, const R *beta, R *S, R *o,
                     const int64_t *slot, R *exported, int64_t n_export, R *work) {
     /* per head: St [K, V], r [V], d [V]; all heads of one batch row advance together, so q, k,

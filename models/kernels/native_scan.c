@@ -10,6 +10,24 @@
 #include <stdint.h>
 #include <string.h>
 
+/* every kernel gets an AVX2 clone beside the baseline (SSE2) one where the toolchain can dispatch
+ * at load time (ifunc: glibc on x86-64). Without FMA contraction (-std=c99 turns it off) both
+ * give the same bits for every elementwise result (states, gradients of a, b, c, the delta rule);
+ * the sums vectorised with `omp simd reduction` (the read-out y, the selective scan's sums over
+ * channels) add in partial sums as wide as the vector, so there the two may differ in the last
+ * bits, as two BLAS builds do. -DCLONES= builds the baseline alone. */
+#ifndef CLONES
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#endif
+#ifndef CLONES
+#define CLONES
+#endif
+
+/* the diagonal scan, real types (complex below) */
 #define R float
 #define CPLX 0
 #define SFX f32
@@ -26,17 +44,7 @@
 #undef CPLX
 #undef SFX
 
-/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only; an AVX2
- * clone beside the baseline one where the toolchain can dispatch at load time (ifunc: glibc) */
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define DELTA_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef DELTA_CLONES
-#define DELTA_CLONES
-#endif
-
+/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only */
 #define R float
 #define SFX f32
 #include "native_delta_body.h"
@@ -99,9 +107,7 @@ void vexp_f32(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = exp_f32(x[i]);
 }
 
-/* the selective scan (models/kernels/native_scan.py, selective_scan), real types, with the
- * same AVX2 clone as the delta rule */
-#define SEL_CLONES DELTA_CLONES
+/* the selective scan (models/kernels/native_scan.py, selective_scan), real types */
 
 #define R float
 #define SFX f32

@@ -6,9 +6,11 @@ The C code (native_scan.c, native_scan_body.h: no torch headers, no threads) wal
 through time over contiguous [T, M] memory, updating the state in place in cache; with a read-out
 it writes only y. When a gradient can flow the forward also keeps the state entering every
 s-th step (checkpoints, [B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer
-steps where s states exceed SPAN_BYTES). The backward recomputes the states of one checkpoint
-span at a time into that cache-sized buffer and walks the adjoint back over them: g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t,
-grad c_t = gy_t conj(h_t), grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
+steps where s states and adjoints exceed SPAN_BYTES). The backward recomputes the states of one
+checkpoint span at a time into that cache-sized buffer, walks the adjoint back over them
+(g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, kept in cache too), then forward again writing
+grad a_t = g_t conj(h_{t-1}), grad b_t = g_t, grad c_t = gy_t conj(h_t) in ascending order;
+grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop
 (results agree to rounding of the read-out sums). Dtypes: float32, float64, complex64, complex128
 (complex as interleaved (re, im) pairs, torch's layout).
 
@@ -239,7 +241,7 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
             a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
-    work = a.new_empty(min(chunk, length) + 1, *a.shape[2:])  # see scan_bwd in the C code
+    work = a.new_empty(2 * min(chunk, length) + 1, *a.shape[2:])  # see scan_bwd in the C code
     getattr(lib, f"scan_bwd_{SUFFIX[a.dtype]}")(
         batch, length, lead, n, _ptr(a), _ptr(b), _ptr(c), c_stride, _ptr(ckpt), chunk,
         _ptr(g_out), _ptr(g_final), _ptr(slot), _ptr(g_unique), 0 if steps is None else len(steps),
@@ -248,12 +250,13 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
     return grad_a, grad_b, grad_c, grad_h0
 
 
-SPAN_BYTES = 256 * 1024  # the backward's recomputed span of states stays within this (L2-sized)
+SPAN_BYTES = 256 * 1024  # the backward's span of states and adjoints stays within this (L2-sized)
 
 
 def checkpoint_spacing(chunk: int, a: torch.Tensor) -> int:
-    """Steps between checkpoints: chunk, or fewer where chunk steps of state exceed SPAN_BYTES."""
-    return max(1, min(chunk, SPAN_BYTES // max(1, math.prod(a.shape[2:]) * a.element_size())))
+    """Steps between checkpoints: chunk, or fewer where chunk steps of state and of adjoint
+    exceed SPAN_BYTES."""
+    return max(1, min(chunk, SPAN_BYTES // max(1, 2 * math.prod(a.shape[2:]) * a.element_size())))
 
 
 def segment(a, b, c, h0, export_idx, chunk):

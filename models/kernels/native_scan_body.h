@@ -75,7 +75,7 @@ static inline E FN(step_dot)(const E *restrict a, const E *restrict b, const E *
 
 /* Forward. h holds h_{-1} on entry and h_{T-1} on return. Optional outputs (NULL: skipped):
  * y (needs c), hs (every state), exported (the states at steps with slot[t] >= 0), ckpt. */
-void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
+CLONES void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   const E *a, const E *b, const E *c, int64_t c_lead_stride,
                   E *h, E *y, E *hs, const int64_t *slot, E *exported, int64_t K,
                   int64_t every, E *ckpt) {
@@ -100,28 +100,35 @@ void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
 
 /* The adjoint at one step over m state entries:
  *   g = carry + d1 + d2    (direct terms: read-out or all-states output, export; NULL: absent)
- *   grad b = g, grad a = g conj(h_prev), carry = conj(a) g.
+ *   carry = conj(a) g      (g is stored for grads_step).
  * The has_* flags are constants at every call, so each combination compiles to its own
  * branch-free loop. */
-static inline void FN(bwd_step_core)(const E *restrict a, const E *restrict d1, const E *restrict d2,
-                                     const E *restrict h_prev, E *restrict carry, E *restrict ga,
-                                     E *restrict gb, int64_t m, const int has_d1, const int has_d2) {
+static inline void FN(adjoint_core)(const E *restrict a, const E *restrict d1, const E *restrict d2,
+                                    E *restrict carry, E *restrict g_out, int64_t m, const int has_d1,
+                                    const int has_d2) {
     for (int64_t i = 0; i < m; i++) {
         E g = carry[i];
         if (has_d1) g = FN(add)(g, d1[i]);
         if (has_d2) g = FN(add)(g, d2[i]);
-        gb[i] = g;
-        ga[i] = FN(mul)(g, FN(conj)(h_prev[i]));
+        g_out[i] = g;
         carry[i] = FN(mul)(FN(conj)(a[i]), g);
     }
 }
 
-static void FN(bwd_step)(const E *a, const E *d1, const E *d2, const E *h_prev, E *carry, E *ga, E *gb,
-                         int64_t m) {
-    if (d1 && d2) FN(bwd_step_core)(a, d1, d2, h_prev, carry, ga, gb, m, 1, 1);
-    else if (d1) FN(bwd_step_core)(a, d1, NULL, h_prev, carry, ga, gb, m, 1, 0);
-    else if (d2) FN(bwd_step_core)(a, NULL, d2, h_prev, carry, ga, gb, m, 0, 1);
-    else FN(bwd_step_core)(a, NULL, NULL, h_prev, carry, ga, gb, m, 0, 0);
+static void FN(adjoint_step)(const E *a, const E *d1, const E *d2, E *carry, E *g, int64_t m) {
+    if (d1 && d2) FN(adjoint_core)(a, d1, d2, carry, g, m, 1, 1);
+    else if (d1) FN(adjoint_core)(a, d1, NULL, carry, g, m, 1, 0);
+    else if (d2) FN(adjoint_core)(a, NULL, d2, carry, g, m, 0, 1);
+    else FN(adjoint_core)(a, NULL, NULL, carry, g, m, 0, 0);
+}
+
+/* The gradients of one step from its adjoint g: grad b = g, grad a = g conj(h_prev). */
+static inline void FN(grads_step)(const E *restrict g, const E *restrict h_prev, E *restrict ga,
+                                  E *restrict gb, int64_t m) {
+    for (int64_t i = 0; i < m; i++) {
+        gb[i] = g[i];
+        ga[i] = FN(mul)(g[i], FN(conj)(h_prev[i]));
+    }
 }
 
 /* dL/dh_t through the read-out: direct [L, N] = gy_l conj(c_l) (c [N] shared when stride 0). */
@@ -151,16 +158,20 @@ static void FN(readout_grad)(const E *restrict gy, const E *restrict h, E *restr
  *   grad c_t = gy_t conj(h_t) (summed over the lead rows when c is shared).
  * gy: [B, T, L] (with c) or [B, T, M] (without), or NULL; gfinal [B, M] or NULL; gexp [B, K, M]
  * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape; needs c and gy) or
- * NULL. work: scratch of (min(every, T) + 1) * M elements: the states of one checkpoint span,
- * recomputed from its checkpoint, stay in cache while the adjoint walks back over them; then one
- * step's dL/dh through the read-out. */
-void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
+ * NULL. work: scratch of (2 min(every, T) + 1) * M elements: the states of one checkpoint span,
+ * recomputed from its checkpoint, and the span's adjoints stay in cache while the adjoint walks
+ * back over the span; then a forward walk writes the span's gradients, so every gradient tensor
+ * is written in ascending blocks of one span (written step by step in reverse, the same stores
+ * took twice as long here: the store stream is what bounds this backward); last, one step's
+ * dL/dh through the read-out. */
+CLONES void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   const E *a, const E *b, const E *c, int64_t c_lead_stride,
                   const E *ckpt, int64_t every,
                   const E *gy, const E *gfinal, const int64_t *slot, const E *gexp, int64_t K,
                   E *ga, E *gb, E *gc, E *gh0, E *work) {
     const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
-    E *direct = work + (every < T ? every : T) * M;
+    const int64_t span = every < T ? every : T;
+    E *adj = work + span * M, *direct = adj + span * M;
     for (int64_t bi = 0; bi < B; bi++) {
         E *carry = gh0 + bi * M; /* conj(a_{t+1}) g_{t+1}; starts as dL/dh_{T-1} from the final state */
         for (int64_t i = 0; i < M; i++) carry[i] = gfinal ? gfinal[bi * M + i] : FN(zero);
@@ -171,9 +182,8 @@ void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                 E *ht = work + (t - t0) * M;
                 FN(step_to)(a + (bi * T + t) * M, b + (bi * T + t) * M, t > t0 ? ht - M : start, ht, M);
             }
-            for (int64_t t = t1 - 1; t >= t0; t--) {
+            for (int64_t t = t1 - 1; t >= t0; t--) { /* adj[t - t0] = g_t */
                 const int64_t bt = bi * T + t;
-                const E *ht = work + (t - t0) * M, *hprev = t > t0 ? ht - M : start;
                 const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
                 const E *d1 = NULL; /* dL/dh_t through the output */
                 if (gy && c) {
@@ -182,7 +192,12 @@ void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                 } else if (gy) {
                     d1 = gy + bt * M;
                 }
-                FN(bwd_step)(a + bt * M, d1, ge, hprev, carry, ga + bt * M, gb + bt * M, M);
+                FN(adjoint_step)(a + bt * M, d1, ge, carry, adj + (t - t0) * M, M);
+            }
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t bt = bi * T + t;
+                const E *ht = work + (t - t0) * M, *hprev = t > t0 ? ht - M : start;
+                FN(grads_step)(adj + (t - t0) * M, hprev, ga + bt * M, gb + bt * M, M);
                 if (gc) FN(readout_grad)(gy + bt * L, ht, gc + bt * c_row, L, N, !c_lead_stride);
             }
         }

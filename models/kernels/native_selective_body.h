@@ -97,7 +97,7 @@ static inline void FN(sel_adjoint)(const R *restrict gy, const R *restrict dt, c
 }
 
 /* Forward. h holds h_{-1} on entry and h_{T-1} on return ([B, N, E]); y [B, T, E]; ckpt or NULL. */
-SEL_CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
+CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
                                   const R *dt, const R *At, const R *x, const R *Bm, const R *C,
                                   R *h, R *y, int64_t every, R *ckpt) {
     const int64_t M = E * N, n_ckpt = (T + every - 1) / every;
@@ -116,7 +116,7 @@ SEL_CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
  * work: (2 min(every, T) + 1) M elements: the states and transitions of one checkpoint span,
  * recomputed from its checkpoint, stay in cache while the adjoint walks back over them; then
  * one batch row's sum of grad A (added to gAt per row, which keeps float32 sums short). */
-SEL_CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
+CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
                                   const R *dt, const R *At, const R *x, const R *Bm, const R *C,
                                   const R *ckpt, int64_t every, const R *gy,
                                   R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work) {
@@ -152,7 +152,7 @@ SEL_CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
  * sequence: dt, x [B, S, E], Bm [B, S, N] and states [B, S, E, N] are pointers to step `start`
  * of arrays with S steps per batch row (S >= T); h0 [B, E, N] with rows h0_stride apart (a
  * contiguous initial state: E N; the pinned state at step start - 1 of `states`: S E N). */
-SEL_CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N,
+CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N,
                                      const R *dt, const R *A, const R *x, const R *Bm,
                                      const R *h0, int64_t h0_stride, R *states) {
     const int64_t M = E * N;
