@@ -162,6 +162,15 @@ def test_export_all_and_chunks():
     torch.testing.assert_close(chunks, states[:, [3, 7]])
 
 
+@pytest.mark.parametrize("impl", ["naive", "chunked", "native"])
+def test_export_chunks_shorter_than_a_chunk_is_empty(impl):
+    """T < chunk_size has no chunk end: an empty [B, 0, *S] export (it raised before)."""
+    a, b, c, h0 = make_problem("decay", 2, 3, (3, 2), seed=9, readout="shared")
+    res = diag_scan(a, b, c, initial_state=h0, export_at="chunks", chunk_size=4, impl=impl)
+    assert res.states_at.shape == (2, 0, 3, 2)
+    torch.testing.assert_close(res.output, diag_scan(a, b, c, initial_state=h0, impl="naive").output)
+
+
 def test_auto_on_cpu_is_native_else_chunked_and_complex_promotes():
     from models.kernels import native_scan
 

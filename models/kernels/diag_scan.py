@@ -111,8 +111,8 @@ def _export_index(export_at, length: int, chunk: int, device) -> torch.Tensor | 
     if isinstance(export_at, str):
         if export_at not in ("all", "chunks"):
             raise ValueError(f"export_at must be None, 'all', 'chunks' or step indices; got {export_at!r}")
-        start = 0 if export_at == "all" else chunk - 1
-        return torch.arange(start, length, 1 if export_at == "all" else chunk, device=device)
+        start = 0 if export_at == "all" else chunk - 1  # no chunk ends (empty) when T < chunk
+        return torch.arange(start, max(start, length), 1 if export_at == "all" else chunk, device=device)
     if isinstance(export_at, torch.Tensor):
         if export_at.dim() != 1 or export_at.dtype.is_floating_point or export_at.is_complex():
             raise ValueError(f"export_at must be a 1-D integer tensor or a sequence of ints; got {export_at!r}")
@@ -329,7 +329,9 @@ def segmented(segment_fn, a, b, c, h0, export_idx, pins, chunk):
             start = stop + 1
     out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
     exported = None
-    if wanted is not None:
+    if wanted == []:  # export_at="chunks" with T < chunk: no step to export
+        exported = h.new_zeros(h.shape[0], 0, *h.shape[1:])
+    elif wanted is not None:
         position = {t: i for i, t in enumerate(times)}
         order = torch.tensor([position[t] for t in wanted], dtype=torch.long, device=a.device)
         exported = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]).index_select(1, order)
