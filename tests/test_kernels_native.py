@@ -157,11 +157,19 @@ def selective_problem(batch, length, inner, n, seed, dtype=torch.float32, initia
     return dt, A, randn(batch, length, inner), randn(batch, length, n), randn(batch, length, n), h0
 
 
-def unfused(dt, A, x, Bm, C, h0):
-    """The definition: a and b materialised in torch (Mamba.transition_terms), then the naive scan."""
+def torch_terms(dt, A, x, Bm, scale=1.0):
+    """a and b materialised in torch: Mamba.transition_terms (scale 1), NegativeMamba's
+    2 exp(dt A) - 1 (scale 2), s exp(dt A) - (s - 1) for another s."""
     a = torch.exp(dt[..., None] * A)  # [B, T, E, N]
+    if scale != 1:
+        a = 2 * a - 1 if scale == 2 else scale * a - (scale - 1)
     b = (dt[..., None] * x[..., None]) * Bm[:, :, None, :]  # [B, T, E, N]
-    return diag_scan(a, b, C, initial_state=h0, impl="naive").output
+    return a, b
+
+
+def unfused(dt, A, x, Bm, C, h0, scale=1.0):
+    """The definition: a and b materialised in torch (torch_terms), then the naive scan."""
+    return diag_scan(*torch_terms(dt, A, x, Bm, scale), C, initial_state=h0, impl="naive").output
 
 
 def selective_run(fn, inputs, gy, **kwargs):
@@ -172,7 +180,11 @@ def selective_run(fn, inputs, gy, **kwargs):
     return y, list(grads)
 
 
+SCALES = [1.0, 2.0]  # the native transitions: Mamba's exp(dt A), negative Mamba's 2 exp(dt A) - 1
+
+
 @needs_native
+@pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("batch,length,inner,n,chunk,initial", [
     (2, 1, 3, 4, 64, True),      # one step
     (3, 11, 5, 6, 4, True),      # T not a multiple of the checkpoint spacing
@@ -181,11 +193,11 @@ def selective_run(fn, inputs, gy, **kwargs):
     (2, 64, 4, 16, 8, True),     # T a multiple of the spacing
     (2, 200, 8, 16, 64, True),   # Mamba's N = 16 over a longer sequence
 ])
-def test_selective_scan_matches_the_unfused_path(batch, length, inner, n, chunk, initial):
+def test_selective_scan_matches_the_unfused_path(batch, length, inner, n, chunk, initial, scale):
     inputs = selective_problem(batch, length, inner, n, seed=length + n, initial=initial)
     gy = torch.randn(batch, length, inner, generator=torch.Generator().manual_seed(2))
-    y_ref, grads_ref = selective_run(unfused, inputs, gy)
-    y, grads = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=chunk)
+    y_ref, grads_ref = selective_run(unfused, inputs, gy, scale=scale)
+    y, grads = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=chunk, scale=scale)
     assert y.shape == (batch, length, inner) and y.dtype == torch.float32
     assert rel_err(y, y_ref) <= 1e-5
     assert len(grads) == len(grads_ref) == (6 if initial else 5)
@@ -195,27 +207,43 @@ def test_selective_scan_matches_the_unfused_path(batch, length, inner, n, chunk,
 
 
 @needs_native
-def test_selective_scan_gradcheck_float64():
+@pytest.mark.parametrize("scale", [*SCALES, 1.5])
+def test_selective_scan_gradcheck_float64(scale):
     dt, A, x, Bm, C, h0 = selective_problem(2, 7, 3, 4, seed=4, dtype=torch.float64)
     inputs = [t.clone().requires_grad_() for t in (dt, A, x, Bm, C, h0)]
-    fn = lambda *args: native_scan.selective_scan(*args, chunk_size=3)  # noqa: E731 (spans 3, 3, 1)
+    fn = lambda *args: native_scan.selective_scan(*args, chunk_size=3, scale=scale)  # noqa: E731 (spans 3, 3, 1)
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
-    ref = unfused(*inputs)
+    ref = unfused(*inputs, scale=scale)
     torch.testing.assert_close(fn(*inputs), ref, rtol=1e-12, atol=1e-12)
 
 
 @needs_native
-def test_selective_scan_checkpoint_spacing_changes_no_bits():
+@pytest.mark.parametrize("scale", SCALES)
+def test_selective_scan_checkpoint_spacing_changes_no_bits(scale):
     """The backward recomputes the forward's states exactly, so the spacing changes no bits; the
     forward without checkpoints (no gradient wanted) gives the same y."""
     inputs = selective_problem(2, 21, 4, 5, seed=6)
     gy = torch.randn(2, 21, 4)
-    y2, grads2 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=2)
-    y64, grads64 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=64)
+    y2, grads2 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=2, scale=scale)
+    y64, grads64 = selective_run(native_scan.selective_scan, inputs, gy, chunk_size=64, scale=scale)
     for got, ref in zip([y2, *grads2], [y64, *grads64]):
         assert torch.equal(got, ref)
     with torch.no_grad():
-        assert torch.equal(native_scan.selective_scan(*inputs), y2)
+        assert torch.equal(native_scan.selective_scan(*inputs, scale=scale), y2)
+
+
+@needs_native
+def test_selective_scale_one_is_the_default_and_two_differs():
+    """scale=1 (int or float) is the default's arithmetic bit for bit; scale=2 is another
+    transition (the states flip sign where dt |A| > ln 2)."""
+    inputs = selective_problem(2, 9, 4, 5, seed=12)
+    dt, A, x, Bm, C, h0 = inputs
+    y = native_scan.selective_scan(*inputs)
+    states = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    for one in (1, 1.0):
+        assert torch.equal(native_scan.selective_scan(*inputs, scale=one), y)
+        assert torch.equal(native_scan.selective_states(dt, A, x, Bm, initial_state=h0, scale=one), states)
+    assert (native_scan.selective_scan(*inputs, scale=2) - y).abs().max() > 1e-2
 
 
 @needs_native
@@ -284,6 +312,9 @@ def test_selective_scan_bad_inputs_raise():
         native_scan.selective_scan(dt, A, x.tolist(), Bm, C)
     with pytest.raises(ValueError, match="chunk_size must be a positive int; got 0"):
         native_scan.selective_scan(dt, A, x, Bm, C, chunk_size=0)
+    for scale in (0, -1.0, 2.5, float("nan"), float("inf"), True, "2", None):
+        with pytest.raises(ValueError, match=rf"selective_scan: scale must be a real number in \(0, 2\].*got {scale!r}"):
+            native_scan.selective_scan(dt, A, x, Bm, C, scale=scale)
     assert not native_scan.selective_supported(dt, A, x.double(), Bm, C)
     assert not native_scan.selective_supported(dt.bfloat16(), A.bfloat16())
 
@@ -302,27 +333,57 @@ def mamba_fast_and_instrumented(name: str, tokens):
 
 
 @needs_native
-def test_mamba_fast_path_runs_the_fused_scan_and_matches_instrumented(monkeypatch):
+@pytest.mark.parametrize("name,scale", [("mamba", 1.0), ("negative_mamba", 2.0)])
+def test_mamba_fast_path_runs_the_fused_scan_and_matches_instrumented(monkeypatch, name, scale):
+    """The fast path runs the fused scan with the model's scale; the instrumented path (a gradient
+    wanted) runs the unfused one over transition_terms, and the two agree."""
     calls = []
     fused = native_scan.selective_scan
-    monkeypatch.setattr(native_scan, "selective_scan", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    monkeypatch.setattr(native_scan, "selective_scan", lambda *a, **k: calls.append(k["scale"]) or fused(*a, **k))
     tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(1))
-    fast, slow = mamba_fast_and_instrumented("mamba", tokens)
-    assert len(calls) == 2  # one per layer, on the fast path only
+    fast, slow = mamba_fast_and_instrumented(name, tokens)
+    assert calls == [scale, scale]  # one per layer, on the fast path only
     for got, ref in zip(fast, slow):  # every parameter's gradient, A_log and D included
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
-    for variant in ("negative_mamba", "aussm", "mamba3"):  # own transition_terms: the unfused path
+    for variant in ("aussm", "mamba3"):  # own transition_terms without a native scale: the unfused path
         mamba_fast_and_instrumented(variant, tokens)
     assert len(calls) == 2
 
 
+def test_native_scale_follows_the_class_defining_transition_terms():
+    """native_scale is declared beside transition_terms: inherited with it, dropped when a
+    subclass overrides transition_terms without declaring one."""
+    import models
+    from models.mixers.negative_mamba import NegativeMamba
+
+    def scale(name):
+        return models.build(name, vocab_size=7, d_model=16, d_state=4, n_layers=1).blocks[0].mixer.native_scale()
+
+    assert [scale(name) for name in ("mamba", "negative_mamba", "aussm", "mamba3")] == [1.0, 2.0, None, None]
+    mixer = models.build("negative_mamba", vocab_size=7, d_model=16, d_state=4, n_layers=1).blocks[0].mixer
+
+    class Inherits(NegativeMamba):
+        pass
+
+    class Overrides(NegativeMamba):
+        def transition_terms(self, inputs):
+            a, b = super().transition_terms(inputs)
+            return a.square(), b
+
+    mixer.__class__ = Inherits
+    assert mixer.native_scale() == 2.0
+    mixer.__class__ = Overrides
+    assert mixer.native_scale() is None
+
+
 @needs_native
-def test_mamba_fast_from_an_initial_state_fused_equals_unfused(monkeypatch):
+@pytest.mark.parametrize("name", ["mamba", "negative_mamba"])
+def test_mamba_fast_from_an_initial_state_fused_equals_unfused(monkeypatch, name):
     """fast_from with a carried state (the resume path): the fused scan against the unfused one."""
     import models
 
     torch.manual_seed(0)
-    mixer = models.build("mamba", vocab_size=7, d_model=16, d_state=4, n_layers=1).blocks[0].mixer
+    mixer = models.build(name, vocab_size=7, d_model=16, d_state=4, n_layers=1).blocks[0].mixer
     u = torch.randn(2, 9, 16)
     initial = torch.randn(2, *mixer.state_shape, requires_grad=True)
     results = []
@@ -338,11 +399,9 @@ def test_mamba_fast_from_an_initial_state_fused_equals_unfused(monkeypatch):
 # ----------------------------------------------------------------------------- selective states
 
 
-def torch_states(dt, A, x, Bm, h0, pins=None):
-    """The definition: a and b materialised in torch (Mamba.transition_terms), every state from the naive scan."""
-    a = torch.exp(dt[..., None] * A)  # [B, T, E, N]
-    b = (dt[..., None] * x[..., None]) * Bm[:, :, None, :]  # [B, T, E, N]
-    return diag_scan(a, b, initial_state=h0, pins=pins, impl="naive").output
+def torch_states(dt, A, x, Bm, h0, pins=None, scale=1.0):
+    """The definition: a and b materialised in torch (torch_terms), every state from the naive scan."""
+    return diag_scan(*torch_terms(dt, A, x, Bm, scale), initial_state=h0, pins=pins, impl="naive").output
 
 
 def pins_at(batch, length, inner, n, steps, seed, dtype):
@@ -358,6 +417,7 @@ STATES_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 @needs_native
+@pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,length,inner,n,initial", [
     (2, 1, 3, 4, True),       # one step
@@ -366,26 +426,27 @@ STATES_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
     (3, 13, 5, 6, False),
     (2, 70, 8, 16, True),     # Mamba's N = 16
 ])
-def test_selective_states_match_the_unfused_scan(dtype, batch, length, inner, n, initial):
+def test_selective_states_match_the_unfused_scan(dtype, batch, length, inner, n, initial, scale):
     dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=length + n, dtype=dtype, initial=initial)
-    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, scale=scale)
     assert got.shape == (batch, length, inner, n) and got.dtype == dtype and got.is_contiguous()
-    assert rel_err(got, torch_states(dt, A, x, Bm, h0)) <= STATES_TOL[dtype]
+    assert rel_err(got, torch_states(dt, A, x, Bm, h0, scale=scale)) <= STATES_TOL[dtype]
 
 
 @needs_native
+@pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("initial", [True, False])
-def test_selective_states_with_pins_match_the_unfused_scan(dtype, initial):
+def test_selective_states_with_pins_match_the_unfused_scan(dtype, initial, scale):
     """Pins at the first and last steps, at one step in several rows, and at different steps per row."""
     batch, length, inner, n = 4, 17, 5, 6
     dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=21, dtype=dtype, initial=initial)
     pins = pins_at(batch, length, inner, n, [[0, 16], [5, 6], [5, 12], []], seed=22, dtype=dtype)
-    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, pins=pins)
-    ref = torch_states(dt, A, x, Bm, h0, pins)
+    got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, pins=pins, scale=scale)
+    ref = torch_states(dt, A, x, Bm, h0, pins, scale=scale)
     assert rel_err(got, ref) <= STATES_TOL[dtype]
     assert torch.equal(got[pins[0]], pins[1][pins[0]])  # pinned states are the pin values exactly
-    unpinned = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
+    unpinned = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, scale=scale)
     assert torch.equal(got[3], unpinned[3])  # a row without pins is untouched by the others' pins
     assert torch.equal(got[1, :5], unpinned[1, :5])  # steps before a row's first pin keep their bits
     assert (got[1, 7:] - unpinned[1, 7:]).abs().max() > 1e-3  # and the pin propagates after it
@@ -401,10 +462,11 @@ def test_selective_states_pin_at_every_step_and_at_t0_only():
 
 
 @needs_native
-def test_selective_states_are_the_states_selective_scan_reads_out():
+@pytest.mark.parametrize("scale", SCALES)
+def test_selective_states_are_the_states_selective_scan_reads_out(scale):
     dt, A, x, Bm, C, h0 = selective_problem(2, 9, 4, 5, seed=25)
-    states = native_scan.selective_states(dt, A, x, Bm, initial_state=h0)
-    y = native_scan.selective_scan(dt, A, x, Bm, C, initial_state=h0)
+    states = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, scale=scale)
+    y = native_scan.selective_scan(dt, A, x, Bm, C, initial_state=h0, scale=scale)
     assert rel_err((states * C[:, :, None, :]).sum(-1), y) <= 1e-6
 
 
@@ -444,6 +506,8 @@ def test_selective_states_refuse_gradients_and_bad_inputs():
         native_scan.selective_states(dt, A, x, Bm, pins=(mask, values[..., :3]))
     with pytest.raises(ValueError, match="pins must be a"):
         native_scan.selective_states(dt, A, x, Bm, pins=mask)
+    with pytest.raises(ValueError, match=r"selective_states: scale must be a real number in \(0, 2\].*got 3"):
+        native_scan.selective_states(dt, A, x, Bm, scale=3)
     assert not native_scan.selective_states_supported(dt.double(), A, x, Bm)
 
 
@@ -461,20 +525,21 @@ def mamba_patched_run(model, tokens):
 
 
 @needs_native
-def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch):
+@pytest.mark.parametrize("name,scale", [("mamba", 1.0), ("negative_mamba", 2.0)])
+def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch, name, scale):
     """No gradient wanted: both scans of the instrumented path (the patched re-run too) and the
-    resume path run selective_states and agree with the unfused path (native states disabled);
-    with a gradient wanted the unfused path runs."""
+    resume path run selective_states with the model's scale and agree with the unfused path
+    (native states disabled); with a gradient wanted the unfused path runs."""
     import models
 
     torch.manual_seed(0)
-    model = models.build("mamba", vocab_size=7, d_model=16, d_state=4, n_layers=2)
+    model = models.build(name, vocab_size=7, d_model=16, d_state=4, n_layers=2)
     mixer = model.blocks[0].mixer
     tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(1))
     u, initial = torch.randn(3, 6, 16), torch.randn(3, *mixer.state_shape)
     calls = []
     native = native_scan.selective_states
-    monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(1) or native(*a, **k))
+    monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(k["scale"]) or native(*a, **k))
     results = []
     for supported in (True, False):
         if not supported:
@@ -483,7 +548,7 @@ def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch
             logits, cache = mamba_patched_run(model, tokens)
             resumed = mixer.instrumented_forward(u, mixer.prepare(u), initial)
         results.append([logits, cache["blocks.0.mixer.hook_state"], cache["blocks.1.mixer.hook_state"], resumed])
-        assert len(calls) == 5  # 2 layers x (first scan + patched re-run) + the resumed scan
+        assert calls == [scale] * 5  # 2 layers x (first scan + patched re-run) + the resumed scan
     for got, ref in zip(*results):
         assert rel_err(got, ref) <= 1e-5
     with torch.no_grad():  # the patch took effect: the cached state is the patched one

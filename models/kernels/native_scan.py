@@ -21,8 +21,11 @@ step per head, kept transposed in cache so every product is an axpy.
 And Mamba's selective scan with the discretisation fused in (native_selective_body.h;
 `selective_scan`, used by Mamba's fast path; float32 and float64):
 
-    a_t[e, n] = exp(dt_t[e] A[e, n]),  b_t[e, n] = dt_t[e] x_t[e] Bm_t[n],
-    h_t = a_t h_{t-1} + b_t,           y_t[e] = sum_n C_t[n] h_t[e, n]
+    a_t[e, n] = s exp(dt_t[e] A[e, n]) - (s - 1),  b_t[e, n] = dt_t[e] x_t[e] Bm_t[n],
+    h_t = a_t h_{t-1} + b_t,                       y_t[e] = sum_n C_t[n] h_t[e, n]
+
+with the scale s = 1 for Mamba (a = exp(dt A); the C code runs s = 1 as its own branch, so those
+results are exactly the plain exp's) and s = 2 for negative Mamba (a = 2 exp(dt A) - 1).
 
 a and b are formed per step inside the loop, so nothing [B, T, E, N] is materialised, forward or
 backward (the unfused path builds both in torch and keeps them for autograd). Same checkpointed
@@ -73,9 +76,10 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _P]
 _BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P]
 _DELTA_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
-_SEL_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P]
-_SEL_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P]
-_SEL_STATES_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P]
+_D = ctypes.c_double  # the selective kernels' scale s
+_SEL_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _D]
+_SEL_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _D]
+_SEL_STATES_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _D]
 
 
 def _cache_dir() -> Path:
@@ -353,19 +357,30 @@ def _check_selective(fn: str, named: dict) -> None:
         raise ValueError(f"{fn} is not available here: {unavailable_reason()}")
 
 
-def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64) -> torch.Tensor:
+def _check_scale(fn: str, scale) -> float:
+    """The transition's scale s as a float: a real number with 0 < s <= 2 (so a = s exp(dt A) - (s - 1)
+    stays in (-1, 1] for dt A <= 0)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 2:
+        raise ValueError(f"{fn}: scale must be a real number in (0, 2] (1: Mamba's exp(dt A), "
+                         f"2: negative Mamba's 2 exp(dt A) - 1); got {scale!r}")
+    return float(scale)
+
+
+def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, scale: float = 1.0) -> torch.Tensor:
     """Mamba's selective scan (see the module docstring; no D x term): dt [B, T, E] (> 0, after
     softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
     None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
-    input; chunk_size bounds the backward's checkpoint spacing (no effect on results)."""
+    input; chunk_size bounds the backward's checkpoint spacing (no effect on results); scale is
+    the transition's s, a_t = s exp(dt_t A) - (s - 1) (1: Mamba, 2: negative Mamba; 0 < s <= 2)."""
     _check_selective("selective_scan", {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state})
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
+    scale = _check_scale("selective_scan", scale)
     h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
     inputs = (dt, A, x, Bm, C, h0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return SelectiveScan.apply(*inputs, chunk_size)
-    return selective_forward(*inputs, chunk_size, checkpoints=False)[0]
+        return SelectiveScan.apply(*inputs, chunk_size, scale)
+    return selective_forward(*inputs, chunk_size, checkpoints=False, scale=scale)[0]
 
 
 def selective_spacing(chunk: int, A: torch.Tensor) -> int:
@@ -374,7 +389,7 @@ def selective_spacing(chunk: int, A: torch.Tensor) -> int:
     return max(1, min(chunk, SPAN_BYTES // max(1, 2 * A.numel() * A.element_size())))
 
 
-def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool):
+def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool, scale: float = 1.0):
     """-> (y [B, T, E], checkpoints [B, ceil(T / every), N, E] | None); see selective_scan. The
     C code keeps A and the states transposed ([N, E]: its inner loops run over E)."""
     lib, _ = _load()
@@ -385,12 +400,12 @@ def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool):
     ckpt = dt.new_empty(batch, -(-length // every), n, inner) if checkpoints else None
     getattr(lib, f"selective_fwd_{SUFFIX[dt.dtype]}")(
         batch, length, inner, n, _ptr(dt), _ptr(At), _ptr(x), _ptr(Bm), _ptr(C),
-        _ptr(h), _ptr(y), every, _ptr(ckpt),
+        _ptr(h), _ptr(y), every, _ptr(ckpt), scale,
     )
     return y, ckpt
 
 
-def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy):
+def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy, scale: float = 1.0):
     """Gradients (dt, A, x, Bm, C, h0) of selective_forward's y given its cotangent gy [B, T, E]."""
     lib, _ = _load()
     dt, x, Bm, C, gy, At = (t.contiguous() for t in (dt, x, Bm, C, gy, A.t()))  # At [N, E]
@@ -401,7 +416,7 @@ def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy):
     getattr(lib, f"selective_bwd_{SUFFIX[dt.dtype]}")(
         batch, length, inner, n, _ptr(dt), _ptr(At), _ptr(x), _ptr(Bm), _ptr(C),
         _ptr(ckpt), every, _ptr(gy), _ptr(grad_dt), _ptr(grad_At), _ptr(grad_x), _ptr(grad_Bm),
-        _ptr(grad_C), _ptr(grad_h0t), _ptr(work),
+        _ptr(grad_C), _ptr(grad_h0t), _ptr(work), scale,
     )
     return grad_dt, grad_At.t().contiguous(), grad_x, grad_Bm, grad_C, grad_h0t.transpose(1, 2).contiguous()
 
@@ -410,18 +425,18 @@ class SelectiveScan(torch.autograd.Function):
     """selective_scan with the checkpointed C backward."""
 
     @staticmethod
-    def forward(ctx, dt, A, x, Bm, C, h0, chunk):
+    def forward(ctx, dt, A, x, Bm, C, h0, chunk, scale):
         every = selective_spacing(chunk, A)
-        y, ckpt = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True)
+        y, ckpt = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True, scale=scale)
         ctx.save_for_backward(dt, A, x, Bm, C, ckpt)
-        ctx.every = every
+        ctx.every, ctx.scale = every, scale
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
     def backward(ctx, gy):
-        grads = selective_backward(*ctx.saved_tensors, ctx.every, gy)
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+        grads = selective_backward(*ctx.saved_tensors, ctx.every, gy, ctx.scale)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None)
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
@@ -451,11 +466,12 @@ def _check_pins(pins, batch: int, length: int, state: tuple, dtype: torch.dtype)
                          f"{tuple(getattr(values, 'shape', ()))}")
 
 
-def selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> torch.Tensor:
+def selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale: float = 1.0) -> torch.Tensor:
     """Every state of Mamba's selective scan, forward only: dt [B, T, E] (> 0), A [E, N],
     x [B, T, E], Bm [B, T, N], initial_state [B, E, N] or None (zeros); one dtype in
-    SELECTIVE_DTYPES, CPU -> states [B, T, E, N], h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) Bm_t^T
-    with a and b formed inside the C loop (the arithmetic of selective_scan's forward).
+    SELECTIVE_DTYPES, CPU -> states [B, T, E, N], h_t = a_t h_{t-1} + (dt_t x_t) Bm_t^T with
+    a_t = s exp(dt_t A) - (s - 1) (s = scale, as in selective_scan), a and b formed inside the C
+    loop (the arithmetic of selective_scan's forward).
 
     pins (mask [B, T] bool, values [B, T, E, N]): where mask[b, t], the state after step t becomes
     values[b, t] and the scan continues from it (diag_scan's pins). The C loop runs up to each
@@ -463,6 +479,7 @@ def selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> torch.Tenso
     No backward: raises ValueError when grad mode is on and an input requires grad (use
     selective_scan, or diag_scan over torch-formed a and b, for gradients)."""
     _check_selective("selective_states", {"dt": dt, "A": A, "x": x, "Bm": Bm, "initial_state": initial_state})
+    scale = _check_scale("selective_states", scale)
     (batch, length, inner), n = dt.shape, A.shape[1]
     if pins is not None:
         _check_pins(pins, batch, length, (inner, n), dt.dtype)
@@ -481,7 +498,7 @@ def selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> torch.Tenso
     for stop in stops if length else []:  # steps [start, stop) in one call, then the pin at stop - 1
         getattr(lib, f"selective_states_{SUFFIX[dt.dtype]}")(
             batch, stop - start, length, inner, n, _ptr(dt[:, start]), _ptr(A), _ptr(x[:, start]),
-            _ptr(Bm[:, start]), _ptr(h), h_stride, _ptr(states[:, start]),
+            _ptr(Bm[:, start]), _ptr(h), h_stride, _ptr(states[:, start]), scale,
         )
         if stop - 1 in pinned:
             rows = pins[0][:, stop - 1]  # [B] bool

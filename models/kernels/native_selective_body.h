@@ -4,8 +4,13 @@
  *   SFX   the name suffix (f32, f64)
  *   EXP   the exponential in R (exp_f32 of native_scan.c for float, libm exp for double)
  *
- *   a_t[e, n] = exp(dt_t[e] A[e, n]),   b_t[e, n] = (dt_t[e] x_t[e]) Bm_t[n]
- *   h_t = a_t h_{t-1} + b_t,            y_t[e] = sum_n C_t[n] h_t[e, n]
+ *   a_t[e, n] = s exp(dt_t[e] A[e, n]) - (s - 1),   b_t[e, n] = (dt_t[e] x_t[e]) Bm_t[n]
+ *   h_t = a_t h_{t-1} + b_t,                        y_t[e] = sum_n C_t[n] h_t[e, n]
+ *
+ * s (the scale): 1 for Mamba (a = exp(dt A)), 2 for negative Mamba (a = 2 exp(dt A) - 1, in
+ * (-1, 1)). Each exported kernel branches once on s == 1 and passes the constant 1 to its inlined
+ * core there, so Mamba's loops compile without the two extra operations (and 1 * e - 0 = e
+ * exactly in any case: its results are those of a = exp(dt A) bit for bit).
  *
  * a and b are formed per step in registers; nothing [B, T, E, N] is read, and only
  * selective_states (every state, for Mamba's instrumented path) writes one. The scan's state
@@ -15,77 +20,93 @@
  * per batch row; selective_states at the end keeps torch's [E, N] layout instead):
  *   dt, x, y [B, T, E]   At [N, E] (A transposed)   Bm, C [B, T, N]   h [B, N, E]
  *   ckpt [B, ceil(T / every), N, E]: the state entering steps 0, every, 2 every, ...
- * Products are associated as in the unfused torch path (exp(dt * A); (dt * x) * Bm; a * h + b),
- * so states agree with it to the rounding of the exponential.
+ * Products are associated as in the unfused torch path (exp(dt * A); s * e - (s - 1);
+ * (dt * x) * Bm; a * h + b), so states agree with it to the rounding of the exponential.
  */
 
 #define CAT_(x, y) x##_##y
 #define CAT(x, y) CAT_(x, y)
 #define FN(name) CAT(name, SFX)
 
+/* the cores that each exported kernel calls twice (s = 1 and any s) must be inlined into it: a
+ * core left out of line would be compiled once, for the baseline target, not in the AVX2 clone */
+#ifndef SEL_CORE
+#if defined(__has_attribute)
+#if __has_attribute(always_inline)
+#define SEL_CORE static inline __attribute__((always_inline))
+#endif
+#endif
+#endif
+#ifndef SEL_CORE
+#define SEL_CORE static inline
+#endif
+
+/* The transition a = s e - (s - 1) from e = exp(dt A) (its derivative in dt A is s e). */
+static inline R FN(sel_a)(R e, R s) { return s * e - (s - 1); }
+
 /* One step of one batch row: h [N, E] <- a_t h + b_t in place; y [E] its read-out. */
 static inline void FN(sel_step)(const R *restrict dt, const R *restrict x, const R *restrict At,
                                 const R *restrict Bm, const R *restrict C, R *restrict h,
-                                R *restrict y, int64_t E, int64_t N) {
+                                R *restrict y, int64_t E, int64_t N, const R s) {
     for (int64_t e = 0; e < E; e++) y[e] = 0;
     for (int64_t n = 0; n < N; n++) {
         const R Bn = Bm[n], Cn = C[n], *An = At + n * E;
         R *hn = h + n * E;
 #pragma omp simd
         for (int64_t e = 0; e < E; e++) {
-            const R a = EXP(dt[e] * An[e]);
+            const R a = FN(sel_a)(EXP(dt[e] * An[e]), s);
             hn[e] = a * hn[e] + (dt[e] * x[e]) * Bn;
             y[e] += Cn * hn[e];
         }
     }
 }
 
-/* The same step from h_prev into h_next [N, E], keeping a_t [N, E] (the backward's
+/* The same step from h_prev into h_next [N, E], keeping exp(dt_t A) [N, E] (the backward's
  * recomputation; the states are the forward's bit for bit). */
 static inline void FN(sel_step_to)(const R *restrict dt, const R *restrict x, const R *restrict At,
                                    const R *restrict Bm, const R *restrict h_prev, R *restrict h_next,
-                                   R *restrict a_out, int64_t E, int64_t N) {
+                                   R *restrict e_out, int64_t E, int64_t N, const R s) {
     for (int64_t n = 0; n < N; n++) {
         const R Bn = Bm[n], *An = At + n * E, *hp = h_prev + n * E;
-        R *hn = h_next + n * E, *an = a_out + n * E;
+        R *hn = h_next + n * E, *en = e_out + n * E;
 #pragma omp simd
         for (int64_t e = 0; e < E; e++) {
-            const R a = EXP(dt[e] * An[e]);
-            an[e] = a;
-            hn[e] = a * hp[e] + (dt[e] * x[e]) * Bn;
+            en[e] = EXP(dt[e] * An[e]);
+            hn[e] = FN(sel_a)(en[e], s) * hp[e] + (dt[e] * x[e]) * Bn;
         }
     }
 }
 
 /* The adjoint at one step t of one batch row. carry [N, E] holds a_{t+1} g_{t+1} on entry and
  * a_t g_t on return, where g_t = dL/dh_t = gy_t[e] C_t[n] + a_{t+1} g_{t+1}. With z = dt A
- * (so grad z = g_t h_{t-1} a_t) and grad b_t = g_t:
+ * (so grad z = g_t h_{t-1} s exp(z)) and grad b_t = g_t:
  *   gdt [E] = sum_n grad z A[e, n] + x[e] sum_n g Bm[n]      gx [E] = dt[e] sum_n g Bm[n]
  *   gAt_acc [N, E] += grad z dt[e]                             gBm [N] = sum_e g (dt x)[e]
  *   gC [N] = sum_e gy[e] h_t[n, e]
- * (a, h_prev, h: a_t, h_{t-1}, h_t [N, E], recomputed; gy, dt, x [E]; Bm, C [N]). gdt and gx
- * hold the two sums over n until the end. */
+ * (ez, h_prev, h: exp(z_t), h_{t-1}, h_t [N, E], recomputed; gy, dt, x [E]; Bm, C [N]). gdt and
+ * gx hold the two sums over n until the end. */
 static inline void FN(sel_adjoint)(const R *restrict gy, const R *restrict dt, const R *restrict x,
                                    const R *restrict At, const R *restrict Bm, const R *restrict C,
-                                   const R *restrict a, const R *restrict h_prev, const R *restrict h,
+                                   const R *restrict ez, const R *restrict h_prev, const R *restrict h,
                                    R *restrict carry, R *restrict gAt_acc, R *restrict gdt,
-                                   R *restrict gx, R *restrict gBm, R *restrict gC, int64_t E, int64_t N) {
+                                   R *restrict gx, R *restrict gBm, R *restrict gC, int64_t E, int64_t N,
+                                   const R s) {
     R *restrict s_z = gdt, *restrict s_b = gx; /* sum_n grad z A[e, n], sum_n g Bm[n] */
     for (int64_t e = 0; e < E; e++) s_z[e] = s_b[e] = 0;
     for (int64_t n = 0; n < N; n++) {
-        const R Bn = Bm[n], Cn = C[n], *An = At + n * E, *an = a + n * E, *hp = h_prev + n * E,
+        const R Bn = Bm[n], Cn = C[n], *An = At + n * E, *en = ez + n * E, *hp = h_prev + n * E,
                 *hn = h + n * E;
         R *cn = carry + n * E, *gAn = gAt_acc + n * E, gBn = 0, gCn = 0;
 #pragma omp simd reduction(+ : gBn, gCn)
         for (int64_t e = 0; e < E; e++) {
             const R g = cn[e] + gy[e] * Cn;
-            const R gz = g * hp[e] * an[e];
+            const R gz = g * hp[e] * (s * en[e]);
             s_z[e] += gz * An[e];
             s_b[e] += g * Bn;
             gAn[e] += gz * dt[e];
             gBn += g * (dt[e] * x[e]);
             gCn += gy[e] * hn[e];
-            cn[e] = an[e] * g;
+            cn[e] = FN(sel_a)(en[e], s) * g;
         }
         gBm[n] = gBn;
         gC[n] = gCn;
@@ -97,31 +118,40 @@ static inline void FN(sel_adjoint)(const R *restrict gy, const R *restrict dt, c
 }
 
 /* Forward. h holds h_{-1} on entry and h_{T-1} on return ([B, N, E]); y [B, T, E]; ckpt or NULL. */
-CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
-                                  const R *dt, const R *At, const R *x, const R *Bm, const R *C,
-                                  R *h, R *y, int64_t every, R *ckpt) {
+SEL_CORE void FN(sel_fwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *At,
+                          const R *x, const R *Bm, const R *C, R *h, R *y, int64_t every,
+                          R *ckpt, const R s) {
     const int64_t M = E * N, n_ckpt = (T + every - 1) / every;
     for (int64_t bi = 0; bi < B; bi++) {
         R *hb = h + bi * M;
         for (int64_t t = 0; t < T; t++) {
             const int64_t bt = bi * T + t;
             if (ckpt && t % every == 0) memcpy(ckpt + (bi * n_ckpt + t / every) * M, hb, M * sizeof(R));
-            FN(sel_step)(dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N, hb, y + bt * E, E, N);
+            FN(sel_step)(dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N, hb, y + bt * E, E, N, s);
         }
     }
 }
 
+/* scale: s (see the top); s = 1 runs the core with the constant 1 (so do the two below) */
+CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
+                                  const R *dt, const R *At, const R *x, const R *Bm, const R *C,
+                                  R *h, R *y, int64_t every, R *ckpt, double scale) {
+    if (scale == 1) FN(sel_fwd)(B, T, E, N, dt, At, x, Bm, C, h, y, every, ckpt, (R)1);
+    else FN(sel_fwd)(B, T, E, N, dt, At, x, Bm, C, h, y, every, ckpt, (R)scale);
+}
+
 /* Backward of selective_fwd from its checkpoints given gy [B, T, E]: gdt, gx [B, T, E],
  * gAt [N, E] (summed over batch and time), gBm, gC [B, T, N], gh0 [B, N, E] = a_0 g_0.
- * work: (2 min(every, T) + 1) M elements: the states and transitions of one checkpoint span,
- * recomputed from its checkpoint, stay in cache while the adjoint walks back over them; then
- * one batch row's sum of grad A (added to gAt per row, which keeps float32 sums short). */
-CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
-                                  const R *dt, const R *At, const R *x, const R *Bm, const R *C,
-                                  const R *ckpt, int64_t every, const R *gy,
-                                  R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work) {
+ * work: (2 min(every, T) + 1) M elements: the states and exponentials exp(dt A) of one
+ * checkpoint span, recomputed from its checkpoint, stay in cache while the adjoint walks back
+ * over them; then one batch row's sum of grad A (added to gAt per row, which keeps float32 sums
+ * short). */
+SEL_CORE void FN(sel_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *At,
+                          const R *x, const R *Bm, const R *C, const R *ckpt, int64_t every,
+                          const R *gy, R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work,
+                          const R s) {
     const int64_t M = E * N, n_ckpt = (T + every - 1) / every, span = every < T ? every : T;
-    R *hs = work, *as = work + span * M, *gA_row = work + 2 * span * M;
+    R *hs = work, *es = work + span * M, *gA_row = work + 2 * span * M;
     for (int64_t i = 0; i < M; i++) gAt[i] = 0;
     for (int64_t bi = 0; bi < B; bi++) {
         R *carry = gh0 + bi * M; /* a_{t+1} g_{t+1}; zero after the last step */
@@ -129,20 +159,28 @@ CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
         for (int64_t k = n_ckpt - 1; k >= 0; k--) {
             const int64_t t0 = k * every, t1 = t0 + every < T ? t0 + every : T;
             const R *start = ckpt + (bi * n_ckpt + k) * M; /* h_{t0 - 1} */
-            for (int64_t t = t0; t < t1; t++) { /* hs[t - t0] = h_t, as[t - t0] = a_t */
+            for (int64_t t = t0; t < t1; t++) { /* hs[t - t0] = h_t, es[t - t0] = exp(dt_t A) */
                 const int64_t bt = bi * T + t, j = t - t0;
                 FN(sel_step_to)(dt + bt * E, x + bt * E, At, Bm + bt * N, j ? hs + (j - 1) * M : start,
-                                hs + j * M, as + j * M, E, N);
+                                hs + j * M, es + j * M, E, N, s);
             }
             for (int64_t t = t1 - 1; t >= t0; t--) {
                 const int64_t bt = bi * T + t, j = t - t0;
                 FN(sel_adjoint)(gy + bt * E, dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N,
-                                as + j * M, j ? hs + (j - 1) * M : start, hs + j * M, carry, gA_row,
-                                gdt + bt * E, gx + bt * E, gBm + bt * N, gC + bt * N, E, N);
+                                es + j * M, j ? hs + (j - 1) * M : start, hs + j * M, carry, gA_row,
+                                gdt + bt * E, gx + bt * E, gBm + bt * N, gC + bt * N, E, N, s);
             }
         }
         for (int64_t i = 0; i < M; i++) gAt[i] += gA_row[i];
     }
+}
+
+CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
+                                  const R *dt, const R *At, const R *x, const R *Bm, const R *C,
+                                  const R *ckpt, int64_t every, const R *gy,
+                                  R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work, double scale) {
+    if (scale == 1) FN(sel_bwd)(B, T, E, N, dt, At, x, Bm, C, ckpt, every, gy, gdt, gAt, gx, gBm, gC, gh0, work, (R)1);
+    else FN(sel_bwd)(B, T, E, N, dt, At, x, Bm, C, ckpt, every, gy, gdt, gAt, gx, gBm, gC, gh0, work, (R)scale);
 }
 
 /* Every state, forward only (selective_states; no read-out, no checkpoints): states
@@ -152,9 +190,9 @@ CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
  * sequence: dt, x [B, S, E], Bm [B, S, N] and states [B, S, E, N] are pointers to step `start`
  * of arrays with S steps per batch row (S >= T); h0 [B, E, N] with rows h0_stride apart (a
  * contiguous initial state: E N; the pinned state at step start - 1 of `states`: S E N). */
-CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N,
-                                     const R *dt, const R *A, const R *x, const R *Bm,
-                                     const R *h0, int64_t h0_stride, R *states) {
+SEL_CORE void FN(sel_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N, const R *dt,
+                             const R *A, const R *x, const R *Bm, const R *h0, int64_t h0_stride,
+                             R *states, const R s) {
     const int64_t M = E * N;
     for (int64_t bi = 0; bi < B; bi++) {
         const R *hp = h0 + bi * h0_stride;
@@ -166,11 +204,18 @@ CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int
                 const R d = dtt[e], u = d * xt[e], *Ae = A + e * N, *hpe = hp + e * N;
                 R *he = h + e * N;
 #pragma omp simd
-                for (int64_t n = 0; n < N; n++) he[n] = EXP(d * Ae[n]) * hpe[n] + u * Bt[n];
+                for (int64_t n = 0; n < N; n++) he[n] = FN(sel_a)(EXP(d * Ae[n]), s) * hpe[n] + u * Bt[n];
             }
             hp = h;
         }
     }
+}
+
+CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int64_t N,
+                                     const R *dt, const R *A, const R *x, const R *Bm,
+                                     const R *h0, int64_t h0_stride, R *states, double scale) {
+    if (scale == 1) FN(sel_states)(B, T, S, E, N, dt, A, x, Bm, h0, h0_stride, states, (R)1);
+    else FN(sel_states)(B, T, S, E, N, dt, A, x, Bm, h0, h0_stride, states, (R)scale);
 }
 
 #undef FN

@@ -14,14 +14,16 @@ since dt > 0 and A < 0; transition(inputs_t) returns it as [B, E, N].
 
 Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native_scan.selective_scan,
 which forms exp(dt A) and dt x B inside its loop and reads out C h there, so no [B, T, E, N] tensor
-exists in the forward or the backward; elsewhere (and for the variants' own transitions)
+exists in the forward or the backward; elsewhere (and for transitions the C kernels do not know)
 models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
 hook_state, from native_scan.selective_states (a and b formed in C) when no gradient is wanted on
 the CPU, else from diag_scan over a and b; state patches are pins and the scan resumes from them.
 
 Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
-complex state is its real part).
+complex state is its real part). The C kernels form a_t = s exp(dt_t A) - (s - 1) for a scale s:
+a class whose transition_terms is that transition declares s as `native_transition_scale` beside
+it (Mamba 1, negative_mamba 2) and runs them; the others (aussm, mamba3) run diag_scan.
 
 mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
 dt_init_floor (1e-4), conv_bias (True), bias (False, in/out projections), chunk_size (64).
@@ -63,6 +65,7 @@ def mamba_options(cfg) -> dict:
 @register_mixer("mamba", n_layers=2, norm="rmsnorm")
 class Mamba(RecurrentMixer):
     is_affine = True
+    native_transition_scale = 1.0  # transition_terms is the C kernels' transition with s = 1 (see native_scale)
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -121,14 +124,16 @@ class Mamba(RecurrentMixer):
         return a * h + b  # [B, E, N]
 
     def scan(self, inputs, pins=None, initial=None):
-        """The states [B, T, E, N] (twice: the scan contract). When no gradient is wanted and Mamba's
-        own transition runs on the CPU in float32/64, native_scan.selective_states forms a and b
-        inside its C loop; otherwise scan_terms over transition_terms."""
+        """The states [B, T, E, N] (twice: the scan contract). When no gradient is wanted and the
+        transition is a native one (native_scale) on the CPU in float32/64,
+        native_scan.selective_states forms a and b inside its C loop; otherwise scan_terms over
+        transition_terms."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if self.own_transition():
+        scale = self.native_scale()
+        if scale is not None:
             A = self.A()  # [E, N]
             if native_scan.selective_states_supported(dt, A, x, B, initial, pins):
-                states = native_scan.selective_states(dt, A, x, B, initial_state=initial, pins=pins)
+                states = native_scan.selective_states(dt, A, x, B, initial_state=initial, pins=pins, scale=scale)
                 return states, states
         return self.scan_terms(*self.transition_terms(inputs), pins, initial)
 
@@ -141,7 +146,7 @@ class Mamba(RecurrentMixer):
         """RecurrentMixer.instrumented_forward: both scans (the first and the patched re-run) in
         scan's native selective_states when it applies, else a and b computed once for both."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if self.own_transition() and native_scan.selective_states_supported(dt, self.A(), x, B, initial):
+        if self.native_scale() is not None and native_scan.selective_states_supported(dt, self.A(), x, B, initial):
             run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
         else:
             a, b = self.transition_terms(inputs)  # [B, T, E, N] each
@@ -159,24 +164,30 @@ class Mamba(RecurrentMixer):
         y = y.real if y.is_complex() else y
         return self.out_proj((y + self.D * inputs["x"]) * inputs["gate"])
 
-    def own_transition(self) -> bool:
-        """Whether the transition is Mamba's exp(dt A), dt x B (the variants override
-        transition_terms), so the native scans that form it in C apply."""
-        return type(self).transition_terms is Mamba.transition_terms
+    def native_scale(self) -> float | None:
+        """The scale s with which the native selective kernels form this class's transition
+        (a = s exp(dt A) - (s - 1), b = dt x B; Mamba 1, negative Mamba 2), or None when they do not
+        know it: s is the native_transition_scale declared by the class that defines the
+        transition_terms in use, so a variant overriding transition_terms without declaring one
+        (AUSSM, Mamba-3) gets None and the unfused path."""
+        owner = next(k for k in type(self).__mro__ if "transition_terms" in vars(k))
+        return vars(owner).get("native_transition_scale")
 
     def fast_forward(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         return self.fast_from(u, self.prepare(u))
 
     def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
-        """Mamba's own transition on the CPU in float32/64: the selective scan with exp(dt A) and
-        dt x B formed inside the C loop (no [B, T, E, N] tensors); otherwise (the variants'
-        transition_terms, other dtypes or devices, no C compiler) a and b from transition_terms
-        into diag_scan with the read-out C fused."""
+        """A native transition (native_scale: Mamba's, negative Mamba's) on the CPU in float32/64:
+        the selective scan with a and b formed inside the C loop (no [B, T, E, N] tensors);
+        otherwise (other variants' transition_terms, other dtypes or devices, no C compiler) a and
+        b from transition_terms into diag_scan with the read-out C fused."""
         dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
-        if self.own_transition():
+        scale = self.native_scale()
+        if scale is not None:
             A = self.A()  # [E, N]
             if native_scan.selective_supported(dt, A, x, B, C, initial):
-                y = native_scan.selective_scan(dt, A, x, B, C, initial_state=initial, chunk_size=self.chunk_size)
+                y = native_scan.selective_scan(dt, A, x, B, C, initial_state=initial,
+                                               chunk_size=self.chunk_size, scale=scale)
                 return self.finish(y, inputs)  # y [B, T, E]
         a, b = self.transition_terms(inputs)
         y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
