@@ -24,10 +24,17 @@ Every method except loop-auto runs inside models.instrumented(); interchange's r
 (batched) lift it and take the default path per mixer, like loop-auto, so they agree with the
 others up to float rounding (last column). Time covers the interchange only (model, data and
 imports are set up before); peak memory is a fresh process's peak RSS during one run minus its RSS
-before. Agreement: max |p_patched -
+before. "work" counts what the blocks computed: rows x positions summed over every block call
+(whole, cached and resumed passes alike; a resumed pass's recomputed prefix for Based / BaseConv /
+Hyena is not counted), so seconds / work shows what a pass costs beyond its arithmetic. Agreement: max |p_patched -
 p_patched(loop)| over sites x examples.
 
     python benchmarks/interventions.py [--markdown]
+    python3 benchmarks/interventions.py --device cuda --markdown     (on a GPU: packing's side)
+
+With --device cuda every method runs on the GPU (timings synchronised; peak memory is the GPU's
+peak allocation during one run, `torch.cuda.max_memory_allocated`); methods whose packages are
+missing there (pyvene) are reported as failed.
 """
 
 from __future__ import annotations
@@ -82,14 +89,14 @@ def rss_mb(field: str) -> float:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def setup(name: str, n: int, pairs: int):
+def setup(name: str, n: int, pairs: int, device: str = "cpu"):
     torch.manual_seed(0)
     task = AssociativeRecall(n_keys=32, n_values=32)
     clean = task.sample(n, pairs, seed=0)
     corrupt = corrupt_ar(clean, task, seed=1)
-    model = models.build(name, vocab_size=task.vocab_size, **MODELS[name]["build"]).eval()
+    model = models.build(name, vocab_size=task.vocab_size, **MODELS[name]["build"]).eval().to(device)
     sites = site_grid(model, MODELS[name]["hooks"], ROLES)
-    return model, clean, corrupt, sites
+    return model, clean.to(device), corrupt.to(device), sites
 
 
 def pyvene_probs(model, clean, corrupt, sites, passes: list[int]) -> torch.Tensor:
@@ -151,14 +158,17 @@ def loop_probs(model, clean, corrupt, sites) -> torch.Tensor:
     return torch.stack(out)
 
 
-def runner(name: str, method: str, rows: int | None, n: int, pairs: int):
+def runner(name: str, method: str, rows: int | None, n: int, pairs: int, device: str = "cpu"):
     """(run() -> p_patched [S, N], passes counter) for one method on its own copy of the model."""
-    model, clean, corrupt, sites = setup(name, n, pairs)
+    model, clean, corrupt, sites = setup(name, n, pairs, device)
     if method == "pyvene":
         import pyvene  # noqa: F401  (import cost outside the timing)
-    passes = [0]
+    passes = [0, 0]  # unembedding calls, row-positions computed summed over blocks
     if method != "pyvene":  # pyvene removes the model's forward hooks; its adapter counts instead
         model.unembed.register_forward_hook(lambda *args: passes.__setitem__(0, passes[0] + 1))
+        for block in model.blocks:  # hook_resid_mid sees [rows, positions, D] in whole and resumed passes
+            block.hook_resid_mid.register_forward_hook(
+                lambda module, args, out: passes.__setitem__(1, passes[1] + out.shape[0] * out.shape[1]))
 
     def run() -> torch.Tensor:
         with torch.no_grad(), models.instrumented(method != "loop-auto"):
@@ -169,7 +179,24 @@ def runner(name: str, method: str, rows: int | None, n: int, pairs: int):
             return interchange(model, clean, corrupt, sites, batch_size=rows, min_effect=0.0,
                                skip_noops=method != "all-pairs", resume=method == "batched").p_patched
 
-    return run, passes
+    if device == "cpu":
+        return run, passes
+
+    def run_synchronised() -> torch.Tensor:
+        result = run()
+        torch.cuda.synchronize()
+        return result
+
+    return run_synchronised, passes
+
+
+def gpu_peak_memory(run) -> str:
+    """Peak GPU allocation (MiB) during one run, above what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    return f"{(torch.cuda.max_memory_allocated() - before) / 2**20:.0f}"
 
 
 def child(name: str, method: str, rows: int | None, n: int, pairs: int) -> None:
@@ -216,6 +243,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="round-robin rounds; each method's time is its fastest")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     if args.child:
         name, method, rows = args.child
@@ -223,37 +251,46 @@ def main() -> None:
         return
 
     torch.set_num_threads(1)
+    where = (f"{torch.cuda.get_device_name()} (peak memory: GPU allocation)" if args.device == "cuda"
+             else "1 thread, 2-core CPU shared with other jobs")
     lines = [
-        f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread, 2-core CPU shared with other "
-        f"jobs (load average {os.getloadavg()[0]:.1f} at start). AR with {args.pairs} pairs in context "
+        f"Machine: {platform.machine()}, torch {torch.__version__}, {where} "
+        f"(load average {os.getloadavg()[0]:.1f} at start). AR with {args.pairs} pairs in context "
         f"(T = {2 * args.pairs + 4}), untrained models (timing only), 2 layers x 4 hooks x 4 roles = 32 sites; "
         f"methods timed side by side in one process, fastest of {args.repeats} round-robin rounds; peak "
         f"memory from one run of each method in a fresh process.",
         "",
-        "| model | N pairs | method | rows per pass | forward passes | seconds | speed-up vs loop | "
-        "speed-up vs loop-auto | peak extra RSS (MiB) | max abs diff p vs loop |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | N pairs | method | rows per pass | forward passes | work (k row-positions x blocks) | "
+        "seconds | speed-up vs loop | speed-up vs loop-auto | peak extra memory (MiB) | max abs diff p vs loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in args.models:
         for n in sorted({n for n, _, _ in PLAN[name]}, reverse=True):
             plan = [(method, rows) for size, method, rows in PLAN[name] if size == n]
-            runs, counters = {}, {}
+            runs, counters, missing = {}, {}, {}
             for method, rows in plan:
-                runs[method, rows], counters[method, rows] = runner(name, method, rows, n, args.pairs)
+                try:
+                    runs[method, rows], counters[method, rows] = runner(name, method, rows, n, args.pairs, args.device)
+                except ImportError as error:  # pyvene where it is not installed
+                    missing[method, rows] = error
             results, best = time_side_by_side(runs, args.repeats)
+            results.update(missing)
             reference = results["loop", None]
             for method, rows in plan:
                 head = f"| {name} | {n} | {method} | {rows or n} |"
                 result = results[method, rows]
                 if isinstance(result, Exception):
-                    lines.append(f"{head} - | - | - | - | - | failed: {type(result).__name__}: {str(result)[:90]} |")
+                    lines.append(f"{head} - | - | - | - | - | - | failed: {type(result).__name__}: {str(result)[:90]} |")
                     print(lines[-1], flush=True)
                     continue
                 seconds = best[method, rows]
                 speedups = " | ".join(f"{best[loop, None] / seconds:.1f}x" for loop in ("loop", "loop-auto"))
                 passes = counters[method, rows][0] // (args.repeats + 1)
+                work = "-" if method == "pyvene" else f"{counters[method, rows][1] / (args.repeats + 1) / 1e3:.0f}"
+                memory = (peak_memory(name, method, rows, n, args.pairs) if args.device == "cpu"
+                          else gpu_peak_memory(runs[method, rows]))
                 lines.append(
-                    f"{head} {passes} | {seconds:.2f} | {speedups} | {peak_memory(name, method, rows, n, args.pairs)} | "
+                    f"{head} {passes} | {work} | {seconds:.2f} | {speedups} | {memory} | "
                     f"{(result - reference).abs().max().item():.1e} |"
                 )
                 print(lines[-1], flush=True)

@@ -30,11 +30,14 @@ delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, initial_state
     native: a plain-C loop on the CPU, forward only (impl="auto" uses it on the CPU when no
     gradient is wanted).
 
-native_scan.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N], initial_state=None)
-    -> y [B,T,E]: Mamba's scan with exp(dt A) and dt x Bm formed inside the C loop (CPU, float32/64;
-    forward and backward, nothing [B,T,E,N] materialised); the Mamba fast path on the CPU.
-native_scan.selective_states(dt, A, x, Bm, initial_state=None, pins=None) -> states [B,T,E,N]:
-    the same recurrence returning every state (forward only); Mamba's instrumented path without grad.
+native_scan.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N], initial_state=None,
+                           scale=1.0)
+    -> y [B,T,E]: Mamba's scan with a = scale exp(dt A) - (scale - 1) (1: Mamba, 2: negative Mamba)
+    and dt x Bm formed inside the C loop (CPU, float32/64; forward and backward, nothing [B,T,E,N]
+    materialised); the fast path of Mamba and negative Mamba on the CPU.
+native_scan.selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale=1.0) -> states
+    [B,T,E,N]: the same recurrence returning every state (forward only); their instrumented path
+    without grad.
 """
 
 from models.kernels.delta_rule import delta_rule
