@@ -3,7 +3,8 @@
  * complex128 (models/kernels/native_scan.py builds and loads it; native_scan_body.h is the code),
  * the delta-rule forward for float32 and float64 (native_delta_body.h), and Mamba's selective
  * scan for float32 and float64 (native_selective_body.h: the fused read-out with its backward, and
- * every state, forward only, for the instrumented path).
+ * every state, forward only, for the instrumented path), and AUSSM's and Mamba-3's complex-transition
+ * scans (native_complex_body.h, the same three kernels over complex states).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <math.h>
@@ -124,3 +125,62 @@ void vexp_f32(int64_t n, const float *x, float *y) {
 #undef R
 #undef SFX
 #undef EXP
+
+/* sin and cos for float32 in a form the compiler can vectorise (libm's are a call per element):
+ * Cephes' sinf / cosf. x = k pi/2 + r with k = round(x 2/pi) and r by Cody-Waite reduction
+ * (pi/2 in three parts, the first two short enough that k times them is exact for |x| <= 8192),
+ * sin r and cos r by their minimax polynomials on [-pi/4, pi/4], then the quadrant k mod 4 swaps
+ * and negates them. Accurate for |x| <= 8192 (SC_MAX_F32); x is clamped to twice that so the
+ * integer conversion stays defined, and callers recompute larger (or NaN) angles with libm. */
+#define SC_MAX_F32 8192.0f
+static inline void sincos_f32(float x, float *s, float *c) {
+    float xc = x > -2 * SC_MAX_F32 ? x : -2 * SC_MAX_F32; /* NaN -> the bound: the caller redoes it */
+    xc = xc < 2 * SC_MAX_F32 ? xc : 2 * SC_MAX_F32;
+    const float k = (xc * 0.63661977236758134f + 12582912.0f) - 12582912.0f; /* round (1.5 2^23) */
+    const float r = ((xc - k * 1.5703125f) - k * 4.837512969970703125e-4f) - k * 7.54978995489188216e-8f;
+    const float z = r * r;
+    const float sr = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+    const float cr = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z
+                     - 0.5f * z + 1.0f;
+    const int32_t q = (int32_t)k;
+    const float sv = (q & 1) ? cr : sr, cv = (q & 1) ? sr : cr; /* sin, cos of r + (q mod 2) pi/2 */
+    *s = (q & 2) ? -sv : sv;
+    *c = ((q + 1) & 2) ? -cv : cv;
+}
+
+/* sincos_f32 over an array (for the accuracy test). */
+void vsincos_f32(int64_t n, const float *x, float *s, float *c) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) sincos_f32(x[i], s + i, c + i);
+}
+
+static inline void sincos_f64(double x, double *s, double *c) {
+    *s = sin(x);
+    *c = cos(x);
+}
+
+/* AUSSM's and Mamba-3's complex-transition scans (native_scan.py, rotation_scan / trapezoid_scan) */
+
+#define R float
+#define SFX f32
+#define EXP exp_f32
+#define SINCOS sincos_f32
+#define SC_MAX SC_MAX_F32
+#include "native_complex_body.h"
+#undef R
+#undef SFX
+#undef EXP
+#undef SINCOS
+#undef SC_MAX
+
+#define R double
+#define SFX f64
+#define EXP exp
+#define SINCOS sincos_f64
+#define SC_MAX HUGE_VAL
+#include "native_complex_body.h"
+#undef R
+#undef SFX
+#undef EXP
+#undef SINCOS
+#undef SC_MAX

@@ -9,6 +9,11 @@ the transition only rotates, so nothing decays and the input chooses the rotatio
 Everything else (projections, short conv, dt, hooks, kernels, patches) is models.mixers.mamba.
 Affine and diagonal: transition(inputs_t) = exp(i dt omega), complex [B, E, N], every |.| = 1.
 Init: omega[e, n] = pi * (n + 1) (the S4D-Lin frequencies). mixer_options: as mamba.
+
+Fast path on the CPU (float32/64, a C compiler): native_scan.rotation_scan forms a and b inside
+its C loop with the read-out fused (nothing [B, T, E, N]); no-grad instrumented scans:
+native_scan.rotation_states (complex64 states in torch's layout, pins honoured). Elsewhere
+Mamba's unfused path: transition_terms into diag_scan.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import math
 import torch
 from torch import nn
 
+from models.hooks import scan_with_state_hook
+from models.kernels import native_scan
 from models.mixers.base import register_mixer
 from models.mixers.mamba import Mamba
 
@@ -36,3 +43,34 @@ class AUSSM(Mamba):
         a = torch.complex(torch.cos(angle), torch.sin(angle))  # unit modulus
         b = (dt * inputs["x"][..., None]) * inputs["B"][..., None, :]  # real, promoted by the kernel
         return a, b
+
+    def native_args(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(dt, omega, x, B): rotation_scan's and rotation_states' inputs before C."""
+        return inputs["dt"], self.omega, inputs["x"], inputs["B"]
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        """rotation_scan where it runs (CPU, float32/64, initial None or of the complex dtype),
+        else Mamba's unfused fast path."""
+        args = self.native_args(inputs)
+        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
+            y = native_scan.rotation_scan(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)
+            return self.finish(y, inputs)  # y [B, T, E]
+        return super().fast_from(u, inputs, initial)
+
+    def scan(self, inputs, pins=None, initial=None):
+        """The states [B, T, E, N] complex (twice: the scan contract): rotation_states when no
+        gradient is wanted and it runs here, else transition_terms into diag_scan."""
+        args = self.native_args(inputs)
+        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
+            states = native_scan.rotation_states(*args, initial_state=initial, pins=pins)
+            return states, states
+        return super().scan(inputs, pins, initial)
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        """Both scans (the first and the patched re-run) in rotation_states when it runs, else
+        Mamba's (a and b formed once in torch)."""
+        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
+            return super().instrumented_forward(u, inputs, initial)
+        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
+        return self.readout(u, states, inputs)

@@ -14,6 +14,12 @@ rotary embedding of B and C) lets a diagonal SSM rotate its state. Not reproduce
 removal of the short conv, B/C normalisation. Affine and diagonal in h:
 transition(inputs_t) = exp(dt_t (A + i theta_t)), |a| = exp(dt A) in (0, 1).
 mixer_options: as mamba.
+
+Fast path on the CPU (float32/64, a C compiler): native_scan.trapezoid_scan forms a and the
+trapezoid's input terms inside its C loop with the read-out fused (nothing [B, T, E, N]); no-grad
+instrumented scans: native_scan.trapezoid_states (complex64 states in torch's layout, pins
+honoured). Both take x_prev / B_prev from the prepared inputs (resume() prepares them from its
+context). Elsewhere Mamba's unfused path: transition_terms into diag_scan.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.hooks import scan_with_state_hook
+from models.kernels import native_scan
 from models.mixers.base import register_mixer
 from models.mixers.mamba import Mamba
 
@@ -52,3 +60,35 @@ class Mamba3(Mamba):
         u_prev = (1 - lam) * dt * (inputs["x_prev"][..., None] * inputs["B_prev"][..., None, :])
         b_re = lam * dt * u_now + a_re * u_prev  # b = lam dt u_now + (1 - lam) dt a u_prev
         return torch.complex(a_re, a_im), torch.complex(b_re, a_im * u_prev)
+
+    def native_args(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(dt, A, theta, lam, x, B, x_prev, B_prev): trapezoid_scan's / trapezoid_states' inputs before C."""
+        return (inputs["dt"], self.A(), inputs["theta"], inputs["lam"], inputs["x"], inputs["B"],
+                inputs["x_prev"], inputs["B_prev"])
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        """trapezoid_scan where it runs (CPU, float32/64, initial None or of the complex dtype),
+        else Mamba's unfused fast path."""
+        args = self.native_args(inputs)
+        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
+            y = native_scan.trapezoid_scan(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)
+            return self.finish(y, inputs)  # y [B, T, E]
+        return super().fast_from(u, inputs, initial)
+
+    def scan(self, inputs, pins=None, initial=None):
+        """The states [B, T, E, N] complex (twice: the scan contract): trapezoid_states when no
+        gradient is wanted and it runs here, else transition_terms into diag_scan."""
+        args = self.native_args(inputs)
+        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
+            states = native_scan.trapezoid_states(*args, initial_state=initial, pins=pins)
+            return states, states
+        return super().scan(inputs, pins, initial)
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        """Both scans (the first and the patched re-run) in trapezoid_states when it runs, else
+        Mamba's (a and b formed once in torch)."""
+        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
+            return super().instrumented_forward(u, inputs, initial)
+        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
+        return self.readout(u, states, inputs)
