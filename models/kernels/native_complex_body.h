@@ -159,16 +159,19 @@ CLONES void FN(complex_fwd)(int64_t mode, int64_t B, int64_t T, int64_t S, int64
                             const R *dt, const R *W, const R *At, const R *lam, const R *x, const R *xp,
                             const R *Bm, const R *Bp, const R *C, R *h, R *y, int64_t every, R *ckpt,
                             R *states, R *work) {
-    if (mode && states) FN(cx_fwd)(1, 1, B, T, S, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, h, y, every, ckpt, states, work);
-    else if (mode) FN(cx_fwd)(1, 0, B, T, S, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, h, y, every, ckpt, states, work);
-    else if (states) FN(cx_fwd)(0, 1, B, T, S, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, h, y, every, ckpt, states, work);
-    else FN(cx_fwd)(0, 0, B, T, S, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, h, y, every, ckpt, states, work);
+#define CX_FWD(m, st) FN(cx_fwd)(m, st, B, T, S, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, h, y, every, ckpt, \
+                                 states, work)
+    if (mode && states) CX_FWD(1, 1);
+    else if (mode) CX_FWD(1, 0);
+    else if (states) CX_FWD(0, 1);
+    else CX_FWD(0, 0);
+#undef CX_FWD
 }
 
 /* The adjoint at step t of one batch row (see the top). carry [2, N, E]: dL/dp_{t+1} on entry
  * (zero after the last step), dL/dp_t on return. hp, h: h_{t-1}, h_t [2, N, E]; ar, ai: a_t.
- * gW_acc [N, E] (mode 0: omega^T) or gA_acc [N, E] (mode 1) accumulate over steps; gth [N]
- * (mode 1); gdt, glam, gx, gxp [E]; gBm, gBp, gC [N]. */
+ * gacc [N, E] accumulates omega^T's gradient (mode 0) or A^T's (mode 1) over steps; gth [N]
+ * (mode 1: theta_t's); gdt, glam, gx, gxp [E]; gBm, gBp, gC [N]. */
 CX_CORE void FN(cx_adjoint)(const int mode, const R *restrict gy, const R *restrict dt,
                             const R *restrict W, const R *restrict At, const R *restrict lam,
                             const R *restrict x, const R *restrict xp, const R *restrict cv,
@@ -286,8 +289,11 @@ CLONES void FN(complex_bwd)(int64_t mode, int64_t B, int64_t T, int64_t E, int64
                             const R *Bm, const R *Bp, const R *C, const R *ckpt, int64_t every,
                             const R *gy, R *gdt, R *gW, R *gAt, R *glam, R *gx, R *gxp, R *gBm,
                             R *gBp, R *gC, R *gh0, R *work) {
-    if (mode) FN(cx_bwd)(1, B, T, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, ckpt, every, gy, gdt, gW, gAt, glam, gx, gxp, gBm, gBp, gC, gh0, work);
-    else FN(cx_bwd)(0, B, T, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, ckpt, every, gy, gdt, gW, gAt, glam, gx, gxp, gBm, gBp, gC, gh0, work);
+#define CX_BWD(m) FN(cx_bwd)(m, B, T, E, N, dt, W, At, lam, x, xp, Bm, Bp, C, ckpt, every, gy, gdt, gW, gAt, \
+                           glam, gx, gxp, gBm, gBp, gC, gh0, work)
+    if (mode) CX_BWD(1);
+    else CX_BWD(0);
+#undef CX_BWD
 }
 
 #undef FN
