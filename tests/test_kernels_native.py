@@ -345,7 +345,7 @@ def test_mamba_fast_path_runs_the_fused_scan_and_matches_instrumented(monkeypatc
     assert calls == [scale, scale]  # one per layer, on the fast path only
     for got, ref in zip(fast, slow):  # every parameter's gradient, A_log and D included
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
-    for variant in ("aussm", "mamba3"):  # own transition_terms without a native scale: the unfused path
+    for variant in ("aussm", "mamba3"):  # no native scale: their own complex kernels, not selective_scan
         mamba_fast_and_instrumented(variant, tokens)
     assert len(calls) == 2
 

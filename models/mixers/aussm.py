@@ -23,14 +23,14 @@ import math
 import torch
 from torch import nn
 
-from models.hooks import scan_with_state_hook
-from models.kernels import native_scan
 from models.mixers.base import register_mixer
-from models.mixers.mamba import Mamba
+from models.mixers.mamba import ComplexNativeMamba
 
 
 @register_mixer("aussm", n_layers=2, norm="rmsnorm")
-class AUSSM(Mamba):
+class AUSSM(ComplexNativeMamba):
+    native_kernel = "rotation"  # native_scan.rotation_scan / rotation_states
+
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         del self.A_log  # no decay: the transition is a pure rotation
@@ -47,30 +47,3 @@ class AUSSM(Mamba):
     def native_args(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """(dt, omega, x, B): rotation_scan's and rotation_states' inputs before C."""
         return inputs["dt"], self.omega, inputs["x"], inputs["B"]
-
-    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
-        """rotation_scan where it runs (CPU, float32/64, initial None or of the complex dtype),
-        else Mamba's unfused fast path."""
-        args = self.native_args(inputs)
-        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
-            y = native_scan.rotation_scan(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)
-            return self.finish(y, inputs)  # y [B, T, E]
-        return super().fast_from(u, inputs, initial)
-
-    def scan(self, inputs, pins=None, initial=None):
-        """The states [B, T, E, N] complex (twice: the scan contract): rotation_states when no
-        gradient is wanted and it runs here, else transition_terms into diag_scan."""
-        args = self.native_args(inputs)
-        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
-            states = native_scan.rotation_states(*args, initial_state=initial, pins=pins)
-            return states, states
-        return super().scan(inputs, pins, initial)
-
-    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """Both scans (the first and the patched re-run) in rotation_states when it runs, else
-        Mamba's (a and b formed once in torch)."""
-        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
-            return super().instrumented_forward(u, inputs, initial)
-        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
-        return self.readout(u, states, inputs)

@@ -23,7 +23,9 @@ Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
 complex state is its real part). The C kernels form a_t = s exp(dt_t A) - (s - 1) for a scale s:
 a class whose transition_terms is that transition declares s as `native_transition_scale` beside
-it (Mamba 1, negative_mamba 2) and runs them; the others (aussm, mamba3) run diag_scan.
+it (Mamba 1, negative_mamba 2) and runs them. The complex variants (aussm, mamba3) subclass
+ComplexNativeMamba below, which runs their own C kernels (native_scan.rotation_* / trapezoid_*)
+the same way; everything else runs diag_scan.
 
 mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
 dt_init_floor (1e-4), conv_bias (True), bias (False, in/out projections), chunk_size (64).
@@ -192,3 +194,42 @@ class Mamba(RecurrentMixer):
         a, b = self.transition_terms(inputs)
         y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
         return self.finish(y, inputs)
+
+
+class ComplexNativeMamba(Mamba):
+    """Base of the complex-state variants whose transition a native C kernel forms (aussm:
+    "rotation", mamba3: "trapezoid"): `native_kernel` names native_scan's <name>_scan (fused
+    read-out, differentiable) and <name>_states (every state, no grad), both taking
+    native_args(inputs). They run on the CPU in float32/64 (initial state None or of the complex
+    dtype); elsewhere Mamba's unfused path (transition_terms into diag_scan)."""
+
+    native_kernel: str
+
+    def native_args(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        args = self.native_args(inputs)
+        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
+            fused = getattr(native_scan, f"{self.native_kernel}_scan")
+            y = fused(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)  # [B, T, E]
+            return self.finish(y, inputs)
+        return super().fast_from(u, inputs, initial)
+
+    def scan(self, inputs, pins=None, initial=None):
+        """The complex states [B, T, E, N] (twice: the scan contract): <kernel>_states when no
+        gradient is wanted and it runs here, else transition_terms into diag_scan."""
+        args = self.native_args(inputs)
+        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
+            states = getattr(native_scan, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
+            return states, states
+        return super().scan(inputs, pins, initial)
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        """Both scans (the first and the patched re-run) in <kernel>_states when it runs, else
+        Mamba's (a and b formed once in torch)."""
+        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
+            return super().instrumented_forward(u, inputs, initial)
+        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
+        return self.readout(u, states, inputs)

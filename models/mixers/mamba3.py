@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.hooks import scan_with_state_hook
-from models.kernels import native_scan
 from models.mixers.base import register_mixer
-from models.mixers.mamba import Mamba
+from models.mixers.mamba import ComplexNativeMamba
 
 
 @register_mixer("mamba3", n_layers=2, norm="rmsnorm")
-class Mamba3(Mamba):
+class Mamba3(ComplexNativeMamba):
+    native_kernel = "trapezoid"  # native_scan.trapezoid_scan / trapezoid_states
+
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv  # the short conv, and x_prev / B_prev one step further back
@@ -65,30 +65,3 @@ class Mamba3(Mamba):
         """(dt, A, theta, lam, x, B, x_prev, B_prev): trapezoid_scan's / trapezoid_states' inputs before C."""
         return (inputs["dt"], self.A(), inputs["theta"], inputs["lam"], inputs["x"], inputs["B"],
                 inputs["x_prev"], inputs["B_prev"])
-
-    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
-        """trapezoid_scan where it runs (CPU, float32/64, initial None or of the complex dtype),
-        else Mamba's unfused fast path."""
-        args = self.native_args(inputs)
-        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
-            y = native_scan.trapezoid_scan(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)
-            return self.finish(y, inputs)  # y [B, T, E]
-        return super().fast_from(u, inputs, initial)
-
-    def scan(self, inputs, pins=None, initial=None):
-        """The states [B, T, E, N] complex (twice: the scan contract): trapezoid_states when no
-        gradient is wanted and it runs here, else transition_terms into diag_scan."""
-        args = self.native_args(inputs)
-        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
-            states = native_scan.trapezoid_states(*args, initial_state=initial, pins=pins)
-            return states, states
-        return super().scan(inputs, pins, initial)
-
-    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """Both scans (the first and the patched re-run) in trapezoid_states when it runs, else
-        Mamba's (a and b formed once in torch)."""
-        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
-            return super().instrumented_forward(u, inputs, initial)
-        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
-        return self.readout(u, states, inputs)
