@@ -85,34 +85,49 @@ def delta_inputs(torch, shape, device, dtype, gen):
     return [x.requires_grad_() for x in (q, k, v, beta)]
 
 
+def worst_error(torch, results: dict, leaves) -> float:
+    """results {impl: [tensors]} for "naive" and "triton": the largest relative error of Triton's
+    tensors and of the gradients of one scalar loss on them with respect to leaves."""
+    grads = {}
+    for impl, tensors in results.items():
+        loss = sum((x.float() * torch.cos(x.float())).sum() for x in tensors)
+        grads[impl] = list(torch.autograd.grad(loss, leaves))
+    pairs = zip(results["triton"] + grads["triton"], results["naive"] + grads["naive"])
+    return max(rel(x, ref) for x, ref in pairs)
+
+
 def check_rows(torch, kernels, device, shape) -> list[str]:
     """Triton (and fla) vs naive in float32: outputs, final state, exports and every gradient."""
     diag_scan, delta_rule = kernels
     gen = torch.Generator().manual_seed(0)
     batch, length, heads, d = shape
+    exports = [length // 4, length - 1]
     rows = []
     a, b, c, h0 = diag_inputs(torch, shape, device, torch.float32, gen)
-    pin_value = torch.randn(batch, heads, d, generator=gen).to(device)
-    for name, extra in (("diag, read-out + h0", {}), ("diag, exports + pin", {"export_at": [length // 4, length - 1], "patches": {length // 3: pin_value}})):
-        res = {impl: diag_scan(a, b, c, initial_state=h0, output_final_state=True, impl=impl, **extra) for impl in ("naive", "triton")}
-        outs = {impl: [r.output, r.final_state] + ([r.states_at] if r.states_at is not None else []) for impl, r in res.items()}
-        grads = {impl: torch.autograd.grad(sum((o.float() * torch.cos(o.float())).sum() for o in outs[impl]), (a, b, c, h0)) for impl in outs}
-        errors = [rel(x, y) for x, y in zip(outs["triton"] + list(grads["triton"]), outs["naive"] + list(grads["naive"]))]
-        rows.append(f"| {name} | triton vs naive | {max(errors):.1e} |")
-    q, k, v, beta = delta_inputs(torch, (batch, length, heads, d), device, torch.float32, gen)
+    pin = torch.randn(batch, heads, d, generator=gen).to(device)
+    cases = {"diag, read-out + h0": {}, "diag, exports + pin": {"export_at": exports, "patches": {length // 3: pin}}}
+    for name, extra in cases.items():
+        results = {}
+        for impl in ("naive", "triton"):
+            res = diag_scan(a, b, c, initial_state=h0, output_final_state=True, impl=impl, **extra)
+            results[impl] = [x for x in (res.output, res.final_state, res.states_at) if x is not None]
+        rows.append(f"| {name} | triton vs naive | {worst_error(torch, results, (a, b, c, h0)):.1e} |")
+    q, k, v, beta = delta_inputs(torch, shape, device, torch.float32, gen)
     s0 = torch.randn(batch, heads, d, d, generator=gen).to(device).requires_grad_()
-    res = {impl: delta_rule(q, k, v, beta, initial_state=s0, output_final_state=True, export_at=[length // 4, length - 1],
-                            patches={length // 2: torch.zeros(heads, d, d, device=device)}, impl=impl)
-           for impl in ("naive", "triton")}
-    outs = {impl: [r.output, r.final_state, r.states_at] for impl, r in res.items()}
-    grads = {impl: torch.autograd.grad(sum((o * torch.cos(o)).sum() for o in outs[impl]), (q, k, v, beta, s0)) for impl in outs}
-    errors = [rel(x, y) for x, y in zip(outs["triton"] + list(grads["triton"]), outs["naive"] + list(grads["naive"]))]
-    rows.append(f"| delta, beta in [0, 2], h0, exports + pin | triton vs naive | {max(errors):.1e} |")
+    patches = {length // 2: torch.zeros(heads, d, d, device=device)}
+    results = {}
+    for impl in ("naive", "triton"):
+        res = delta_rule(q, k, v, beta, initial_state=s0, output_final_state=True, export_at=exports,
+                         patches=patches, impl=impl)
+        results[impl] = [res.output, res.final_state, res.states_at]
+    error = worst_error(torch, results, (q, k, v, beta, s0))
+    rows.append(f"| delta, beta in [0, 2], h0, exports + pin | triton vs naive | {error:.1e} |")
     ours = delta_rule(q, k, v, beta, initial_state=s0, output_final_state=True, impl="triton")
-    for fla_name, fla_fn in fla_functions(device).items():
-        o, s = fla_fn(q, k, v, beta, scale=1.0, initial_state=s0.transpose(-1, -2), output_final_state=True)
-        rows.append(f"| delta, h0 | ours (triton) vs fla {fla_name} | "
-                    f"{max(rel(o, ours.output), rel(s.transpose(-1, -2), ours.final_state)):.1e} |")
+    for fla_name, fla_fn in fla_functions(device).items():  # fla keeps the state as keys x values
+        o, s = fla_fn(q, k, v, beta, scale=1.0, initial_state=s0.transpose(-1, -2).contiguous(),
+                      output_final_state=True)
+        error = max(rel(o, ours.output), rel(s.transpose(-1, -2), ours.final_state))
+        rows.append(f"| delta, h0 | ours (triton) vs fla {fla_name} | {error:.1e} |")
     return rows
 
 
@@ -183,7 +198,8 @@ def naive_rows(torch, kernels, device, sizes) -> list[str]:
             if device == "cuda":
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - start) * 1e3
-            rows.append(f"| {name} | float32 | naive (one run) | {ms:.1f} | - | {shape[0] * shape[1] / ms / 1e3:.2f} | - |")
+            speed = shape[0] * shape[1] / ms / 1e3
+            rows.append(f"| {name} | float32 | naive (one run) | {ms:.1f} | - | {speed:.2f} | - |")
     return rows
 
 
@@ -212,7 +228,8 @@ def main(argv=None) -> str:
     lines += check_rows(torch, kernels, device, sizes["check"])
     lines += ["", f"Throughput (delta: B, T, H, d = {sizes['delta']}; diag: B, T, H, N = {sizes['diag']}; "
               "export off; median ms):", "",
-              "| kernel | dtype | implementation | fwd ms | fwd+bwd ms | M tokens/s fwd | vs fla chunk (fwd / fwd+bwd) |",
+              "| kernel | dtype | implementation | fwd ms | fwd+bwd ms | M tokens/s fwd | "
+              "vs fla chunk (fwd / fwd+bwd) |",
               "|---|---|---|---|---|---|---|"]
     lines += delta_speed_rows(torch, delta_rule, device, sizes["delta"], sizes["dtypes"], bench)
     lines += diag_speed_rows(torch, diag_scan, device, sizes["diag"], sizes["dtypes"], bench)
