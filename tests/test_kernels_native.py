@@ -482,18 +482,21 @@ def test_selective_states_empty_sequence_and_non_contiguous_inputs():
 
 
 @needs_native
-def test_selective_states_refuse_gradients_and_bad_inputs():
+def test_selective_states_refuse_gradients_with_pins_and_bad_inputs():
     dt, A, x, Bm, _, h0 = selective_problem(2, 5, 3, 4, seed=28)
     mask, values = pins_at(2, 5, 3, 4, [[1], []], seed=29, dtype=torch.float32)
-    for name, args in (("A", (dt, A.clone().requires_grad_(), x, Bm, h0, None)),
-                       ("h0", (dt, A, x, Bm, h0.clone().requires_grad_(), None)),
+    for name, args in (("A", (dt, A.clone().requires_grad_(), x, Bm, h0, (mask, values))),
+                       ("h0", (dt, A, x, Bm, h0.clone().requires_grad_(), (mask, values))),
                        ("pins", (dt, A, x, Bm, h0, (mask, values.clone().requires_grad_())))):
         assert not native_scan.selective_states_supported(*args), name
-        with pytest.raises(ValueError, match="selective_states has no backward"):
+        with pytest.raises(ValueError, match="selective_states has no backward with pins"):
             native_scan.selective_states(*args)
         with torch.no_grad():  # no gradient wanted: runs
             assert native_scan.selective_states_supported(*args), name
             assert rel_err(native_scan.selective_states(*args), torch_states(*args[:5], args[5])) <= 1e-5
+        if name != "pins":  # without pins a gradient is fine
+            assert native_scan.selective_states_supported(*args[:5]), name
+            assert native_scan.selective_states(*args[:5]).requires_grad, name
     with pytest.raises(ValueError, match=r"selective_states: Bm must have shape \(2, 5, 4\)"):
         native_scan.selective_states(dt, A, x, Bm[:, :, :3])
     with pytest.raises(ValueError, match="selective_states: every input must be a CPU tensor of dt's dtype"):
@@ -529,7 +532,7 @@ def mamba_patched_run(model, tokens):
 def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch, name, scale):
     """No gradient wanted: both scans of the instrumented path (the patched re-run too) and the
     resume path run selective_states with the model's scale and agree with the unfused path
-    (native states disabled); with a gradient wanted the unfused path runs."""
+    (native states disabled); with a gradient wanted only the first scans (no pins) do."""
     import models
 
     torch.manual_seed(0)
@@ -557,5 +560,107 @@ def test_mamba_instrumented_path_under_no_grad_uses_selective_states(monkeypatch
     monkeypatch.undo()
     monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(1) or native(*a, **k))
     logits, _ = mamba_patched_run(model, tokens)  # grad mode on, parameters require grad
-    assert len(calls) == 5 and logits.requires_grad
+    assert len(calls) == 5 + 2 and logits.requires_grad  # the first scans only (the re-runs have pins)
     assert rel_err(logits, results[0][0]) <= 1e-5
+
+
+def states_grads(fn, inputs, G):
+    """The states and the gradients of (dt, A, x, Bm, h0 where given) for the cotangent G."""
+    leaves = [None if t is None else t.clone().requires_grad_() for t in inputs]
+    states = fn(*leaves)
+    return states, torch.autograd.grad(states, [t for t in leaves if t is not None], G)
+
+
+@needs_native
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("batch,length,inner,n,initial", [
+    (2, 1, 3, 4, True),       # one step
+    (2, 1, 3, 4, False),
+    (3, 13, 5, 6, True),
+    (3, 13, 5, 6, False),
+    (2, 70, 8, 16, True),     # Mamba's N = 16
+])
+def test_selective_states_gradients_match_the_unfused_scan(batch, length, inner, n, initial, scale):
+    """Gradients of every state (random cotangent) against a and b formed in torch + the naive
+    scan, for dt, A, x, Bm and the initial state."""
+    dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=length + n + 40, initial=initial)
+    G = torch.randn(batch, length, inner, n, generator=torch.Generator().manual_seed(41))
+    native = lambda dt, A, x, Bm, h0: native_scan.selective_states(dt, A, x, Bm, h0, scale=scale)  # noqa: E731
+    ref = lambda dt, A, x, Bm, h0: torch_states(dt, A, x, Bm, h0, scale=scale)  # noqa: E731
+    states, grads = states_grads(native, (dt, A, x, Bm, h0), G)
+    states_ref, grads_ref = states_grads(ref, (dt, A, x, Bm, h0), G)
+    assert states.requires_grad and rel_err(states, states_ref) <= 1e-5
+    with torch.no_grad():  # the forward is the no-grad forward bit for bit
+        assert torch.equal(states, native_scan.selective_states(dt, A, x, Bm, h0, scale=scale))
+    assert len(grads) == len(grads_ref) == (5 if initial else 4)
+    for name, got, ref in zip(["dt", "A", "x", "Bm", "h0"], grads, grads_ref):
+        assert got.shape == ref.shape, name
+        assert rel_err(got, ref) <= 1e-5, name
+    if length > 1 or initial:  # grad A is nonzero once some h_{t-1} is (else both are exactly 0)
+        assert grads[1].abs().max() > 0
+
+
+@needs_native
+@pytest.mark.parametrize("scale", [*SCALES, 1.5])
+@pytest.mark.parametrize("initial", [True, False])
+def test_selective_states_gradcheck_float64(scale, initial):
+    inputs = selective_problem(2, 5, 3, 4, seed=42, dtype=torch.float64, initial=initial)
+    dt, A, x, Bm, _, h0 = [None if t is None else t.clone().requires_grad_() for t in inputs]
+    fn = lambda *args: native_scan.selective_states(*args, scale=scale)  # noqa: E731
+    args = (dt, A, x, Bm) + ((h0,) if initial else ())
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@needs_native
+def test_selective_states_gradients_only_where_asked_empty_and_once_differentiable():
+    dt, A, x, Bm, _, h0 = selective_problem(2, 6, 3, 4, seed=43)
+    A = A.clone().requires_grad_()
+    states = native_scan.selective_states(dt, A, x, Bm, h0)
+    (grad_A,) = torch.autograd.grad(states.square().sum(), A, create_graph=True)
+    ref_A = A.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch_states(dt, ref_A, x, Bm, h0).square().sum(), ref_A)
+    assert rel_err(grad_A, want) <= 1e-5
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_A.sum().backward()
+    dt0, A0, x0, Bm0, _, h00 = [t.clone().requires_grad_() for t in selective_problem(2, 0, 3, 4, seed=44)]
+    states = native_scan.selective_states(dt0, A0, x0, Bm0, h00)
+    assert states.shape == (2, 0, 3, 4)
+    grads = torch.autograd.grad(states.sum(), [A0, h00], allow_unused=True)
+    assert all(g is None or torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def mamba_param_grads(model, tokens, patched: bool):
+    """run_with_cache of every hook_state (patched in both layers, or not) and the gradients of
+    a loss on the logits and the cached states' sum with respect to every parameter."""
+    model.zero_grad()
+    if patched:
+        logits, cache = mamba_patched_run(model, tokens)
+    else:
+        logits, cache = model.run_with_cache(tokens, names=lambda n: n.endswith("hook_state"))
+    logits.square().mean().backward()
+    return [logits.detach(), *cache.values(), *(p.grad.clone() for p in model.parameters())]
+
+
+@needs_native
+@pytest.mark.parametrize("name,scale", [("mamba", 1.0), ("negative_mamba", 2.0)])
+def test_mamba_cached_backward_runs_selective_states_and_matches_the_unfused_path(monkeypatch, name, scale):
+    """A gradient wanted: run_with_cache of hook_state + backward runs the first scans in the
+    differentiable selective_states (the patched re-runs, with pins, in torch a, b + diag_scan)
+    and gives the unfused path's logits, cached states and parameter gradients."""
+    import models
+
+    torch.manual_seed(3)
+    model = models.build(name, vocab_size=7, d_model=16, d_state=4, n_layers=2)
+    tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(4))
+    native = native_scan.selective_states
+    for patched in (False, True):
+        calls = []
+        monkeypatch.setattr(native_scan, "selective_states", lambda *a, **k: calls.append(k["scale"]) or native(*a, **k))
+        got = mamba_param_grads(model, tokens, patched)
+        assert calls == [scale] * 2  # the first scan of each layer
+        with monkeypatch.context() as off:
+            off.setattr(native_scan, "selective_states_supported", lambda *args: False)
+            want = mamba_param_grads(model, tokens, patched)
+        assert len(calls) == 2 and len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert rel_err(g, w) <= 1e-5, (patched, i)

@@ -30,11 +30,13 @@ results are exactly the plain exp's) and s = 2 for negative Mamba (a = 2 exp(dt 
 a and b are formed per step inside the loop, so nothing [B, T, E, N] is materialised, forward or
 backward (the unfused path builds both in torch and keeps them for autograd). Same checkpointed
 backward as the diagonal scan; the gradients of dt, A, x, Bm, C and h0 are reduced from the
-adjoint inside the loop. `selective_states` is its forward-only sibling for Mamba's
-instrumented path: the same arithmetic, but every state [B, T, E, N] is written (and nothing
-else: no read-out, no checkpoints, no backward), with state pins applied between C calls split
-at the pinned steps. float32 exp is a vectorisable polynomial (exp_f32 in native_scan.c,
-under 1 ulp from exp; torch's under 0.6), float64 exp is libm's.
+adjoint inside the loop. `selective_states` is its sibling for Mamba's instrumented path:
+the same arithmetic, but every state [B, T, E, N] is written (no read-out, no checkpoints), with
+state pins applied between C calls split at the pinned steps; without pins it is differentiable
+(the C backward walks the adjoint back over the saved states, g_t = dL/dh_t + a_{t+1} g_{t+1},
+reducing the gradients of dt, A, x, Bm and h0 inside the loop), with pins forward only.
+float32 exp is a vectorisable polynomial (exp_f32 in native_scan.c, under 1 ulp from exp; torch's
+under 0.6), float64 exp is libm's.
 
 And the complex-transition scans of AUSSM and Mamba-3 (native_complex_body.h; `rotation_scan`,
 `trapezoid_scan`, used by their fast paths; float32 and float64 inputs, complex state):
@@ -94,6 +96,7 @@ _D = ctypes.c_double  # the selective kernels' scale s
 _SEL_FWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _D]
 _SEL_BWD_ARGS = [_I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _D]
 _SEL_STATES_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _D]
+_SEL_STATES_BWD_ARGS = [_I, _I, _I, _I, *[_P] * 13, _D]
 _CX_FWD_ARGS = [_I, _I, _I, _I, _I, _I, *[_P] * 11, _I, _P, _P, _P]
 _CX_BWD_ARGS = [_I, _I, _I, _I, _I, *[_P] * 10, _I, *[_P] * 12]
 
@@ -160,6 +163,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         getattr(lib, f"selective_fwd_{suffix}").argtypes = _SEL_FWD_ARGS
         getattr(lib, f"selective_bwd_{suffix}").argtypes = _SEL_BWD_ARGS
         getattr(lib, f"selective_states_{suffix}").argtypes = _SEL_STATES_ARGS
+        getattr(lib, f"selective_states_bwd_{suffix}").argtypes = _SEL_STATES_BWD_ARGS
         getattr(lib, f"complex_fwd_{suffix}").argtypes = _CX_FWD_ARGS
         getattr(lib, f"complex_bwd_{suffix}").argtypes = _CX_BWD_ARGS
     lib.vexp_f32.argtypes = [_I, _P, _P]
@@ -464,10 +468,10 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
 
 def selective_states_supported(dt, A, x, Bm, initial_state=None, pins=None) -> bool:
     """Whether selective_states runs here: selective_supported for these tensors (and the pin
-    values) and no gradient is wanted (grad mode off, or none of them requires grad)."""
+    values), and, when a gradient is wanted, no pins (its backward takes none)."""
     values = None if pins is None else pins[1]
     tensors = (dt, A, x, Bm, initial_state, values)
-    return selective_supported(*tensors) and not _needs_grad(*tensors)
+    return selective_supported(*tensors) and (pins is None or not _needs_grad(*tensors))
 
 
 def _check_pins(pins, batch: int, length: int, state: tuple, dtype: torch.dtype) -> None:
@@ -486,26 +490,35 @@ def _check_pins(pins, batch: int, length: int, state: tuple, dtype: torch.dtype)
 
 
 def selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale: float = 1.0) -> torch.Tensor:
-    """Every state of Mamba's selective scan, forward only: dt [B, T, E] (> 0), A [E, N],
-    x [B, T, E], Bm [B, T, N], initial_state [B, E, N] or None (zeros); one dtype in
-    SELECTIVE_DTYPES, CPU -> states [B, T, E, N], h_t = a_t h_{t-1} + (dt_t x_t) Bm_t^T with
-    a_t = s exp(dt_t A) - (s - 1) (s = scale, as in selective_scan), a and b formed inside the C
-    loop (the arithmetic of selective_scan's forward).
+    """Every state of Mamba's selective scan: dt [B, T, E] (> 0), A [E, N], x [B, T, E],
+    Bm [B, T, N], initial_state [B, E, N] or None (zeros); one dtype in SELECTIVE_DTYPES, CPU
+    -> states [B, T, E, N], h_t = a_t h_{t-1} + (dt_t x_t) Bm_t^T with a_t = s exp(dt_t A) - (s - 1)
+    (s = scale, as in selective_scan), a and b formed inside the C loop (the arithmetic of
+    selective_scan's forward).
 
     pins (mask [B, T] bool, values [B, T, E, N]): where mask[b, t], the state after step t becomes
     values[b, t] and the scan continues from it (diag_scan's pins). The C loop runs up to each
     pinned step, the pin is written into the output, and the next call starts from that row.
-    No backward: raises ValueError when grad mode is on and an input requires grad (use
-    selective_scan, or diag_scan over torch-formed a and b, for gradients)."""
+    Differentiable in dt, A, x, Bm and initial_state without pins (SelectiveStates: the C
+    backward reads h_{t-1} from the states); with pins forward only: raises ValueError when grad
+    mode is on and an input requires grad (use diag_scan over torch-formed a and b there)."""
     _check_selective("selective_states", {"dt": dt, "A": A, "x": x, "Bm": Bm, "initial_state": initial_state})
     scale = _check_scale("selective_states", scale)
     (batch, length, inner), n = dt.shape, A.shape[1]
     if pins is not None:
         _check_pins(pins, batch, length, (inner, n), dt.dtype)
     if _needs_grad(dt, A, x, Bm, initial_state, None if pins is None else pins[1]):
-        raise ValueError("selective_states has no backward, but an input requires grad with grad mode on; "
-                         "run it under torch.no_grad() or use selective_scan / diag_scan for gradients")
+        if pins is not None:
+            raise ValueError("selective_states has no backward with pins, but an input requires grad with grad "
+                             "mode on; run it under torch.no_grad(), without pins, or use diag_scan for gradients")
+        return SelectiveStates.apply(dt, A, x, Bm, initial_state, scale)
+    return selective_states_forward(dt, A, x, Bm, initial_state, pins, scale)
+
+
+def selective_states_forward(dt, A, x, Bm, initial_state, pins, scale: float) -> torch.Tensor:
+    """selective_states' C loop (no autograd; pins checked): states [B, T, E, N]."""
     lib, _ = _load()
+    (batch, length, inner), n = dt.shape, A.shape[1]
     dt, A, x, Bm = (t.contiguous() for t in (dt, A, x, Bm))
     states = empty((batch, length, inner, n), dt)
     h = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
@@ -524,6 +537,40 @@ def selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale: float =
             states[rows, stop - 1] = pins[1][rows, stop - 1]
         h, h_stride, start = states[:, stop - 1], length * inner * n, stop
     return states
+
+
+def selective_states_backward(dt, A, x, Bm, initial_state, states, G, scale: float):
+    """Gradients (dt, A, x, Bm, h0) of selective_states_forward's states (no pins) given their
+    cotangent G [B, T, E, N] (the C adjoint walk; see selective_states_bwd)."""
+    lib, _ = _load()
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    dt, A, x, Bm, states, G = (t.contiguous() for t in (dt, A, x, Bm, states, G))
+    h0 = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
+    grad_dt, grad_A, grad_x, grad_Bm = (torch.empty_like(t) for t in (dt, A, x, Bm))
+    grad_h0, work = dt.new_empty(batch, inner, n), dt.new_empty(2, inner, n)
+    getattr(lib, f"selective_states_bwd_{SUFFIX[dt.dtype]}")(
+        batch, length, inner, n, _ptr(dt), _ptr(A), _ptr(x), _ptr(Bm), _ptr(h0), _ptr(states), _ptr(G),
+        _ptr(grad_dt), _ptr(grad_A), _ptr(grad_x), _ptr(grad_Bm), _ptr(grad_h0), _ptr(work), scale,
+    )
+    return grad_dt, grad_A, grad_x, grad_Bm, grad_h0
+
+
+class SelectiveStates(torch.autograd.Function):
+    """selective_states without pins, with the C backward (every state is the output, so
+    nothing is recomputed but exp(dt A); no checkpoints)."""
+
+    @staticmethod
+    def forward(ctx, dt, A, x, Bm, h0, scale):
+        states = selective_states_forward(dt, A, x, Bm, h0, None, scale)
+        ctx.save_for_backward(dt, A, x, Bm, h0, states)
+        ctx.scale = scale
+        return states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
+    def backward(ctx, G):
+        grads = selective_states_backward(*ctx.saved_tensors, G, ctx.scale)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
 
 
 def exp_f32(x: torch.Tensor) -> torch.Tensor:

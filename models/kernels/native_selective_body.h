@@ -218,6 +218,60 @@ CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int
     else FN(sel_states)(B, T, S, E, N, dt, A, x, Bm, h0, h0_stride, states, (R)scale);
 }
 
+/* Backward of selective_states (no pins) given G = dL/dstates [B, T, E, N]: the adjoint
+ * g_t = G_t + a_{t+1} g_{t+1} walks back over the saved states (h_{t-1} is the previous output
+ * row; h0 [B, E, N] before step 0), with z = dt A, grad z = g_t h_{t-1} s exp(z), grad b_t = g_t:
+ *   gdt [B, T, E] = sum_n grad z A[e, n] + x[e] sum_n g Bm[n]      gx = dt[e] sum_n g Bm[n]
+ *   gA [E, N] = sum over batch and time of grad z dt[e]            gBm [B, T, N] = sum_e g (dt x)[e]
+ *   gh0 [B, E, N] = a_0 g_0
+ * torch's [E, N] layout (the inner loops run over N). work: 2 E N elements (one batch row's
+ * adjoint carry a_{t+1} g_{t+1} and its sum of grad A, added to gA per row: short float32 sums).
+ * The per-step gradients are E + E + N elements a step, written in descending t. */
+SEL_CORE void FN(sel_states_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *A,
+                                 const R *x, const R *Bm, const R *h0, const R *states, const R *G,
+                                 R *gdt, R *gA, R *gx, R *gBm, R *gh0, R *work, const R s) {
+    const int64_t M = E * N;
+    R *carry = work, *gA_row = work + M;
+    for (int64_t i = 0; i < M; i++) gA[i] = 0;
+    for (int64_t bi = 0; bi < B; bi++) {
+        for (int64_t i = 0; i < M; i++) carry[i] = gA_row[i] = 0;
+        for (int64_t t = T - 1; t >= 0; t--) {
+            const int64_t bt = bi * T + t;
+            const R *dtt = dt + bt * E, *xt = x + bt * E, *Bt = Bm + bt * N, *Gt = G + bt * M;
+            const R *hp = t ? states + (bt - 1) * M : h0 + bi * M;
+            R *gBt = gBm + bt * N;
+            for (int64_t n = 0; n < N; n++) gBt[n] = 0;
+            for (int64_t e = 0; e < E; e++) {
+                const R d = dtt[e], u = d * xt[e], *Ae = A + e * N, *hpe = hp + e * N, *Ge = Gt + e * N;
+                R *ce = carry + e * N, *gAe = gA_row + e * N, s_z = 0, s_b = 0;
+#pragma omp simd reduction(+ : s_z, s_b)
+                for (int64_t n = 0; n < N; n++) {
+                    const R ez = EXP(d * Ae[n]);
+                    const R g = Ge[n] + ce[n];
+                    const R gz = g * hpe[n] * (s * ez);
+                    s_z += gz * Ae[n];
+                    s_b += g * Bt[n];
+                    gAe[n] += gz * d;
+                    gBt[n] += g * u;
+                    ce[n] = FN(sel_a)(ez, s) * g;
+                }
+                gdt[bt * E + e] = s_z + s_b * xt[e];
+                gx[bt * E + e] = s_b * d;
+            }
+        }
+        memcpy(gh0 + bi * M, carry, M * sizeof(R));
+        for (int64_t i = 0; i < M; i++) gA[i] += gA_row[i];
+    }
+}
+
+CLONES void FN(selective_states_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
+                                         const R *dt, const R *A, const R *x, const R *Bm, const R *h0,
+                                         const R *states, const R *G, R *gdt, R *gA, R *gx, R *gBm,
+                                         R *gh0, R *work, double scale) {
+    if (scale == 1) FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)1);
+    else FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)scale);
+}
+
 #undef FN
 #undef CAT
 #undef CAT_

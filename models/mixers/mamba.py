@@ -16,8 +16,9 @@ Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native_s
 which forms exp(dt A) and dt x B inside its loop and reads out C h there, so no [B, T, E, N] tensor
 exists in the forward or the backward; elsewhere (and for transitions the C kernels do not know)
 models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
-hook_state, from native_scan.selective_states (a and b formed in C) when no gradient is wanted on
-the CPU, else from diag_scan over a and b; state patches are pins and the scan resumes from them.
+hook_state, from native_scan.selective_states (a and b formed in C; differentiable without pins)
+on the CPU, except a scan with pins while a gradient is wanted, which runs diag_scan over a and b;
+state patches are pins and the scan resumes from them.
 
 Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
@@ -126,10 +127,10 @@ class Mamba(RecurrentMixer):
         return a * h + b  # [B, E, N]
 
     def scan(self, inputs, pins=None, initial=None):
-        """The states [B, T, E, N] (twice: the scan contract). When no gradient is wanted and the
-        transition is a native one (native_scale) on the CPU in float32/64,
-        native_scan.selective_states forms a and b inside its C loop; otherwise scan_terms over
-        transition_terms."""
+        """The states [B, T, E, N] (twice: the scan contract). When the transition is a native one
+        (native_scale) on the CPU in float32/64 and selective_states_supported (no gradient wanted,
+        or no pins: its backward takes none), native_scan.selective_states forms a and b inside
+        its C loop; otherwise scan_terms over transition_terms."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         scale = self.native_scale()
         if scale is not None:
@@ -145,8 +146,9 @@ class Mamba(RecurrentMixer):
         return states, states
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """RecurrentMixer.instrumented_forward: both scans (the first and the patched re-run) in
-        scan's native selective_states when it applies, else a and b computed once for both."""
+        """RecurrentMixer.instrumented_forward: when the first scan (no pins) runs in scan's native
+        selective_states, both do through scan (the patched re-run too, unless a gradient is
+        wanted: pins then make scan form a and b in torch); else a and b computed once for both."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         if self.native_scale() is not None and native_scan.selective_states_supported(dt, self.A(), x, B, initial):
             run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
