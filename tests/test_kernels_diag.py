@@ -151,6 +151,11 @@ def test_patches_equal_pins_on_every_row():
     by_patch = diag_scan(a, b, patches={5: new}).output
     by_pins = diag_scan(a, b, pins=(mask, values)).output
     assert torch.equal(by_patch, by_pins)
+    shared = torch.randn(3)  # an unbatched [*S] patch is every row's (as in delta_rule)
+    assert torch.equal(diag_scan(a, b, patches={5: shared}).output,
+                       diag_scan(a, b, patches={5: shared.expand(2, 3)}).output)
+    with pytest.raises(ValueError, match=r"patches\[5\] must be a \[B, \*S\]"):
+        diag_scan(a, b, patches={5: torch.randn(4)})
 
 
 def test_export_all_and_chunks():

@@ -19,8 +19,8 @@ the dtype of every result.
                indices in [-T, T) (a sequence or 1-D integer tensor; any order, repeats allowed)
   pins         (mask [B, T] bool, values [B, T, *S]): where mask[b, t], the state after step t is
                replaced by values[b, t]; the read-out at t and every later step use the new state
-  patches      {t: new_state [B, *S]}: the same for every batch row (converted to pins; give
-               pins or patches, not both)
+  patches      {t: new_state [B, *S] or [*S] (every row the same)}: the state after step t is
+               replaced in every batch row (converted to pins; give pins or patches, not both)
   impl         "naive"   the sequential loop, the definition (autograd through the loop)
                "chunked" pure torch, parallel across chunks (below), custom backward
                "native"  a plain-C loop on the CPU, one pass over the inputs, custom backward
@@ -142,10 +142,11 @@ def _as_pins(pins, patches, a: torch.Tensor):
         for t, value in patches.items():
             if not isinstance(t, int) or not -length <= t < length:
                 raise ValueError(f"patches keys must be ints in [-T, T) = [{-length}, {length}); got {t!r}")
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (batch, *state):
-                raise ValueError(f"patches[{t}] must be a [B, *S]={(batch, *state)} tensor; got {_shape(value)}")
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) not in ((batch, *state), state):
+                raise ValueError(f"patches[{t}] must be a [B, *S]={(batch, *state)} or [*S]={state} tensor; "
+                                 f"got {_shape(value)}")
             mask[:, t % length] = True
-            rows[t % length] = value
+            rows[t % length] = value.expand(batch, *state)
         return mask, torch.stack(rows, dim=1)
     if pins is None:
         return None
