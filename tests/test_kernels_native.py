@@ -603,8 +603,9 @@ def test_selective_states_gradients_match_the_unfused_scan(batch, length, inner,
 @needs_native
 @pytest.mark.parametrize("scale", [*SCALES, 1.5])
 @pytest.mark.parametrize("initial", [True, False])
-def test_selective_states_gradcheck_float64(scale, initial):
-    inputs = selective_problem(2, 5, 3, 4, seed=42, dtype=torch.float64, initial=initial)
+@pytest.mark.parametrize("n", [4, 16])  # N = 16: the C backward's constant-N branch
+def test_selective_states_gradcheck_float64(scale, initial, n):
+    inputs = selective_problem(2, 5, 3, n, seed=42, dtype=torch.float64, initial=initial)
     dt, A, x, Bm, _, h0 = [None if t is None else t.clone().requires_grad_() for t in inputs]
     fn = lambda *args: native_scan.selective_states(*args, scale=scale)  # noqa: E731
     args = (dt, A, x, Bm) + ((h0,) if initial else ())

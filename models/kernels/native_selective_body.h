@@ -226,7 +226,8 @@ CLONES void FN(selective_states)(int64_t B, int64_t T, int64_t S, int64_t E, int
  *   gh0 [B, E, N] = a_0 g_0
  * torch's [E, N] layout (the inner loops run over N). work: 2 E N elements (one batch row's
  * adjoint carry a_{t+1} g_{t+1} and its sum of grad A, added to gA per row: short float32 sums).
- * The per-step gradients are E + E + N elements a step, written in descending t. */
+ * The per-step gradients are E + E + N elements a step, written in descending t (small next to
+ * the [E, N] rows of G and the states read a step, also descending). */
 SEL_CORE void FN(sel_states_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *A,
                                  const R *x, const R *Bm, const R *h0, const R *states, const R *G,
                                  R *gdt, R *gA, R *gx, R *gBm, R *gh0, R *work, const R s) {
@@ -268,7 +269,11 @@ CLONES void FN(selective_states_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
                                          const R *dt, const R *A, const R *x, const R *Bm, const R *h0,
                                          const R *states, const R *G, R *gdt, R *gA, R *gx, R *gBm,
                                          R *gh0, R *work, double scale) {
-    if (scale == 1) FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)1);
+    /* Mamba's N = 16 as a constant too: its inner loop then compiles to whole vectors, no loop
+     * (measured 15% faster at B = 32, T = 256, E = 128; the same results) */
+    if (N == 16 && scale == 1) FN(sel_states_bwd)(B, T, E, 16, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)1);
+    else if (N == 16) FN(sel_states_bwd)(B, T, E, 16, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)scale);
+    else if (scale == 1) FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)1);
     else FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)scale);
 }
 
