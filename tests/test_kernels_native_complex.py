@@ -223,7 +223,7 @@ def test_empty_sequence_and_non_contiguous_inputs(kind):
 
 @needs_native
 @pytest.mark.parametrize("kind", KERNELS)
-def test_bad_inputs_raise_and_states_refuse_gradients(kind):
+def test_bad_inputs_raise_and_states_refuse_gradients_with_pins(kind):
     names, scan, states, _ = KERNELS[kind]
     inputs = problem(kind, 2, 5, 3, 4, seed=8)
     args = [inputs[k] for k in names]
@@ -253,12 +253,61 @@ def test_bad_inputs_raise_and_states_refuse_gradients(kind):
         states(*args, pins=(mask, values.real))
     assert not native_scan.complex_states_supported(*args, pins=(mask, values.real))
     leaf = args[1].clone().requires_grad_()
-    assert not native_scan.complex_states_supported(args[0], leaf, *args[2:])
-    with pytest.raises(ValueError, match=rf"{kind}_states has no backward"):
-        states(args[0], leaf, *args[2:])
+    assert not native_scan.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
+    with pytest.raises(ValueError, match=rf"{kind}_states has no backward with pins"):
+        states(args[0], leaf, *args[2:], pins=(mask, values))
+    assert native_scan.complex_states_supported(args[0], leaf, *args[2:])  # without pins: differentiable
+    assert states(args[0], leaf, *args[2:]).requires_grad
     with torch.no_grad():
         assert native_scan.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
         assert torch.equal(states(args[0], leaf, *args[2:]), states(*args))
+
+
+def states_run(fn, kind, inputs, G):
+    """States and {name: gradient} of every input but C (h0 included when given) for the complex
+    cotangent G [B, T, E, N]."""
+    inputs = {k: v for k, v in inputs.items() if k != "C"}
+    return run(fn, kind, inputs, G)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KERNELS)
+@pytest.mark.parametrize("batch,length,inner,n,initial", [
+    (2, 1, 3, 4, True),      # one step
+    (2, 1, 3, 4, False),
+    (3, 11, 5, 6, True),
+    (2, 11, 5, 6, False),
+    (2, 40, 8, 16, True),    # N = 16
+])
+def test_fused_states_gradients_match_the_unfused_scan(kind, batch, length, inner, n, initial):
+    """Every input's gradient of every state (random complex cotangent) against the mixer's
+    transition_terms + naive diag_scan; the forward under grad is the no-grad one bit for bit."""
+    inputs = problem(kind, batch, length, inner, n, seed=length + n + 30, initial=initial)
+    G = torch.randn(batch, length, inner, n, dtype=torch.complex64, generator=torch.Generator().manual_seed(31))
+    states, grads = states_run(fused_states, kind, inputs, G)
+    ref, ref_grads = states_run(unfused_states, kind, inputs, G)
+    assert states.requires_grad and states.dtype == torch.complex64 and rel_err(states, ref) <= 1e-5
+    with torch.no_grad():
+        assert torch.equal(states, fused_states(kind, inputs))
+    assert grads.keys() == ref_grads.keys() and ("h0" in grads) == initial
+    for name, got in grads.items():
+        assert got.shape == ref_grads[name].shape and got.dtype == ref_grads[name].dtype, name
+        assert rel_err(got, ref_grads[name]) <= 1e-5, name
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KERNELS)
+@pytest.mark.parametrize("initial", [True, False])
+def test_fused_states_gradcheck_float64(kind, initial):
+    names = KERNELS[kind][0]
+    inputs = problem(kind, 2, 4, 3, 4, seed=32, dtype=torch.float64, initial=initial)
+    keys = [*names, "h0"] if initial else list(names)
+    leaves = [inputs[k].clone().requires_grad_() for k in keys]
+
+    def fn(*args):
+        return fused_states(kind, {**inputs, **dict(zip(keys, args))})
+
+    assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- the mixers
@@ -290,7 +339,7 @@ def test_fast_path_runs_the_fused_scan_and_matches_instrumented(monkeypatch, nam
     for path in ("fast", "instrumented"):
         out = model.set_execution_path(path)(tokens)
         results.append([out, *torch.autograd.grad(out.square().sum(), list(model.parameters()))])
-    assert len(scans) == 2 and not states  # one per layer on the fast path; with gradients the instrumented is unfused
+    assert len(scans) == 2 and len(states) == 2  # one per layer on each path (every state, with its backward)
     for got, ref in zip(*results):  # every parameter's gradient, omega / A_log / rot_proj / lam_proj included
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
@@ -349,3 +398,37 @@ def test_fast_from_an_initial_state_fused_equals_unfused(monkeypatch, name, kind
     assert len(calls) == 1
     for got, ref in zip(*results):
         assert rel_err(got, ref) <= 1e-5
+
+
+@needs_native
+@pytest.mark.parametrize("name,kind", MODELS)
+def test_cached_backward_runs_the_fused_states_and_matches_unfused(monkeypatch, name, kind):
+    """A gradient wanted: run_with_cache of hook_state + backward runs each layer's first scan in
+    the differentiable <kind>_states (a patched re-run, with pins, in diag_scan) and gives the
+    unfused path's logits, cached states and parameter gradients, patched or not."""
+    model = small(name)
+    tokens = torch.randint(0, 7, (3, 13), generator=torch.Generator().manual_seed(6))
+
+    def patch(states, hook):
+        states = states.clone()
+        states[:, 4] = states[:, 4] * 0.5 + 0.25j
+        return states
+
+    def forward(patched):
+        model.zero_grad()
+        hooks = [(f"blocks.{i}.mixer.hook_state", patch) for i in range(2)] if patched else []
+        logits, cache = model.run_with_cache(tokens, names=lambda n: n.endswith("hook_state"), fwd_hooks=hooks)
+        logits.square().mean().backward()
+        return [logits.detach(), *cache.values(), *(p.grad.clone() for p in model.parameters())]
+
+    for patched in (False, True):
+        calls = count_calls(monkeypatch, f"{kind}_states")
+        got = forward(patched)
+        assert len(calls) == 2  # the first scan of each layer
+        with monkeypatch.context() as off:
+            off.setattr(native_scan, "complex_states_supported", lambda *a, **k: False)
+            want = forward(patched)
+        assert len(calls) == 2 and len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert rel_err(g, w) <= 1e-5, (patched, i)
+        monkeypatch.undo()

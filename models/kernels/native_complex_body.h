@@ -296,6 +296,63 @@ CLONES void FN(complex_bwd)(int64_t mode, int64_t B, int64_t T, int64_t E, int64
 #undef CX_BWD
 }
 
+/* Backward of the states variant (complex_fwd with states, no pins) given G = dL/dstates
+ * [B, T, E, N, 2] (torch's complex layout: (dL/d Re, dL/d Im)): the adjoint of cx_bwd with the
+ * read-out's cotangent replaced by G_t, added into the carry before each step, and h_{t-1} read
+ * from the saved states [B, T, E, N, 2] (h0 [B, 2, N, E] before step 0) instead of recomputed.
+ * cx_adjoint runs with gy = 0 (so its G is the carry) and a scratch gC. Gradients as complex_bwd's
+ * (no gC); work: 5 M + 3 E + 2 N elements. */
+CX_CORE void FN(cx_states_bwd)(const int mode, int64_t B, int64_t T, int64_t E, int64_t N, const R *dt,
+                               const R *W, const R *At, const R *lam, const R *x, const R *xp,
+                               const R *Bm, const R *Bp, const R *h0, const R *states, const R *G,
+                               R *gdt, R *gW, R *gAt, R *glam, R *gx, R *gxp, R *gBm, R *gBp, R *gh0,
+                               R *work) {
+    const int64_t M = E * N;
+    R *ar = work, *ai = work + M, *hp = work + 2 * M, *g_row = work + 4 * M, *cv = g_row + M, *cw = cv + E,
+      *zero = cw + E, *gC = zero + E + N; /* zero: E + N zeros (gy [E], then C [N]) */
+    R *gsum = mode ? gAt : gW;
+    for (int64_t i = 0; i < E + N; i++) zero[i] = 0;
+    for (int64_t i = 0; i < M; i++) gsum[i] = 0;
+    for (int64_t bi = 0; bi < B; bi++) {
+        R *carry = gh0 + bi * 2 * M; /* dL/dp_{t+1}, then G_t added: dL/dh_t */
+        for (int64_t i = 0; i < 2 * M; i++) carry[i] = 0;
+        for (int64_t i = 0; i < M; i++) g_row[i] = 0;
+        for (int64_t t = T - 1; t >= 0; t--) {
+            const int64_t bt = bi * T + t, bE = mode ? bt * E : 0, bN = mode ? bt * N : 0;
+            const R *Gt = G + bt * 2 * M, *prev = t ? states + (bt - 1) * 2 * M : NULL;
+            for (int64_t e = 0; e < E; e++) /* [E, N, 2] -> the [2, N, E] planes */
+                for (int64_t n = 0; n < N; n++) {
+                    carry[n * E + e] += Gt[2 * (e * N + n)];
+                    carry[M + n * E + e] += Gt[2 * (e * N + n) + 1];
+                    if (prev) {
+                        hp[n * E + e] = prev[2 * (e * N + n)];
+                        hp[M + n * E + e] = prev[2 * (e * N + n) + 1];
+                    }
+                }
+            const R *h_prev = prev ? hp : h0 + bi * 2 * M;
+            FN(cx_trans)(mode, dt + bt * E, mode ? W + bt * N : W, At, ar, ai, E, N);
+            FN(cx_coef)(mode, dt + bt * E, lam + bE, x + bt * E, xp + bE, cv, cw, E);
+            FN(cx_adjoint)(mode, zero, dt + bt * E, mode ? W + bt * N : W, At, lam + bE, x + bt * E, xp + bE,
+                           cv, cw, Bm + bt * N, Bp + bN, zero + E, ar, ai, h_prev, h_prev, carry, g_row,
+                           mode ? gW + bt * N : gW, gdt + bt * E, glam + bE, gx + bt * E, gxp + bE,
+                           gBm + bt * N, gBp + bN, gC, E, N);
+        }
+        for (int64_t i = 0; i < M; i++) gsum[i] += g_row[i];
+    }
+}
+
+CLONES void FN(complex_states_bwd)(int64_t mode, int64_t B, int64_t T, int64_t E, int64_t N, const R *dt,
+                                   const R *W, const R *At, const R *lam, const R *x, const R *xp,
+                                   const R *Bm, const R *Bp, const R *h0, const R *states, const R *G,
+                                   R *gdt, R *gW, R *gAt, R *glam, R *gx, R *gxp, R *gBm, R *gBp, R *gh0,
+                                   R *work) {
+#define CX_SBWD(m) FN(cx_states_bwd)(m, B, T, E, N, dt, W, At, lam, x, xp, Bm, Bp, h0, states, G, gdt, gW, gAt, \
+                                     glam, gx, gxp, gBm, gBp, gh0, work)
+    if (mode) CX_SBWD(1);
+    else CX_SBWD(0);
+#undef CX_SBWD
+}
+
 #undef FN
 #undef CAT
 #undef CAT_

@@ -49,8 +49,9 @@ And the complex-transition scans of AUSSM and Mamba-3 (native_complex_body.h; `r
 in real arithmetic on (re, im) planes, a formed per step inside the loop (float32 sin and cos a
 vectorisable polynomial, sincos_f32 in native_scan.c, libm's for |angle| > 8192), the same
 checkpointed backward giving the gradient of every input (the initial state's complex), and
-`rotation_states` / `trapezoid_states`: every state, forward only, complex in torch's layout
-(hook_state's), with pins, for the instrumented path.
+`rotation_states` / `trapezoid_states`: every state, complex in torch's layout (hook_state's),
+with pins (forward only) or without (differentiable: the C backward reads h_{t-1} from the saved
+states), for the instrumented path.
 
 Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
 -O3 -fopenmp-simd -fno-trapping-math, no -ffast-math, no -march; libm linked) into a cache directory
@@ -99,6 +100,7 @@ _SEL_STATES_ARGS = [_I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _D]
 _SEL_STATES_BWD_ARGS = [_I, _I, _I, _I, *[_P] * 13, _D]
 _CX_FWD_ARGS = [_I, _I, _I, _I, _I, _I, *[_P] * 11, _I, _P, _P, _P]
 _CX_BWD_ARGS = [_I, _I, _I, _I, _I, *[_P] * 10, _I, *[_P] * 12]
+_CX_STATES_BWD_ARGS = [_I, _I, _I, _I, _I, *[_P] * 21]
 
 
 def _cache_dir() -> Path:
@@ -166,6 +168,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         getattr(lib, f"selective_states_bwd_{suffix}").argtypes = _SEL_STATES_BWD_ARGS
         getattr(lib, f"complex_fwd_{suffix}").argtypes = _CX_FWD_ARGS
         getattr(lib, f"complex_bwd_{suffix}").argtypes = _CX_BWD_ARGS
+        getattr(lib, f"complex_states_bwd_{suffix}").argtypes = _CX_STATES_BWD_ARGS
     lib.vexp_f32.argtypes = [_I, _P, _P]
     lib.vsincos_f32.argtypes = [_I, _P, _P, _P]
     return lib, ""
@@ -610,11 +613,12 @@ def complex_supported(*tensors: torch.Tensor | None, initial_state: torch.Tensor
 
 def complex_states_supported(*tensors: torch.Tensor | None, initial_state=None, pins=None) -> bool:
     """Whether rotation_states / trapezoid_states run here: complex_supported (the pin values,
-    when given, of the complex dtype too) and no gradient is wanted."""
+    when given, of the complex dtype too) and, when a gradient is wanted, no pins (their
+    backward takes none)."""
     values = None if pins is None else pins[1]
     return (complex_supported(*tensors, initial_state=initial_state)
             and (values is None or (values.device.type == "cpu" and values.dtype == COMPLEX_OF[tensors[0].dtype]))
-            and not _needs_grad(*tensors, initial_state, values))
+            and (pins is None or not _needs_grad(*tensors, initial_state, values)))
 
 
 def _check_complex(fn: str, mode: int, named: dict) -> None:
@@ -776,25 +780,34 @@ def trapezoid_scan(dt, A, theta, lam, x, Bm, x_prev, B_prev, C, initial_state=No
 
 
 def _complex_states(fn: str, mode: int, tensors: dict, initial_state, pins) -> torch.Tensor:
-    """Every state (complex [B, T, E, N]) of the mode's scan, forward only, honouring pins (as
+    """Every state (complex [B, T, E, N]) of the mode's scan, honouring pins (as
     selective_states: the C loop runs up to each pinned step, the pin is written into the
-    output and the next call starts from it)."""
+    output and the next call starts from it); differentiable without pins (ComplexStates)."""
     _check_complex(fn, mode, {**tensors, "initial_state": initial_state})
     dt = tensors["dt"]
     (batch, length, inner), n = dt.shape, tensors["Bm"].shape[-1]
-    cdtype = COMPLEX_OF[dt.dtype]
     if pins is not None:
         try:
-            _check_pins(pins, batch, length, (inner, n), cdtype)
+            _check_pins(pins, batch, length, (inner, n), COMPLEX_OF[dt.dtype])
         except ValueError as err:  # its messages name selective_states
             raise ValueError(str(err).replace("selective_states", fn)) from None
     if _needs_grad(*tensors.values(), initial_state, None if pins is None else pins[1]):
-        raise ValueError(f"{fn} has no backward, but an input requires grad with grad mode on; run it under "
-                         f"torch.no_grad() or use {_CX_FN[mode]}_scan / diag_scan for gradients")
+        if pins is not None:
+            raise ValueError(f"{fn} has no backward with pins, but an input requires grad with grad mode on; run "
+                             f"it under torch.no_grad(), without pins, or use diag_scan for gradients")
+        names = [name for name in _CX_INPUTS[mode] if name is not None]
+        return ComplexStates.apply(mode, *(tensors[name] for name in names), initial_state)
+    return complex_states_forward(mode, tensors, initial_state, pins)
+
+
+def complex_states_forward(mode: int, tensors: dict, initial_state, pins) -> torch.Tensor:
+    """_complex_states' C loop (no autograd; inputs and pins checked): complex [B, T, E, N]."""
     lib, _ = _load()
+    dt = tensors["dt"]
+    (batch, length, inner), n = dt.shape, tensors["Bm"].shape[-1]
     args = _c_inputs(mode, tensors)  # dt, W, At, lam, x, xp, Bm, Bp
     per_step = [a is not None and a.dim() == 3 for a in args]  # sliced at each segment's start
-    states = empty((batch, length, inner, n), torch.empty(0, dtype=cdtype))
+    states = empty((batch, length, inner, n), torch.empty(0, dtype=COMPLEX_OF[dt.dtype]))
     planes = torch.view_as_real(states)  # [B, T, E, N, 2]
     h = dt.new_zeros(batch, 2, n, inner) if initial_state is None else _to_planes(initial_state)
     work = dt.new_empty(2 * n * inner + 2 * inner)
@@ -816,18 +829,65 @@ def _complex_states(fn: str, mode: int, tensors: dict, initial_state, pins) -> t
     return states
 
 
+def complex_states_backward(mode: int, tensors: dict, initial_state, states, G) -> dict:
+    """Gradients {name: tensor} of complex_states_forward's states (no pins) given their
+    complex cotangent G [B, T, E, N] for the mode's inputs and "initial_state" (complex
+    [B, E, N]); see complex_states_bwd in the C code."""
+    lib, _ = _load()
+    dt = tensors["dt"]
+    (batch, length, inner), n = dt.shape, tensors["Bm"].shape[-1]
+    args = _c_inputs(mode, tensors)  # dt, W, At, lam, x, xp, Bm, Bp
+    h0 = dt.new_zeros(batch, 2, n, inner) if initial_state is None else _to_planes(initial_state)
+    G = torch.view_as_real(G.resolve_conj().contiguous())  # [B, T, E, N, 2]
+    grads = [None if a is None else torch.empty_like(a) for a in args]
+    grad_h0 = dt.new_empty(batch, 2, n, inner)
+    work = dt.new_empty(5 * n * inner + 3 * inner + 2 * n)
+    getattr(lib, f"complex_states_bwd_{SUFFIX[dt.dtype]}")(
+        mode, batch, length, inner, n, *map(_ptr, args), _ptr(h0), _ptr(torch.view_as_real(states)), _ptr(G),
+        *map(_ptr, grads), _ptr(grad_h0), _ptr(work),
+    )
+    out = {"initial_state": _from_planes(grad_h0)}
+    for name, grad in zip(_CX_INPUTS[mode], grads):
+        if name is not None:
+            out[name] = grad.t().contiguous() if name in ("omega", "A") else grad
+    return out
+
+
+class ComplexStates(torch.autograd.Function):
+    """rotation_states / trapezoid_states without pins, with the C backward reading h_{t-1}
+    from the saved states: inputs (mode, *the mode's named inputs in _CX_INPUTS order,
+    initial_state or None)."""
+
+    @staticmethod
+    def forward(ctx, mode, *inputs):
+        names = [name for name in _CX_INPUTS[mode] if name is not None]
+        states = complex_states_forward(mode, dict(zip(names, inputs)), inputs[-1], None)
+        ctx.save_for_backward(*inputs, states)
+        ctx.mode, ctx.names = mode, names
+        return states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
+    def backward(ctx, G):
+        *inputs, h0, states = ctx.saved_tensors
+        grads = complex_states_backward(ctx.mode, dict(zip(ctx.names, inputs)), h0, states, G)
+        ordered = [grads[name] for name in ctx.names] + [grads["initial_state"]]
+        return (None, *(g if need else None for g, need in zip(ordered, ctx.needs_input_grad[1:])))
+
+
 def rotation_states(dt, omega, x, Bm, initial_state=None, pins=None) -> torch.Tensor:
-    """Every state of rotation_scan's recurrence, forward only: complex [B, T, E, N] (complex64
-    for float32 inputs, torch's layout: hook_state's), a and b formed in the C loop. pins
-    (mask [B, T] bool, values complex [B, T, E, N]): where mask[b, t] the state after step t
-    becomes values[b, t] and the scan continues from it. Raises ValueError when a gradient is
-    wanted (use rotation_scan or diag_scan)."""
+    """Every state of rotation_scan's recurrence: complex [B, T, E, N] (complex64 for float32
+    inputs, torch's layout: hook_state's), a and b formed in the C loop. pins (mask [B, T] bool,
+    values complex [B, T, E, N]): where mask[b, t] the state after step t becomes values[b, t]
+    and the scan continues from it. Differentiable in every input without pins (ComplexStates:
+    the C backward reads h_{t-1} from the states); with pins forward only: raises ValueError when
+    a gradient is wanted (use diag_scan there)."""
     return _complex_states("rotation_states", _ROTATION, {"dt": dt, "omega": omega, "x": x, "Bm": Bm},
                            initial_state, pins)
 
 
 def trapezoid_states(dt, A, theta, lam, x, Bm, x_prev, B_prev, initial_state=None, pins=None) -> torch.Tensor:
-    """Every state of trapezoid_scan's recurrence, forward only (as rotation_states)."""
+    """Every state of trapezoid_scan's recurrence (as rotation_states: differentiable without pins)."""
     tensors = {"dt": dt, "A": A, "theta": theta, "lam": lam, "x": x, "Bm": Bm, "x_prev": x_prev, "B_prev": B_prev}
     return _complex_states("trapezoid_states", _TRAPEZOID, tensors, initial_state, pins)
 

@@ -201,8 +201,8 @@ class Mamba(RecurrentMixer):
 class ComplexNativeMamba(Mamba):
     """Base of the complex-state variants whose transition a native C kernel forms (aussm:
     "rotation", mamba3: "trapezoid"): `native_kernel` names native_scan's <name>_scan (fused
-    read-out, differentiable) and <name>_states (every state, no grad), both taking
-    native_args(inputs). They run on the CPU in float32/64 (initial state None or of the complex
+    read-out, differentiable) and <name>_states (every state; differentiable without pins), both
+    taking native_args(inputs). They run on the CPU in float32/64 (initial state None or of the complex
     dtype); elsewhere Mamba's unfused path (transition_terms into diag_scan)."""
 
     native_kernel: str
@@ -219,8 +219,9 @@ class ComplexNativeMamba(Mamba):
         return super().fast_from(u, inputs, initial)
 
     def scan(self, inputs, pins=None, initial=None):
-        """The complex states [B, T, E, N] (twice: the scan contract): <kernel>_states when no
-        gradient is wanted and it runs here, else transition_terms into diag_scan."""
+        """The complex states [B, T, E, N] (twice: the scan contract): <kernel>_states when it runs
+        here (complex_states_supported: with pins only when no gradient is wanted), else
+        transition_terms into diag_scan."""
         args = self.native_args(inputs)
         if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
             states = getattr(native_scan, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
@@ -228,8 +229,9 @@ class ComplexNativeMamba(Mamba):
         return super().scan(inputs, pins, initial)
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """Both scans (the first and the patched re-run) in <kernel>_states when it runs, else
-        Mamba's (a and b formed once in torch)."""
+        """Both scans (the first and the patched re-run) through scan when the first (no pins)
+        runs in <kernel>_states (a re-run with pins while a gradient is wanted falls back to
+        diag_scan there), else Mamba's (a and b formed once in torch)."""
         if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
             return super().instrumented_forward(u, inputs, initial)
         run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
