@@ -414,18 +414,19 @@ def pins_at(batch, length, inner, n, steps, seed, dtype):
 
 
 STATES_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-@needs_native
-@pytest.mark.parametrize("scale", SCALES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("batch,length,inner,n,initial", [
+STATE_SHAPES = [  # (batch, length, inner, n, initial state given)
     (2, 1, 3, 4, True),       # one step
     (2, 1, 3, 4, False),
     (3, 13, 5, 6, True),
     (3, 13, 5, 6, False),
     (2, 70, 8, 16, True),     # Mamba's N = 16
-])
+]
+
+
+@needs_native
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,length,inner,n,initial", STATE_SHAPES)
 def test_selective_states_match_the_unfused_scan(dtype, batch, length, inner, n, initial, scale):
     dt, A, x, Bm, _, h0 = selective_problem(batch, length, inner, n, seed=length + n, dtype=dtype, initial=initial)
     got = native_scan.selective_states(dt, A, x, Bm, initial_state=h0, scale=scale)
@@ -573,13 +574,7 @@ def states_grads(fn, inputs, G):
 
 @needs_native
 @pytest.mark.parametrize("scale", SCALES)
-@pytest.mark.parametrize("batch,length,inner,n,initial", [
-    (2, 1, 3, 4, True),       # one step
-    (2, 1, 3, 4, False),
-    (3, 13, 5, 6, True),
-    (3, 13, 5, 6, False),
-    (2, 70, 8, 16, True),     # Mamba's N = 16
-])
+@pytest.mark.parametrize("batch,length,inner,n,initial", STATE_SHAPES)
 def test_selective_states_gradients_match_the_unfused_scan(batch, length, inner, n, initial, scale):
     """Gradients of every state (random cotangent) against a and b formed in torch + the naive
     scan, for dt, A, x, Bm and the initial state."""

@@ -36,8 +36,11 @@ native_scan.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N]
     and dt x Bm formed inside the C loop (CPU, float32/64; forward and backward, nothing [B,T,E,N]
     materialised); the fast path of Mamba and negative Mamba on the CPU.
 native_scan.selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale=1.0) -> states
-    [B,T,E,N]: the same recurrence returning every state (forward only); their instrumented path
-    without grad.
+    [B,T,E,N]: the same recurrence returning every state (differentiable without pins; with pins
+    forward only); their instrumented path.
+native_scan.rotation_scan / trapezoid_scan and rotation_states / trapezoid_states: the same pair
+    for the complex transitions of AUSSM (exp(i dt omega)) and Mamba-3 (exp(dt (A + i theta)) with
+    the trapezoid's previous-input term); complex64/128 states in torch's layout.
 """
 
 from models.kernels.delta_rule import delta_rule
