@@ -1,0 +1,188 @@
+"""Mamba-2: the state-space dual mixer (Dao & Gu 2024), laid out exactly like transformers'
+Mamba2Mixer (so `models.interop` maps a Mamba2ForCausalLM 1:1).
+
+With E = expand * d_model = H * P (H = n_heads, P = E / H), G groups (n_groups, H % G == 0; head
+h reads group h // (H / G)), N = d_state, W = d_conv:
+
+    z, xBC, dt = in_proj(u)                       [B, T, E], [B, T, E + 2 G N], [B, T, H]
+    xBC    = SiLU(short_conv(xBC))                hook_conv [B, T, E + 2 G N] (bias: conv_bias)
+    x, B, C = split(xBC)                          x [B, T, H, P]; B, C [B, T, G, N]
+    dt     = clamp(softplus(dt + dt_bias), dt_limit)   hook_dt [B, T, H]
+    A      = -exp(A_log)                          [H], one scalar per head (init A[h] = -(h + 1))
+    h_t    = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T h_t [B, H, P, N] (hook_state [B, T, H, P, N])
+    y_t    = h_t C_t + D x_t                      [B, T, H, P], D [H]
+    y      = GroupRMSNorm(y * SiLU(z))            G groups of E / G channels, weight [E], eps
+    out    = out_proj(y)                          hook_gate = SiLU(z) [B, T, E]
+
+(B_t, C_t here are head h's group's [N] vectors.) Affine and diagonal (is_affine = True):
+dh_t/dh_{t-1} = exp(dt_t A) on every (p, n) of head h; `transition` returns it as [B, H, P, N].
+
+Paths: fast = models.kernels.diag_scan with the read-out C fused (no states returned);
+instrumented = diag_scan exporting every state, hook_state patches pinned and the scan re-run
+from them (models.hooks.scan_with_state_hook), so a patch at t changes every later step and
+nothing before t.
+
+mixer_options: n_groups (1), conv_bias (True), bias (False: in/out projections), dt_min (0.001),
+dt_max (0.1), dt_init_floor (1e-4) (dt_bias init, as transformers), dt_limit (None, or a
+(min, max) pair: the clamp of dt; transformers' time_step_limit, whose default (0, inf) is
+None here), norm_eps (1e-5: the gated norm's eps), chunk_size (64: diag_scan's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.hooks import HookPoint, scan_with_state_hook
+from models.kernels import diag_scan, short_conv
+from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+
+OPTIONS = {
+    "n_groups": 1,
+    "conv_bias": True,
+    "bias": False,
+    "dt_min": 0.001,
+    "dt_max": 0.1,
+    "dt_init_floor": 1e-4,
+    "dt_limit": None,
+    "norm_eps": 1e-5,
+    "chunk_size": 64,
+}
+
+
+def _options(cfg) -> dict:
+    opts = mixer_options(cfg, OPTIONS)
+    groups = opts["n_groups"]
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or cfg.n_heads % groups:
+        raise ValueError(f"mamba2 mixer_options['n_groups'] must be a positive int dividing n_heads={cfg.n_heads}; "
+                         f"got {groups!r}")
+    if not 0 < opts["dt_min"] <= opts["dt_max"]:
+        raise ValueError(f"mamba2 mixer_options need 0 < dt_min <= dt_max; got {opts['dt_min']}, {opts['dt_max']}")
+    limit = opts["dt_limit"]
+    if limit is not None and (
+        not isinstance(limit, (list, tuple)) or len(limit) != 2 or not float(limit[0]) <= float(limit[1])
+    ):
+        raise ValueError(f"mamba2 mixer_options['dt_limit'] must be None or a (min, max) pair with min <= max; "
+                         f"got {limit!r}")
+    if not isinstance(opts["norm_eps"], (int, float)) or not opts["norm_eps"] > 0:
+        raise ValueError(f"mamba2 mixer_options['norm_eps'] must be a positive float; got {opts['norm_eps']!r}")
+    return opts
+
+
+@register_mixer("mamba2", n_layers=2, n_heads=4, norm="rmsnorm")
+class Mamba2(RecurrentMixer):
+    is_affine = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        opts = _options(cfg)
+        inner, heads = cfg.d_inner, cfg.n_heads
+        if inner % heads:
+            raise ValueError(f"mamba2 needs expand * d_model = {inner} divisible by n_heads = {heads}")
+        head_dim = inner // heads
+        if cfg.d_head is not None and cfg.d_head != head_dim:
+            raise ValueError(f"mamba2's d_head is expand * d_model / n_heads = {head_dim}; got d_head={cfg.d_head}")
+        self.d_inner, self.heads, self.head_dim, self.d_state = inner, heads, head_dim, cfg.d_state
+        self.groups = opts["n_groups"]
+        self.dt_limit = None if opts["dt_limit"] is None else tuple(float(v) for v in opts["dt_limit"])
+        self.norm_eps = float(opts["norm_eps"])
+        self.chunk_size = opts["chunk_size"]
+        self.state_shape = (heads, head_dim, cfg.d_state)
+        self.conv_dim = inner + 2 * self.groups * cfg.d_state
+        self.in_proj = nn.Linear(cfg.d_model, inner + self.conv_dim + heads, bias=opts["bias"])
+        self.conv = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.d_conv, groups=self.conv_dim, bias=opts["conv_bias"])
+        self.dt_bias = nn.Parameter(_inverse_softplus_dt(heads, opts))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
+        self.A_log._no_weight_decay = True  # a decay rate, not a weight (interp.training make_optimizer)
+        self.D = nn.Parameter(torch.ones(heads))
+        self.norm_weight = nn.Parameter(torch.ones(inner))
+        self.out_proj = nn.Linear(inner, cfg.d_model, bias=opts["bias"])
+        self.hook_conv = HookPoint()
+        self.hook_dt = HookPoint()
+        self.hook_gate = HookPoint()
+
+    def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:  # u [B, T, D]
+        batch, length, _ = u.shape
+        gn = self.groups * self.d_state
+        z, xbc, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, self.heads], dim=-1)
+        xbc = self.hook_conv(F.silu(short_conv(xbc, self.conv.weight[:, 0], self.conv.bias)))
+        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
+        if self.dt_limit is not None:
+            dt = dt.clamp(min=self.dt_limit[0], max=self.dt_limit[1])
+        return {
+            "x": x.reshape(batch, length, self.heads, self.head_dim),  # [B, T, H, P]
+            "dt": self.hook_dt(dt),
+            "B": B.reshape(batch, length, self.groups, self.d_state),  # [B, T, G, N]
+            "C": C.reshape(batch, length, self.groups, self.d_state),
+            "gate": self.hook_gate(F.silu(z)),  # [B, T, E]
+        }
+
+    def A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log)  # [H]
+
+    def per_head(self, groups: torch.Tensor) -> torch.Tensor:
+        """[..., G, N] -> [..., H, N]: each head's group."""
+        return groups.repeat_interleave(self.heads // self.groups, dim=-2)
+
+    def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) of h_t = a_t * h_{t-1} + b_t, both [B, (T,) H, P, N], from [B, (T,) ...] inputs."""
+        dt = inputs["dt"]  # [B, (T,) H]
+        b = (dt[..., None] * inputs["x"])[..., None] * self.per_head(inputs["B"])[..., None, :]
+        a = torch.exp(dt * self.A())[..., None, None].expand(b.shape)
+        return a, b
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.transition_terms(inputs_t)[0]  # [B, H, P, N]
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        a, b = self.transition_terms(inputs_t)
+        return a * h + b  # [B, H, P, N]
+
+    def scan(self, inputs, pins=None, initial=None):
+        return self.scan_terms(*self.transition_terms(inputs), pins, initial)
+
+    def scan_terms(self, a, b, pins=None, initial=None):
+        """The states [B, T, H, P, N] of h_t = a_t h_{t-1} + b_t (twice: the scan contract)."""
+        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
+        return states, states
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        a, b = self.transition_terms(inputs)  # formed once for the first scan and a patched re-run
+        _, states = scan_with_state_hook(
+            self.hook_state, lambda pins: self.scan_terms(a, b, pins, initial), len(self.state_shape)
+        )
+        return self.readout(u, states, inputs)
+
+    def readout(self, u, states, inputs) -> torch.Tensor:  # states [B, T, H, P, N]
+        y = (states @ self.per_head(inputs["C"])[..., None])[..., 0]  # [B, T, H, P]
+        return self.finish(y, inputs)
+
+    def fast_forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.fast_from(u, self.prepare(u))
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        a, b = self.transition_terms(inputs)
+        # one group: C is shared by every (head, p), diag_scan's [B, T, N] read-out; else per head
+        C = inputs["C"][:, :, 0] if self.groups == 1 else self.per_head(inputs["C"])[..., None, :].expand(b.shape)
+        y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, H, P]
+        return self.finish(y, inputs)
+
+    def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """y [B, T, H, P] (before D) -> [B, T, d_model]: + D x, gate, group RMSNorm, out_proj."""
+        batch, length = y.shape[:2]
+        y = (y + self.D[:, None] * inputs["x"]).reshape(batch, length, self.d_inner) * inputs["gate"]
+        grouped = y.reshape(batch, length, self.groups, -1)  # [B, T, G, E / G]
+        grouped = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.norm_eps)
+        return self.out_proj(grouped.reshape(batch, length, self.d_inner) * self.norm_weight)
+
+
+def _inverse_softplus_dt(heads: int, opts: dict) -> torch.Tensor:
+    """dt_bias as transformers initialises it: softplus(dt_bias) log-uniform in [dt_min, dt_max]."""
+    log_lo, log_hi = math.log(opts["dt_min"]), math.log(opts["dt_max"])
+    dt = torch.exp(torch.rand(heads) * (log_hi - log_lo) + log_lo).clamp(min=opts["dt_init_floor"])
+    return dt + torch.log(-torch.expm1(-dt))
