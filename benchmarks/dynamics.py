@@ -1,4 +1,4 @@
-"""Benchmarks of interp.dynamics and probes.subspace (issue 6).
+"""Benchmarks of interp.analysis.dynamics and probes.subspace (issue 6).
 
 1. Jacobian spectra along one sequence of T steps with a state of n = 256: the structured path
    (transition(), closed form) against dense autograd (vmapped jacrev), for
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import models  # noqa: E402
-from interp.dynamics import restricted_jacobians, spectra, step_jacobians, trace  # noqa: E402
+from interp.analysis.dynamics import restricted_jacobians, spectra, step_jacobians, trace  # noqa: E402
 from probes.subspace import CentroidAccumulator, DriftAccumulator, centroids, drift, state_subspace, tcross  # noqa: E402
 
 MODELS = {
@@ -154,7 +154,7 @@ def main() -> None:
     torch.set_num_threads(1)
     length = 50 if args.quick else 1000
     shape = (64, 100, 256) if args.quick else (1024, 1000, 256)
-    print(f"## interp.dynamics and probes.subspace (benchmarks/dynamics.py{' --quick' if args.quick else ''})\n")
+    print(f"## interp.analysis.dynamics and probes.subspace (benchmarks/dynamics.py{' --quick' if args.quick else ''})\n")
     print(f"Machine: {platform.processor() or platform.machine()}, shared 2-core CPU, torch "
           f"{torch.__version__}, 1 thread.\n")
     print(f"Drift analysis, {shape[0]} sequences x {shape[1]} steps x n = {shape[2]} float32 "

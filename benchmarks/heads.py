@@ -2,7 +2,7 @@
 
     python benchmarks/heads.py [--traces 1024] [--statements 8] [--impl auto] [--markdown]
 
-`interp.heads.ablate_heads` runs one forward pass over all traces per ablated head and mode
+`interp.analysis.heads.ablate_heads` runs one forward pass over all traces per ablated head and mode
 (clamp beta to [0, 1]; pin beta to its mean): 1 unablated + 2 L H = 17 passes for L = 2, H = 4,
 plus one beta-only cached pass for the means. Measured in one run on this machine:
   - the whole sweep (wall time),
@@ -22,7 +22,7 @@ import time
 import torch
 
 import models
-from interp import heads
+from interp.analysis import heads
 from interp.tasks import make_task
 from timing import timed  # benchmarks/timing.py
 

@@ -1,4 +1,4 @@
-"""Interchange grid: batched `interp.interventions.interchange` vs one forward pass per site (and pyvene).
+"""Interchange grid: batched `interp.analysis.interventions.interchange` vs one forward pass per site (and pyvene).
 
 Grid: 2 layers x 4 hooks x 4 roles (key, value, query, answer) = 32 sites, N = 256 AR pairs
 (clean, key-corrupted). Methods, timed side by side in one process (round-robin rounds, so every
@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import models  # noqa: E402
-from interp.interventions import answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
+from interp.analysis.interventions import answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
 from interp.tasks.recall import AssociativeRecall  # noqa: E402
 
 ROLES = ["key", "value", "query", "answer"]

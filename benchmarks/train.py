@@ -2,7 +2,7 @@
 
     python benchmarks/train.py [--steps 20] [--threads 1] [--markdown]
 
-Each model is built with the demo's config (interp.demo.plan()) and timed for `--steps` full
+Each model is built with the demo's config (interp.cli.demo.plan()) and timed for `--steps` full
 training steps (sample a batch, forward, masked cross-entropy, backward, clip, AdamW) at the
 train length 60, the length the curriculum ends at, after 3 warm-up steps; plus one evaluation
 pass (no_grad, the fast path) over the demo's evaluation (256 sequences at each of
@@ -20,10 +20,10 @@ import time
 import torch
 
 import models
-from interp.demo import FORMAT, TASK, TRAIN_LENGTH, plan
-from interp.evaluate import evaluate_lengths
+from interp.cli.demo import FORMAT, TASK, TRAIN_LENGTH, plan
+from interp.training.evaluate import evaluate_lengths
 from interp.tasks import make_task
-from interp.train import make_optimizer, masked_loss
+from interp.training.train import make_optimizer, masked_loss
 
 
 def time_training(name: str, overrides: dict, cfg, steps: int) -> dict:

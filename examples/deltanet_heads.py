@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 import models
-from interp import figures, heads
-from interp.report import Table, Text, write_report
+from interp.analysis import heads
+from interp.report import evaluation, heads as head_figures
+from interp.report.html import Table, Text, write_report
 from interp.tasks import make_task
-from interp.train import TrainConfig, train
+from interp.training.train import TrainConfig, train
 
 SIZE = dict(d_model=32, n_layers=2)
 MODELS = {"deltanet[0,1]": ("deltanet", dict(n_heads=4)), "deltanet[-1,1]": ("deltanet_neg", dict(n_heads=4)),
@@ -102,18 +103,18 @@ def main() -> None:
 
     sections = [
         Text(__doc__.split("\n\n")[2], heading="Question"),
-        figures.accuracy_vs_length(by_length, train_length=length, title="Reveal accuracy vs trace length")
+        evaluation.accuracy_vs_length(by_length, train_length=length, title="Reveal accuracy vs trace length")
         .update_yaxes(title="accuracy on reveal tokens").update_xaxes(title="statements per trace"),
         Table([{"model": k, **{f"acc@{t}": round(v, 4) for t, v in acc.items()}} for k, acc in by_length.items()],
               heading="Reveal accuracy by number of statements"),
-        figures.beta_histograms(histograms),
-        figures.head_ablation(ablation_rows, {k: a.ablation.baseline for k, a in analyses.items()}),
+        head_figures.beta_histograms(histograms),
+        head_figures.head_ablation(ablation_rows, {k: a.ablation.baseline for k, a in analyses.items()}),
         Table(group_rows, heading="Several heads clamped at once"),
-        figures.head_metric_bars(head_rows, ["state_rank", "traj_rank"]),
+        head_figures.head_metric_bars(head_rows, ["state_rank", "traj_rank"]),
         Table([{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in head_rows],
               heading="Per-head summary"),
-        figures.curves(curves, "position", "norm (mean over traces)", "PFSA-SR: norm over time", log_y=True),
-        figures.curves(probe_r2, "position", "R^2", "Ridge probe from the last layer's state to the exact belief"),
+        evaluation.curves(curves, "position", "norm (mean over traces)", "PFSA-SR: norm over time", log_y=True),
+        evaluation.curves(probe_r2, "position", "R^2", "Ridge probe from the last layer's state to the exact belief"),
         Table(norm_rows, heading="Decay rates and belief probes"),
     ]
     path = write_report(args.out / "report.html", "DeltaNet heads on REPL traces", sections)

@@ -4,7 +4,7 @@ sequences? (shared/SCIENCE.md section 1)
 Trains state-dependent (tanh RNN, state-gated RNN) and affine models (linear RNN, token-gated RNN,
 Mamba, negative Mamba, AUSSM, S4D) on the group word problems C2, C6 and S3 (aligned CoT, length
 curriculum up to 60), evaluates them up to length 1000, measures q(t) and Tcross on the last
-layer's hook_state (interp.error_control), and reports mp, Tcross (and the excess-drift Tcross) and
+layer's hook_state (interp.analysis.error_control), and reports mp, Tcross (and the excess-drift Tcross) and
 the Pearson r of log mp and log Tcross (all runs, affine models per group), plus Theorem-1 checks.
 
     python examples/error_control.py [--quick] [--steps N] [--models a,b] [--groups C6,S3] [--seeds 0,1]
@@ -16,11 +16,14 @@ from pathlib import Path
 import torch
 
 import models
-from interp import checkpoint as ckpt, error_control as ec, figures, figures_dynamics as fd
-from interp.dynamics import jacobians, spectra
-from interp.report import Table, Text, write_report
+from interp.analysis import error_control as ec
+from interp.report import dynamics as fd
+from interp.report.evaluation import accuracy_vs_length
+from interp.training import checkpoint as ckpt
+from interp.analysis.dynamics import jacobians, spectra
+from interp.report.html import Table, Text, write_report
 from interp.tasks import make_task
-from interp.train import TrainConfig, TrainingDiverged, train
+from interp.training.train import TrainConfig, TrainingDiverged, train
 
 STATE_DEPENDENT = ["tanh_rnn", "state_gated_rnn"]
 AFFINE = ["linear_rnn", "token_gated_rnn", "mamba", "negative_mamba", "aussm", "s4d"]
@@ -129,7 +132,7 @@ def write(args, rows, corr, theorem, analyses, diverged):
                 Table(theorem, heading="Theorem 1: ||Q^T J_word Q - I||_2")]
     for group in args.groups:
         picked = {f"{n} s{s}": analyses[(g, n, s)][0] for (g, n, s) in analyses if g == group}
-        sections += [figures.accuracy_vs_length({k: a.evaluation for k, a in picked.items()}, 0.9, TRAIN_LENGTH,
+        sections += [accuracy_vs_length({k: a.evaluation for k, a in picked.items()}, 0.9, TRAIN_LENGTH,
                                                 title=f"{group}: final-state accuracy vs length"),
                      fd.drift_curves({k: a.drift for k, a in picked.items()}, {k: a.tcross for k, a in picked.items()},
                                      TRAIN_LENGTH, title=f"{group}: drift ratio q(t)")]

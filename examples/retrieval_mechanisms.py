@@ -21,12 +21,13 @@ import json
 import time
 from pathlib import Path
 
-from interp.evaluate import final_state_accuracy
-from interp.figures import accuracy_vs_d_conv, restoration_grid, restoration_heatmap, training_curves
-from interp.interventions import ablate_short_conv, corrupt_ar, interchange, short_convs, site_grid
-from interp.report import Table, Text, write_report
+from interp.training.evaluate import final_state_accuracy
+from interp.report.evaluation import training_curves
+from interp.report.interventions import accuracy_vs_d_conv, restoration_grid, restoration_heatmap
+from interp.analysis.interventions import ablate_short_conv, corrupt_ar, interchange, short_convs, site_grid
+from interp.report.html import Table, Text, write_report
 from interp.tasks import make_task
-from interp.train import TrainConfig, train
+from interp.training.train import TrainConfig, train
 from models.registry import preset_config
 
 MODELS = ("transformer", "based", "mamba", "h3", "hyena", "deltanet")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import models
-from interp import checkpoint as ckpt
+from interp.training import checkpoint as ckpt
 from interp.tasks import make_task
-from interp.train import TrainConfig, make_optimizer, train
+from interp.training.train import TrainConfig, make_optimizer, train
 
 
 def make_run(tmp_path, steps=6):

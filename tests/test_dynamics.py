@@ -1,4 +1,4 @@
-"""interp.dynamics: per-step Jacobians (autograd vs structured), spectra, restriction to U, Theorem 1."""
+"""interp.analysis.dynamics: per-step Jacobians (autograd vs structured), spectra, restriction to U, Theorem 1."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import models
-from interp.dynamics import (
+from interp.analysis.dynamics import (
     Jacobians, centroid_return_error, contraction, contraction_summary, jacobians, restricted_jacobians, spectra,
     step_jacobians, theorem1_check, trace, word_jacobian,
 )

@@ -1,4 +1,4 @@
-"""Error-control analysis (interp.error_control), its figures (interp.figures_dynamics), the
+"""Error-control analysis (interp.analysis.error_control), its figures (interp.report.dynamics), the
 `interp drift` command and the examples/error_control.py recipe."""
 
 import importlib.util
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import models
-from interp import dynamics, error_control as ec, figures_dynamics as fd
+from interp.analysis import dynamics, error_control as ec
+from interp.report import dynamics as fd
 from interp.cli import main
-from interp.evaluate import evaluate_lengths, stream_seed
+from interp.training.evaluate import evaluate_lengths, stream_seed
 from interp.tasks import make_task
-from interp.train import TrainConfig, train
+from interp.training.train import TrainConfig, train
 from probes import subspace as ps
 
 ROOT = Path(__file__).resolve().parents[1]

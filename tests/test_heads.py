@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import models
-from interp import heads
+from interp.analysis import heads
 from interp.tasks import make_task
 from probes import heads as head_probes
 from tests.conftest import triton_interpreter_available
@@ -189,7 +189,7 @@ def test_belief_probe_recovers_beliefs_from_a_model_state():
 
 def test_heads_cli_runs_on_a_tiny_trained_run(tmp_path, capsys):
     from interp.cli import main
-    from interp.train import TrainConfig, train
+    from interp.training.train import TrainConfig, train
 
     task = make_task("REPL", n_vars=3, loss="reveals")
     config = models.preset_config("deltanet_neg", vocab_size=task.vocab_size, d_model=16, n_heads=2, n_layers=1)

@@ -1,4 +1,4 @@
-"""Interchange interventions, ablations, short-conv ablation and corruptions (interp.interventions)."""
+"""Interchange interventions, ablations, short-conv ablation and corruptions (interp.analysis.interventions)."""
 
 from types import SimpleNamespace
 
@@ -9,12 +9,14 @@ from torch import nn
 from torch.nn import functional as F
 
 import models
-from interp import interventions
-from interp.interventions import (
+from interp.analysis import interventions
+from interp.analysis.interventions import (
     Site, ablate, ablate_short_conv, answer_positions, corrupt_ar, corrupt_key, interchange,
     patched_probs, restoration, short_convs, site_grid, site_means,
 )
-from interp.interventions import _patch_hooks, _source_from_cache, site_positions
+from interp.analysis.interventions import site_positions
+from interp.analysis.interventions import patching
+from interp.analysis.interventions.patching import _patch_hooks, _source_from_cache
 from interp.tasks.base import Batch
 from models.hooks import HookedMixin, HookPoint
 from models.kernels.short_conv import short_conv
@@ -216,7 +218,7 @@ def count_rows_and_positions(model):
 @pytest.mark.parametrize("name", ["tanh_rnn", "lstm", "mamba", "deltanet", "transformer", "based"])
 def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pair, monkeypatch):
     """The default (resume=True) starts each pair at its site's block and first position."""
-    monkeypatch.setattr(interventions, "MERGE_ROW_POSITIONS", 0)  # no merging: every start its own pass
+    monkeypatch.setattr(patching, "MERGE_ROW_POSITIONS", 0)  # no merging: every start its own pass
     clean, corrupt = pair
     torch.manual_seed(0)
     model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
@@ -231,7 +233,7 @@ def test_resumed_interchange_agrees_with_whole_passes_and_computes_less(name, pa
     torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
     assert torch.equal(resumed.p_clean, whole.p_clean) and torch.equal(resumed.p_corrupt, whole.p_corrupt)
     assert counted[0] < 0.8 * whole_work, (counted[0], whole_work)
-    monkeypatch.setattr(interventions, "MERGE_ROW_POSITIONS", 10**9)  # every start merged: the same values
+    monkeypatch.setattr(patching, "MERGE_ROW_POSITIONS", 10**9)  # every start merged: the same values
     merged = interchange(model, clean, corrupt, sites, min_effect=0.0)
     torch.testing.assert_close(merged.p_patched, whole.p_patched, atol=1e-6, rtol=0)
     # answer read at the value position: query sites lie after it and keep p_corrupt, exactly

@@ -8,7 +8,7 @@ import torch
 from nnsight import NNsight
 
 import models
-from interp.interventions import Site, answer_probs, interchange
+from interp.analysis.interventions import Site, answer_probs, interchange
 from interp.nnsight import wrap
 
 sys.path.insert(0, str(Path(__file__).parent))

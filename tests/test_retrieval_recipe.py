@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from interp.figures import accuracy_vs_d_conv, restoration_grid, restoration_heatmap
-from interp.interventions import InterchangeResult, Site
+from interp.report.interventions import accuracy_vs_d_conv, restoration_grid, restoration_heatmap
+from interp.analysis.interventions import InterchangeResult, Site
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "retrieval_mechanisms.py"
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import models
-from interp import checkpoint as ckpt
-from interp import train as train_module
-from interp.evaluate import evaluate_lengths
+from interp.training import checkpoint as ckpt
+from interp.training import train as train_module
+from interp.training.evaluate import evaluate_lengths
 from interp.tasks import make_task
-from interp.train import TrainConfig, TrainingDiverged, learning_rate, train
+from interp.training.train import TrainConfig, TrainingDiverged, learning_rate, train
 
 
 def parity():

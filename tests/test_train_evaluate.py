@@ -8,9 +8,9 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp import figures
-from interp.evaluate import LengthEval, evaluate_lengths, max_passing_length, score
-from interp.report import Table, Text, render_report, write_report
+from interp.report import evaluation as figures
+from interp.training.evaluate import LengthEval, evaluate_lengths, max_passing_length, score
+from interp.report.html import Table, Text, render_report, write_report
 from interp.tasks import make_task
 from interp.tasks.base import Batch
 

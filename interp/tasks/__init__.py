@@ -1,4 +1,4 @@
-"""Synthetic tasks with ground-truth latent state and named positions.
+"""Synthetic tasks with ground-truth latent state and named positions (imports only models, probes).
 
     make_task(spec, **options) -> Task
     task.sample(n, length, seed) -> Batch(tokens, targets, loss_mask, states, roles)

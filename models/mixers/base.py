@@ -118,7 +118,7 @@ class RecurrentMixer(Mixer):
     fast path, when a fused kernel makes prepare unnecessary) and scan(inputs, pins) (kernels with
     state patches). Affine mixers also define transition(inputs_t) -> A_t, either
     [B, *S] (diagonal: h_t = A_t * h_{t-1} + b_t) or [B, n, n] with n = prod(S) (dense), which
-    `interp.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
+    `interp.analysis.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
     """
 
     is_affine = False

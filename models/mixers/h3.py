@@ -52,7 +52,7 @@ class H3(RecurrentMixer):
         log_dt = torch.rand(channels) * (math.log(1e-1) - math.log(1e-3)) + math.log(1e-3)
         self.log_dt = nn.Parameter(log_dt)
         self.log_neg_a = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(channels, 1))
-        self.log_neg_a._no_weight_decay = True  # a decay rate, not a weight (interp.train.make_optimizer)
+        self.log_neg_a._no_weight_decay = True  # a decay rate, not a weight (interp.training.train.make_optimizer)
         self.b = nn.Parameter(torch.ones(channels, n))
         self.c = nn.Parameter(torch.randn(channels, n) * math.sqrt(0.5))
         self.d_skip = nn.Parameter(torch.randn(channels))

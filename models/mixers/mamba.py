@@ -84,7 +84,7 @@ class Mamba(RecurrentMixer):
         self.x_proj = nn.Linear(d_inner, self.dt_rank + 2 * n, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, d_inner, bias=True)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_inner, 1))
-        self.A_log._no_weight_decay = True  # a decay rate, not a weight (interp.train.make_optimizer)
+        self.A_log._no_weight_decay = True  # a decay rate, not a weight (interp.training.train.make_optimizer)
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=opts["bias"])
         self._init_dt(opts)

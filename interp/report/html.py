@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from interp.checkpoint import atomic_write_text
+from interp.training.checkpoint import atomic_write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }

@@ -2,7 +2,7 @@
 
     analyze(model, task, train_length=60, lengths=(60, 100, 200, 500, 1000)) -> ErrorControl
     analyze_run(run_dir, ...) -> ErrorControl            (model and task from the run directory)
-    write_drift_report(result, path, title) -> Path      (q(t), projections on U, spectra, accuracy)
+    (the report: interp.report.dynamics.write_drift_report; the command: `interp drift`)
 
 What it computes, on the cache of one site (`site`; default: the last block's `mixer.hook_state`
 when that mixer is recurrent, else the last block's `hook_resid_post`):
@@ -13,18 +13,17 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
                (the horizon), measured against those centroids; Tcross its first crossing of tau,
                or the drift-rate estimate when the horizon ends first (`estimator`, `fit_start`);
     contraction  the largest singular value of Q^T J_t Q along `n_jac` in-distribution sequences
-               (interp.dynamics; only when the site is a recurrent mixer's hook_state);
-    accuracy   final-state accuracy at each length and mp (interp.evaluate).
+               (interp.analysis.dynamics; only when the site is a recurrent mixer's hook_state);
+    accuracy   final-state accuracy at each length and mp (interp.training.evaluate).
 
 Complex states (S4D, AUSSM, Mamba-3) are seen as real vectors view_as_real(h).flatten(), the
-coordinates interp.dynamics uses for complex states. Data streams: the fit and drift sequences come
+coordinates interp.analysis.dynamics uses for complex states. Data streams: the fit and drift sequences come
 from seeds derived from `seed` on streams 2 and 3 (training uses stream 0, evaluation stream 1).
 The model runs in chunks of `chunk` sequences, and the drift is accumulated chunk by chunk.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp import dynamics
-from interp.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
+from interp.analysis import dynamics
+from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
 
@@ -220,9 +219,9 @@ def measure_drift(model, task, subspace: Subspace, horizon: int, site: str, n: i
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):
-    """(model, task, config) of a run directory written by interp.train."""
+    """(model, task, config) of a run directory written by interp.training.train."""
     import models
-    from interp import checkpoint as ckpt
+    from interp.training import checkpoint as ckpt
     from interp.tasks import make_task
 
     config = ckpt.read_config(run_dir)
@@ -236,21 +235,6 @@ def analyze_run(run_dir: str | Path, lengths=DEFAULT_LENGTHS, device: str = "cpu
     options.setdefault("name", config["model"]["mixer"])
     options.setdefault("seed", int(config.get("seed", 0)))
     return analyze(model, task, config["train"]["train_length"], lengths, **options)
-
-
-def drift_run(run_dir: str | Path, lengths=DEFAULT_LENGTHS, out: str | Path | None = None,
-              device: str = "cpu", **options) -> ErrorControl:
-    """`interp drift`: analyse a run, write the HTML report (default RUN_DIR/drift.html) and
-    RUN_DIR/drift.json (the summary)."""
-    from interp import checkpoint as ckpt
-
-    model, task, config = load_run(run_dir, device)
-    options.setdefault("name", config["model"]["mixer"])
-    options.setdefault("seed", int(config.get("seed", 0)))
-    result = analyze(model, task, config["train"]["train_length"], lengths, **options)
-    write_drift_report(result, out or Path(run_dir) / "drift.html", model=model, task=task)
-    ckpt.write_json(Path(run_dir) / "drift.json", result.summary())
-    return result
 
 
 def theorem1_on_run(model, task, subspace: Subspace, layer: int, length: int = 60, seed: int = 0,
@@ -281,31 +265,3 @@ def theorem1_on_run(model, task, subspace: Subspace, layer: int, length: int = 6
             "premise_max_over_M": float(premise.max()) / subspace.M,
             "rank_U": subspace.rank, "affine": bool(t.mixer.is_affine)}
 
-
-def write_drift_report(result: ErrorControl, path: str | Path, title: str | None = None, model=None,
-                       task=None) -> Path:
-    """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
-    model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
-    from interp import figures, figures_dynamics as fd
-    from interp.report import Table, Text, write_report
-
-    summary = result.summary()
-    rows = [{k: v for k, v in summary.items() if k != "accuracy"}]
-    sections = [
-        Text(f"Site {result.site}; centroids and U from in-distribution sequences of length "
-             f"{result.train_length}; drift on sequences of length {summary['horizon']}. Tcross is "
-             f"{'estimated from the drift rate' if result.tcross.estimated else 'the first crossing'} "
-             f"(tau = {result.tcross.tau}).", heading="What was measured"),
-        Table(rows, heading="Summary"),
-        fd.drift_curves({result.name: result.drift}, {result.name: result.tcross}, result.train_length),
-        fd.state_projection(result.snapshots, title=f"{result.name}: states on U (first two dimensions)"),
-        figures.accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
-                                   result.train_length),
-    ]
-    layer = recurrent_layer(model, result.site) if model is not None else None
-    if layer is not None and task is not None:
-        tokens = task.sample(1, result.train_length, stream_seed(0, FIT_STREAM, 3)).tokens
-        jac = dynamics.jacobians(model, tokens, layer)
-        sections.append(fd.jacobian_spectra(dynamics.spectra(jac, result.subspace.basis),
-                                            title=f"{result.name}: spectrum of Q^T J_t Q on U"))
-    return write_report(path, title or f"Error control: {result.name}", sections)

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from interp.evaluate import eval_seed, predictions
+from interp.training.evaluate import eval_seed, predictions
 from interp.tasks.base import Batch
 from interp.tasks.pfsa import PfsaSwaps, swap_update
 from probes import heads as head_probes
@@ -300,11 +300,11 @@ def analyze_model(model, batch: Batch, name: str = "model", stats_examples: int 
 
 
 def analyze_run(run_dir: str | Path, n: int = 256, length: int | None = None, seed: int = 1,
-                out: str | Path | None = None, impl: str | None = None, device: str = "cpu") -> RunAnalysis:
-    """Load a DeltaNet run, analyse it on n fresh traces of its task, write an HTML report to `out`
-    (default run_dir/heads.html). length: the task length (default: the run's train_length)."""
+                impl: str | None = None, device: str = "cpu") -> RunAnalysis:
+    """Load a DeltaNet run and analyse it on n fresh traces of its task (`interp heads` writes the
+    report: interp.report.heads). length: the task length (default: the run's train_length)."""
     import models
-    from interp import checkpoint as ckpt
+    from interp.training import checkpoint as ckpt
     from interp.tasks import make_task
 
     run_dir = Path(run_dir)
@@ -316,27 +316,5 @@ def analyze_run(run_dir: str | Path, n: int = 256, length: int | None = None, se
     batch = task.sample(n, length, eval_seed(seed, length)).to(device)
     if "reveal" not in batch.roles:
         raise ValueError(f"task {task.name} has no 'reveal' role; the head analysis needs REPL or PFSA traces")
-    analysis = analyze_model(model, batch, name=config["model"].get("mixer", "deltanet"), impl=impl)
-    write_report(analysis, Path(out) if out is not None else run_dir / "heads.html",
-                 title=f"Head analysis of {run_dir}")
-    return analysis
+    return analyze_model(model, batch, name=config["model"].get("mixer", "deltanet"), impl=impl)
 
-
-def write_report(analysis: RunAnalysis, path: Path, title: str) -> Path:
-    from interp import figures
-    from interp.report import Table, Text, write_report as write_html
-
-    hist = {f"{analysis.name} layer {layer}": h for layer, h in analysis.histograms.items()}
-    rows = analysis.rows()
-    sections = [
-        Text(f"Unablated reveal accuracy: {analysis.ablation.baseline:.4f}. Per head: beta statistics, "
-             "the minimum transition eigenvalue 1 - max beta, the mean effective rank of S_t (exp entropy of "
-             "normalised singular values) and of the centred state trajectory, and the reveal accuracy with "
-             "that head's beta clamped to [0, 1] or pinned to its mean."),
-        Table([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
-              heading="Per-head summary"),
-        figures.beta_histograms(hist),
-        figures.head_ablation(analysis.ablation.rows, analysis.ablation.baseline),
-        figures.head_metric_bars(rows, ["state_rank", "traj_rank"]),
-    ]
-    return write_html(path, title, sections)

@@ -17,7 +17,7 @@ Determinism: the weights are initialised from `seed`; the batch of step s is
 `task.sample(batch_size, length, stream_seed(seed, 0, s))`, so a resumed run reads exactly the
 batches an uninterrupted run reads, and on the CPU resuming gives bit-identical weights.
 
-A run directory (see `interp.checkpoint`) is written when `out` is given: config.json at the
+A run directory (see `interp.training.checkpoint`) is written when `out` is given: config.json at the
 start, a checkpoint every `checkpoint_every` steps and at the end, metrics.jsonl with it. A
 directory that already holds a run is never overwritten: with `resume=True` training continues
 from its checkpoint if the configs match, otherwise CheckpointError names the differences.
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from interp import checkpoint as ckpt
-from interp.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
+from interp.training import checkpoint as ckpt
+from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
 from interp.tasks.base import Batch, Task
 from models.backbone import SequenceModel
 from models.config import ModelConfig

@@ -1,15 +1,17 @@
-"""`interp drift RUN_DIR`: the error-control analysis of a trained run (see `interp.error_control`).
+"""`interp drift RUN_DIR`: the error-control analysis of a trained run (see `interp.analysis.error_control`).
 
 Prints U's rank and M, Tcross (measured or estimated), q at the training length and at the horizon,
 the contraction on U and accuracy by length with mp; writes an HTML report (default
 RUN_DIR/drift.html) and RUN_DIR/drift.json. Kept free of heavy imports so `interp --help` stays fast.
+The analysis is interp.analysis.error_control, the report interp.report.dynamics.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from interp.cli.args import fail, length_list, non_negative_int, positive_float, positive_int
 
 
 def statistic(text: str) -> str | float:
@@ -25,8 +27,6 @@ def statistic(text: str) -> str | float:
 
 
 def add_parser(sub) -> None:
-    from interp.cli import length_list, non_negative_int, positive_float, positive_int
-
     drift = sub.add_parser(
         "drift", help="state-distinguishing subspace, drift q(t), Tcross, contraction and mp of a run",
         description="Error-control analysis of a trained run: centroids and the subspace U from "
@@ -53,8 +53,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.error_control import drift_run
-
     out = args.out or args.run_dir / "drift.html"
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
                    statistic=args.statistic, normalize=args.normalize)
@@ -63,9 +61,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = drift_run(args.run_dir, args.lengths, out, device=args.device, **options)
     except (ValueError, TypeError, FileNotFoundError, KeyError) as error:
-        print(f"interp drift: error: {error}", file=sys.stderr)
-        return 2
+        return fail("drift", error)
     for key, value in result.summary().items():
         print(f"{key:>18}: {value}")
     print(f"wrote {out} and {args.run_dir / 'drift.json'}")
     return 0
+
+
+def drift_run(run_dir: str | Path, lengths, out: str | Path | None = None,
+              device: str = "cpu", **options):
+    """`interp drift`: analyse a run, write the HTML report (default RUN_DIR/drift.html) and
+    RUN_DIR/drift.json (the summary)."""
+    from interp.analysis.error_control import analyze, load_run
+    from interp.report.dynamics import write_drift_report
+    from interp.training import checkpoint as ckpt
+
+    model, task, config = load_run(run_dir, device)
+    options.setdefault("name", config["model"]["mixer"])
+    options.setdefault("seed", int(config.get("seed", 0)))
+    result = analyze(model, task, config["train"]["train_length"], lengths, **options)
+    write_drift_report(result, out or Path(run_dir) / "drift.html", model=model, task=task)
+    ckpt.write_json(Path(run_dir) / "drift.json", result.summary())
+    return result

@@ -1,4 +1,4 @@
-"""`interp heads RUN_DIR`: the per-head analysis of a trained DeltaNet run (see `interp.heads`).
+"""`interp heads RUN_DIR`: the per-head analysis of a trained DeltaNet run (see `interp.analysis.heads`).
 
 Prints one row per head (beta statistics, minimum transition eigenvalue, state effective ranks,
 reveal accuracy with the head's beta clamped to [0, 1] or pinned to its mean) and writes an HTML
@@ -8,15 +8,14 @@ report (default RUN_DIR/heads.html). Kept free of heavy imports so `interp --hel
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from interp.cli.args import fail, non_negative_int, positive_int
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
 
 def add_parser(sub) -> None:
-    from interp.cli import non_negative_int, positive_int
-
     heads = sub.add_parser(
         "heads", help="per-head beta / state-rank analysis and beta ablations of a DeltaNet run",
         description="Per-head analysis of a trained DeltaNet run on fresh traces of its task (REPL or "
@@ -36,15 +35,16 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.heads import analyze_run
+    from interp.analysis.heads import analyze_run
+    from interp.report.heads import write_heads_report
 
     out = args.out or args.run_dir / "heads.html"
     try:
-        analysis = analyze_run(args.run_dir, n=args.n, length=args.length, seed=args.seed, out=out,
+        analysis = analyze_run(args.run_dir, n=args.n, length=args.length, seed=args.seed,
                                impl=args.impl, device=args.device)
     except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f"interp heads: error: {error}", file=sys.stderr)
-        return 2
+        return fail("heads", error)
+    write_heads_report(analysis, out, title=f"Head analysis of {args.run_dir}")
     rows = analysis.rows()
     columns = list(rows[0])
     print(f"unablated reveal accuracy {analysis.ablation.baseline:.4f} on {args.n} traces")

@@ -6,31 +6,26 @@
                                             singular values over steps
     state_projection({step: (coords [N, k], labels [N])})   states on U (first two dimensions),
                                             coloured by the true state, one panel per step
-
-(Kept apart from interp/figures.py, which another helper was editing at the time.)
+    write_drift_report(ErrorControl, path)  the report of `interp drift`
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from interp.analysis import dynamics
+from interp.analysis.error_control import FIT_STREAM, recurrent_layer
+from interp.report.evaluation import accuracy_vs_length
+from interp.report.html import Table, Text, write_report
+from interp.report.style import check_mapping, palette_color
+from interp.training.evaluate import stream_seed
 from probes.subspace import DriftResult, Tcross
-
-
-def _color(index: int) -> str:
-    palette = qualitative.Plotly
-    return palette[index % len(palette)]
-
-
-def _check_mapping(name: str, value) -> None:
-    if not isinstance(value, Mapping) or not value:
-        raise ValueError(f"{name} must be a non-empty mapping; got {value!r}")
 
 
 def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcross] | None = None,
@@ -38,7 +33,7 @@ def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcros
     """One q(t) line per model, the tau line, and a marker at each Tcross: filled at a measured
     crossing (t, q(t)), open at an estimated one (t, tau) when it is finite (it may lie past the
     horizon, which widens the axis)."""
-    _check_mapping("drifts", drifts)
+    check_mapping("drifts", drifts)
     tcrosses = tcrosses or {}
     fig = go.Figure()
     taus = set()
@@ -46,7 +41,7 @@ def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcros
         if not isinstance(result, DriftResult):
             raise TypeError(f"drifts[{name!r}] must be a DriftResult; got {type(result).__name__}")
         taus.add(result.tau)
-        color = _color(index)
+        color = palette_color(index)
         fig.add_trace(go.Scatter(x=result.steps, y=result.q, mode="lines", name=name, legendgroup=name,
                                  line={"color": color},
                                  hovertemplate="t %{x}<br>q %{y:.3f}<extra>" + name + "</extra>"))
@@ -113,8 +108,8 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
             fig.add_trace(go.Scatter(
                 x=mp[picked], y=tc[picked], mode="markers", text=text,
                 name=group + (" (Tcross estimated)" if estimated else ""), legendgroup=group,
-                marker={"color": _color(index), "size": 10, "symbol": "circle-open" if estimated else "circle",
-                        "line": {"width": 2, "color": _color(index)}},
+                marker={"color": palette_color(index), "size": 10, "symbol": "circle-open" if estimated else "circle",
+                        "line": {"width": 2, "color": palette_color(index)}},
                 hovertemplate="%{text}<br>mp %{x}<br>Tcross %{y:.1f}<extra></extra>"))
     left_out = len(rows) - count
     fig.update_xaxes(type="log", title="mp (max-passing length)")
@@ -129,10 +124,10 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
 def jacobian_spectra(spec, example: int = 0, title: str = "Jacobian spectra") -> go.Figure:
     """Left: the eigenvalues of every step of one example in the complex plane, coloured by step,
     with the unit circle. Right: the singular values against step (one line per index)."""
-    from interp.dynamics import Spectra
+    from interp.analysis.dynamics import Spectra
 
     if not isinstance(spec, Spectra):
-        raise TypeError(f"spec must be an interp.dynamics.Spectra; got {type(spec).__name__}")
+        raise TypeError(f"spec must be an interp.analysis.dynamics.Spectra; got {type(spec).__name__}")
     batch = spec.eigenvalues.shape[0]
     if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < batch:
         raise ValueError(f"example must be an int in [0, {batch}); got {example!r}")
@@ -150,7 +145,7 @@ def jacobian_spectra(spec, example: int = 0, title: str = "Jacobian spectra") ->
         hovertemplate="%{x:.3f} + %{y:.3f}i<extra>eigenvalue</extra>"), row=1, col=1)
     for j in range(sv.shape[1]):
         fig.add_trace(go.Scatter(x=steps, y=sv[:, j], mode="lines", name=f"sigma_{j + 1}",
-                                 line={"color": _color(j)}), row=1, col=2)
+                                 line={"color": palette_color(j)}), row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=1, col=2)
     fig.update_xaxes(title="Re", row=1, col=1)
     fig.update_yaxes(title="Im", scaleanchor="x", scaleratio=1, row=1, col=1)
@@ -164,7 +159,7 @@ def state_projection(snapshots: Mapping[int, tuple[np.ndarray, np.ndarray]],
                      title: str = "States on U (first two dimensions)") -> go.Figure:
     """One panel per step: coordinates on U [N, k] (first two; k = 1 is drawn on a line)
     coloured by the true state [N]; one trace per (step, state)."""
-    _check_mapping("snapshots", snapshots)
+    check_mapping("snapshots", snapshots)
     steps = sorted(snapshots)
     fig = make_subplots(rows=1, cols=len(steps), subplot_titles=[f"step {s}" for s in steps])
     classes = sorted({int(c) for s in steps for c in np.asarray(snapshots[s][1]).ravel()})
@@ -178,10 +173,36 @@ def state_projection(snapshots: Mapping[int, tuple[np.ndarray, np.ndarray]],
             mask = labels == state
             fig.add_trace(go.Scatter(
                 x=coords[mask, 0], y=y[mask], mode="markers", name=f"state {state}", legendgroup=str(state),
-                showlegend=col == 1, marker={"color": _color(index), "size": 6, "opacity": 0.75},
+                showlegend=col == 1, marker={"color": palette_color(index), "size": 6, "opacity": 0.75},
                 hovertemplate=f"state {state}<br>u1 %{{x:.3f}}<br>u2 %{{y:.3f}}<extra>step {step}</extra>"),
                 row=1, col=col)
         fig.update_xaxes(title="u1", row=1, col=col)
         fig.update_yaxes(title="u2", row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", legend_title="true state")
     return fig
+
+
+def write_drift_report(result, path: str | Path, title: str | None = None, model=None,
+                       task=None) -> Path:
+    """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
+    model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
+    summary = result.summary()
+    rows = [{k: v for k, v in summary.items() if k != "accuracy"}]
+    sections = [
+        Text(f"Site {result.site}; centroids and U from in-distribution sequences of length "
+             f"{result.train_length}; drift on sequences of length {summary['horizon']}. Tcross is "
+             f"{'estimated from the drift rate' if result.tcross.estimated else 'the first crossing'} "
+             f"(tau = {result.tcross.tau}).", heading="What was measured"),
+        Table(rows, heading="Summary"),
+        drift_curves({result.name: result.drift}, {result.name: result.tcross}, result.train_length),
+        state_projection(result.snapshots, title=f"{result.name}: states on U (first two dimensions)"),
+        accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
+                                   result.train_length),
+    ]
+    layer = recurrent_layer(model, result.site) if model is not None else None
+    if layer is not None and task is not None:
+        tokens = task.sample(1, result.train_length, stream_seed(0, FIT_STREAM, 3)).tokens
+        jac = dynamics.jacobians(model, tokens, layer)
+        sections.append(jacobian_spectra(dynamics.spectra(jac, result.subspace.basis),
+                                            title=f"{result.name}: spectrum of Q^T J_t Q on U"))
+    return write_report(path, title or f"Error control: {result.name}", sections)

@@ -13,18 +13,44 @@ states what was measured.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from interp import checkpoint as ckpt
-from interp.evaluate import LengthEval, evaluate_lengths
-from interp.train import TrainConfig, TrainResult, train
+from interp.cli.args import fail
+
+if TYPE_CHECKING:  # the heavy imports happen inside the functions, so `interp --help` stays fast
+    from interp.training.evaluate import LengthEval
+    from interp.training.train import TrainConfig, TrainResult
 
 TASK, FORMAT, TRAIN_LENGTH = "S3", "acot", 60
 THRESHOLD = 0.9
+
+
+def add_parser(sub) -> None:
+    demo = sub.add_parser(
+        "demo", help="the main job: tanh RNN vs Mamba on S3, accuracy by length, HTML report",
+        description="Train a tanh RNN and a Mamba model on the S3 word problem (acot, length 60), "
+                    "evaluate both at lengths up to 1000, write an offline HTML report and print a "
+                    "summary. Under 5 minutes on 2 CPU cores. Re-running with the same --out reuses "
+                    "finished runs.")
+    demo.add_argument("--out", type=Path, default=None,
+                      help="output directory (default runs/demo, or runs/demo-quick with --quick)")
+    demo.add_argument("--quick", action="store_true", help="toy sizes, tens of seconds (a smoke test)")
+    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    demo.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
+    try:
+        run_demo(out, quick=args.quick, progress=not args.no_progress)
+    except (ValueError, FileExistsError) as error:
+        return fail("demo", error)
+    return 0
 
 
 @dataclass
@@ -39,6 +65,9 @@ class DemoPlan:
 
 
 def plan(quick: bool = False) -> DemoPlan:
+    """The demo's models and schedules: the full job (under 5 minutes) or the --quick smoke run."""
+    from interp.training.train import TrainConfig
+
     if quick:
         common = dict(train_length=TRAIN_LENGTH, curriculum=True, eval_every=10, eval_size=32,
                       log_every=5, warmup=5, checkpoint_every=1000)
@@ -71,6 +100,9 @@ def run_demo(out: str | Path, quick: bool = False, progress: bool = True, echo=p
 
     import models
     from interp.tasks import make_task
+    from interp.training import checkpoint as ckpt
+    from interp.training.evaluate import evaluate_lengths
+    from interp.training.train import train
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -130,8 +162,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def write_demo_report(path: Path, demo: DemoPlan, runs: dict[str, TrainResult],
                       evals: dict[str, LengthEval], timings: dict[str, dict[str, float]]) -> Path:
-    from interp import figures
-    from interp.report import Table, Text, write_report
+    from interp.report import evaluation as figures
+    from interp.report.html import Table, Text, write_report
 
     reached = {name: run.final_length for name, run in runs.items()}
     short = [f"{name} (length {length})" for name, length in reached.items() if length < TRAIN_LENGTH]

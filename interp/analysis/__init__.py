@@ -1,0 +1,10 @@
+"""Analyses: what is measured on a model. Each returns plain result objects (arrays, dataclasses);
+none draws or writes a report.
+
+    interventions/  sites, interchange interventions, ablations, corruptions (SCIENCE.md section 2)
+    dynamics        Jacobians of recurrent mixers, spectra, Theorem 1, contraction
+    error_control   the state-distinguishing subspace, drift q(t), Tcross, mp (SCIENCE.md section 1)
+    heads           per-head DeltaNet beta analysis and head ablations
+
+May import: interp.training, interp.tasks, models, probes. Never interp.report or interp.cli.
+"""

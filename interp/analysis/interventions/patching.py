@@ -1,0 +1,332 @@
+"""The patch engine: one forward hook per hook name, each row of a pass patched at its own site.
+
+Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
+[B, H, T, T], whose position is the query axis (2) and head axis 1. A hook on `hook_state` that
+changes the states is a causal state patch (models.hooks.scan_with_state_hook), so patching the
+state at a position makes the recurrence continue from the patched state. Each (site, example)
+pair resumes from its site's block and first position (`model.resume_from`), many pairs per pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+import models
+from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair,
+                                                 check_sites, site_positions)
+from interp.tasks.base import Batch
+
+
+def time_first(act: torch.Tensor, hook: str) -> torch.Tensor:
+    """A view with time at axis 1 and heads (if any) at axis 2."""
+    return act.transpose(1, 2) if hook.endswith("hook_pattern") else act
+
+
+def select_site(view: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, site: Site) -> torch.Tensor:
+    """view [R, T, ...] -> [m, k, ...] at rows [m] and positions [m, k] (and the site's head)."""
+    if site.head is None:
+        return view[rows[:, None], pos]
+    if view.dim() < 3 or site.head >= view.shape[2]:
+        raise ValueError(
+            f"site {site.label}: head {site.head} does not exist; the activation (time-major) has "
+            f"shape {tuple(view.shape)} and heads at axis 2"
+        )
+    return view[rows[:, None], pos, site.head]
+
+
+def _write(view: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, site: Site, value: torch.Tensor) -> None:
+    if site.head is None:
+        view[rows[:, None], pos] = value
+    else:
+        view[rows[:, None], pos, site.head] = value
+
+
+def _project(site: Site, current: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """current + P P^T (source - current) on the flattened feature vectors [m, k, d]."""
+    if site.subspace is None:
+        return source
+    m, k = current.shape[:2]
+    d = math.prod(current.shape[2:])
+    if d != site.subspace.shape[0]:
+        raise ValueError(
+            f"site {site.label}: subspace has d={site.subspace.shape[0]} rows but the selected "
+            f"activation has {d} features (shape {tuple(current.shape[2:])})"
+        )
+    basis = site.subspace.to(current)
+    delta = (source - current).reshape(m, k, d)
+    return current + ((delta @ basis) @ basis.T).reshape(current.shape)
+
+
+# source(site index, example indices [n], current values [m=n, k, ...]) -> new values
+Source = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _patch_hooks(sites, site_of_row, example_of_row, target_pos, source: Source, end: int) -> list[tuple[str, Callable]]:
+    """One forward hook per hook name: row r of the forward (example example_of_row[r]) is
+    patched at sites[site_of_row[r]]. site_of_row, example_of_row: [R] int64. The pass covers
+    positions < end; an activation with m time steps holds the last m of them (a resumed run,
+    `SequenceModel.resume_from`)."""
+    by_hook: dict[str, list[int]] = {}
+    for s in torch.unique(site_of_row).tolist():
+        by_hook.setdefault(sites[s].hook, []).append(s)
+
+    def make(site_ids):
+        def patch(act: torch.Tensor, hook) -> torch.Tensor:
+            out = act.clone()
+            view = time_first(out, hook.name)
+            offset = end - view.shape[1]  # the position of the first time step here
+            for s in site_ids:
+                site = sites[s]
+                rows = torch.nonzero(site_of_row == s)[:, 0]
+                examples = example_of_row[rows]
+                pos = target_pos[s][examples].to(act.device) - offset  # [m, k]
+                if bool((pos < 0).any()):
+                    raise RuntimeError(f"site {site.label}: a resumed pass starts after the site (internal error)")
+                rows = rows.to(act.device)
+                current = select_site(view, rows, pos, site)
+                new = source(s, examples, current).to(current)
+                if new.shape != current.shape:
+                    raise ValueError(
+                        f"site {site.label}: the source has shape {tuple(new.shape)} but the target "
+                        f"activation at the site has shape {tuple(current.shape)}"
+                    )
+                _write(view, rows, pos, site, _project(site, current, new))
+            return out
+
+        return patch
+
+    return [(hook, make(site_ids)) for hook, site_ids in by_hook.items()]
+
+
+def _device(model) -> torch.device:
+    """Where the model's parameters (or buffers) live; the CPU for a model with neither."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def rows_per_pass(batch_size, n_examples: int) -> int:
+    """batch_size checked; None -> max(N, 512) rows (sites are packed when N is small)."""
+    if batch_size is None:
+        return max(n_examples, 512)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size (rows per forward pass) must be None or a positive int; got {batch_size!r}")
+    return batch_size
+
+
+def patched_answer_probs(
+    model,
+    target: Batch,
+    sites: Sequence[Site],
+    source: Source,
+    answer_tokens: torch.Tensor,
+    answer_pos: torch.Tensor,
+    batch_size: int,
+    skip: torch.Tensor | None = None,
+    unpatched: tuple[torch.Tensor, torch.Tensor] | None = None,
+    resume_cache=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `target` with each site patched: (p(answer_tokens) [S, N] float64, argmax ==
+    answer_tokens [S, N] bool) at answer_pos.
+
+    The (site, example) pairs are packed into forward passes of up to batch_size rows (row r:
+    example b patched at site s), sites of one hook sharing one hook. skip [S, N] bool marks
+    pairs whose patch is known to change nothing; they take `unpatched` = (p [N], correct [N]).
+    resume_cache: the target run's `model.resume_hooks()` activations; with it a pair at a block
+    site runs from its block and first position on (`SequenceModel.resume_from`), up to its
+    last site or answer position; pairs are grouped into passes by (block, hook, first position).
+    Pairs whose site lies after the answer must then be in `skip` (they cannot be resumed).
+    """
+    batch_size = rows_per_pass(batch_size, len(target))
+    n_sites, n_total = len(sites), len(target)
+    target_pos = [site_positions(target, site.position, "target") for site in sites]
+    device = _device(model)
+    probs = torch.empty(n_sites, n_total, dtype=torch.float64)
+    correct = torch.empty(n_sites, n_total, dtype=torch.bool)
+    if skip is not None:
+        probs[:] = unpatched[0]
+        correct[:] = unpatched[1]
+    todo = torch.ones(n_sites, n_total, dtype=torch.bool) if skip is None else ~skip
+    pairs = torch.nonzero(todo)  # [P, 2] (site, example), site-major
+    groups = _resume_groups(pairs, sites, target_pos, answer_pos) if resume_cache is not None else [(None, 0, pairs)]
+    length = target.tokens.shape[1]
+    with torch.no_grad():
+        for layer, start, group in groups:
+            for first in range(0, len(group), batch_size):
+                site_of_row, example_of_row = group[first : first + batch_size].unbind(1)
+                end = length if layer is None else _pass_end(site_of_row, example_of_row, target_pos, answer_pos)
+                hooks = _patch_hooks(sites, site_of_row, example_of_row, target_pos, source, end)
+                if layer is None:
+                    logits = model.run_with_hooks(target.tokens[example_of_row].to(device), fwd_hooks=hooks)
+                else:  # only the mixers whose per-step hooks are patched take the instrumented path
+                    with models.instrumented(False), model.hooks(hooks):
+                        logits = model.resume_from(resume_cache, example_of_row.to(device), layer, start, end)
+                at, want = answer_pos[example_of_row] - start, answer_tokens[example_of_row]
+                probs[site_of_row, example_of_row] = answer_probs(logits, at, want)
+                rows = torch.arange(logits.shape[0], device=logits.device)
+                correct[site_of_row, example_of_row] = logits[rows, at.to(logits.device)].argmax(-1).cpu() == want
+    return probs, correct
+
+
+# A resumed group joins the one before it (same block and hook, earlier start) when that adds
+# fewer than this many row x position steps (its rows times the start difference): a few more
+# positions computed, one pass fewer (a pass has a fixed cost of its own).
+MERGE_ROW_POSITIONS = 256
+
+
+def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | None, int, torch.Tensor]]:
+    """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block, hook and
+    first site position (small groups merged, see MERGE_ROW_POSITIONS). One hook per pass keeps
+    the per-step (instrumented) path to the passes that patch hook_state and the like. Sites
+    outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0)."""
+    first_pos = torch.stack([pos.min(dim=1).values for pos in target_pos])[pairs[:, 0], pairs[:, 1]]  # [P]
+    hook_ids = {hook: i for i, hook in enumerate(sorted({s.hook for s in sites}))}
+    layer = torch.tensor([-1 if s.layer is None else s.layer for s in sites])[pairs[:, 0]]  # [P]
+    hook = torch.tensor([hook_ids[s.hook] for s in sites])[pairs[:, 0]]  # [P]
+    if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
+        raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
+    outside = layer < 0
+    groups: list[tuple[int | None, int, torch.Tensor]] = [(None, 0, pairs[outside])] if outside.any() else []
+    keys, inside = torch.stack([layer, hook, first_pos], dim=1)[~outside], pairs[~outside]  # [P', 3], [P', 2]
+    order = np.lexsort(keys.numpy().T[::-1])  # by block, then hook, then start
+    keys, inside = keys[order], inside[order]
+    distinct, counts = torch.unique_consecutive(keys, dim=0, return_counts=True)
+    previous = None
+    for (block, hook_id, start), members in zip(distinct.tolist(), inside.split(counts.tolist())):
+        if previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
+            groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
+        else:
+            groups.append((block, start, members))
+        previous = (block, hook_id)
+    return groups
+
+
+def _pass_end(site_of_row, example_of_row, target_pos, answer_pos) -> int:
+    """One past the last position a resumed pass needs: every site position and answer of its rows."""
+    last = answer_pos[example_of_row].max()
+    for s in torch.unique(site_of_row).tolist():
+        last = max(last, target_pos[s][example_of_row[site_of_row == s]].max())
+    return int(last) + 1
+
+
+def run_cached(model, batch: Batch, hooks: Sequence[str], batch_size: int):
+    """logits [N, T, V] and {hook: activation [N, ...]} of `batch`, in chunks of batch_size."""
+    device = _device(model)
+    logits, store = [], {h: [] for h in hooks}
+    with torch.no_grad():
+        for start in range(0, len(batch), batch_size):
+            chunk_logits, cache = model.run_with_cache(
+                batch.tokens[start : start + batch_size].to(device), names=list(hooks)
+            )
+            logits.append(chunk_logits)
+            for h in hooks:
+                store[h].append(cache[h])
+    return torch.cat(logits), {h: torch.cat(v) for h, v in store.items()}
+
+
+def _source_from_cache(sites, cache, source_pos) -> Source:
+    def source(s: int, examples: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        site = sites[s]
+        act = cache[site.hook]
+        view = time_first(act, site.hook)
+        pos = source_pos[s][examples].to(act.device)
+        if pos.shape != current.shape[:2]:
+            raise ValueError(
+                f"site {site.label}: source and target give different numbers of positions "
+                f"({pos.shape[1]} vs {current.shape[1]}) per example"
+            )
+        return select_site(view, examples.to(act.device), pos, site)
+
+    return source
+
+
+def after_answer(target_pos, target_ans) -> torch.Tensor:
+    """[S, N] bool: every site position lies after the answer position (causality: a no-op)."""
+    return torch.stack([(pos > target_ans[:, None]).all(1) for pos in target_pos])
+
+
+def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor:
+    """[S, N] bool: the source equals the target's own value at the site (a no-op patch)."""
+    examples = torch.arange(len(target_pos[0]))  # sites are never empty (check_sites)
+    same = torch.zeros(len(sites), len(examples), dtype=torch.bool)
+    for s, site in enumerate(sites):
+        current = select_site(time_first(target_cache[site.hook], site.hook), examples, target_pos[s], site)  # [N, k, ...]
+        same[s] = (source(s, examples, current) == current).flatten(1).all(1).cpu()
+    return same
+
+
+def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
+                names: tuple[str, str] = ("source", "target"), resume: bool = False):
+    """Cache `source` (and `target`), then run `target` patched at each site from `source`.
+    Returns (source logits, p_target(y) [N], p_patched(y) [S, N]). Runs on the current path.
+    resume: patched runs start at the site's block and first position (`patched_answer_probs`)."""
+    hooks = sorted({s.hook for s in sites})
+    source_pos = [site_positions(source, s.position, names[0]) for s in sites]
+    target_pos = [site_positions(target, s.position, names[1]) for s in sites]
+    for site, src, dst in zip(sites, source_pos, target_pos):
+        if src.shape != dst.shape:
+            raise ValueError(f"site {site.label}: {names[0]} and {names[1]} roles give different shapes "
+                             f"{tuple(src.shape)} and {tuple(dst.shape)}")
+    resume = resume and hasattr(model, "resume_from")
+    resume_hooks = resume_hook_names(model, sites) if resume else []
+    source_logits, source_cache = run_cached(model, source, hooks, batch_size)
+    target_logits, target_cache = run_cached(
+        model, target, sorted(set(hooks if skip_noops else []) | set(resume_hooks)), batch_size
+    )
+    p_target = answer_probs(target_logits, target_ans, y)
+    rows = torch.arange(len(target))
+    correct_target = target_logits[rows, target_ans.to(target_logits.device)].argmax(-1).cpu() == y
+    from_source = _source_from_cache(sites, source_cache, source_pos)
+    skip = None
+    if skip_noops or resume:  # a resumed pass cannot start after its answer: those pairs are no-ops
+        skip = after_answer(target_pos, target_ans)
+    if skip_noops:
+        skip |= _same_value(sites, from_source, target_cache, target_pos)
+    p_patched, _ = patched_answer_probs(model, target, sites, from_source, y, target_ans, batch_size,
+                                        skip=skip, unpatched=(p_target, correct_target),
+                                        resume_cache=target_cache if resume else None)
+    return source_logits, p_target, p_patched
+
+
+def resume_hook_names(model, sites) -> list[str]:
+    """The activations a resumed pass reads, for blocks from the first site's block on."""
+    layers = [s.layer for s in sites if s.layer is not None]
+    if not layers or not hasattr(model, "resume_hooks"):
+        return []
+    hooks = model.resume_hooks(min(layers))
+    return hooks["resid"] + hooks["carry"]
+
+
+def patched_probs(
+    model,
+    source: Batch,
+    target: Batch,
+    sites: Sequence[Site],
+    answer_tokens: torch.Tensor | None = None,
+    answer: str | None = None,
+    batch_size: int | None = None,
+    skip_noops: bool = True,
+    resume: bool = True,
+) -> torch.Tensor:
+    """Run `target` with each site patched from the `source` run -> p(answer) [S, N] float64.
+
+    answer_tokens [N]: the token whose probability is read (default: the source's answer, the
+    source target at its answer position); read at the target's answer position.
+    skip_noops, resume: see `interchange`.
+    """
+    check_pair(source, target)
+    sites = check_sites(model, sites)
+    batch_size = rows_per_pass(batch_size, len(target))
+    target_ans = answer_positions(target, answer, "target")
+    if answer_tokens is None:
+        source_ans = answer_positions(source, answer, "source")
+        answer_tokens = source.targets[torch.arange(len(source)), source_ans]
+    with models.instrumented():
+        return patch_from(model, source, target, sites, answer_tokens, target_ans, batch_size, skip_noops,
+                           resume=resume)[2]
+
+

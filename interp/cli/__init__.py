@@ -1,0 +1,35 @@
+"""The `interp` command (one module per subcommand; `args` holds the shared argument types): train and evaluate runs, analyse them, and the main job `interp demo`.
+
+    interp demo [--out DIR] [--quick]
+    interp train --model tanh_rnn --task S3 --train-length 60 --steps N --out runs/x
+    interp eval runs/x --lengths 60,100,200,500,1000
+    interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
+    interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from interp.cli import demo, drift, eval as eval_command, heads, train
+
+SUBCOMMANDS = (demo, train, eval_command, heads, drift)  # each: add_parser(sub), run(args) -> exit status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="interp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in SUBCOMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`interp train`: train a model on a task into a run directory (resumable bit for bit)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from interp.cli.args import fail, model_name, non_negative_float, non_negative_int, positive_float, positive_int
+
+MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
+    "--d-model": ("d_model", positive_int, "residual width"),
+    "--n-layers": ("n_layers", positive_int, "number of blocks"),
+    "--d-hidden": ("d_hidden", positive_int, "recurrent width of RNN mixers"),
+    "--d-state": ("d_state", positive_int, "SSM state size per channel"),
+    "--n-heads": ("n_heads", positive_int, "number of heads"),
+    "--expand": ("expand", positive_int, "inner width factor of gated mixers"),
+    "--d-conv": ("d_conv", positive_int, "short convolution width"),
+}
+
+
+def add_parser(sub) -> None:
+    train = sub.add_parser("train", help="train a model on a task into a run directory",
+                           description="Train a model on a task; writes config.json, model.safetensors, "
+                                       "optimizer state and metrics.jsonl to --out.")
+    train.add_argument("--model", type=model_name, required=True, help="model preset (see models.list_models())")
+    train.add_argument("--task", required=True, help="task spec, e.g. S3, C2, A4xZ5, AR")
+    train.add_argument("--format", default=None, choices=("outcome", "acot", "cot"),
+                       help="supervision format of group word problems (default acot)")
+    train.add_argument("--train-length", type=positive_int, default=60, help="training sequence length")
+    train.add_argument("--steps", type=positive_int, required=True, help="optimizer steps")
+    train.add_argument("--out", type=Path, required=True, help="run directory to create (or resume)")
+    train.add_argument("--batch-size", type=positive_int, default=64)
+    train.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    train.add_argument("--weight-decay", type=non_negative_float, default=0.01)
+    train.add_argument("--warmup", type=non_negative_int, default=None,
+                       help="warmup steps (default min(50, steps // 10))")
+    train.add_argument("--grad-clip", type=positive_float, default=1.0)
+    train.add_argument("--seed", type=non_negative_int, default=0)
+    train.add_argument("--curriculum", action="store_true",
+                       help="length curriculum: start at 2, double after k evaluations at >= 95%%")
+    train.add_argument("--eval-every", type=positive_int, default=25)
+    train.add_argument("--checkpoint-every", type=positive_int, default=500)
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out (configs must match)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    for flag, (_, kind, text) in MODEL_OVERRIDES.items():
+        train.add_argument(flag, type=kind, default=None, help=f"model override: {text}")
+    train.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import models
+    from interp.tasks import make_task
+    from interp.training.train import TrainConfig, train
+
+    options = {"format": args.format} if args.format else {}
+    try:
+        task = make_task(args.task, **options)
+    except (ValueError, TypeError) as error:
+        return fail("train", f"argument --task{'/--format' if args.format else ''}: {error}")
+    overrides = {field: getattr(args, flag[2:].replace("-", "_"))
+                 for flag, (field, _, _) in MODEL_OVERRIDES.items()}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    warmup = args.warmup if args.warmup is not None else min(50, args.steps // 10)
+    try:
+        model_config = models.preset_config(args.model, vocab_size=task.vocab_size, **overrides)
+        cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          weight_decay=args.weight_decay, warmup=warmup, grad_clip=args.grad_clip,
+                          train_length=args.train_length, curriculum=args.curriculum,
+                          eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+                          seed=args.seed, device=args.device)
+        result = train(model_config, task, cfg, args.out, resume=args.resume, progress=not args.no_progress,
+                       label=args.model)
+    except (ValueError, TypeError, FileExistsError, RuntimeError) as error:
+        return fail("train", error)
+    last = [r for r in result.metrics if r["kind"] == "eval"]
+    tail = f"; eval accuracy {last[-1]['accuracy']:.3f} at length {last[-1]['length']}" if last else ""
+    print(f"trained {args.model} on {task.name} for {result.step} steps in {result.seconds:.1f} s{tail}; "
+          f"run directory {args.out}")
+    return 0

@@ -1,0 +1,11 @@
+"""Presentation: plotly figure builders (each returns a go.Figure) and the offline HTML report.
+
+    evaluation      accuracy by length, mp tables, training curves, generic curves
+    interventions   restoration heatmaps, short-conv ablation bars
+    heads           per-head beta figures and the `interp heads` report
+    dynamics        drift q(t), Tcross vs mp, Jacobian spectra, states on U, the `interp drift` report
+    html            Text / Table sections and write_report (one self-contained HTML file)
+    style           the shared colour cycle and argument checks
+
+May import: interp.analysis, interp.training, interp.tasks, models, probes. Never interp.cli.
+"""

@@ -1,0 +1,129 @@
+"""Figures of accuracy by length and of training; each returns a go.Figure.
+
+    accuracy_vs_length({model: LengthEval | {length: accuracy}}, threshold=0.9, train_length=60)
+    position_accuracy({model: LengthEval}, length)
+    training_curves({model: metrics records})       loss and accuracy against step
+    mp_rows / mp_table({model: LengthEval})          mp and accuracy at each length
+    curves({name: values})                           one line per entry (norm decay, R^2 per position)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from interp.report.style import check_mapping, palette_color
+from interp.training.evaluate import LengthEval, max_passing_length
+
+
+def _accuracies(result: LengthEval | Mapping[int, float]) -> dict[int, float]:
+    if isinstance(result, LengthEval):
+        return dict(result.final_accuracy)
+    if isinstance(result, Mapping):
+        return {int(k): float(v) for k, v in result.items()}
+    raise TypeError(f"a result must be a LengthEval or a {{length: accuracy}} mapping; got {type(result).__name__}")
+
+
+def accuracy_vs_length(results: Mapping[str, LengthEval | Mapping[int, float]], threshold: float = 0.9,
+                       train_length: int | None = None, title: str = "Final-state accuracy vs length") -> go.Figure:
+    """One line per model: final-state accuracy against evaluated length (log x)."""
+    check_mapping("results", results)
+    fig = go.Figure()
+    for name, result in results.items():
+        acc = _accuracies(result)
+        lengths = sorted(acc)
+        fig.add_trace(go.Scatter(x=lengths, y=[acc[t] for t in lengths], mode="lines+markers", name=name,
+                                 hovertemplate="length %{x}<br>accuracy %{y:.3f}<extra>" + name + "</extra>"))
+    fig.add_hline(y=threshold, line_dash="dot", line_color="gray",
+                  annotation_text=f"mp threshold {threshold:.0%}", annotation_position="bottom left")
+    if train_length is not None:
+        fig.add_vline(x=train_length, line_dash="dash", line_color="gray",
+                      annotation_text=f"train length {train_length}", annotation_position="top right")
+    fig.update_xaxes(type="log", title="sequence length")
+    fig.update_yaxes(range=[0, 1.05], title="final-state accuracy")
+    fig.update_layout(title=title, template="plotly_white", legend_title="model")
+    return fig
+
+
+def position_accuracy(results: Mapping[str, LengthEval], length: int,
+                      title: str | None = None) -> go.Figure:
+    """Per-position accuracy at one evaluated length, one line per model."""
+    check_mapping("results", results)
+    fig = go.Figure()
+    for name, result in results.items():
+        if not isinstance(result, LengthEval) or length not in result.position_accuracy:
+            raise ValueError(f"result for {name!r} has no per-position accuracy at length {length}")
+        curve = result.position_accuracy[length]
+        fig.add_trace(go.Scatter(x=np.arange(1, len(curve) + 1), y=curve, mode="lines", name=name))
+    fig.update_xaxes(title="position")
+    fig.update_yaxes(range=[0, 1.05], title="accuracy")
+    fig.update_layout(title=title or f"Accuracy by position at length {length}", template="plotly_white")
+    return fig
+
+
+def training_curves(metrics: Mapping[str, Sequence[Mapping[str, Any]]],
+                    title: str = "Training curves") -> go.Figure:
+    """Training loss (log y) and accuracy against step, and evaluation accuracy, per model."""
+    check_mapping("results", metrics)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss", "accuracy"))
+    for index, (name, records) in enumerate(metrics.items()):
+        color = palette_color(index)
+        train = [r for r in records if r.get("kind") == "train"]
+        evals = [r for r in records if r.get("kind") == "eval"]
+        steps = [r["step"] for r in train]
+        fig.add_trace(go.Scatter(x=steps, y=[r["loss"] for r in train], name=f"{name} loss",
+                                 line_color=color, legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps, y=[r["accuracy"] for r in train], name=f"{name} train acc",
+                                 line_color=color, legendgroup=name), row=1, col=2)
+        if evals:
+            fig.add_trace(go.Scatter(
+                x=[r["step"] for r in evals], y=[r["accuracy"] for r in evals], mode="markers",
+                name=f"{name} eval final-state acc", marker_color=color, legendgroup=name,
+                text=[f"length {r['length']}" for r in evals],
+                hovertemplate="step %{x}<br>%{text}<br>accuracy %{y:.3f}"), row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    fig.update_xaxes(title="step")
+    fig.update_layout(title=title, template="plotly_white")
+    return fig
+
+
+def mp_rows(results: Mapping[str, LengthEval | Mapping[int, float]], threshold: float = 0.9) -> list[dict[str, Any]]:
+    """One row per model: {"model", "mp", "acc@T" for every evaluated length T}."""
+    check_mapping("results", results)
+    rows = []
+    for name, result in results.items():
+        acc = _accuracies(result)
+        mp = max_passing_length(acc, threshold)
+        rows.append({"model": name, "mp": mp if mp is not None else "none",
+                     **{f"acc@{t}": round(acc[t], 4) for t in sorted(acc)}})
+    return rows
+
+
+def mp_table(results: Mapping[str, LengthEval | Mapping[int, float]], threshold: float = 0.9) -> go.Figure:
+    """A table of mp (largest length with accuracy >= threshold) and accuracy per length."""
+    rows = mp_rows(results, threshold)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    fig = go.Figure(go.Table(header={"values": columns},
+                             cells={"values": [[row.get(c, "") for row in rows] for c in columns]}))
+    fig.update_layout(title=f"mp (largest length with accuracy >= {threshold:.0%})", template="plotly_white")
+    return fig
+
+
+def curves(lines: Mapping[str, Sequence[float]], xtitle: str, ytitle: str, title: str,
+           log_y: bool = False, x: Sequence[float] | None = None) -> go.Figure:
+    """One line per entry {name: values [T]} against x (default 0..T-1), e.g. norm decay or R^2 per position."""
+    check_mapping("results", lines)
+    fig = go.Figure()
+    for name, values in lines.items():
+        values = np.asarray(values, dtype=float)
+        xs = np.arange(len(values)) if x is None else np.asarray(x)
+        fig.add_trace(go.Scatter(x=xs, y=values, mode="lines", name=name))
+    fig.update_xaxes(title=xtitle)
+    fig.update_yaxes(title=ytitle, type="log" if log_y else "linear")
+    fig.update_layout(title=title, template="plotly_white")
+    return fig

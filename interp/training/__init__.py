@@ -1,0 +1,10 @@
+"""Training and run directories.
+
+    train.py        the training loop: AdamW, warmup + cosine schedule, length curriculum, NaN stop,
+                    checkpoints every k steps, bit-identical resume
+    checkpoint.py   run directories: config.json, model.safetensors, optimizer and trainer state,
+                    metrics.jsonl; atomic writes
+    evaluate.py     accuracy by length, mp, the evaluation seed streams
+
+May import: interp.tasks, models, probes. Never interp.analysis, interp.report or interp.cli.
+"""
