@@ -4,43 +4,57 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from models.config import ModelConfig
 from models.hooks import HookedMixin, HookPoint, unknown_name_message
 from models.mixers import MIXERS
 
 
-def make_norm(kind: str, d_model: int) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(d_model)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(d_model)
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """cfg.norm over d_model with cfg.norm_eps (None: torch's default eps)."""
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model) if cfg.norm_eps is None else nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()
 
 
 class MLP(nn.Module):
-    def __init__(self, d_model: int, ratio: int) -> None:
+    """down(act(up(x))), act erf GELU ("gelu") or its tanh approximation ("gelu_tanh"), or
+    down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if cfg.mlp_bias."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(d_model, ratio * d_model)
-        self.down = nn.Linear(ratio * d_model, d_model)
+        width, bias = cfg.mlp_width, cfg.mlp_bias
+        self.activation = cfg.mlp_activation
+        if self.activation == "swiglu":
+            self.gate = nn.Linear(cfg.d_model, width, bias=bias)
+        self.up = nn.Linear(cfg.d_model, width, bias=bias)
+        self.down = nn.Linear(width, cfg.d_model, bias=bias)
         self.hook_out = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        return self.hook_out(self.down(nn.functional.gelu(self.up(x))))
+        if self.activation == "swiglu":
+            hidden = F.silu(self.gate(x)) * self.up(x)
+        else:
+            hidden = F.gelu(self.up(x), approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.hook_out(self.down(hidden))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
+        cfg = cfg.layer_config(layer_idx)
         mixer_cls, _ = MIXERS[cfg.mixer]
         self.residual = cfg.residual
         self.hook_resid_pre = HookPoint()
-        self.norm_mixer = make_norm(cfg.norm, cfg.d_model)
+        self.norm_mixer = make_norm(cfg)
         self.mixer = mixer_cls(cfg, layer_idx)
         self.hook_resid_mid = HookPoint()
         if cfg.mlp:
-            self.norm_mlp = make_norm(cfg.norm, cfg.d_model)
-            self.mlp = MLP(cfg.d_model, cfg.mlp_ratio)
+            self.norm_mlp = make_norm(cfg)
+            self.mlp = MLP(cfg)
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
@@ -70,9 +84,10 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        if cfg.mixer not in MIXERS:
-            raise ValueError(unknown_name_message("mixer", cfg.mixer, list(MIXERS)))
-        if cfg.positional == "rope" and not MIXERS[cfg.mixer][0].rotary_positions:
+        for name in cfg.mixers:
+            if name not in MIXERS:
+                raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
+        if cfg.positional == "rope" and not any(MIXERS[name][0].rotary_positions for name in cfg.mixers):
             raise ValueError(f"positional='rope' rotates attention queries and keys; the {cfg.mixer!r} mixer has "
                              f"none (allowed for it: 'none', 'learned')")
         self.cfg = cfg
@@ -81,7 +96,7 @@ class SequenceModel(HookedMixin, nn.Module):
             self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm_final = make_norm(cfg.norm, cfg.d_model)
+        self.norm_final = make_norm(cfg)
         self.hook_final = HookPoint()
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

@@ -9,13 +9,16 @@ from typing import Any
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("none", "learned", "rope")
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 
 
 @dataclass
 class ModelConfig:
     """Hyperparameters of a SequenceModel.
 
-    mixer: registered mixer name (see `models.mixers.MIXERS`).
+    mixer: registered mixer name (see `models.mixers.MIXERS`), or one per layer (a list of
+        n_layers names) for a hybrid stack; then mixer_options maps each listed mixer name to its
+        options ({"mamba": {...}, "attention": {...}}, names left out get none).
     d_hidden: recurrent width of RNN-style mixers (default d_model).
     d_head: per-head width (default d_model // n_heads).
     d_state: SSM state size per channel (Mamba N).
@@ -23,11 +26,19 @@ class ModelConfig:
     d_conv: short causal convolution width (1 = no mixing across time).
     beta_scale: delta-rule step-size scale s (beta = s * sigmoid); a float or one per head.
     positional: positions for attention ("none", "learned", "rope"); max_len bounds "learned".
+    norm_eps: epsilon of every norm (None: torch's default, 1e-5 for layernorm, finfo.eps for rmsnorm).
     residual: wrap mixer and MLP in residual connections (off gives a plain RNN stack).
+    mlp: an MLP after each mixer; d_mlp its width (default mlp_ratio * d_model); mlp_activation
+        "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's gelu_new) or "swiglu"
+        (down(silu(gate(x)) * up(x)), Llama's); mlp_bias: biases in its linear maps.
+    n_kv_heads: key/value heads of attention (grouped-query attention; default n_heads; it must
+        divide n_heads, query head h reads key/value head h // (n_heads / n_kv_heads)).
+    attention_bias: biases in attention's input and output projections.
+    tie_embeddings: the unembedding shares the embedding's weight.
     mixer_options: extra keyword options passed to the mixer, documented in the mixer's file.
     """
 
-    mixer: str = "tanh_rnn"
+    mixer: str | list[str] = "tanh_rnn"
     vocab_size: int = 16
     d_model: int = 64
     n_layers: int = 1
@@ -41,9 +52,15 @@ class ModelConfig:
     positional: str = "none"
     max_len: int = 2048
     norm: str = "layernorm"
+    norm_eps: float | None = None
     residual: bool = True
     mlp: bool = False
     mlp_ratio: int = 4
+    d_mlp: int | None = None
+    mlp_activation: str = "gelu"
+    mlp_bias: bool = True
+    n_kv_heads: int | None = None
+    attention_bias: bool = True
     tie_embeddings: bool = False
     mixer_options: dict[str, Any] = field(default_factory=dict)
 
@@ -53,15 +70,25 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
-        for name in ("d_hidden", "d_head"):
+        self._check_mixers()
+        for name in ("d_hidden", "d_head", "d_mlp", "n_kv_heads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
-        for name in ("residual", "mlp", "tie_embeddings"):
+        for name in ("residual", "mlp", "mlp_bias", "attention_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool; got {getattr(self, name)!r}")
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}")
+        eps = self.norm_eps
+        if eps is not None and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0):
+            raise ValueError(f"norm_eps must be None or a positive float; got {eps!r}")
+        if eps is not None and self.norm == "none":
+            raise ValueError(f"norm_eps={eps!r} needs norm 'layernorm' or 'rmsnorm'; got norm='none'")
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ValueError(f"mlp_activation must be one of {MLP_ACTIVATIONS}; got {self.mlp_activation!r}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}; got {self.positional!r}")
         if self.d_head is None and self.d_model % self.n_heads:
@@ -82,8 +109,40 @@ class ModelConfig:
                 f"beta_scale must be a float in [0, 2] or a list of n_heads={self.n_heads} such "
                 f"floats; got {self.beta_scale!r}"
             )
+
+    def _check_mixers(self) -> None:
+        """mixer a name or a list of n_layers names; mixer_options a dict (per mixer name for a list)."""
+        if isinstance(self.mixer, tuple):
+            self.mixer = list(self.mixer)
+        if isinstance(self.mixer, list):
+            if not self.mixer or not all(isinstance(m, str) for m in self.mixer):
+                raise TypeError(f"mixer must be a name or a non-empty list of names; got {self.mixer!r}")
+            if len(self.mixer) != self.n_layers:
+                raise ValueError(f"mixer lists {len(self.mixer)} mixers {self.mixer}, one per layer, but "
+                                 f"n_layers={self.n_layers}; give as many as n_layers")
+        elif not isinstance(self.mixer, str):
+            raise TypeError(f"mixer must be a name (str) or a list of names; got {type(self.mixer).__name__}")
         if not isinstance(self.mixer_options, dict):
             raise TypeError(f"mixer_options must be a dict; got {type(self.mixer_options).__name__}")
+        if isinstance(self.mixer, list):
+            unknown = set(self.mixer_options) - set(self.mixer)
+            wrong = [name for name, opts in self.mixer_options.items() if not isinstance(opts, dict)]
+            if unknown or wrong:
+                raise ValueError(f"mixer_options of a hybrid map mixer names in {sorted(set(self.mixer))} to "
+                                 f"dicts of their options; got {self.mixer_options!r}")
+
+    @property
+    def mixers(self) -> list[str]:
+        """The mixer name of every layer."""
+        return list(self.mixer) if isinstance(self.mixer, list) else [self.mixer] * self.n_layers
+
+    def layer_config(self, layer: int) -> "ModelConfig":
+        """The config layer `layer` is built from: this one, with that layer's mixer and its
+        mixer_options for a hybrid."""
+        if isinstance(self.mixer, str):
+            return self
+        name = self.mixer[layer]
+        return dataclasses.replace(self, mixer=name, mixer_options=dict(self.mixer_options.get(name, {})))
 
     @property
     def hidden(self) -> int:
@@ -92,6 +151,14 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def mlp_width(self) -> int:
+        return self.d_mlp or self.mlp_ratio * self.d_model
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
 
     @property
     def d_inner(self) -> int:

@@ -12,9 +12,15 @@ from models.hooks import unknown_name_message
 from models.mixers import PRESETS
 
 
+# hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
+HYBRIDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "mamba_attention": (("mamba", "attention"), dict(n_layers=2, mlp=True, norm="rmsnorm")),
+}
+
+
 def list_models() -> list[str]:
     """Names accepted by `build`."""
-    return sorted(PRESETS)
+    return sorted([*PRESETS, *HYBRIDS])
 
 
 def build(name: str | ModelConfig, **overrides: Any) -> SequenceModel:
@@ -30,12 +36,17 @@ def build(name: str | ModelConfig, **overrides: Any) -> SequenceModel:
 def preset_config(name: str, **overrides: Any) -> ModelConfig:
     if not isinstance(name, str):
         raise TypeError(f"name must be a model name (str) or a ModelConfig; got {type(name).__name__}")
-    if name not in PRESETS:
-        raise ValueError(unknown_name_message("model name", name, list(PRESETS)))
-    mixer, defaults = PRESETS[name]
+    if name not in PRESETS and name not in HYBRIDS:
+        raise ValueError(unknown_name_message("model name", name, list_models()))
     unknown = set(overrides) - set(ModelConfig.field_names())
     if unknown:
         raise ValueError(f"unknown config overrides {sorted(unknown)}; valid: {ModelConfig.field_names()}")
+    if name in HYBRIDS:
+        pattern, defaults = HYBRIDS[name]
+        n_layers = overrides.get("n_layers", defaults["n_layers"])
+        mixer = [pattern[layer % len(pattern)] for layer in range(n_layers)] if isinstance(n_layers, int) else None
+    else:
+        mixer, defaults = PRESETS[name]
     return ModelConfig(**{**defaults, "mixer": mixer, **overrides})
 
 

@@ -149,7 +149,7 @@ def test_structured_jacobians_equal_autograd_on_constructed_mixers(mixer_cls):
 
 RECURRENT = []
 for _name in models.list_models():
-    _cls = models.mixers.MIXERS[models.preset_config(_name).mixer][0]
+    _cls = models.mixers.MIXERS[models.preset_config(_name).mixers[-1]][0]
     if issubclass(_cls, RecurrentMixer):
         RECURRENT.append(_name)
 

@@ -1,8 +1,9 @@
 """Causal multi-head softmax attention (GPT-2 style).
 
-For each head h (d_head = cfg.head_dim, H = cfg.n_heads):
+For each head h (d_head = cfg.head_dim, H = cfg.n_heads, G = cfg.kv_heads key/value heads):
 
-    q_t = W_q x_t,   k_t = W_k x_t,   v_t = W_v x_t                        [H, d_head]
+    q_t = W_q x_t  [H, d_head],   k_t = W_k x_t,   v_t = W_v x_t  [G, d_head]   (one qkv map [q|k|v])
+    (grouped-query attention, G < H: query head h reads key/value head h // (H / G))
     (positional="rope": q_t <- R_t q_t, k_t <- R_t k_t, R_t rotates pairs (i, i + d_head/2)
      by the angle t * base^(-2i/d_head), so q_s . k_t depends only on t - s)
     A[s, t] = softmax_{t <= s}( q_s . k_t / sqrt(d_head) )                 (causal)
@@ -13,7 +14,7 @@ positional="learned" adds a learned position embedding in the backbone (Sequence
 "none" uses no positions. Attention has no recurrent state: it is not a RecurrentMixer and has no
 hook_state.
 
-Hooks: hook_q, hook_k, hook_v [B, T, H, d_head] (q and k before the rotary map, as in
+Hooks: hook_q [B, T, H, d_head], hook_k, hook_v [B, T, G, d_head] (q and k before the rotary map, as in
 TransformerLens, so a patched q/k is rotated for the position it is placed at), hook_pattern
 [B, H, T, T] (the softmax probabilities A), hook_out [B, T, d_model].
 
@@ -21,6 +22,7 @@ Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The exp
 (materialised pattern) runs when hook_pattern is read or patched or the instrumented path is forced.
 
 mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
+cfg.attention_bias: biases in the qkv and output maps.
 """
 
 from __future__ import annotations
@@ -76,26 +78,28 @@ class Attention(Mixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.options = mixer_options(cfg, OPTIONS)
-        self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
+        self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         if cfg.positional == "rope" and self.d_head % 2:
             raise ValueError(f"positional='rope' needs an even d_head; got d_head={self.d_head}")
         inner = self.n_heads * self.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
-        self.out_proj = nn.Linear(inner, cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.attention_bias)
+        self.out_proj = nn.Linear(inner, cfg.d_model, bias=cfg.attention_bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern = HookPoint()
 
     def mix(self, x: torch.Tensor, queries_from: int = 0) -> torch.Tensor:  # [B, T, D] -> [B, T - queries_from, D]
         """Outputs at positions queries_from, ..., T - 1 (all of them by default)."""
         batch, length, _ = x.shape
-        heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
-        q = self.hook_q(heads[:, queries_from:, 0])  # [B, Tq, H, d_head]
-        k = self.hook_k(heads[:, :, 1])  # [B, T, H, d_head]
-        v = self.hook_v(heads[:, :, 2])
+        heads = self.qkv(x).view(batch, length, self.n_heads + 2 * self.n_kv, self.d_head)
+        q = self.hook_q(heads[:, queries_from:, : self.n_heads])  # [B, Tq, H, d_head]
+        k = self.hook_k(heads[:, :, self.n_heads : self.n_heads + self.n_kv])  # [B, T, G, d_head]
+        v = self.hook_v(heads[:, :, self.n_heads + self.n_kv :])
         if self.cfg.positional == "rope":
             cos, sin = rotary_tables(length, self.d_head, float(self.options["rope_base"]), q)
             q, k = apply_rotary(q, cos[queries_from:], sin[queries_from:]), apply_rotary(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T(q), d_head]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or G, T(q), d_head]
+        if self.n_kv < self.n_heads:
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, T, d_head]
         if self.use_instrumented(self.hook_pattern):
             z = self.hook_pattern(causal_pattern(q, k)) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
