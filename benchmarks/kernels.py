@@ -9,7 +9,7 @@ heads, d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is t
 row's time / this row's time at the same T. The rows of one (kernel, T) are timed round-robin
 (every row once per round, the minimum over rounds), so load drift on a shared machine hits them
 alike. Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
-Implementations: naive, chunked and native (the plain-C CPU kernels of models/kernels/native_scan.py;
+Implementations: naive, chunked and native (the plain-C CPU kernels of models/kernels/native/;
 the delta rule's is forward only, so its forward+backward cells read "-").
 
 Each kernel contributes one `Bench` entry in KERNELS: setup(B, H, d_head, T, seed) -> inputs and
@@ -114,7 +114,7 @@ def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
         ("native", None), ("native", "chunks"), ("native", "all")]
-# kernels with a native CPU implementation (models/kernels/native_scan.py): has it a backward?
+# kernels with a native CPU implementation (models/kernels/native/): has it a backward?
 NATIVE = {"diag_scan": True, "delta_rule": False}
 
 

@@ -4,11 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.kernels import delta_rule, native_scan
+from models.kernels import delta_rule
+from models.kernels.native import library
 from tests.conftest import triton_interpreter_available
 
 needs_native = pytest.mark.skipif(
-    not native_scan.available(), reason=f"native kernels unavailable: {native_scan.unavailable_reason()}"
+    not library.available(), reason=f"native kernels unavailable: {library.unavailable_reason()}"
 )
 
 

@@ -8,20 +8,22 @@ import pytest
 import torch
 
 import models
-from models.kernels import diag_scan, native_scan
+from models.kernels import diag_scan
+from models.kernels.native import complex as native_complex
+from models.kernels.native import library
 from models.mixers.aussm import AUSSM
 from models.mixers.mamba3 import Mamba3
 from tests.test_kernels_diag import rel_err
 
 needs_native = pytest.mark.skipif(
-    not native_scan.available(), reason=f"native scan unavailable: {native_scan.unavailable_reason()}"
+    not library.available(), reason=f"native scan unavailable: {library.unavailable_reason()}"
 )
 
 # per kernel: its inputs before C (the argument order), the functions, the mixer class
 KERNELS = {
-    "rotation": (("dt", "omega", "x", "Bm"), native_scan.rotation_scan, native_scan.rotation_states, AUSSM),
-    "trapezoid": (("dt", "A", "theta", "lam", "x", "Bm", "x_prev", "B_prev"), native_scan.trapezoid_scan,
-                  native_scan.trapezoid_states, Mamba3),
+    "rotation": (("dt", "omega", "x", "Bm"), native_complex.rotation_scan, native_complex.rotation_states, AUSSM),
+    "trapezoid": (("dt", "A", "theta", "lam", "x", "Bm", "x_prev", "B_prev"), native_complex.trapezoid_scan,
+                  native_complex.trapezoid_states, Mamba3),
 }
 
 
@@ -42,7 +44,7 @@ def problem(kind, batch, length, inner, n, seed, dtype=torch.float32, initial=Tr
     out.update(x=randn(*per_channel), Bm=randn(*per_state), C=randn(*per_state))
     if kind == "trapezoid":
         out.update(x_prev=randn(*per_channel), B_prev=randn(*per_state))
-    cdtype = native_scan.COMPLEX_OF[dtype]
+    cdtype = native_complex.COMPLEX_OF[dtype]
     out["h0"] = torch.complex(randn(batch, inner, n), randn(batch, inner, n)).to(cdtype) if initial else None
     return out
 
@@ -165,7 +167,7 @@ def test_sincos_f32_is_within_an_ulp_or_so_of_one():
     absolute error at most 1.5 2^-24 (an ulp and a half of 1: a unit-modulus transition's scale)
     for |x| <= 8192, and at most 1.5 ulp of the value for |x| <= pi."""
     x = torch.cat([torch.linspace(-8192, 8192, 1_000_001), torch.linspace(-4, 4, 200_001)])
-    sin, cos = native_scan.sincos_f32(x)
+    sin, cos = native_complex.sincos_f32(x)
     for got, exact in ((sin, torch.sin(x.double())), (cos, torch.cos(x.double()))):
         err = (got.double() - exact).abs()
         assert err.max() <= 1.5 * 2.0 ** -24
@@ -184,7 +186,7 @@ def test_fused_states_with_pins_match_the_unfused_scan(kind, dtype, initial):
     at one step in several rows and at different steps per row."""
     batch, length, inner, n = 4, 17, 5, 6
     inputs = problem(kind, batch, length, inner, n, seed=21, dtype=dtype, initial=initial)
-    cdtype = native_scan.COMPLEX_OF[dtype]
+    cdtype = native_complex.COMPLEX_OF[dtype]
     gen = torch.Generator().manual_seed(22)
     mask = torch.zeros(batch, length, dtype=torch.bool)
     for row, steps in enumerate([[0, 16], [5, 6], [5, 12], []]):
@@ -244,22 +246,22 @@ def test_bad_inputs_raise_and_states_refuse_gradients_with_pins(kind):
         scan(*[a.tolist() if k == "x" else a for k, a in zip(names, args)], C)
     with pytest.raises(ValueError, match=rf"{fn}: chunk_size must be a positive int; got 0"):
         scan(*args, C, chunk_size=0)
-    assert native_scan.complex_supported(*args, C, initial_state=h0)
-    assert not native_scan.complex_supported(*args, C, initial_state=h0.real)
-    assert not native_scan.complex_supported(*args, C.double())
+    assert native_complex.complex_supported(*args, C, initial_state=h0)
+    assert not native_complex.complex_supported(*args, C, initial_state=h0.real)
+    assert not native_complex.complex_supported(*args, C.double())
     mask = torch.zeros(2, 5, dtype=torch.bool)
     values = torch.zeros(2, 5, 3, 4, dtype=torch.complex64)
     with pytest.raises(ValueError, match=rf"{kind}_states: pins values must be a \[B, T, E, N\]"):
         states(*args, pins=(mask, values.real))
-    assert not native_scan.complex_states_supported(*args, pins=(mask, values.real))
+    assert not native_complex.complex_states_supported(*args, pins=(mask, values.real))
     leaf = args[1].clone().requires_grad_()
-    assert not native_scan.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
+    assert not native_complex.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
     with pytest.raises(ValueError, match=rf"{kind}_states has no backward with pins"):
         states(args[0], leaf, *args[2:], pins=(mask, values))
-    assert native_scan.complex_states_supported(args[0], leaf, *args[2:])  # without pins: differentiable
+    assert native_complex.complex_states_supported(args[0], leaf, *args[2:])  # without pins: differentiable
     assert states(args[0], leaf, *args[2:]).requires_grad
     with torch.no_grad():
-        assert native_scan.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
+        assert native_complex.complex_states_supported(args[0], leaf, *args[2:], pins=(mask, values))
         assert torch.equal(states(args[0], leaf, *args[2:]), states(*args))
 
 
@@ -319,10 +321,10 @@ def small(name, n_layers=2):
 
 
 def count_calls(monkeypatch, name):
-    """Wrap native_scan.<name> to record each call; -> the list of calls."""
+    """Wrap native_complex.<name> to record each call; -> the list of calls."""
     calls = []
-    fn = getattr(native_scan, name)
-    monkeypatch.setattr(native_scan, name, lambda *a, **k: calls.append(1) or fn(*a, **k))
+    fn = getattr(native_complex, name)
+    monkeypatch.setattr(native_complex, name, lambda *a, **k: calls.append(1) or fn(*a, **k))
     return calls
 
 
@@ -365,7 +367,7 @@ def test_no_grad_instrumented_runs_the_fused_states(monkeypatch, name, kind):
     calls = count_calls(monkeypatch, f"{kind}_states")
     fused_out, fused_cache = forward()
     assert calls  # the fused kernel ran
-    monkeypatch.setattr(native_scan, "complex_states_supported", lambda *a, **k: False)
+    monkeypatch.setattr(native_complex, "complex_states_supported", lambda *a, **k: False)
     ref_out, ref_cache = forward()
     with torch.no_grad():
         assert (model(tokens) - ref_out).abs().max() > 1e-4  # the patch changed the output
@@ -392,7 +394,7 @@ def test_fast_from_an_initial_state_fused_equals_unfused(monkeypatch, name, kind
     results = []
     for supported in (True, False):
         if not supported:
-            monkeypatch.setattr(native_scan, "complex_supported", lambda *a, **k: False)
+            monkeypatch.setattr(native_complex, "complex_supported", lambda *a, **k: False)
         out = mixer.fast_from(u[:, 3:], inputs, initial)
         results.append([out, *torch.autograd.grad(out.square().sum(), [initial, *params], retain_graph=True)])
     assert len(calls) == 1
@@ -426,7 +428,7 @@ def test_cached_backward_runs_the_fused_states_and_matches_unfused(monkeypatch, 
         got = forward(patched)
         assert len(calls) == 2  # the first scan of each layer
         with monkeypatch.context() as off:
-            off.setattr(native_scan, "complex_states_supported", lambda *a, **k: False)
+            off.setattr(native_complex, "complex_states_supported", lambda *a, **k: False)
             want = forward(patched)
         assert len(calls) == 2 and len(got) == len(want)
         for i, (g, w) in enumerate(zip(got, want)):

@@ -37,7 +37,7 @@ Implementations:
            O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
            S_0 + cumsum_i u'_i k_i^T. After the first pin the sequence is split at each pin and the
            scan resumes from the pinned state.
-  native   the recurrence as a plain-C loop on the CPU (models/kernels/native_scan.py, built once
+  native   the recurrence as a plain-C loop on the CPU (models/kernels/native/delta.py, built once
            per machine with the system C compiler), forward only: raises ValueError when a
            gradient is wanted (grad mode on and an input requires grad); float32 / float64
   triton   fused recurrent kernels (models/kernels/triton_delta_rule.py), forward and backward,
@@ -243,29 +243,29 @@ def _clamped(beta: torch.Tensor, beta_clamp, heads: int) -> torch.Tensor:
 
 
 def _native_ok(q: torch.Tensor) -> bool:
-    from models.kernels import native_scan
+    from models.kernels.native import library
 
-    return q.device.type == "cpu" and native_scan.available()
+    return q.device.type == "cpu" and library.available()
 
 
 def _check_native(q: torch.Tensor, wants_grad: bool) -> None:
-    from models.kernels import native_scan
+    from models.kernels.native import library
 
     if q.device.type != "cpu":
         raise ValueError(f"impl='native' runs on CPU tensors; got q on {q.device}")
     if wants_grad:
         raise ValueError("impl='native' has no backward (forward only); use 'chunked' or 'auto' when "
                          "a gradient is wanted, or run under torch.no_grad()")
-    if not native_scan.available():
-        raise ValueError(f"impl='native' is not available here: {native_scan.unavailable_reason()} "
+    if not library.available():
+        raise ValueError(f"impl='native' is not available here: {library.unavailable_reason()} "
                          "(use 'chunked', or impl='auto', which falls back to it)")
 
 
 def _native_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
     """One unpatched stretch with the C loop (the signature of _chunked_segment; no chunks)."""
-    from models.kernels import native_scan
+    from models.kernels.native.delta import delta_forward
 
-    return native_scan.delta_forward(q, k, v, beta, S, offsets)
+    return delta_forward(q, k, v, beta, S, offsets)
 
 
 # ----------------------------------------------------------------------------- naive

@@ -24,7 +24,7 @@ the dtype of every result.
   impl         "naive"   the sequential loop, the definition (autograd through the loop)
                "chunked" pure torch, parallel across chunks (below), custom backward
                "native"  a plain-C loop on the CPU, one pass over the inputs, custom backward
-                         (models/kernels/native_scan.py: float32/64, complex64/128; compiled
+                         (models/kernels/native/diag.py: float32/64, complex64/128; compiled
                          once per machine with the system C compiler; raises ValueError when
                          there is none)
                "triton"  GPU kernel (models/kernels/triton_diag_scan.py), real dtypes
@@ -374,8 +374,7 @@ def diag_scan(
     elif impl == "chunked":
         out, final, exported = segmented(_ChunkedScan.apply, a, b, c, h0, export_idx, pins, chunk_size)
     elif impl == "native":
-        native = _native_module(a)
-        out, final, exported = segmented(native.segment, a, b, c, h0, export_idx, pins, chunk_size)
+        out, final, exported = segmented(_native_diag(a).segment, a, b, c, h0, export_idx, pins, chunk_size)
     else:
         if a.is_complex():
             raise ValueError(f"impl='triton' supports real dtypes only; got {a.dtype} (use 'chunked')")
@@ -391,25 +390,25 @@ def _auto_impl(a: torch.Tensor) -> str:
     if a.is_cuda:
         return "triton" if not a.is_complex() and _triton_ok() else "chunked"
     if a.device.type == "cpu":
-        from models.kernels import native_scan
+        from models.kernels.native import diag, library
 
-        if a.dtype in native_scan.DTYPES and native_scan.available():
+        if a.dtype in diag.DTYPES and library.available():
             return "native"
     return "chunked"
 
 
-def _native_module(a: torch.Tensor):
-    """models.kernels.native_scan, after checking that it can run on a."""
-    from models.kernels import native_scan
+def _native_diag(a: torch.Tensor):
+    """models.kernels.native.diag, after checking that it can run on a."""
+    from models.kernels.native import diag, library
 
     if a.device.type != "cpu":
         raise ValueError(f"impl='native' runs on CPU tensors; got a on {a.device}")
-    if a.dtype not in native_scan.DTYPES:
-        raise ValueError(f"impl='native' supports {[str(d) for d in native_scan.DTYPES]}; got {a.dtype}")
-    if not native_scan.available():
-        raise ValueError(f"impl='native' is not available here: {native_scan.unavailable_reason()} "
+    if a.dtype not in diag.DTYPES:
+        raise ValueError(f"impl='native' supports {[str(d) for d in diag.DTYPES]}; got {a.dtype}")
+    if not library.available():
+        raise ValueError(f"impl='native' is not available here: {library.unavailable_reason()} "
                          "(use 'chunked', or impl='auto', which falls back to it)")
-    return native_scan
+    return diag
 
 
 def _triton_ok() -> bool:

@@ -10,9 +10,9 @@ Everything else (projections, short conv, dt, hooks, kernels, patches) is models
 Affine and diagonal: transition(inputs_t) = exp(i dt omega), complex [B, E, N], every |.| = 1.
 Init: omega[e, n] = pi * (n + 1) (the S4D-Lin frequencies). mixer_options: as mamba.
 
-Fast path on the CPU (float32/64, a C compiler): native_scan.rotation_scan forms a and b inside
+Fast path on the CPU (float32/64, a C compiler): native.complex.rotation_scan forms a and b inside
 its C loop with the read-out fused (nothing [B, T, E, N]); no-grad instrumented scans:
-native_scan.rotation_states (complex64 states in torch's layout, pins honoured). Elsewhere
+native.complex.rotation_states (complex64 states in torch's layout, pins honoured). Elsewhere
 Mamba's unfused path: transition_terms into diag_scan.
 """
 
@@ -29,7 +29,7 @@ from models.mixers.mamba import ComplexNativeMamba
 
 @register_mixer("aussm", n_layers=2, norm="rmsnorm")
 class AUSSM(ComplexNativeMamba):
-    native_kernel = "rotation"  # native_scan.rotation_scan / rotation_states
+    native_kernel = "rotation"  # native.complex.rotation_scan / rotation_states
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

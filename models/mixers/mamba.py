@@ -12,11 +12,11 @@
 Affine and diagonal (is_affine = True): dh_t/dh_{t-1} = exp(dt_t A), every entry in (0, 1)
 since dt > 0 and A < 0; transition(inputs_t) returns it as [B, E, N].
 
-Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native_scan.selective_scan,
+Fast path: on the CPU (float32/64, a C compiler present) models.kernels.native.selective.selective_scan,
 which forms exp(dt A) and dt x B inside its loop and reads out C h there, so no [B, T, E, N] tensor
 exists in the forward or the backward; elsewhere (and for transitions the C kernels do not know)
 models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
-hook_state, from native_scan.selective_states (a and b formed in C; differentiable without pins)
+hook_state, from native.selective.selective_states (a and b formed in C; differentiable without pins)
 on the CPU, except a scan with pins while a gradient is wanted, which runs diag_scan over a and b;
 state patches are pins and the scan resumes from them.
 
@@ -25,7 +25,7 @@ Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_
 complex state is its real part). The C kernels form a_t = s exp(dt_t A) - (s - 1) for a scale s:
 a class whose transition_terms is that transition declares s as `native_transition_scale` beside
 it (Mamba 1, negative_mamba 2) and runs them. The complex variants (aussm, mamba3) subclass
-ComplexNativeMamba below, which runs their own C kernels (native_scan.rotation_* / trapezoid_*)
+ComplexNativeMamba below, which runs their own C kernels (native.complex.rotation_* / trapezoid_*)
 the same way; everything else runs diag_scan.
 
 mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
@@ -41,7 +41,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint, scan_with_state_hook
-from models.kernels import diag_scan, native_scan, short_conv
+from models.kernels import diag_scan, short_conv
+from models.kernels.native import complex as native_complex
+from models.kernels.native import selective as native_selective
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {
@@ -129,14 +131,14 @@ class Mamba(RecurrentMixer):
     def scan(self, inputs, pins=None, initial=None):
         """The states [B, T, E, N] (twice: the scan contract). When the transition is a native one
         (native_scale) on the CPU in float32/64 and selective_states_supported (no gradient wanted,
-        or no pins: its backward takes none), native_scan.selective_states forms a and b inside
+        or no pins: its backward takes none), native_selective.selective_states forms a and b inside
         its C loop; otherwise scan_terms over transition_terms."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         scale = self.native_scale()
         if scale is not None:
             A = self.A()  # [E, N]
-            if native_scan.selective_states_supported(dt, A, x, B, initial, pins):
-                states = native_scan.selective_states(dt, A, x, B, initial_state=initial, pins=pins, scale=scale)
+            if native_selective.selective_states_supported(dt, A, x, B, initial, pins):
+                states = native_selective.selective_states(dt, A, x, B, initial_state=initial, pins=pins, scale=scale)
                 return states, states
         return self.scan_terms(*self.transition_terms(inputs), pins, initial)
 
@@ -150,7 +152,7 @@ class Mamba(RecurrentMixer):
         selective_states, both do through scan (the patched re-run too, unless a gradient is
         wanted: pins then make scan form a and b in torch); else a and b computed once for both."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if self.native_scale() is not None and native_scan.selective_states_supported(dt, self.A(), x, B, initial):
+        if self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial):
             run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
         else:
             a, b = self.transition_terms(inputs)  # [B, T, E, N] each
@@ -189,9 +191,9 @@ class Mamba(RecurrentMixer):
         scale = self.native_scale()
         if scale is not None:
             A = self.A()  # [E, N]
-            if native_scan.selective_supported(dt, A, x, B, C, initial):
-                y = native_scan.selective_scan(dt, A, x, B, C, initial_state=initial,
-                                               chunk_size=self.chunk_size, scale=scale)
+            if native_selective.selective_supported(dt, A, x, B, C, initial):
+                y = native_selective.selective_scan(dt, A, x, B, C, initial_state=initial,
+                                                    chunk_size=self.chunk_size, scale=scale)
                 return self.finish(y, inputs)  # y [B, T, E]
         a, b = self.transition_terms(inputs)
         y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
@@ -200,7 +202,7 @@ class Mamba(RecurrentMixer):
 
 class ComplexNativeMamba(Mamba):
     """Base of the complex-state variants whose transition a native C kernel forms (aussm:
-    "rotation", mamba3: "trapezoid"): `native_kernel` names native_scan's <name>_scan (fused
+    "rotation", mamba3: "trapezoid"): `native_kernel` names native.complex's <name>_scan (fused
     read-out, differentiable) and <name>_states (every state; differentiable without pins), both
     taking native_args(inputs). They run on the CPU in float32/64 (initial state None or of the complex
     dtype); elsewhere Mamba's unfused path (transition_terms into diag_scan)."""
@@ -212,8 +214,8 @@ class ComplexNativeMamba(Mamba):
 
     def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
         args = self.native_args(inputs)
-        if native_scan.complex_supported(*args, inputs["C"], initial_state=initial):
-            fused = getattr(native_scan, f"{self.native_kernel}_scan")
+        if native_complex.complex_supported(*args, inputs["C"], initial_state=initial):
+            fused = getattr(native_complex, f"{self.native_kernel}_scan")
             y = fused(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)  # [B, T, E]
             return self.finish(y, inputs)
         return super().fast_from(u, inputs, initial)
@@ -223,8 +225,8 @@ class ComplexNativeMamba(Mamba):
         here (complex_states_supported: with pins only when no gradient is wanted), else
         transition_terms into diag_scan."""
         args = self.native_args(inputs)
-        if native_scan.complex_states_supported(*args, initial_state=initial, pins=pins):
-            states = getattr(native_scan, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
+        if native_complex.complex_states_supported(*args, initial_state=initial, pins=pins):
+            states = getattr(native_complex, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
             return states, states
         return super().scan(inputs, pins, initial)
 
@@ -232,7 +234,7 @@ class ComplexNativeMamba(Mamba):
         """Both scans (the first and the patched re-run) through scan when the first (no pins)
         runs in <kernel>_states (a re-run with pins while a gradient is wanted falls back to
         diag_scan there), else Mamba's (a and b formed once in torch)."""
-        if not native_scan.complex_states_supported(*self.native_args(inputs), initial_state=initial):
+        if not native_complex.complex_states_supported(*self.native_args(inputs), initial_state=initial):
             return super().instrumented_forward(u, inputs, initial)
         run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
         _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))

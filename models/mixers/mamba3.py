@@ -15,9 +15,9 @@ removal of the short conv, B/C normalisation. Affine and diagonal in h:
 transition(inputs_t) = exp(dt_t (A + i theta_t)), |a| = exp(dt A) in (0, 1).
 mixer_options: as mamba.
 
-Fast path on the CPU (float32/64, a C compiler): native_scan.trapezoid_scan forms a and the
+Fast path on the CPU (float32/64, a C compiler): native.complex.trapezoid_scan forms a and the
 trapezoid's input terms inside its C loop with the read-out fused (nothing [B, T, E, N]); no-grad
-instrumented scans: native_scan.trapezoid_states (complex64 states in torch's layout, pins
+instrumented scans: native.complex.trapezoid_states (complex64 states in torch's layout, pins
 honoured). Both take x_prev / B_prev from the prepared inputs (resume() prepares them from its
 context). Elsewhere Mamba's unfused path: transition_terms into diag_scan.
 """
@@ -33,7 +33,7 @@ from models.mixers.mamba import ComplexNativeMamba
 
 @register_mixer("mamba3", n_layers=2, norm="rmsnorm")
 class Mamba3(ComplexNativeMamba):
-    native_kernel = "trapezoid"  # native_scan.trapezoid_scan / trapezoid_states
+    native_kernel = "trapezoid"  # native.complex.trapezoid_scan / trapezoid_states
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

@@ -1,10 +1,10 @@
 /* Plain-C diagonal affine scan h_t = a_t h_{t-1} + b_t with the optional read-out
  * y_t[l] = sum_n c_t[l, n] h_t[l, n], forward and backward, for float32, float64, complex64 and
- * complex128 (models/kernels/native_scan.py builds and loads it; native_scan_body.h is the code),
- * the delta-rule forward for float32 and float64 (native_delta_body.h), and Mamba's selective
- * scan for float32 and float64 (native_selective_body.h: the fused read-out with its backward, and
+ * complex128 (diag_body.h; models/kernels/native/library.py builds and loads this file),
+ * the delta-rule forward for float32 and float64 (delta_body.h), and Mamba's selective
+ * scan for float32 and float64 (selective_body.h: the fused read-out with its backward, and
  * every state, forward only, for the instrumented path), and AUSSM's and Mamba-3's complex-transition
- * scans (native_complex_body.h, the same three kernels over complex states).
+ * scans (complex_body.h, the same three kernels over complex states).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <math.h>
@@ -28,11 +28,11 @@
 #define CLONES
 #endif
 
-/* the diagonal scan, real types (complex below) */
+/* the diagonal scan (models/kernels/native/diag.py), real types (complex below) */
 #define R float
 #define CPLX 0
 #define SFX f32
-#include "native_scan_body.h"
+#include "diag_body.h"
 #undef R
 #undef CPLX
 #undef SFX
@@ -40,28 +40,28 @@
 #define R double
 #define CPLX 0
 #define SFX f64
-#include "native_scan_body.h"
+#include "diag_body.h"
 #undef R
 #undef CPLX
 #undef SFX
 
-/* the delta-rule forward (models/kernels/delta_rule.py, impl="native"), real types only */
+/* the delta-rule forward (models/kernels/native/delta.py; delta_rule's impl="native"), real types only */
 #define R float
 #define SFX f32
-#include "native_delta_body.h"
+#include "delta_body.h"
 #undef R
 #undef SFX
 
 #define R double
 #define SFX f64
-#include "native_delta_body.h"
+#include "delta_body.h"
 #undef R
 #undef SFX
 
 #define R float
 #define CPLX 1
 #define SFX c64
-#include "native_scan_body.h"
+#include "diag_body.h"
 #undef R
 #undef CPLX
 #undef SFX
@@ -69,7 +69,7 @@
 #define R double
 #define CPLX 1
 #define SFX c128
-#include "native_scan_body.h"
+#include "diag_body.h"
 #undef R
 #undef CPLX
 #undef SFX
@@ -80,8 +80,8 @@
  * its degree-7 minimax polynomial, 2^k applied as two exact powers of two (so k from -150 to 128
  * needs no special case). x is clamped to [-104, 89], where the same formula rounds to 0 and
  * overflows to inf; NaN stays NaN. Under 1 ulp from exp on a dense grid over the float range
- * (0.99 measured; tests/test_kernels_native.py allows 1.5), torch's float32 exp under 0.6. The
- * selects vectorise only without trapping math (-fno-trapping-math in native_scan.py's FLAGS). */
+ * (0.99 measured; tests/test_kernels_native_selective.py allows 1.5), torch's float32 exp under 0.6. The
+ * selects vectorise only without trapping math (-fno-trapping-math in library.py's FLAGS). */
 static inline float exp_f32(float x) {
     float xc = x > -104.0f ? x : -104.0f; /* NaN -> -104 here, restored at the end */
     xc = xc < 89.0f ? xc : 89.0f;
@@ -108,12 +108,12 @@ void vexp_f32(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = exp_f32(x[i]);
 }
 
-/* the selective scan (models/kernels/native_scan.py, selective_scan), real types */
+/* the selective scan (models/kernels/native/selective.py), real types */
 
 #define R float
 #define SFX f32
 #define EXP exp_f32
-#include "native_selective_body.h"
+#include "selective_body.h"
 #undef R
 #undef SFX
 #undef EXP
@@ -121,7 +121,7 @@ void vexp_f32(int64_t n, const float *x, float *y) {
 #define R double
 #define SFX f64
 #define EXP exp
-#include "native_selective_body.h"
+#include "selective_body.h"
 #undef R
 #undef SFX
 #undef EXP
@@ -159,14 +159,14 @@ static inline void sincos_f64(double x, double *s, double *c) {
     *c = cos(x);
 }
 
-/* AUSSM's and Mamba-3's complex-transition scans (native_scan.py, rotation_scan / trapezoid_scan) */
+/* AUSSM's and Mamba-3's complex-transition scans (models/kernels/native/complex.py) */
 
 #define R float
 #define SFX f32
 #define EXP exp_f32
 #define SINCOS sincos_f32
 #define SC_MAX SC_MAX_F32
-#include "native_complex_body.h"
+#include "complex_body.h"
 #undef R
 #undef SFX
 #undef EXP
@@ -178,7 +178,7 @@ static inline void sincos_f64(double x, double *s, double *c) {
 #define EXP exp
 #define SINCOS sincos_f64
 #define SC_MAX HUGE_VAL
-#include "native_complex_body.h"
+#include "complex_body.h"
 #undef R
 #undef SFX
 #undef EXP

@@ -1,8 +1,8 @@
 /* The selective scan (Mamba's diagonal scan with its discretisation fused in) for one real type;
- * included by native_scan.c once per type with
+ * included by kernels.c once per type with
  *   R     the real type (float, double)
  *   SFX   the name suffix (f32, f64)
- *   EXP   the exponential in R (exp_f32 of native_scan.c for float, libm exp for double)
+ *   EXP   the exponential in R (exp_f32 of kernels.c for float, libm exp for double)
  *
  *   a_t[e, n] = s exp(dt_t[e] A[e, n]) - (s - 1),   b_t[e, n] = (dt_t[e] x_t[e]) Bm_t[n]
  *   h_t = a_t h_{t-1} + b_t,                        y_t[e] = sum_n C_t[n] h_t[e, n]

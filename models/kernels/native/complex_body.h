@@ -1,9 +1,9 @@
 /* The complex-transition selective scans (AUSSM's rotation, Mamba-3's trapezoid) for one real
- * type; included by native_scan.c once per type with
+ * type; included by kernels.c once per type with
  *   R       the real type (float, double)
  *   SFX     the name suffix (f32, f64)
- *   EXP     the exponential in R (exp_f32 of native_scan.c, libm exp)
- *   SINCOS  sin and cos in R: SINCOS(x, &s, &c) (sincos_f32 of native_scan.c, libm's)
+ *   EXP     the exponential in R (exp_f32 of kernels.c, libm exp)
+ *   SINCOS  sin and cos in R: SINCOS(x, &s, &c) (sincos_f32 of kernels.c, libm's)
  *   SC_MAX  the largest |x| SINCOS is accurate for; beyond it (and for NaN) the angle is
  *           recomputed with libm's double sin and cos after the vector loop
  *

@@ -1,4 +1,4 @@
-/* The delta-rule forward for one real type; included by native_scan.c with R (float, double) and
+/* The delta-rule forward for one real type; included by kernels.c with R (float, double) and
  * SFX (f32, f64). Per batch row b and head h, with the state S [V, K] (values x keys):
  *     S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
  * Layout (contiguous): q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H], S [B, H, V, K] (the
@@ -9,7 +9,7 @@
  * horizontal sums): per key index i, St[i] += k_t[i] d_t; o_t += q_t[i] St[i]; and the next
  * step's recall r_{t+1} += k_{t+1}[i] St[i], all in one pass over the state per step.
  * The loop is compute-bound, so on x86-64 with glibc it is also compiled for AVX2 and picked at
- * load time (CLONES, native_scan.c); every lane does the same operations in the same order,
+ * load time (CLONES, kernels.c); every lane does the same operations in the same order,
  * so both versions give the same bits. */
 
 #define DCAT_(x, y) x##_##y

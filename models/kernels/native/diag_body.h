@@ -1,4 +1,4 @@
-/* The diagonal scan for one element type; included by native_scan.c once per type with
+/* The diagonal scan for one element type; included by kernels.c once per type with
  *   R     the real type (float, double)
  *   CPLX  0: elements are R; 1: elements are (re, im) pairs of R (torch's complex layout)
  *   SFX   the name suffix (f32, f64, c64, c128)

@@ -1,0 +1,151 @@
+"""Building and loading the native CPU kernels' C library (kernels.c and its *_body.h files).
+
+Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
+-O3 -fopenmp-simd -fno-trapping-math, no -ffast-math, no -march; libm linked) into a cache directory
+($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
+keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
+into place atomically, so parallel processes do not race. On x86-64 with glibc every kernel is
+also compiled for AVX2 and the clone is picked at load time by the dynamic loader (ifunc; CLONES
+in kernels.c). Loaded with ctypes; `function(name, argtypes)` returns one of its entry points,
+called on contiguous CPU tensors through `ptr(tensor)` (their data_ptr()). `available()` says
+whether it built; `unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to
+chunked, and impl="native" raises).
+
+Large outputs are advised as transparent huge pages (`empty`): on the shared VM this was measured
+on, first-touch page faults of fresh gradient tensors cost about as much as the backward itself.
+SPAN_BYTES is the cache budget the checkpointed backwards size their recomputed spans to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "kernels.c", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
+           HERE / "complex_body.h")
+# -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value
+FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-math"]
+LIBS = ["-lm"]
+SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
+SPAN_BYTES = 256 * 1024  # a backward's span of states and adjoints stays within this (L2-sized)
+
+P, I, D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double  # the C arguments: pointer, int64_t, double
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("INTERP_SEQ_CACHE"):
+        return Path(os.environ["INTERP_SEQ_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "interp-seq"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(compiler: str, target: Path) -> str:
+    """Compile into a temporary file next to target and rename it into place (atomic, so a
+    concurrent build of the same source wins either way). Returns "" or what went wrong."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, str(SOURCES[0]), "-o", tmp, *LIBS]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return f"compiling {SOURCES[0].name} with {compiler} took over 300 s"
+        if done.returncode != 0:
+            return f"compiling {SOURCES[0].name} with {compiler} failed: {done.stderr.strip()[-2000:]}"
+        os.replace(tmp, target)
+        return ""
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why it is not available). Built at most once per source hash."""
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler found ($CC, cc, gcc, clang)"
+    try:
+        key = hashlib.sha256()
+        for path in SOURCES:
+            key.update(path.read_bytes())
+        key.update(" ".join(FLAGS + LIBS + [platform.machine(), platform.system()]).encode())
+        target = _cache_dir() / f"interp_seq_native-{key.hexdigest()[:16]}.so"
+        if not target.exists():
+            error = _build(compiler, target)
+            if error:
+                return None, error
+        return ctypes.CDLL(str(target)), ""
+    except OSError as err:
+        return None, f"building or loading the native kernels failed: {err}"
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _load()[1]
+
+
+def function(name: str, argtypes: list) -> ctypes._CFuncPtr:
+    """The library's entry point `name` with its argument types set (callers check available())."""
+    lib, why = _load()
+    if lib is None:
+        raise ValueError(f"the native kernels are not available here: {why}")
+    fn = getattr(lib, name)  # ctypes caches it on the library: argtypes are set once
+    if fn.argtypes is None:
+        fn.argtypes = argtypes
+    return fn
+
+
+def ptr(x: torch.Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
+
+
+HUGE = 2 << 20  # transparent huge page size on x86-64 / most arm64 Linux
+_MADV_HUGEPAGE = 14
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def empty(shape, like: torch.Tensor) -> torch.Tensor:
+    """torch.empty for a large output the kernel is about to write: on Linux, the whole 2 MiB
+    pages inside it are advised as huge pages (madvise; a no-op where THP is off), so writing a
+    freshly mapped tensor takes one page fault per 2 MiB instead of per 4 KiB."""
+    out = like.new_empty(shape)
+    nbytes = out.numel() * out.element_size()
+    libc = _libc() if platform.system() == "Linux" and nbytes >= 2 * HUGE else None
+    if libc is not None:
+        start = -(-out.data_ptr() // HUGE) * HUGE
+        end = (out.data_ptr() + nbytes) // HUGE * HUGE
+        if end > start:
+            libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failure changes nothing
+    return out
+

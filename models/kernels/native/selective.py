@@ -1,0 +1,277 @@
+"""Mamba's selective scan with the discretisation fused in, as plain-C loops on the CPU (the fast
+path and the every-state instrumented path of Mamba and negative Mamba; float32 and float64):
+
+    a_t[e, n] = s exp(dt_t[e] A[e, n]) - (s - 1),  b_t[e, n] = dt_t[e] x_t[e] Bm_t[n],
+    h_t = a_t h_{t-1} + b_t,                       y_t[e] = sum_n C_t[n] h_t[e, n]
+
+with the scale s = 1 for Mamba (a = exp(dt A); the C code runs s = 1 as its own branch, so those
+results are exactly the plain exp's) and s = 2 for negative Mamba (a = 2 exp(dt A) - 1).
+
+`selective_scan` -> y: a and b are formed per step inside the loop (selective_body.h), so nothing
+[B, T, E, N] is materialised, forward or backward (the unfused path builds both in torch and keeps
+them for autograd). Its backward follows the diagonal scan's checkpointed scheme (diag.py): states
+recomputed one cache-sized span at a time from checkpoints, the gradients of dt, A, x, Bm, C and
+h0 reduced from the adjoint inside the loop.
+
+`selective_states` -> every state [B, T, E, N]: the same arithmetic, no read-out, no checkpoints,
+with state pins applied between C calls split at the pinned steps. Without pins it is
+differentiable (the C backward walks the adjoint back over the saved states,
+g_t = dL/dh_t + a_{t+1} g_{t+1}, reducing the gradients of dt, A, x, Bm and h0 inside the loop);
+with pins forward only.
+
+float32 exp is a vectorisable polynomial (exp_f32 in kernels.c, under 1 ulp from exp; torch's
+under 0.6), float64 exp is libm's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.kernels.native.library import SPAN_BYTES, SUFFIX, D, I, P, available, empty, function, ptr, \
+    unavailable_reason
+
+_FWD = [I, I, I, I, P, P, P, P, P, P, P, I, P, D]
+_BWD = [I, I, I, I, P, P, P, P, P, P, I, P, P, P, P, P, P, P, P, D]
+_STATES = [I, I, I, I, I, P, P, P, P, P, I, P, D]
+_STATES_BWD = [I, I, I, I, *[P] * 13, D]
+
+
+SELECTIVE_DTYPES = (torch.float32, torch.float64)
+
+
+def selective_supported(*tensors: torch.Tensor | None) -> bool:
+    """Whether selective_scan runs on these tensors (None entries ignored): the library is built
+    and they are CPU tensors of one dtype in SELECTIVE_DTYPES."""
+    given = [x for x in tensors if x is not None]
+    return (all(x.device.type == "cpu" and x.dtype == given[0].dtype for x in given)
+            and given[0].dtype in SELECTIVE_DTYPES and available())
+
+
+def _check_selective(fn: str, named: dict) -> None:
+    """Argument checks of selective_scan / selective_states (fn): named maps dt, A, x, Bm and
+    optionally C, initial_state (None allowed) to the given values."""
+    dt, A = named["dt"], named["A"]
+    for name, value in named.items():
+        if not (isinstance(value, torch.Tensor) or (value is None and name == "initial_state")):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor; got {type(value).__name__}")
+    for name, dims in (("dt", "[B, T, E]"), ("A", "[E, N]")):
+        if named[name].dim() != dims.count(",") + 1 or named[name].shape[-1] < 1:
+            raise ValueError(f"{fn}: {name} must be {dims} with a nonempty last dim; "
+                             f"got shape {tuple(named[name].shape)}")
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    expected = {"A": (inner, n), "x": (batch, length, inner), "Bm": (batch, length, n),
+                "C": (batch, length, n), "initial_state": (batch, inner, n)}
+    for name, value in named.items():
+        if value is not None and tuple(value.shape) != expected.get(name, tuple(value.shape)):
+            raise ValueError(f"{fn}: {name} must have shape {expected[name]} (dt [B, T, E] = "
+                             f"{tuple(dt.shape)}, A [E, N] = {tuple(A.shape)}); got {tuple(value.shape)}")
+    for name, value in named.items():
+        if value is not None and (value.dtype != dt.dtype or value.device.type != "cpu"):
+            raise ValueError(f"{fn}: every input must be a CPU tensor of dt's dtype {dt.dtype}; "
+                             f"{name} is {value.dtype} on {value.device}")
+    if dt.dtype not in SELECTIVE_DTYPES:
+        raise ValueError(f"{fn} supports {[str(d) for d in SELECTIVE_DTYPES]}; got {dt.dtype}")
+    if not available():
+        raise ValueError(f"{fn} is not available here: {unavailable_reason()}")
+
+
+def _check_scale(fn: str, scale) -> float:
+    """The transition's scale s as a float: a real number with 0 < s <= 2 (so a = s exp(dt A) - (s - 1)
+    stays in (-1, 1] for dt A <= 0)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 2:
+        raise ValueError(f"{fn}: scale must be a real number in (0, 2] (1: Mamba's exp(dt A), "
+                         f"2: negative Mamba's 2 exp(dt A) - 1); got {scale!r}")
+    return float(scale)
+
+
+def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, scale: float = 1.0) -> torch.Tensor:
+    """Mamba's selective scan (see the module docstring; no D x term): dt [B, T, E] (> 0, after
+    softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
+    None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
+    input; chunk_size bounds the backward's checkpoint spacing (no effect on results); scale is
+    the transition's s, a_t = s exp(dt_t A) - (s - 1) (1: Mamba, 2: negative Mamba; 0 < s <= 2)."""
+    _check_selective("selective_scan", {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state})
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
+    scale = _check_scale("selective_scan", scale)
+    h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
+    inputs = (dt, A, x, Bm, C, h0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return SelectiveScan.apply(*inputs, chunk_size, scale)
+    return selective_forward(*inputs, chunk_size, checkpoints=False, scale=scale)[0]
+
+
+def selective_spacing(chunk: int, A: torch.Tensor) -> int:
+    """Steps between checkpoints: chunk, or fewer where chunk steps of states and transitions
+    (the backward's recomputed span) exceed SPAN_BYTES."""
+    return max(1, min(chunk, SPAN_BYTES // max(1, 2 * A.numel() * A.element_size())))
+
+
+def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool, scale: float = 1.0):
+    """-> (y [B, T, E], checkpoints [B, ceil(T / every), N, E] | None); see selective_scan. The
+    C code keeps A and the states transposed ([N, E]: its inner loops run over E)."""
+    dt, x, Bm, C, At = (t.contiguous() for t in (dt, x, Bm, C, A.t()))  # At [N, E]
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    h = h0.transpose(1, 2).contiguous()  # [B, N, E] (a copy), the final state on return
+    y = dt.new_empty(batch, length, inner)
+    ckpt = dt.new_empty(batch, -(-length // every), n, inner) if checkpoints else None
+    function(f"selective_fwd_{SUFFIX[dt.dtype]}", _FWD)(
+        batch, length, inner, n, ptr(dt), ptr(At), ptr(x), ptr(Bm), ptr(C),
+        ptr(h), ptr(y), every, ptr(ckpt), scale,
+    )
+    return y, ckpt
+
+
+def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy, scale: float = 1.0):
+    """Gradients (dt, A, x, Bm, C, h0) of selective_forward's y given its cotangent gy [B, T, E]."""
+    dt, x, Bm, C, gy, At = (t.contiguous() for t in (dt, x, Bm, C, gy, A.t()))  # At [N, E]
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    grad_dt, grad_x, grad_Bm, grad_C = (torch.empty_like(t) for t in (dt, x, Bm, C))
+    grad_At, grad_h0t = dt.new_empty(n, inner), dt.new_empty(batch, n, inner)  # transposed
+    work = dt.new_empty(2 * min(every, length) + 1, n, inner)  # see selective_bwd in the C code
+    function(f"selective_bwd_{SUFFIX[dt.dtype]}", _BWD)(
+        batch, length, inner, n, ptr(dt), ptr(At), ptr(x), ptr(Bm), ptr(C),
+        ptr(ckpt), every, ptr(gy), ptr(grad_dt), ptr(grad_At), ptr(grad_x), ptr(grad_Bm),
+        ptr(grad_C), ptr(grad_h0t), ptr(work), scale,
+    )
+    return grad_dt, grad_At.t().contiguous(), grad_x, grad_Bm, grad_C, grad_h0t.transpose(1, 2).contiguous()
+
+
+class SelectiveScan(torch.autograd.Function):
+    """selective_scan with the checkpointed C backward."""
+
+    @staticmethod
+    def forward(ctx, dt, A, x, Bm, C, h0, chunk, scale):
+        every = selective_spacing(chunk, A)
+        y, ckpt = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True, scale=scale)
+        ctx.save_for_backward(dt, A, x, Bm, C, ckpt)
+        ctx.every, ctx.scale = every, scale
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
+    def backward(ctx, gy):
+        grads = selective_backward(*ctx.saved_tensors, ctx.every, gy, ctx.scale)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None)
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def selective_states_supported(dt, A, x, Bm, initial_state=None, pins=None) -> bool:
+    """Whether selective_states runs here: selective_supported for these tensors (and the pin
+    values), and, when a gradient is wanted, no pins (its backward takes none)."""
+    values = None if pins is None else pins[1]
+    tensors = (dt, A, x, Bm, initial_state, values)
+    return selective_supported(*tensors) and (pins is None or not needs_grad(*tensors))
+
+
+def check_pins(fn: str, pins, batch: int, length: int, state: tuple, dtype: torch.dtype) -> None:
+    """Argument checks of the every-state kernels' pins (fn: the function named in the errors)."""
+    if not isinstance(pins, (tuple, list)) or len(pins) != 2:
+        raise ValueError(f"{fn}: pins must be a (mask [B, T], values [B, T, E, N]) pair; "
+                         f"got {type(pins).__name__}")
+    mask, values = pins
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{fn}: pins mask must be a bool [B, T]={(batch, length)} tensor; "
+                         f"got {getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    if (not isinstance(values, torch.Tensor) or tuple(values.shape) != (batch, length, *state)
+            or values.dtype != dtype or values.device.type != "cpu"):
+        raise ValueError(f"{fn}: pins values must be a [B, T, E, N]={(batch, length, *state)} "
+                         f"CPU tensor of dt's dtype {dtype}; got {getattr(values, 'dtype', type(values).__name__)} "
+                         f"{tuple(getattr(values, 'shape', ()))}")
+
+
+def selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale: float = 1.0) -> torch.Tensor:
+    """Every state of Mamba's selective scan: dt [B, T, E] (> 0), A [E, N], x [B, T, E],
+    Bm [B, T, N], initial_state [B, E, N] or None (zeros); one dtype in SELECTIVE_DTYPES, CPU
+    -> states [B, T, E, N], h_t = a_t h_{t-1} + (dt_t x_t) Bm_t^T with a_t = s exp(dt_t A) - (s - 1)
+    (s = scale, as in selective_scan), a and b formed inside the C loop (the arithmetic of
+    selective_scan's forward).
+
+    pins (mask [B, T] bool, values [B, T, E, N]): where mask[b, t], the state after step t becomes
+    values[b, t] and the scan continues from it (diag_scan's pins). The C loop runs up to each
+    pinned step, the pin is written into the output, and the next call starts from that row.
+    Differentiable in dt, A, x, Bm and initial_state without pins (SelectiveStates: the C
+    backward reads h_{t-1} from the states); with pins forward only: raises ValueError when grad
+    mode is on and an input requires grad (use diag_scan over torch-formed a and b there)."""
+    _check_selective("selective_states", {"dt": dt, "A": A, "x": x, "Bm": Bm, "initial_state": initial_state})
+    scale = _check_scale("selective_states", scale)
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    if pins is not None:
+        check_pins("selective_states", pins, batch, length, (inner, n), dt.dtype)
+    if needs_grad(dt, A, x, Bm, initial_state, None if pins is None else pins[1]):
+        if pins is not None:
+            raise ValueError("selective_states has no backward with pins, but an input requires grad with grad "
+                             "mode on; run it under torch.no_grad(), without pins, or use diag_scan for gradients")
+        return SelectiveStates.apply(dt, A, x, Bm, initial_state, scale)
+    return selective_states_forward(dt, A, x, Bm, initial_state, pins, scale)
+
+
+def selective_states_forward(dt, A, x, Bm, initial_state, pins, scale: float) -> torch.Tensor:
+    """selective_states' C loop (no autograd; pins checked): states [B, T, E, N]."""
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    dt, A, x, Bm = (t.contiguous() for t in (dt, A, x, Bm))
+    states = empty((batch, length, inner, n), dt)
+    h = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
+    h_stride = inner * n  # elements between batch rows of the state entering the next call
+    pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
+    stops = [t + 1 for t in pinned] + ([] if pinned and pinned[-1] == length - 1 else [length])
+    pinned = set(pinned)
+    start = 0
+    for stop in stops if length else []:  # steps [start, stop) in one call, then the pin at stop - 1
+        function(f"selective_states_{SUFFIX[dt.dtype]}", _STATES)(
+            batch, stop - start, length, inner, n, ptr(dt[:, start]), ptr(A), ptr(x[:, start]),
+            ptr(Bm[:, start]), ptr(h), h_stride, ptr(states[:, start]), scale,
+        )
+        if stop - 1 in pinned:
+            rows = pins[0][:, stop - 1]  # [B] bool
+            states[rows, stop - 1] = pins[1][rows, stop - 1]
+        h, h_stride, start = states[:, stop - 1], length * inner * n, stop
+    return states
+
+
+def selective_states_backward(dt, A, x, Bm, initial_state, states, G, scale: float):
+    """Gradients (dt, A, x, Bm, h0) of selective_states_forward's states (no pins) given their
+    cotangent G [B, T, E, N] (the C adjoint walk; see selective_states_bwd)."""
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    dt, A, x, Bm, states, G = (t.contiguous() for t in (dt, A, x, Bm, states, G))
+    h0 = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
+    grad_dt, grad_A, grad_x, grad_Bm = (torch.empty_like(t) for t in (dt, A, x, Bm))
+    grad_h0, work = dt.new_empty(batch, inner, n), dt.new_empty(2, inner, n)
+    function(f"selective_states_bwd_{SUFFIX[dt.dtype]}", _STATES_BWD)(
+        batch, length, inner, n, ptr(dt), ptr(A), ptr(x), ptr(Bm), ptr(h0), ptr(states), ptr(G),
+        ptr(grad_dt), ptr(grad_A), ptr(grad_x), ptr(grad_Bm), ptr(grad_h0), ptr(work), scale,
+    )
+    return grad_dt, grad_A, grad_x, grad_Bm, grad_h0
+
+
+class SelectiveStates(torch.autograd.Function):
+    """selective_states without pins, with the C backward (every state is the output, so
+    nothing is recomputed but exp(dt A); no checkpoints)."""
+
+    @staticmethod
+    def forward(ctx, dt, A, x, Bm, h0, scale):
+        states = selective_states_forward(dt, A, x, Bm, h0, None, scale)
+        ctx.save_for_backward(dt, A, x, Bm, h0, states)
+        ctx.scale = scale
+        return states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
+    def backward(ctx, G):
+        grads = selective_states_backward(*ctx.saved_tensors, G, ctx.scale)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """The selective scan's float32 exponential (exp_f32 in kernels.c) over a float32 CPU
+    tensor (for its accuracy test)."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"exp_f32 takes a float32 CPU tensor; got {getattr(x, 'dtype', type(x).__name__)} "
+                         f"on {getattr(x, 'device', '-')}")
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    function("vexp_f32", [I, P, P])(x.numel(), ptr(x), ptr(y))
+    return y
