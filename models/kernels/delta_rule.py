@@ -1,10 +1,13 @@
 """The delta rule with state export and state patches: naive, chunked (WY form) and Triton.
 
-Per batch element and head, with the state S_t [V, K] (values x keys; fla stores the transpose):
+Per batch element and head, with the state S_t [V, K] (values x keys; fla's kernels store the
+transpose unless called with state_v_first=True) and an optional decay alpha_t = exp(g_t):
 
-    S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T      S_{-1} = initial_state (zeros)
-        = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T
+    S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T      S_{-1} = initial_state (zeros)
+        = alpha_t S_{t-1} + beta_t (v_t - alpha_t S_{t-1} k_t) k_t^T
     o_t = S_t q_t
+
+(g None: alpha_t = 1, DeltaNet; g given: Gated DeltaNet, fla's gated_delta_rule with its g.)
 
 q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H] (already scaled: beta = s * sigmoid(...), any
 value; with unit-norm keys the transition I - beta k k^T has eigenvalues 1 (K-1 times) and
@@ -23,6 +26,8 @@ Arguments shared with the other scan kernels (`models.kernels.diag_scan`):
                       state after step t is replaced (give pins or patches, not both)
   impl                "auto" | "naive" | "chunked" | "native" | "triton"
 delta-specific:
+  g                   None or [B, T, H]: the log decay, alpha_t = exp(g_t) (any real; the chunked
+                      form is exact in float for g <= 0, where every exponent it forms is <= 0)
   beta_clamp          None or [H, 2] (min, max per head): beta is clamped per head before use
                       (ablations: clamp one head to [0, 1], others to (-inf, inf)); gradients
                       follow torch.clamp (zero where clamped)
@@ -35,7 +40,8 @@ Implementations:
            triangular (beta_i k_i . k_j) and the UT transform T = (I + A)^{-1} diag(beta),
            W = T K, U = T V, the chunk's corrected values are U' = U - W S_0^T, its outputs
            O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
-           S_0 + cumsum_i u'_i k_i^T. After the first pin the sequence is split at each pin and the
+           S_0 + cumsum_i u'_i k_i^T; the decay enters as exp(G_i - G_j) factors of cumulative
+           log decays G inside a chunk (Yang et al. 2025, Gated DeltaNet; _chunked_segment). After the first pin the sequence is split at each pin and the
            scan resumes from the pinned state.
   native   the recurrence as a plain-C loop on the CPU (models/kernels/native/delta.py, built once
            per machine with the system C compiler), forward only: raises ValueError when a
@@ -72,6 +78,7 @@ def delta_rule(
     v: torch.Tensor,
     beta: torch.Tensor,
     *,
+    g: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     export_at: None | str | Sequence[int] | torch.Tensor = None,
@@ -82,7 +89,7 @@ def delta_rule(
     impl: str = "auto",
 ) -> ScanOutput:
     """Delta-rule scan; see the module docstring for the recurrence and the arguments."""
-    batch, length, heads, d_k, d_v = _check_inputs(q, k, v, beta)
+    batch, length, heads, d_k, d_v = _check_inputs(q, k, v, beta, g)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
@@ -94,19 +101,22 @@ def delta_rule(
     pin_list = _pin_list(pins, patches, batch, length, state_shape)
     beta = _clamped(beta, beta_clamp, heads)
 
+    extra = [x for x in (g, state) if x is not None]
     wants_grad = torch.is_grad_enabled() and any(
-        x.requires_grad for x in (q, k, v, beta, *([] if state is None else [state]), *(p[2] for p in pin_list))
+        x.requires_grad for x in (q, k, v, beta, *extra, *(p[2] for p in pin_list))
     )
     if impl == "auto":
-        impl = "triton" if q.is_cuda else ("native" if not wants_grad and _native_ok(q) else "chunked")
+        impl = "triton" if q.is_cuda else ("native" if not wants_grad and g is None and _native_ok(q) else "chunked")
     if impl == "native":
         _check_native(q, wants_grad)
+        if g is not None:
+            raise ValueError("impl='native' has no decay g yet; use 'chunked' or 'auto'")
     if impl == "triton":
         from models.kernels.triton_delta_rule import delta_rule_triton
 
-        out, final, states = delta_rule_triton(q, k, v, beta, state, export, pin_list)
+        out, final, states = delta_rule_triton(q, k, v, beta, g, state, export, pin_list)
     else:
-        args = [x.to(compute) for x in (q, k, v, beta)]
+        args = [None if x is None else x.to(compute) for x in (q, k, v, beta, g)]
         s0 = None if state is None else state.to(compute)
         if impl == "naive":
             out, final, states = _naive(*args, s0, export, pin_list)
@@ -120,8 +130,10 @@ def delta_rule(
 # ----------------------------------------------------------------------------- argument checks
 
 
-def _check_inputs(q, k, v, beta) -> tuple[int, int, int, int, int]:
-    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("beta", beta, 3)):
+def _check_inputs(q, k, v, beta, g) -> tuple[int, int, int, int, int]:
+    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("beta", beta, 3), ("g", g, 3)):
+        if name == "g" and x is None:
+            continue
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
         if not x.dtype.is_floating_point:
@@ -131,12 +143,12 @@ def _check_inputs(q, k, v, beta) -> tuple[int, int, int, int, int]:
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
     expected = {"q": (batch, length, heads, d_k), "v": (batch, length, heads, d_v),
-                "beta": (batch, length, heads)}
-    for name, x in (("q", q), ("v", v), ("beta", beta)):
-        if tuple(x.shape) != expected[name]:
+                "beta": (batch, length, heads), "g": (batch, length, heads)}
+    for name, x in (("q", q), ("v", v), ("beta", beta), ("g", g)):
+        if x is not None and tuple(x.shape) != expected[name]:
             raise ValueError(
                 f"{name} must have shape {expected[name]} to match k {tuple(k.shape)} "
-                f"(q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H]); got {tuple(x.shape)}"
+                f"(q, k [B, T, H, K], v [B, T, H, V], beta and g [B, T, H]); got {tuple(x.shape)}"
             )
     if length < 1:
         raise ValueError(f"the sequence length T must be >= 1; got q of shape {tuple(q.shape)}")
@@ -261,7 +273,7 @@ def _check_native(q: torch.Tensor, wants_grad: bool) -> None:
                          "(use 'chunked', or impl='auto', which falls back to it)")
 
 
-def _native_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
+def _native_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
     """One unpatched stretch with the C loop (the signature of _chunked_segment; no chunks)."""
     from models.kernels.native.delta import delta_forward
 
@@ -271,7 +283,7 @@ def _native_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
 # ----------------------------------------------------------------------------- naive
 
 
-def _naive(q, k, v, beta, state, export, pin_list):
+def _naive(q, k, v, beta, g, state, export, pin_list):
     """The definition, step by step. Returns (o [B, T, H, V], final [B, H, V, K], states)."""
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
@@ -280,6 +292,8 @@ def _naive(q, k, v, beta, state, export, pin_list):
     wanted = set(export or ())
     outs, kept = [], {}
     for t in range(length):
+        if g is not None:
+            S = torch.exp(g[:, t])[..., None, None] * S  # alpha_t S_{t-1}
         k_t = k[:, t]  # [B, H, K]
         recalled = torch.einsum("bhvk,bhk->bhv", S, k_t)
         delta = beta[:, t, :, None] * (v[:, t] - recalled)  # [B, H, V]
@@ -303,7 +317,7 @@ def _stack_exports(export: list[int], kept: dict[int, torch.Tensor], like: torch
 # ----------------------------------------------------------------------------- chunked
 
 
-def _chunked(q, k, v, beta, state, export, pin_list, chunk_size, segment=None):
+def _chunked(q, k, v, beta, g, state, export, pin_list, chunk_size, segment=None):
     """The chunked WY form; pins split the sequence and resume from the pinned state.
 
     The steps up to the first pin come from the pass over the whole sequence, so a patch leaves
@@ -316,7 +330,7 @@ def _chunked(q, k, v, beta, state, export, pin_list, chunk_size, segment=None):
     S = state if state is not None else v.new_zeros(batch, heads, d_v, d_k)
     wanted = sorted(set(export or ()))
     pin_times = [t for t, _, _ in pin_list]
-    o, S, kept = segment(q, k, v, beta, S, wanted + pin_times[:1], chunk_size)
+    o, S, kept = segment(q, k, v, beta, g, S, wanted + pin_times[:1], chunk_size)
     outs = [o]
     if pin_list:
         first = pin_times[0]
@@ -332,17 +346,23 @@ def _chunked(q, k, v, beta, state, export, pin_list, chunk_size, segment=None):
         if end > t:  # steps t+1 .. end from the pinned state
             seg = slice(t + 1, end + 1)
             offsets = [u - t - 1 for u in wanted if t < u <= end]
-            o, S, seg_states = segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg], S, offsets, chunk_size)
+            o, S, seg_states = segment(q[:, seg], k[:, seg], v[:, seg], beta[:, seg],
+                                       None if g is None else g[:, seg], S, offsets, chunk_size)
             kept.update({t + 1 + j: seg_states[j] for j in offsets})
             outs.append(o)
     states = None if export is None else _stack_exports(export, kept, S)
     return torch.cat(outs, dim=1), S, states
 
 
-def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
-    """One unpatched stretch. q, k [B, L, H, K], v [B, L, H, V], beta [B, L, H], S [B, H, V, K].
+def _chunked_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
+    """One unpatched stretch. q, k [B, L, H, K], v [B, L, H, V], beta, g [B, L, H] (g None: no
+    decay), S [B, H, V, K]. Returns (o [B, L, H, V], S_end [B, H, V, K], {offset: state}).
 
-    Returns (o [B, L, H, V], S_end [B, H, V, K], {offset: state [B, H, V, K]}).
+    With the decay, inside a chunk with cumulative log decays G_i = g_1 + ... + g_i (gamma_i =
+    exp(G_i)) and the writes w_j = beta_j (v_j - alpha_j S_{j-1} k_j):
+    S_i = gamma_i S_0 + sum_{j<=i} exp(G_i - G_j) w_j k_j^T, and the writes solve
+    (I + A) W = diag(beta) V - diag(beta gamma) K S_0^T with A_jl = beta_j exp(G_j - G_l) k_j . k_l
+    (l < j). Every exponent is <= 0 for g <= 0 (the masked ones are -inf before exp).
     """
     batch, length, heads, d_k = k.shape
     size = min(chunk_size, length)
@@ -350,20 +370,31 @@ def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
     pad = n_chunks * size - length
 
     def chunks(x):  # [B, L, H, ...] -> [N, B, H, C, ...] contiguous, zero-padded at the end
-        # padded steps (k = v = beta = 0) leave the state unchanged
+        # padded steps (k = v = beta = g = 0) leave the state unchanged
         x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
         x = x.reshape(batch, n_chunks, size, heads, *x.shape[3:])
         return x.permute(1, 0, 3, 2, *range(4, x.dim())).contiguous()
 
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # bc [N, B, H, C]
     kb = kc * bc[..., None]  # beta_i k_i
-    # UT transform: (I + A) [W | U] = diag(beta) [K | V], A_ij = beta_i k_i . k_j for j < i
     A = torch.tril(kb @ kc.transpose(-1, -2), diagonal=-1)  # [N, B, H, C, C]
+    QK = torch.tril(qc @ kc.transpose(-1, -2))  # [N, B, H, C, C]
+    if g is None:
+        kg = kb
+    else:
+        gc = chunks(g)  # [N, B, H, C]
+        G = gc.cumsum(-1)
+        lower = torch.ones(size, size, dtype=torch.bool, device=G.device).tril()
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # exp(G_i - G_j)
+        A, QK = A * decay, QK * decay
+        gamma = G.exp()[..., None]  # [N, B, H, C, 1]
+        kg, qc = kb * gamma, qc * gamma
+        k_end = kc * (G[..., -1:] - G).exp()[..., None]  # exp(G_end - G_j) k_j
+    # UT transform: (I + A) [W | U] = [diag(beta gamma) K | diag(beta) V]
     WU = torch.linalg.solve_triangular(
-        A, torch.cat([kb, vc * bc[..., None]], dim=-1), upper=False, unitriangular=True
+        A, torch.cat([kg, vc * bc[..., None]], dim=-1), upper=False, unitriangular=True
     )  # [N, B, H, C, K+V]
     W, U = WU[..., :d_k], WU[..., d_k:]
-    QK = torch.tril(qc @ kc.transpose(-1, -2))  # [N, B, H, C, C]
 
     by_chunk: dict[int, list[int]] = {}
     for j in offsets:
@@ -371,15 +402,20 @@ def _chunked_segment(q, k, v, beta, S, offsets: list[int], chunk_size: int):
     outs, kept = [], {}
     for n in range(n_chunks):
         St = S.transpose(-1, -2)  # [B, H, K, V]
-        corrected = U[n] - W[n] @ St  # U' = U - W S^T  [B, H, C, V]
+        corrected = U[n] - W[n] @ St  # the writes W = U - W S^T  [B, H, C, V]
         outs.append(qc[n] @ St + QK[n] @ corrected)  # [B, H, C, V]
-        S_next = S + corrected.transpose(-1, -2) @ kc[n]  # [B, H, V, K]
+        if g is None:
+            S_next = S + corrected.transpose(-1, -2) @ kc[n]  # [B, H, V, K]
+        else:
+            S_next = gamma[n][:, :, -1:] * S + corrected.transpose(-1, -2) @ k_end[n]
         wanted = by_chunk.get(n, [])
         # a chunk's (or the segment's) last step is S_next; earlier steps are partial sums
         inside = [j for j in wanted if j != size - 1 and n * size + j != length - 1]
-        if len(inside) > 8:  # running sum of the rank-1 writes (cumsum over dim 2 is slow on CPU)
+        if g is not None or len(inside) > 8:  # running sum of the rank-1 writes (cumsum over dim 2 is slow on CPU)
             partial, chosen = S, set(inside)
-            for j in range(max(inside) + 1):
+            for j in range(max(inside, default=-1) + 1):
+                if g is not None:
+                    partial = gc[n][:, :, j, None, None].exp() * partial
                 partial = torch.addcmul(partial, corrected[:, :, j, :, None], kc[n][:, :, j, None, :])
                 if j in chosen:
                     kept[n * size + j] = partial

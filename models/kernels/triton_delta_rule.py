@@ -2,8 +2,9 @@
 
 Recurrence (models/kernels/delta_rule.py), per (batch, head), state S [V, K]:
 
-    r_t = v_t - S_{t-1} k_t            (the residual the step writes)
-    S_t = S_{t-1} + beta_t r_t k_t^T   then pinned: S_t = P_t where a pin is set
+    D_t = alpha_t S_{t-1}              (alpha_t = exp(g_t); 1 without g)
+    r_t = v_t - D_t k_t                (the residual the step writes)
+    S_t = D_t + beta_t r_t k_t^T       then pinned: S_t = P_t where a pin is set
     o_t = S_t q_t
 
 Rows of S evolve independently given k_t and beta_t, so each program owns one (batch, head) and
@@ -12,9 +13,13 @@ exported states and the final state. Backward runs two passes:
 
   reverse:  dS += do_t q_t^T (+ d exported state); at a pin, dP_t = dS and dS = 0;
             du = dS k_t, dv_t = beta_t du, dbeta_t = du . r_t, dk_t = dS^T (beta_t r_t),
-            dm_t = -beta_t du, dS <- dS + dm_t k_t^T (the gradient of S_{t-1}); finally dS_{-1}
-  forward:  replays S_{t-1} from r: dk_t += S_{t-1}^T dm_t, dq_t = S_t^T do_t
-Sums over value rows (dk, dq, dbeta) are written per V block and added in torch.
+            dm_t = -beta_t du, dS <- alpha_t (dS + dm_t k_t^T) (the gradient of S_{t-1});
+            finally dS_{-1}. With g: dg_t = <dD_t, D_t> runs backwards as a scalar recurrence,
+            dg_t = [t unpinned] (<do_t, o_t> + <dE_t, E_t> + dg_{t+1} - beta_t <du, v_t>)
+            (E_t: the exported state, d_final and the final state at t = T - 1), since
+            <dS_t, S_t> = <do_t, o_t> + <dE_t, E_t> + dg_{t+1}; so no state is stored
+  forward:  replays D_t from r: dk_t += D_t^T dm_t, dq_t = S_t^T do_t
+Sums over value rows (dk, dq, dbeta, dg) are written per V block and added in torch.
 
 Pins are passed compactly: pin_slot [T] int32 (-1 or the index p of a pinned time),
 pin_mask [P, B] int32, pin_val [P, B, H, V, K]; exports as export_slot [T] int32 (-1 or the slot
@@ -30,10 +35,10 @@ import triton.language as tl
 
 @triton.jit
 def _fwd_kernel(
-    q, k, v, beta, s0, pin_slot, pin_mask, pin_val, export_slot,
+    q, k, v, beta, g, s0, pin_slot, pin_mask, pin_val, export_slot,
     o, r, states, s_final,
     B, T, H, K, V, NE,
-    HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -55,6 +60,8 @@ def _fwd_kernel(
         q_t = tl.load(q + row * K + offs_k, mask=mk, other=0.0).to(tl.float32)
         v_t = tl.load(v + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
         b_t = tl.load(beta + row).to(tl.float32)
+        if HAS_G:
+            S = S * tl.exp(tl.load(g + row).to(tl.float32))
         r_t = v_t - tl.sum(S * k_t[None, :], axis=1)  # [BV]
         S = S + (b_t * r_t)[:, None] * k_t[None, :]
         if HAS_PINS:
@@ -76,10 +83,10 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_reverse_kernel(
-    q, k, beta, r, do, d_final, d_states, pin_slot, pin_mask, export_slot,
-    dv, dm, dk_part, dbeta_part, d_pin_val, d_s0,
+    q, k, v, beta, g, r, o, states, s_final, do, d_final, d_states, pin_slot, pin_mask, export_slot,
+    dv, dm, dk_part, dbeta_part, dg_part, d_pin_val, d_s0,
     B, T, H, K, V, NE,
-    HAS_D_FINAL: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_D_FINAL: tl.constexpr, HAS_PINS: tl.constexpr, HAS_EXPORT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -93,8 +100,11 @@ def _bwd_reverse_kernel(
     m_s = mv[:, None] & mk[None, :]
     s_offs = offs_v[:, None] * K + offs_k[None, :]
     dS = tl.zeros([BV, BK], dtype=tl.float32)
+    acc = tl.zeros([BV], dtype=tl.float32)  # dg_{t+1}, per value row of this block
     if HAS_D_FINAL:
         dS = tl.load(d_final + i_bh * V * K + s_offs, mask=m_s, other=0.0).to(tl.float32)
+        if HAS_G:
+            acc = tl.sum(dS * tl.load(s_final + i_bh * V * K + s_offs, mask=m_s, other=0.0), axis=1)
     for i in range(T):
         t = T - 1 - i
         row = (b * T + t) * H + h
@@ -104,10 +114,16 @@ def _bwd_reverse_kernel(
         r_t = tl.load(r + row * V + offs_v, mask=mv, other=0.0)
         do_t = tl.load(do + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
         dS = dS + do_t[:, None] * q_t[None, :]
+        if HAS_G:
+            acc = acc + do_t * tl.load(o + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
         if HAS_EXPORT:
             e = tl.load(export_slot + t)
             base = ((b * NE + tl.maximum(e, 0)) * H + h) * V * K
-            dS = dS + tl.load(d_states + base + s_offs, mask=m_s & ((s_offs * 0 + e) >= 0), other=0.0).to(tl.float32)
+            m_e = m_s & ((s_offs * 0 + e) >= 0)
+            d_e = tl.load(d_states + base + s_offs, mask=m_e, other=0.0).to(tl.float32)
+            dS = dS + d_e
+            if HAS_G:
+                acc = acc + tl.sum(d_e * tl.load(states + base + s_offs, mask=m_e, other=0.0), axis=1)
         if HAS_PINS:
             slot = tl.load(pin_slot + t)
             safe = tl.maximum(slot, 0)
@@ -115,6 +131,9 @@ def _bwd_reverse_kernel(
             pinned = ((s_offs * 0 + slot) >= 0) & ((s_offs * 0 + tl.load(pin_mask + safe * B + b)) != 0)
             tl.store(d_pin_val + (safe * B + b) * H * V * K + h * V * K + s_offs, dS, mask=m_s & pinned)
             dS = tl.where(pinned, 0.0, dS)
+            if HAS_G:
+                pinned_row = ((offs_v * 0 + slot) >= 0) & ((offs_v * 0 + tl.load(pin_mask + safe * B + b)) != 0)
+                acc = tl.where(pinned_row, 0.0, acc)
         du = tl.sum(dS * k_t[None, :], axis=1)  # [BV]
         tl.store(dv + row * V + offs_v, b_t * du, mask=mv)
         tl.store(dm + row * V + offs_v, -b_t * du, mask=mv)
@@ -122,15 +141,20 @@ def _bwd_reverse_kernel(
         tl.store(dbeta_part + part, tl.sum(du * r_t, axis=0))
         tl.store(dk_part + part * K + offs_k, tl.sum(dS * (b_t * r_t)[:, None], axis=0), mask=mk)
         dS = dS - (b_t * du)[:, None] * k_t[None, :]
+        if HAS_G:
+            v_t = tl.load(v + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+            acc = acc - b_t * du * v_t
+            tl.store(dg_part + part, tl.sum(acc, axis=0))
+            dS = dS * tl.exp(tl.load(g + row).to(tl.float32))
     tl.store(d_s0 + i_bh * V * K + s_offs, dS, mask=m_s)
 
 
 @triton.jit
 def _bwd_forward_kernel(
-    k, beta, r, do, dm, s0, pin_slot, pin_mask, pin_val,
+    k, beta, g, r, do, dm, s0, pin_slot, pin_mask, pin_val,
     dk_part, dq_part,
     B, T, H, K, V,
-    HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_S0: tl.constexpr, HAS_PINS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -155,6 +179,8 @@ def _bwd_forward_kernel(
         dm_t = tl.load(dm + row * V + offs_v, mask=mv, other=0.0)
         do_t = tl.load(do + row * V + offs_v, mask=mv, other=0.0).to(tl.float32)
         dk_t = tl.load(dk_part + part * K + offs_k, mask=mk, other=0.0)
+        if HAS_G:
+            S = S * tl.exp(tl.load(g + row).to(tl.float32))
         tl.store(dk_part + part * K + offs_k, dk_t + tl.sum(S * dm_t[:, None], axis=0), mask=mk)
         S = S + (b_t * r_t)[:, None] * k_t[None, :]
         if HAS_PINS:
@@ -176,7 +202,7 @@ def _blocks(d_k: int, d_v: int) -> tuple[int, int, int]:
 
 class _DeltaRuleFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, beta, s0, pin_val, pin_slot, pin_mask, export_slot, n_export):
+    def forward(ctx, q, k, v, beta, g, s0, pin_val, pin_slot, pin_mask, export_slot, n_export):
         B, T, H, K = k.shape
         V = v.shape[-1]
         BK, BV, NV = _blocks(K, V)
@@ -188,20 +214,22 @@ class _DeltaRuleFunction(torch.autograd.Function):
         s_final = torch.empty(B, H, V, K, **f32)
         dummy = torch.zeros(1, **f32)
         _fwd_kernel[(NV, B * H)](
-            q, k, v, beta, s0 if s0 is not None else dummy, pin_slot, pin_mask,
+            q, k, v, beta, g if g is not None else dummy, s0 if s0 is not None else dummy, pin_slot, pin_mask,
             pin_val if pin_val is not None else dummy, export_slot,
             o, r, states, s_final, B, T, H, K, V, max(n_export, 1),
-            HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, HAS_EXPORT=n_export > 0,
+            HAS_G=g is not None, HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, HAS_EXPORT=n_export > 0,
             BK=BK, BV=BV,
         )
-        ctx.save_for_backward(q, k, beta, r, s0, pin_val, pin_slot, pin_mask, export_slot)
+        # with g the backward's dg recurrence reads v, o, the exports and the final state
+        decayed = (v, o, states, s_final) if g is not None else (None,) * 4
+        ctx.save_for_backward(q, k, beta, g, r, s0, pin_val, pin_slot, pin_mask, export_slot, *decayed)
         ctx.n_export = n_export
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype, beta.dtype)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, beta.dtype, None if g is None else g.dtype)
         return o, s_final, states[:, :n_export]
 
     @staticmethod
     def backward(ctx, d_o, d_final, d_states):
-        q, k, beta, r, s0, pin_val, pin_slot, pin_mask, export_slot = ctx.saved_tensors
+        q, k, beta, g, r, s0, pin_val, pin_slot, pin_mask, export_slot, v, o, states, s_final = ctx.saved_tensors
         B, T, H, K = k.shape
         V = r.shape[-1]
         BK, BV, NV = _blocks(K, V)
@@ -216,38 +244,42 @@ class _DeltaRuleFunction(torch.autograd.Function):
         dk = torch.empty(NV, B, T, H, K, **f32)
         dq = torch.empty(NV, B, T, H, K, **f32)
         dbeta = torch.empty(NV, B, T, H, **f32)
+        dg = torch.empty(NV, B, T, H, **f32) if g is not None else dummy
         d_pin_val = torch.zeros_like(pin_val, dtype=torch.float32) if pin_val is not None else dummy
         d_s0 = torch.empty(B, H, V, K, **f32)
+        with_g = [x if x is not None else dummy for x in (g, v, o, states, s_final)]
         _bwd_reverse_kernel[(NV, B * H)](
-            q, k, beta, r, d_o, d_final.contiguous() if d_final is not None else dummy, d_states,
-            pin_slot, pin_mask, export_slot,
-            dv, dm, dk, dbeta, d_pin_val, d_s0, B, T, H, K, V, max(n_export, 1),
-            HAS_D_FINAL=d_final is not None, HAS_PINS=pin_val is not None, HAS_EXPORT=has_export,
-            BK=BK, BV=BV,
+            q, k, with_g[1], beta, with_g[0], r, *with_g[2:], d_o,
+            d_final.contiguous() if d_final is not None else dummy, d_states, pin_slot, pin_mask, export_slot,
+            dv, dm, dk, dbeta, dg, d_pin_val, d_s0, B, T, H, K, V, max(n_export, 1),
+            HAS_G=g is not None, HAS_D_FINAL=d_final is not None, HAS_PINS=pin_val is not None,
+            HAS_EXPORT=has_export, BK=BK, BV=BV,
         )
         _bwd_forward_kernel[(NV, B * H)](
-            k, beta, r, d_o, dm, s0 if s0 is not None else dummy, pin_slot, pin_mask,
+            k, beta, with_g[0], r, d_o, dm, s0 if s0 is not None else dummy, pin_slot, pin_mask,
             pin_val if pin_val is not None else dummy, dk, dq, B, T, H, K, V,
-            HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, BK=BK, BV=BV,
+            HAS_G=g is not None, HAS_S0=s0 is not None, HAS_PINS=pin_val is not None, BK=BK, BV=BV,
         )
-        dq_t, dk_t, dv_t, dbeta_t = ctx.dtypes
+        dq_t, dk_t, dv_t, dbeta_t, dg_t = ctx.dtypes
         return (
             dq.sum(0).to(dq_t), dk.sum(0).to(dk_t), dv.to(dv_t), dbeta.sum(0).to(dbeta_t),
+            dg.sum(0).to(dg_t) if g is not None else None,
             d_s0 if s0 is not None else None,
             d_pin_val if pin_val is not None else None,
             None, None, None, None,
         )
 
 
-def delta_rule_triton(q, k, v, beta, state, export, pin_list):
+def delta_rule_triton(q, k, v, beta, g, state, export, pin_list):
     """Entry from models.kernels.delta_rule (arguments already checked, beta already clamped).
 
-    state [B, H, V, K] | None; export: list of step indices | None; pin_list: [(t, mask [B],
+    g [B, T, H] | None: the log decay; state [B, H, V, K] | None; export: list of step indices | None; pin_list: [(t, mask [B],
     values [B, H, V, K])]. Returns (o [B, T, H, V], final [B, H, V, K], states | None).
     """
     B, T, H, K = k.shape
     dev = q.device
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    g = None if g is None else g.contiguous()
     s0 = None if state is None else state.to(torch.float32).contiguous()
     pin_slot = torch.full((T,), -1, dtype=torch.int32, device=dev)
     if pin_list:
@@ -262,7 +294,7 @@ def delta_rule_triton(q, k, v, beta, state, export, pin_list):
     for slot, t in enumerate(unique):
         export_slot[t] = slot
     o, final, states = _DeltaRuleFunction.apply(
-        q, k, v, beta, s0, pin_val, pin_slot, pin_mask, export_slot, len(unique)
+        q, k, v, beta, g, s0, pin_val, pin_slot, pin_mask, export_slot, len(unique)
     )
     if export is None:
         return o, final, None
