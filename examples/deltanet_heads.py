@@ -35,7 +35,7 @@ MODELS = {"deltanet[0,1]": ("deltanet", dict(n_heads=4)), "deltanet[-1,1]": ("de
 def trained(out: Path, label: str, preset: str, overrides: dict, task, cfg: TrainConfig):
     """Train (or reload) one model into out/<label>."""
     run = out / label.replace("[", "_").replace("]", "").replace(",", "_")
-    if (run / "model.safetensors").exists():
+    if models.registry.weights_file(run).exists():
         return models.load(run).eval()
     config = models.preset_config(preset, vocab_size=task.vocab_size, **SIZE, **overrides)
     return train(config, task, cfg, run, progress=True, label=label).model.eval()

@@ -23,7 +23,12 @@ def make_run(tmp_path, steps=6):
 def test_run_directory_layout_and_config(tmp_path):
     run_dir, result, model_cfg, cfg = make_run(tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [ckpt.CONFIG, ckpt.MODEL, ckpt.OPTIMIZER, ckpt.STATE, ckpt.METRICS])
+        [ckpt.CONFIG, ckpt.POINTER, ckpt.CHECKPOINTS, ckpt.METRICS])
+    assert json.loads((run_dir / ckpt.POINTER).read_text()) == {"step": 6, "path": "checkpoints/step-000000006"}
+    assert [p.name for p in (run_dir / ckpt.CHECKPOINTS).iterdir()] == ["step-000000006"]  # step 3 removed
+    assert sorted(p.name for p in ckpt.checkpoint_dir(run_dir).iterdir()) == sorted(
+        [ckpt.MODEL, ckpt.OPTIMIZER, ckpt.STATE])
+    assert models.registry.weights_file(run_dir) == ckpt.checkpoint_dir(run_dir) / ckpt.MODEL
     config = json.loads((run_dir / ckpt.CONFIG).read_text())
     assert config["model"] == model_cfg.to_dict()
     assert config["task"] == {"name": "C2", "options": {"format": "acot"}}
@@ -43,7 +48,7 @@ def test_optimizer_state_round_trips_exactly(tmp_path):
     state = ckpt.load_checkpoint(run_dir, model, optimizer)
     assert state["step"] == 6
     tensors, _ = ckpt.flatten_optimizer(optimizer)
-    saved = ckpt.load_file(str(run_dir / ckpt.OPTIMIZER))
+    saved = ckpt.load_file(str(ckpt.checkpoint_dir(run_dir) / ckpt.OPTIMIZER))
     assert {k for k in saved if k.startswith("state.")} == set(tensors)
     for key, value in tensors.items():
         assert torch.equal(saved[key], value), key
@@ -68,7 +73,7 @@ def test_atomic_write_leaves_no_temporary_files_and_keeps_old_file_on_failure(tm
 @pytest.mark.parametrize("name", [ckpt.MODEL, ckpt.OPTIMIZER])
 def test_truncated_safetensors_raise_clear_errors_and_are_not_overwritten(tmp_path, name):
     run_dir, _, model_cfg, cfg = make_run(tmp_path)
-    path = run_dir / name
+    path = ckpt.checkpoint_dir(run_dir) / name
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     if name == ckpt.MODEL:
@@ -95,19 +100,20 @@ def test_checkpoint_files_from_different_steps_are_rejected(tmp_path):
     model = models.build(model_cfg)
     optimizer = make_optimizer(model, cfg)
     ckpt.load_checkpoint(run_dir, model, optimizer)
-    # an interrupted checkpoint: a new optimizer file (step 7) next to the model and state of step 6
+    # a checkpoint edited by hand: an optimizer file of step 7 next to the model and state of step 6
+    directory = ckpt.checkpoint_dir(run_dir)
     tensors, _ = ckpt.flatten_optimizer(optimizer)
-    ckpt.save_file(tensors, str(run_dir / ckpt.OPTIMIZER), metadata={"step": "7"})
-    state = json.loads((run_dir / ckpt.STATE).read_text())
-    state["files"][ckpt.OPTIMIZER] = (run_dir / ckpt.OPTIMIZER).stat().st_size
-    (run_dir / ckpt.STATE).write_text(json.dumps(state))
+    ckpt.save_file(tensors, str(directory / ckpt.OPTIMIZER), metadata={"step": "7"})
+    state = json.loads((directory / ckpt.STATE).read_text())
+    state["files"][ckpt.OPTIMIZER] = (directory / ckpt.OPTIMIZER).stat().st_size
+    (directory / ckpt.STATE).write_text(json.dumps(state))
     with pytest.raises(ckpt.CheckpointError, match="from step 7 but trainer_state.json is from step 6"):
         ckpt.load_checkpoint(run_dir, models.build(model_cfg), make_optimizer(models.build(model_cfg), cfg))
 
 
 def test_missing_checkpoint_file_is_reported(tmp_path):
     run_dir, _, model_cfg, cfg = make_run(tmp_path)
-    (run_dir / ckpt.OPTIMIZER).unlink()
+    (ckpt.checkpoint_dir(run_dir) / ckpt.OPTIMIZER).unlink()
     with pytest.raises(ckpt.CheckpointError, match="has no optimizer.safetensors"):
         train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
 
@@ -124,3 +130,50 @@ def test_bad_metrics_line_is_reported(tmp_path):
     (tmp_path / ckpt.METRICS).write_text('{"step": 1}\n{"step": 2\n')
     with pytest.raises(ckpt.CheckpointError, match="line 2 is not valid JSON"):
         ckpt.read_metrics(tmp_path)
+
+
+def test_a_checkpoint_interrupted_midway_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    """Issue 13 items 1 and 2: dying after the optimizer file of step 6 was written (before the
+    trainer state) used to leave an unresumable run and lose the interval's metrics; now the
+    step-3 checkpoint is whole, and resuming gives the uninterrupted run's weights and records."""
+    _, whole, model_cfg, cfg = make_run(tmp_path)
+    real = ckpt._durable
+
+    def dying(path, write):
+        if path.name == ckpt.STATE and path.parent.name == "step-000000006":
+            raise KeyboardInterrupt  # the process dies here
+        real(path, write)
+
+    monkeypatch.setattr(ckpt, "_durable", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train(model_cfg, make_task("C2"), cfg, tmp_path / "crashed", progress=False)
+    monkeypatch.setattr(ckpt, "_durable", real)
+    assert ckpt.read_pointer(tmp_path / "crashed")["step"] == 3
+    resumed = train(model_cfg, make_task("C2"), cfg, tmp_path / "crashed", resume=True, progress=False)
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
+    strip = lambda records: [{k: v for k, v in r.items() if k != "time"} for r in records]  # noqa: E731
+    assert strip(ckpt.read_metrics(tmp_path / "crashed")) == strip(ckpt.read_metrics(tmp_path / "run"))
+    assert len(ckpt.read_metrics(tmp_path / "crashed")) == len(whole.metrics)
+    assert sorted(p.name for p in (tmp_path / "crashed" / ckpt.CHECKPOINTS).iterdir()) == ["step-000000006"]
+
+
+def test_metrics_beyond_the_checkpoint_are_truncated_on_resume(tmp_path):
+    run_dir, whole, model_cfg, cfg = make_run(tmp_path)
+    with open(run_dir / ckpt.METRICS, "a") as handle:
+        handle.write('{"kind": "train", "step": 7}\n{"kind": "tr')  # written after the last checkpoint
+    assert len(ckpt.read_metrics(run_dir)) == len(whole.metrics) + 1  # the cut line is no record
+    log, records = ckpt.open_metrics(run_dir, keep=json.loads(
+        (ckpt.checkpoint_dir(run_dir) / ckpt.STATE).read_text())["metrics"])
+    log.close()
+    assert records == whole.metrics == ckpt.read_metrics(run_dir)
+
+
+def test_a_run_of_the_older_flat_layout_is_refused_clearly(tmp_path):
+    run_dir, _, model_cfg, cfg = make_run(tmp_path)
+    directory = ckpt.checkpoint_dir(run_dir)
+    for name in (ckpt.MODEL, ckpt.OPTIMIZER, ckpt.STATE):
+        (directory / name).rename(run_dir / name)
+    (run_dir / ckpt.POINTER).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="older version"):
+        train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)

@@ -5,6 +5,8 @@ import re
 
 import pytest
 
+import models
+
 from interp.cli import build_parser, main
 
 
@@ -95,11 +97,11 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     assert html.count("plotly.js v") == 1 and not re.search(r"<script[^>]+src=", html)
     assert "mp and accuracy by length" in html
     for name in ("tanh_rnn", "mamba"):
-        assert (out / name / "model.safetensors").is_file() and (out / name / "eval.json").is_file()
+        assert models.registry.weights_file(out / name).is_file() and (out / name / "eval.json").is_file()
     # a second run reuses the finished runs instead of overwriting them
-    before = (out / "mamba" / "model.safetensors").read_bytes()
+    before = models.registry.weights_file(out / "mamba").read_bytes()
     assert main(["demo", "--quick", "--out", str(out), "--no-progress"]) == 0
-    assert (out / "mamba" / "model.safetensors").read_bytes() == before
+    assert models.registry.weights_file(out / "mamba").read_bytes() == before
 
 
 def test_parser_has_the_three_commands():

@@ -58,8 +58,8 @@ def test_resume_is_bit_identical_to_uninterrupted(tmp_path, name, curriculum):
     assert resumed.step == whole.step == 20
     assert_same_state(resumed.model, whole.model)
     assert_same_state(models.load(tmp_path / "split"), models.load(tmp_path / "whole"))
-    opt_whole = ckpt.load_file(str(tmp_path / "whole" / ckpt.OPTIMIZER))
-    opt_split = ckpt.load_file(str(tmp_path / "split" / ckpt.OPTIMIZER))
+    opt_whole = ckpt.load_file(str(ckpt.checkpoint_dir(tmp_path / "whole") / ckpt.OPTIMIZER))
+    opt_split = ckpt.load_file(str(ckpt.checkpoint_dir(tmp_path / "split") / ckpt.OPTIMIZER))
     assert opt_whole.keys() == opt_split.keys()
     for key in opt_whole:
         assert torch.equal(opt_whole[key], opt_split[key]), key
@@ -81,14 +81,15 @@ def test_finished_run_resumes_as_a_no_op(tmp_path):
 def test_existing_run_is_never_overwritten(tmp_path):
     task, cfg = parity(), small_cfg(steps=6)
     train(tiny(), task, cfg, tmp_path / "run", progress=False)
-    before = (tmp_path / "run" / ckpt.MODEL).read_bytes()
+    weights = models.registry.weights_file(tmp_path / "run")
+    before = weights.read_bytes()
     with pytest.raises(FileExistsError, match="resume"):
         train(tiny(), task, cfg, tmp_path / "run", progress=False)
     with pytest.raises(ckpt.CheckpointError, match=r"train\.lr: 0\.01 != 0\.02"):
         train(tiny(), task, small_cfg(steps=6, lr=2e-2), tmp_path / "run", resume=True, progress=False)
     with pytest.raises(ckpt.CheckpointError, match=r"model\.d_model: 8 != 16"):
         train(tiny(d_model=16), task, cfg, tmp_path / "run", resume=True, progress=False)
-    assert (tmp_path / "run" / ckpt.MODEL).read_bytes() == before
+    assert weights.read_bytes() == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="non-empty directory"):
@@ -161,3 +162,45 @@ def test_ssm_decay_rates_get_no_weight_decay(name, rates):
         assert decay_of[id(getattr(mixer, rate))] == 0.0, rate
     assert decay_of[id(model.embed.weight)] == 0.1  # matrices are still decayed
     assert len(decay_of) == len(list(model.parameters()))
+
+
+def test_finished_run_is_extended_by_resuming_with_more_steps(tmp_path):
+    """Issue 13 item 9: --resume --steps N (larger) continues a finished run; the rest must match."""
+    task, cfg = parity(), small_cfg(steps=12, log_every=4, eval_every=4, checkpoint_every=4)
+    first = train(tiny(), task, cfg, tmp_path / "run", progress=False)
+    longer = small_cfg(steps=20, log_every=4, eval_every=4, checkpoint_every=4)
+    with pytest.raises(ckpt.CheckpointError, match=r"train\.lr: 0\.01 != 0\.02"):
+        train(tiny(), task, small_cfg(steps=20, lr=2e-2, log_every=4, eval_every=4, checkpoint_every=4),
+              tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(FileExistsError, match="more steps to extend"):
+        train(tiny(), task, longer, tmp_path / "run", progress=False)
+    extended = train(tiny(), task, longer, tmp_path / "run", resume=True, progress=False)
+    assert extended.step == 20
+    config = ckpt.read_config(tmp_path / "run")
+    assert config["train"]["steps"] == 20
+    assert config["extensions"] == [{"at_step": 12, "from_steps": 12, "to_steps": 20}]
+    records = ckpt.read_metrics(tmp_path / "run")
+    assert records[: len(first.metrics)] == first.metrics  # history kept
+    assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 12, 16, 20]
+    # the documented schedule: steps past the old end follow the cosine of the new total
+    lrs = {r["step"]: r["lr"] for r in records if r["kind"] == "train"}
+    assert lrs[16] == pytest.approx(learning_rate(15, longer)) and lrs[12] == pytest.approx(learning_rate(11, cfg))
+    # an extension interrupted and resumed equals one run straight through (bit for bit)
+    train(tiny(), task, cfg, tmp_path / "split", progress=False)
+    train(tiny(), task, longer, tmp_path / "split", resume=True, stop_at=17, progress=False)
+    resumed = train(tiny(), task, longer, tmp_path / "split", resume=True, progress=False)
+    assert_same_state(resumed.model, extended.model)
+    with pytest.raises(ckpt.CheckpointError, match=r"extended but not shortened \(steps 12 < 20\)"):
+        train(tiny(), task, cfg, tmp_path / "run", resume=True, progress=False)
+
+
+def test_unavailable_device_is_one_line_naming_the_available_ones():
+    """Issue 13 item 3: CUDA on a CPU-only torch (or a bad string) names the available devices."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ValueError, match=r"TrainConfig.device 'cuda' is not available .*; available: cpu$"):
+        TrainConfig(device="cuda")
+    with pytest.raises(ValueError, match=r"TrainConfig.device 'gpu' is not a torch device; available: cpu$"):
+        TrainConfig(device="gpu")
+    with pytest.raises(ValueError, match=r"device 'cuda:0' is not available"):
+        models.load("/nonexistent", device="cuda:0")

@@ -20,8 +20,8 @@ MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
 
 def add_parser(sub) -> None:
     train = sub.add_parser("train", help="train a model on a task into a run directory",
-                           description="Train a model on a task; writes config.json, model.safetensors, "
-                                       "optimizer state and metrics.jsonl to --out.")
+                           description="Train a model on a task; writes config.json, metrics.jsonl and "
+                                       "crash-safe checkpoints (weights, optimizer state) to --out.")
     train.add_argument("--model", type=model_name, required=True, help="model preset (see models.list_models())")
     train.add_argument("--task", required=True, help="task spec, e.g. S3, C2, A4xZ5, AR")
     train.add_argument("--format", default=None, choices=("outcome", "acot", "cot"),

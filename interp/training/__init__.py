@@ -2,8 +2,8 @@
 
     train.py        the training loop: AdamW, warmup + cosine schedule, length curriculum, NaN stop,
                     checkpoints every k steps, bit-identical resume
-    checkpoint.py   run directories: config.json, model.safetensors, optimizer and trainer state,
-                    metrics.jsonl; atomic writes
+    checkpoint.py   run directories: config.json, metrics.jsonl, checkpoints (weights, optimizer
+                    and trainer state in a step directory, made visible by an atomic pointer switch)
     evaluate.py     accuracy by length, mp, the evaluation seed streams
 
 May import: interp.tasks, models, probes. Never interp.analysis, interp.report or interp.cli.

@@ -1,19 +1,30 @@
 """Run directories: everything needed to rebuild a model and to resume its training exactly.
 
     run_dir/
-      config.json          {"model": ModelConfig dict, "task": {"name", "options"}, "train": TrainConfig
-                            dict, "versions": {torch, numpy, python, package}, "seed"}
-      model.safetensors    the weights (`models.load(run_dir)` rebuilds the model from these two)
-      optimizer.safetensors  optimizer tensors (AdamW moments, step counts) + the torch RNG state
-      trainer_state.json   step, optimizer scalars (param groups), curriculum state, file checks
-      metrics.jsonl        one JSON record per line (training and evaluation metrics)
+      config.json            {"model": ModelConfig dict, "task": {"name", "options"}, "train":
+                              TrainConfig dict, "versions": {torch, numpy, python, package}, "seed",
+                              "extensions": [{"at_step", "from_steps", "to_steps"}] (runs extended)}
+      checkpoint.json        the pointer: {"step": s, "path": "checkpoints/step-000000s"}
+      checkpoints/step-000000s/
+        model.safetensors      the weights (`models.load(run_dir)` follows the pointer to them)
+        optimizer.safetensors  optimizer tensors (AdamW moments, step counts) + the torch RNG state
+        trainer_state.json     step, optimizer scalars (param groups), curriculum state, file sizes,
+                               and the length of metrics.jsonl at step s (records and bytes)
+      metrics.jsonl          one JSON record per line (training and evaluation), appended as made
 
-No pickle anywhere: tensors go to safetensors, scalars to JSON. Every write is atomic (a temporary
-file in the same directory, fsync, os.replace), so a crash leaves either the old or the new file.
-A checkpoint is a set of three files written in order optimizer -> model -> trainer_state; each
-safetensors file carries the step in its metadata and trainer_state.json records the step and the
-byte size of both, so a set mixed from two steps or a truncated file is detected and rejected
-with a clear error rather than loaded.
+No pickle anywhere: tensors go to safetensors, scalars to JSON.
+
+Crash safety: a checkpoint becomes visible all at once. `save_checkpoint` first makes the metrics
+records up to its step durable (fsync of metrics.jsonl), then writes the three files into a fresh
+step directory (each fsynced, then the directory), and only then switches the pointer (a temporary
+file, fsync, os.replace: atomic). The previous checkpoint stays intact until the switch and is
+removed after it. A crash at any point therefore leaves the pointer naming a complete checkpoint
+(or no pointer: no checkpoint yet). metrics.jsonl may hold records past the pointer's step (a run
+in progress, or one that crashed); `open_metrics(..., keep=...)` on resume truncates it to the
+checkpoint's length, so no record is lost or duplicated. Unreferenced step directories and
+temporary files left by a crash are removed on resume. Each safetensors file carries its step in
+its metadata and trainer_state.json the byte sizes of both, so a file truncated or replaced by hand
+is detected and rejected with a clear error rather than loaded.
 """
 
 from __future__ import annotations
@@ -21,8 +32,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +43,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
 CONFIG = "config.json"
+POINTER = "checkpoint.json"
+CHECKPOINTS = "checkpoints"
 MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
@@ -150,56 +163,128 @@ def config_differences(old: dict, new: dict) -> list[str]:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+def _step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def read_pointer(run_dir: str | Path) -> dict[str, Any] | None:
+    """checkpoint.json ({"step", "path"}) of a run directory; None when no checkpoint exists yet."""
+    path = Path(run_dir) / POINTER
+    if not path.exists():
+        return None
+    pointer = read_json(path)
+    if (not isinstance(pointer, dict) or not isinstance(pointer.get("step"), int)
+            or pointer.get("path") != f"{CHECKPOINTS}/{_step_dir_name(pointer['step'])}"):
+        raise CheckpointError(f"{path} is not a checkpoint pointer: {pointer!r}")
+    return pointer
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """The directory of the run's current checkpoint (the one checkpoint.json names)."""
+    pointer = read_pointer(run_dir)
+    if pointer is None:
+        raise CheckpointError(f"run_dir {str(run_dir)!r} has no {POINTER}: no checkpoint was written yet")
+    return Path(run_dir) / pointer["path"]
+
+
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    step: int, extra: dict[str, Any] | None = None) -> None:
-    """Write optimizer, model and trainer state for `step` (in that order, each atomically).
+                    step: int, extra: dict[str, Any] | None = None,
+                    metrics: "MetricsLog | None" = None) -> Path:
+    """Write the checkpoint of `step` into a fresh step directory, then point checkpoint.json at it.
 
     extra: JSON-serialisable trainer state to restore on resume (curriculum, ...).
+    metrics: the run's open metrics log; its records so far are made durable first and their count
+    and byte length recorded, so a resume truncates metrics.jsonl to exactly this step.
+    Returns the new step directory. The previous checkpoint is removed after the switch.
     """
     run_dir = Path(run_dir)
+    previous = read_pointer(run_dir)
+    if previous is not None and previous["step"] >= step:
+        raise CheckpointError(f"run_dir {str(run_dir)!r} already has a checkpoint of step {previous['step']}; "
+                              f"cannot write step {step} over it")
+    length = metrics.sync() if metrics is not None else {"records": 0, "bytes": 0}
+    target = run_dir / CHECKPOINTS / _step_dir_name(step)
+    if target.exists():  # an unreferenced leftover of a crash at this very step
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
     meta = {"step": str(step)}
     tensors, scalars = flatten_optimizer(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
-    atomic_write(run_dir / OPTIMIZER, lambda tmp: save_file(tensors, tmp, metadata=meta))
-    atomic_write(run_dir / MODEL, lambda tmp: save_model(model, tmp, metadata=meta))
+    _durable(target / OPTIMIZER, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    _durable(target / MODEL, lambda tmp: save_model(model, tmp, metadata=meta))
     state = {
         "step": step,
         "optimizer": scalars,
         "extra": extra or {},
-        "files": {name: (run_dir / name).stat().st_size for name in (MODEL, OPTIMIZER)},
+        "files": {name: (target / name).stat().st_size for name in (MODEL, OPTIMIZER)},
+        "metrics": length,
     }
-    write_json(run_dir / STATE, state)
+    _durable(target / STATE, lambda tmp: Path(tmp).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n"))
+    _fsync_dir(target)
+    _fsync_dir(target.parent)
+    write_json(run_dir / POINTER, {"step": step, "path": f"{CHECKPOINTS}/{target.name}"})  # the switch
+    remove_stale(run_dir)
+    return target
+
+
+def _durable(path: Path, write) -> None:
+    """Write a file of a step directory not yet pointed to (no rename needed) and fsync it."""
+    write(str(path))
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def remove_stale(run_dir: str | Path) -> None:
+    """Delete step directories other than the current checkpoint's and temporary files of
+    interrupted atomic writes (what a crash can leave behind)."""
+    run_dir = Path(run_dir)
+    pointer = read_pointer(run_dir)
+    current = pointer["path"].split("/", 1)[1] if pointer else None
+    if (run_dir / CHECKPOINTS).is_dir():
+        for entry in sorted((run_dir / CHECKPOINTS).iterdir()):
+            if entry.name != current:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for name in (CONFIG, POINTER):
+        for leftover in run_dir.glob(f".{name}.*.tmp"):
+            leftover.unlink()
 
 
 def load_checkpoint(run_dir: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore model weights, optimizer and torch RNG state in place; returns trainer_state.json.
+    """Restore model weights, optimizer and torch RNG state of the current checkpoint in place;
+    returns its trainer_state.json.
 
-    Raises CheckpointError when a file is missing, truncated, or from another step.
+    Raises CheckpointError when there is no checkpoint, or a file is missing, truncated, or from
+    another step.
     """
     run_dir = Path(run_dir)
+    if read_pointer(run_dir) is None and (run_dir / STATE).is_file():
+        raise CheckpointError(
+            f"run_dir {str(run_dir)!r} has {STATE} but no {POINTER}: it was written by an older version "
+            "(checkpoint files directly in the run directory) and cannot be resumed; start a new run")
+    directory = checkpoint_dir(run_dir)
     for name in (STATE, MODEL, OPTIMIZER):
-        if not (run_dir / name).is_file():
-            raise CheckpointError(f"run_dir {str(run_dir)!r} has no {name}: the checkpoint is incomplete")
-    state = read_json(run_dir / STATE)
-    if not isinstance(state, dict) or not {"step", "optimizer", "files"} <= set(state):
-        raise CheckpointError(f"{run_dir / STATE} is not a trainer state (keys {sorted(state)})")
+        if not (directory / name).is_file():
+            raise CheckpointError(f"checkpoint {str(directory)!r} has no {name}: the checkpoint is incomplete")
+    state = read_json(directory / STATE)
+    if not isinstance(state, dict) or not {"step", "optimizer", "files", "metrics"} <= set(state):
+        raise CheckpointError(f"{directory / STATE} is not a trainer state (keys {sorted(state)})")
     for name, size in state["files"].items():
-        actual = (run_dir / name).stat().st_size
+        actual = (directory / name).stat().st_size
         if actual != size:
             raise CheckpointError(
-                f"{run_dir / name} has {actual} bytes but the checkpoint of step {state['step']} "
+                f"{directory / name} has {actual} bytes but the checkpoint of step {state['step']} "
                 f"wrote {size}: truncated or from another checkpoint"
             )
     for name in (MODEL, OPTIMIZER):
-        step = read_step(run_dir / name)
+        step = read_step(directory / name)
         if step != state["step"]:
             raise CheckpointError(
-                f"{run_dir / name} is from step {step} but {STATE} is from step {state['step']}: "
-                "the checkpoint was interrupted while being written"
+                f"{directory / name} is from step {step} but {STATE} is from step {state['step']}: "
+                "the checkpoint was modified after it was written"
             )
-    _load_model_weights(model, run_dir / MODEL)
-    tensors = _load_tensors(run_dir / OPTIMIZER)
+    _load_model_weights(model, directory / MODEL)
+    tensors = _load_tensors(directory / OPTIMIZER)
     rng = tensors.pop("rng.torch", None)
     unflatten_optimizer(optimizer, tensors, state["optimizer"])
     if rng is not None:
@@ -275,18 +360,57 @@ def unflatten_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
 # ----------------------------------------------------------------------------- metrics.jsonl
 
 
-def write_metrics(run_dir: str | Path, records: Iterable[dict[str, Any]]) -> None:
-    """Rewrite metrics.jsonl atomically with `records` (one JSON object per line)."""
-    atomic_write_text(Path(run_dir) / METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+class MetricsLog:
+    """metrics.jsonl opened for appending: `append(record)` writes one line and flushes (a live log
+    to watch); `sync()` makes everything appended durable and returns its length for a checkpoint."""
+
+    def __init__(self, path: Path, records: int) -> None:
+        self.path, self.records = path, records
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self._handle.flush()
+        self.records += 1
+
+    def sync(self) -> dict[str, int]:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        return {"records": self.records, "bytes": self._handle.tell()}
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def open_metrics(run_dir: str | Path, keep: dict[str, int] | None = None) -> tuple[MetricsLog, list[dict[str, Any]]]:
+    """Open metrics.jsonl for appending after truncating it to `keep` (a checkpoint's
+    {"records", "bytes"}; None: empty). Returns the log and the records kept."""
+    path = Path(run_dir) / METRICS
+    keep = keep or {"records": 0, "bytes": 0}
+    size = path.stat().st_size if path.exists() else 0
+    if size < keep["bytes"]:
+        raise CheckpointError(f"{path} has {size} bytes but the checkpoint recorded {keep['bytes']}: "
+                              "records up to the checkpoint are missing (truncated by hand?)")
+    with open(path, "a+b") as handle:
+        handle.truncate(keep["bytes"])
+        handle.flush()
+        os.fsync(handle.fileno())
+    records = read_metrics(run_dir)
+    if len(records) != keep["records"]:
+        raise CheckpointError(f"{path} holds {len(records)} records up to the checkpoint, which recorded "
+                              f"{keep['records']}: the file was modified")
+    return MetricsLog(path, len(records)), records
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl ([] when the file does not exist yet)."""
+    """The records of metrics.jsonl ([] when the file does not exist yet). A last line without its
+    newline (a record being written right now, or cut by a crash) is not a record yet."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
         if line.strip():
             try:
                 records.append(json.loads(line))

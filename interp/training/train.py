@@ -18,9 +18,19 @@ Determinism: the weights are initialised from `seed`; the batch of step s is
 batches an uninterrupted run reads, and on the CPU resuming gives bit-identical weights.
 
 A run directory (see `interp.training.checkpoint`) is written when `out` is given: config.json at the
-start, a checkpoint every `checkpoint_every` steps and at the end, metrics.jsonl with it. A
-directory that already holds a run is never overwritten: with `resume=True` training continues
-from its checkpoint if the configs match, otherwise CheckpointError names the differences.
+start, metrics.jsonl appended as records are made, a checkpoint every `checkpoint_every` steps and
+at the end (crash-safe: see the checkpoint module). A directory that already holds a run is never
+overwritten: with `resume=True` training continues from its last complete checkpoint if the
+configs match (metrics.jsonl truncated to that checkpoint), otherwise CheckpointError names the
+differences.
+
+Extending a run: `resume=True` with a larger `cfg.steps` (and nothing else changed) continues a
+finished (or interrupted) run to the new total. The steps already taken keep the learning rates
+they had; every later step s follows the schedule of the new total, learning_rate(s, cfg) with
+cfg.steps = the new total (so after a finished run the rate rises from ~0 to that cosine's value
+at s and decays to 0 at the new end). config.json is rewritten atomically with the new steps and
+an "extensions" entry {"at_step", "from_steps", "to_steps"} before training continues; fewer steps
+than before are refused.
 A NaN or Inf loss (or gradient norm) stops training with TrainingDiverged; the last good
 checkpoint stays on disk untouched.
 """
@@ -43,6 +53,7 @@ from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_
 from interp.tasks.base import Batch, Task
 from models.backbone import SequenceModel
 from models.config import ModelConfig
+from models.devices import check_device
 
 
 class TrainingDiverged(RuntimeError):
@@ -94,10 +105,7 @@ class TrainConfig:
             raise TypeError(f"TrainConfig.curriculum must be a bool; got {self.curriculum!r}")
         if self.warmup >= self.steps:
             raise ValueError(f"TrainConfig.warmup ({self.warmup}) must be smaller than steps ({self.steps})")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"TrainConfig.device {self.device!r} is not a torch device: {error}") from None
+        check_device(self.device, "TrainConfig.device")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -179,11 +187,16 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
     optimizer = make_optimizer(model, cfg)
     state = {"length": cfg.curriculum_start if cfg.curriculum else cfg.train_length, "streak": 0,
              "sums": [0.0, 0.0, 0]}
-    step, records = 0, []
+    step, records, log = 0, [], None
     run_dir = Path(out) if out is not None else None
     if run_dir is not None:
         config = ckpt.make_config(model_config.to_dict(), task_record(task), cfg.to_dict(), cfg.seed)
-        step, records, state = _open_run_dir(run_dir, config, model, optimizer, resume, state)
+        step, records, state, log = _open_run_dir(run_dir, config, model, optimizer, resume, state)
+
+    def record(entry: dict[str, Any]) -> None:
+        records.append(entry)
+        if log is not None:
+            log.append(entry)
     state["length"] = min(state["length"], cfg.train_length)
     last_saved = step
 
@@ -211,30 +224,32 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
             sums[1] += accuracy.item()
             sums[2] += 1
             if step % cfg.log_every == 0 or step == cfg.steps:
-                records.append({"kind": "train", "step": step, "loss": sums[0] / sums[2],
+                record({"kind": "train", "step": step, "loss": sums[0] / sums[2],
                                 "accuracy": sums[1] / sums[2], "lr": learning_rate(step - 1, cfg),
                                 "length": state["length"], "time": time.perf_counter() - started})
                 state["sums"] = [0.0, 0.0, 0]
                 bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", acc=f"{records[-1]['accuracy']:.3f}",
                                 len=state["length"], refresh=False)
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                _evaluate_and_advance(model, task, cfg, step, state, records)
+                _evaluate_and_advance(model, task, cfg, step, state, record)
                 model.train()
             bar.update(1)
             if run_dir is not None and (step % cfg.checkpoint_every == 0 or step == end):
-                ckpt.save_checkpoint(run_dir, model, optimizer, step, extra=_extra(state))
-                ckpt.write_metrics(run_dir, records)
+                ckpt.save_checkpoint(run_dir, model, optimizer, step, extra=_extra(state), metrics=log)
                 last_saved = step
     finally:
         bar.close()
+        if log is not None:
+            log.close()
     return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"])
 
 
-def _evaluate_and_advance(model, task, cfg: TrainConfig, step: int, state: dict, records: list) -> None:
-    """Evaluate final-state accuracy at the current length; advance the curriculum."""
+def _evaluate_and_advance(model, task, cfg: TrainConfig, step: int, state: dict, record) -> None:
+    """Evaluate final-state accuracy at the current length (record(entry) keeps it); advance the
+    curriculum."""
     model.eval()
     accuracy = final_state_accuracy(model, task, state["length"], cfg.eval_size, cfg.seed, cfg.device)
-    records.append({"kind": "eval", "step": step, "length": state["length"], "accuracy": accuracy})
+    record({"kind": "eval", "step": step, "length": state["length"], "accuracy": accuracy})
     if not cfg.curriculum or state["length"] >= cfg.train_length:
         return
     state["streak"] = state["streak"] + 1 if accuracy >= cfg.curriculum_threshold else 0
@@ -249,36 +264,53 @@ def _extra(state: dict) -> dict:
 
 
 def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, state: dict):
-    """Create the run directory, or reopen an existing one for resuming (configs must match)."""
-    if (run_dir / ckpt.CONFIG).exists():
-        old = ckpt.read_config(run_dir)
-        differences = ckpt.config_differences(old, config)
-        if differences:
-            raise ckpt.CheckpointError(
-                f"{run_dir} holds a run with a different config; refusing to overwrite it. "
-                f"Differences (old != new): {'; '.join(differences)}. Use another output directory."
-            )
-        if not resume:
-            raise FileExistsError(
-                f"{run_dir} already holds a run with this config; pass resume=True (--resume) to "
-                "continue it, or choose another output directory"
-            )
-        if not (run_dir / ckpt.STATE).exists():
-            return 0, [], state  # config written, no checkpoint yet: start from scratch
+    """Create the run directory, or reopen an existing one for resuming (configs must match, but
+    for a larger train.steps: an extension). Returns (step, records, state, metrics log)."""
+    if not (run_dir / ckpt.CONFIG).exists():
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; "
+                                  "refusing to write into it")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.write_json(run_dir / ckpt.CONFIG, config)
+        log, _ = ckpt.open_metrics(run_dir)
+        return 0, [], state, log
+    old = ckpt.read_config(run_dir)
+    old_steps, new_steps = old["train"].get("steps"), config["train"]["steps"]
+    differences = [line for line in ckpt.config_differences(old, config) if not line.startswith("train.steps:")]
+    if differences:
+        raise ckpt.CheckpointError(
+            f"{run_dir} holds a run with a different config; refusing to overwrite it. "
+            f"Differences (old != new): {'; '.join(differences)}. Use another output directory."
+        )
+    if not resume:
+        raise FileExistsError(
+            f"{run_dir} already holds a run with this config; pass resume=True (--resume) to "
+            "continue it (with more steps to extend it), or choose another output directory"
+        )
+    if new_steps < old_steps:
+        raise ckpt.CheckpointError(
+            f"{run_dir} holds a run of {old_steps} steps; a run can be extended but not shortened "
+            f"(steps {new_steps} < {old_steps}). Use another output directory."
+        )
+    saved = None
+    if ckpt.read_pointer(run_dir) is not None or (run_dir / ckpt.STATE).exists():
         saved = ckpt.load_checkpoint(run_dir, model, optimizer)
-        extra = saved.get("extra", {})
-        state = {"length": extra.get("curriculum_length", state["length"]),
-                 "streak": extra.get("curriculum_streak", 0),
-                 "sums": list(extra.get("log_sums", [0.0, 0.0, 0]))}
-        records = [r for r in ckpt.read_metrics(run_dir) if r.get("step", 0) <= saved["step"]]
-        return saved["step"], records, state
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; refusing to write into it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt.write_json(run_dir / ckpt.CONFIG, config)
-    return 0, [], state
+    ckpt.remove_stale(run_dir)
+    if new_steps > old_steps:  # an extension: record it, atomically, before training on
+        extensions = old.get("extensions", []) + [
+            {"at_step": saved["step"] if saved else 0, "from_steps": old_steps, "to_steps": new_steps}]
+        ckpt.write_json(run_dir / ckpt.CONFIG, {**old, "train": config["train"], "extensions": extensions})
+    if saved is None:  # config written, no checkpoint yet: start from scratch
+        log, _ = ckpt.open_metrics(run_dir)
+        return 0, [], state, log
+    extra = saved.get("extra", {})
+    state = {"length": extra.get("curriculum_length", state["length"]),
+             "streak": extra.get("curriculum_streak", 0),
+             "sums": list(extra.get("log_sums", [0.0, 0.0, 0]))}
+    log, records = ckpt.open_metrics(run_dir, keep=saved["metrics"])
+    return saved["step"], records, state, log
 
 
 def _diverged_message(what: str, value: torch.Tensor, step: int, run_dir: Path | None, last_saved: int) -> str:
