@@ -4,12 +4,13 @@ gradcheck, patches, and fla's gated_delta_rule as an oracle."""
 import pytest
 import torch
 
-from models.kernels import delta_rule, native_scan
+from models.kernels import delta_rule
+from models.kernels.native import library
 from tests.conftest import triton_interpreter_available
 from tests.test_kernels_delta import make_problem, rel_err
 
 needs_native = pytest.mark.skipif(
-    not native_scan.available(), reason=f"native kernels unavailable: {native_scan.unavailable_reason()}"
+    not library.available(), reason=f"native kernels unavailable: {library.unavailable_reason()}"
 )
 needs_triton = pytest.mark.skipif(
     not triton_interpreter_available(), reason="triton not importable (or no GPU and no TRITON_INTERPRET)"
