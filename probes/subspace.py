@@ -25,8 +25,32 @@ with ground-truth integer states y [N, T] (the group element after step t).
                                                                             reaches tau * M)
                   A slope eta <= 0 (no growth of the spread) gives Tcross = inf.
 
+Time-indexed centroids (centroids="time"; the paper's reading, arXiv 2605.07755's abstract: tracking
+"remains readable only while the accumulating within-class spread remains small relative to the
+initial between-class separation"). On the N drift sequences themselves, within U:
+
+    c_g(t)        = mean of Q^T h[i, t] over the sequences i with y[i, t] = g     (one centroid per
+                    class and step; a class absent at step t has none)
+    d_t[i, t]     = || Q^T h[i, t] - c_{y[i, t]}(t) ||, the spread around the class centroid of step t
+                    (around the sample mean: with n_g(t) members it is biased low by a factor of
+                    about sqrt((n_g(t) - 1) / n_g(t)); a class with one member at t has d_t = 0)
+    M_ref         = min over g != g' present at t_ref of || c_g(t_ref) - c_g'(t_ref) ||, the
+                    between-class separation at the reference step t_ref (`reference_step`; default
+                    "the start": the first step at which the most classes are present, i.e. every
+                    class of the data when there are enough sequences)
+    R_t(t), q_t(t) = the statistic of d_t[:, t] (as for R), and R_t(t) / M_ref.
+    Tcross        as above, on q_t and M_ref.
+
+At t = 1 every class has a single history, so the spread starts at 0 and accumulates; with pooled
+centroids it starts at whatever the state encodes beyond the class (position, last token). On a
+stationary process (the law of h[i, t] given y[i, t] does not depend on t) both centroids estimate
+the same means, so the two definitions agree up to sampling noise.
+
+The readability threshold of a trained decoder (tau calibrated from its read-out): probes.readability.
+
 Memory: everything streams over chunks of sequences. Centroid sums accumulate in float64 [G, n];
-drift keeps only the per-sequence distances [N, T] (float64); a chunk is converted to float64 at a
+drift keeps only the per-sequence distances [N, T] (float64; with time-indexed centroids the
+coordinates on U [N, T, k], k <= G - 1); a chunk is converted to float64 at a
 time (chunk_size sequences), never the whole [N, T, n]. `CentroidAccumulator` and
 `DriftAccumulator` take chunks one at a time, so data produced in pieces (a model run batch by
 batch) never needs to be held at once.
@@ -194,9 +218,16 @@ def state_subspace(cents: Centroids, rtol: float = 1e-6) -> Subspace:
     return Subspace(to_numpy(basis), cents, to_numpy(sv), rtol, cents.min_separation())
 
 
+CENTROIDS = ("pooled", "time")
+
+
 @dataclass
 class DriftResult:
-    """q [T] = R / M, R [T], M, steps [T] (= 1..T), distances [N, T] float64 (per sequence)."""
+    """q [T] = R / M, R [T], M, steps [T] (= 1..T), distances [N, T] float64 (per sequence).
+
+    centroids: 'pooled' (M the smallest centroid distance) or 'time' (time-indexed centroids; M the
+    separation M_ref at reference_step); see the module docstring.
+    """
 
     q: np.ndarray
     R: np.ndarray
@@ -205,6 +236,8 @@ class DriftResult:
     statistic: str | float
     steps: np.ndarray
     distances: np.ndarray = field(repr=False)
+    centroids: str = "pooled"
+    reference_step: int | None = None
 
 
 def _check_statistic(statistic) -> str | float:
@@ -221,16 +254,35 @@ def _check_tau(tau) -> float:
     return float(tau)
 
 
-class DriftAccumulator:
-    """Streams chunks (states [n_i, T, *S], labels [n_i, T]) into distances d [N, T] on U."""
+def _check_reference_step(reference_step) -> int | None:
+    if reference_step is None:
+        return None
+    if isinstance(reference_step, bool) or not isinstance(reference_step, (int, np.integer)) or reference_step < 1:
+        raise ValueError(f"reference_step must be None (the start) or an int step >= 1; got {reference_step!r}")
+    return int(reference_step)
 
-    def __init__(self, subspace: Subspace, statistic="mean", tau: float = 0.5) -> None:
+
+class DriftAccumulator:
+    """Streams chunks (states [n_i, T, *S], labels [n_i, T]) into distances d [N, T] on U.
+
+    centroids='pooled': distances to the subspace's (pooled) centroids, kept per chunk.
+    centroids='time': the chunks' coordinates on U [n_i, T, k] are kept, and the time-indexed
+    centroids, distances and M_ref are formed in result() (module docstring).
+    """
+
+    def __init__(self, subspace: Subspace, statistic="mean", tau: float = 0.5, centroids: str = "pooled",
+                 reference_step: int | None = None) -> None:
         if not isinstance(subspace, Subspace):
             raise TypeError(f"subspace must be a Subspace (state_subspace(...)); got {type(subspace).__name__}")
+        if centroids not in CENTROIDS:
+            raise ValueError(f"centroids must be one of {CENTROIDS}; got {centroids!r}")
         self.subspace = subspace
         self.statistic = _check_statistic(statistic)
         self.tau = _check_tau(tau)
+        self.centroids = centroids
+        self.reference_step = _check_reference_step(reference_step)
         self._chunks: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
         self._length: int | None = None
 
     def update(self, states, labels) -> "DriftAccumulator":
@@ -249,8 +301,17 @@ class DriftAccumulator:
         if self._length is not None and labels.shape[1] != self._length:
             raise ValueError(f"every chunk must have the same T; got {labels.shape[1]} after {self._length}")
         self._length = labels.shape[1]
-        self._chunks.append(self._distances(states, labels))
+        if self.centroids == "pooled":
+            self._chunks.append(self._distances(states, labels))
+        else:
+            self._chunks.append(self._coords(states))
+            self._labels.append(to_numpy(labels).astype(np.int64))
         return self
+
+    def _coords(self, states: torch.Tensor) -> np.ndarray:
+        """Coordinates on U [c, T, k] float64 (relative to the origin; only differences are used)."""
+        basis = torch.from_numpy(self.subspace.basis).to(states.device)              # [n, k]
+        return to_numpy(states.reshape(*states.shape[:2], -1).to(torch.float64) @ basis)
 
     def _distances(self, states: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         device = states.device
@@ -274,26 +335,73 @@ class DriftAccumulator:
     def result(self) -> DriftResult:
         if not self._chunks:
             raise ValueError("no states were given: call update(states, labels) first")
-        distances = np.concatenate(self._chunks, axis=0)                          # [N, T]
+        reference = None
+        if self.centroids == "pooled":
+            distances, M = np.concatenate(self._chunks, axis=0), self.subspace.M     # [N, T]
+        else:
+            distances, M, reference = time_indexed_distances(
+                np.concatenate(self._chunks, axis=0), np.concatenate(self._labels, axis=0), self.reference_step)
         if self.statistic == "mean":
             spread = distances.mean(0)
         else:
             spread = np.percentile(distances, self.statistic, axis=0)
-        M = self.subspace.M
         steps = np.arange(1, distances.shape[1] + 1)
-        return DriftResult(spread / M, spread, M, self.tau, self.statistic, steps, distances)
+        return DriftResult(spread / M, spread, M, self.tau, self.statistic, steps, distances,
+                           self.centroids, reference)
+
+
+def time_indexed_centroids(coords: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(classes [G], c_g(t) [T, G, k] (NaN where class g is absent at step t), counts [T, G]) of
+    coordinates on U [N, T, k] with labels [N, T]."""
+    n, length, k = coords.shape
+    classes, rows = np.unique(labels, return_inverse=True)
+    G = len(classes)
+    cell = (np.arange(length)[None, :] * G + rows.reshape(n, length)).ravel()       # [N*T] (t, g) cell
+    counts = np.bincount(cell, minlength=length * G).reshape(length, G)             # [T, G]
+    sums = np.zeros((length * G, k))
+    np.add.at(sums, cell, coords.reshape(-1, k))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums.reshape(length, G, k) / counts[..., None]
+    return classes, means, counts
+
+
+def time_indexed_distances(coords: np.ndarray, labels: np.ndarray,
+                           reference_step: int | None = None) -> tuple[np.ndarray, float, int]:
+    """(d_t [N, T], M_ref, t_ref) from coordinates on U [N, T, k] and labels [N, T] (module docstring)."""
+    length = coords.shape[1]
+    classes, means, counts = time_indexed_centroids(coords, labels)
+    rows = np.searchsorted(classes, labels)                                         # [N, T] class rows
+    own = means[np.arange(length)[None, :], rows]                                   # [N, T, k]
+    distances = np.linalg.norm(coords - own, axis=-1)                               # [N, T]
+    present = counts > 0                                                            # [T, G]
+    if reference_step is None:
+        reference_step = int(np.argmax(present.sum(1))) + 1     # first step with the most classes
+    if reference_step > length:
+        raise ValueError(f"reference_step {reference_step} is past the horizon {length}")
+    at = means[reference_step - 1][present[reference_step - 1]]                     # [G_ref, k]
+    if len(at) < 2:
+        raise ValueError(f"reference_step {reference_step} has {len(at)} class present; the separation "
+                         "needs at least two")
+    gaps = np.linalg.norm(at[:, None] - at[None, :], axis=-1)
+    np.fill_diagonal(gaps, np.inf)
+    separation = float(gaps.min())
+    if separation == 0.0:
+        raise ValueError(f"two classes have the same centroid at reference_step {reference_step}: M_ref = 0")
+    return distances, separation, reference_step
 
 
 def drift(states, labels, subspace: Subspace, statistic="mean", tau: float = 0.5,
-          chunk_size: int = 32) -> DriftResult:
+          chunk_size: int = 32, centroids: str = "pooled", reference_step: int | None = None) -> DriftResult:
     """q(t), R(t), M of states [N, T, *S] with true states labels [N, T] (see the module docstring).
 
     statistic: 'mean' or a percentile in [0, 100] of the per-sequence distances at each step.
+    centroids: 'pooled' (the subspace's centroids, M) or 'time' (time-indexed centroids c_g(t) of
+    these sequences, M_ref at reference_step; None = the first step with the most classes present).
     chunk_size: sequences converted to float64 at a time (memory ~ 3 * chunk_size * T * n * 8 B).
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
     states, labels = as_tensor("states", states), as_tensor("labels", labels)
-    acc = DriftAccumulator(subspace, statistic, tau)
+    acc = DriftAccumulator(subspace, statistic, tau, centroids, reference_step)
     check_prefix(states, labels)
     for start in range(0, states.shape[0], chunk_size):
         acc.update(states[start : start + chunk_size], labels[start : start + chunk_size])
@@ -349,3 +457,4 @@ def tcross(result: DriftResult, tau: float | None = None, estimator: str = "rate
     value = float(target / eta) if eta > 0 else float("inf")
     return Tcross(value, True, tau, eta=float(eta), intercept=float(intercept),
                   estimator=estimator, fit_start=int(fit_start))
+

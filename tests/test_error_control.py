@@ -17,6 +17,7 @@ from interp.training.evaluate import evaluate_lengths, stream_seed
 from interp.tasks import make_task
 from interp.training.train import TrainConfig, train
 from probes import subspace as ps
+from probes.readability import readability_threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +63,34 @@ def test_tcross_vs_mp_loglog_pearson_in_title():
     assert np.isnan(fd.loglog_pearson([1, 2], [3, 4])[0])
     with pytest.raises(ValueError, match="needs keys 'tcross' and 'mp'"):
         fd.tcross_vs_mp([{"mp": 3}])
+
+
+def test_tcross_vs_mp_by_definition_and_readability_curves():
+    def row(model, mp, pooled, timed, estimated=False):
+        values = {key: float("nan") for key in ec.DEFINITIONS} | {"pooled/fixed": pooled, "time/fixed": timed}
+        return {"model": model, "mp": mp, "tcross_by_definition": values,
+                "tcross_estimated_by_definition": {key: estimated for key in ec.DEFINITIONS}}
+    rows = [row("a", 100, 1.0, 90.0), row("b", 200, 1.0, 230.0), row("c", 500, 2.0, 480.0, True), row("d", None, 1.0, 5.0)]
+    table = {r["definition"]: r for r in fd.definition_correlations(rows)}
+    expected = np.corrcoef(np.log([100, 200, 500]), np.log([90, 230, 480]))[0, 1]
+    assert table["time/fixed"]["pearson_r_loglog"] == pytest.approx(expected)
+    assert table["time/fixed"]["placed"] == 3 and table["time/fixed"]["total"] == 4
+    assert np.isnan(table["time/calibrated"]["pearson_r_loglog"]) and table["time/calibrated"]["placed"] == 0
+    fig = fd.tcross_vs_mp_by_definition(rows, ["pooled/fixed", "time/fixed"])
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[1] == f"time/fixed: r = {expected:.2f} (3 runs)"
+    timed = [t for t in fig.data if t.xaxis == "x2"]
+    assert sorted(x for t in timed for x in t.x) == [100, 200, 500]
+    assert {t.marker.symbol for t in timed if 500 in t.x} == {"circle-open"}
+    with pytest.raises(ValueError, match="needs 'mp' and 'tcross_by_definition'"):
+        fd.definition_correlations([{"mp": 3, "tcross": 4}])
+    cal = readability_threshold(lambda h: (h[..., 0] > 0).long(), np.array([[[-1.0], [1.0]]]), np.array([[0, 1]]),
+                                ps.state_subspace(ps.centroids(np.array([[[-1.0], [1.0]]]), np.array([[0, 1]]))),
+                                direction="nearest")
+    fig = fd.readability_curves({"m": cal})
+    assert fig.data[1].x[0] == pytest.approx(cal.tau) and cal.tau == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(TypeError, match="must be a probes.readability.Calibration"):
+        fd.readability_curves({"m": 0.5})
 
 
 def test_jacobian_spectra_and_state_projection_traces():
@@ -147,6 +176,56 @@ def test_analysis_equals_probes_on_the_same_cache(tiny_run):
     json.dumps(summary)
 
 
+def test_every_definition_and_the_readout_calibration(tiny_run):
+    model, task, _ = tiny_run
+    kw = dict(n_fit=10, n_drift=6, n_eval=8, n_jac=0, seed=5, chunk=4)
+    result = ec.analyze(model, task, 12, [12, 40], **kw)
+    site = result.site
+    long = task.sample(6, 40, stream_seed(5, ec.DRIFT_STREAM, 0))
+    _, cache = model.run_with_cache(long.tokens, names=[site])
+    timed = ps.drift(cache[site], long.states, result.subspace, centroids="time")
+    np.testing.assert_allclose(result.drift_time.q, timed.q, rtol=1e-9)
+    assert result.definition == "pooled/fixed" and result.tcross is result.crossings["pooled/fixed"]
+    assert result.crossings["time/fixed"].value == ps.tcross(timed).value
+    assert result.crossings["excess/fixed"].value == ec.excess_tcross(result.drift, 12).value
+    # the calibration's unmoved read-out is the model's own prediction on those sequences
+    cal = result.calibration
+    batch = task.sample(64, 12, stream_seed(5, ec.FIT_STREAM, 4))
+    correct = (model(batch.tokens).argmax(-1) == batch.targets)[batch.loss_mask]
+    assert cal.base_accuracy == pytest.approx(float(correct.double().mean()))
+    assert [row["definition"] for row in result.definition_rows()] == list(ec.DEFINITIONS)
+    assert set(result.summary()["tcross_by_definition"]) == set(ec.DEFINITIONS)
+    json.dumps(result.summary())
+    # a lenient accuracy level makes the read-out "fit": the calibrated crossings exist and carry D
+    lenient = ec.calibrate_readout(model, task, result.subspace, 12, site, 16, 7, threshold=0.05, seed=1)
+    assert lenient.fits and lenient.base_accuracy >= 0.05
+    crossings = ec.definition_crossings(result.drift, result.drift_time, lenient, 12)
+    assert list(crossings) == list(ec.DEFINITIONS)
+    assert crossings["time/calibrated"].tau == pytest.approx(lenient.displacement / result.drift_time.M)
+    assert crossings["pooled/calibrated"].tau == pytest.approx(lenient.tau)
+    headline = ec.analyze(model, task, 12, [12, 40], definition="time", tau="calibrated", **kw)
+    expected = headline.crossings.get("time/calibrated")
+    assert headline.definition == "time/calibrated"
+    assert (np.isnan(headline.tcross.value) if expected is None else headline.tcross is expected)
+    with pytest.raises(ValueError, match="definition must be one of"):
+        ec.analyze(model, task, 12, [12], definition="pool", **kw)
+    with pytest.raises(ValueError, match="tau='calibrated' needs calibrate=True"):
+        ec.analyze(model, task, 12, [12], tau="calibrated", calibrate=False, **kw)
+
+
+def test_calibration_through_complex_and_normalized_states():
+    task = make_task("C2", format="acot")
+    model = models.build("aussm", vocab_size=task.vocab_size, d_model=8, n_layers=1)
+    model.eval()
+    site = ec.default_site(model)
+    batch = task.sample(6, 8, 3)
+    correct = float((model(batch.tokens).argmax(-1) == batch.targets)[batch.loss_mask].double().mean())
+    for normalize in (False, True):
+        sub = ec.fit_subspace(model, task, 8, site, 8, 0, normalize=normalize)
+        cal = ec.calibrate_readout(model, task, sub, 8, site, 6, 3, chunk=4, threshold=0.01, normalize=normalize)
+        assert cal.base_accuracy == pytest.approx(correct)           # identity replacement changes nothing
+
+
 def test_normalized_states_have_unit_norm(tiny_run):
     model, task, _ = tiny_run
     tokens = task.sample(3, 9, 0).tokens
@@ -187,6 +266,12 @@ def test_drift_cli_writes_the_report(tiny_run, tmp_path, capsys):
     assert main(["drift", str(run_dir), "--lengths", "12,20", "--n-fit", "8", "--n-drift", "4", "--n", "4",
                  "--normalize", "--statistic", "90", "--out", str(tmp_path / "n.html")]) == 0
     assert json.loads((run_dir / "drift.json").read_text())["normalize"] is True
+    assert main(["drift", str(run_dir), "--lengths", "12,20", "--n-fit", "8", "--n-drift", "4", "--n", "4",
+                 "--definition", "time", "--tau", "calibrated", "--out", str(tmp_path / "t.html")]) == 0
+    summary = json.loads((run_dir / "drift.json").read_text())
+    assert summary["definition"] == "time/calibrated" and "Readability of the read-out" in (tmp_path / "t.html").read_text()
+    from interp.cli import drift as drift_cli
+    assert drift_cli.DRIFTS == ec.DRIFTS
     assert main(["drift", str(tmp_path / "missing")]) == 2
     assert "interp drift: error" in capsys.readouterr().err
     with pytest.raises(SystemExit):

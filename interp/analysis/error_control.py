@@ -12,9 +12,27 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
     q(t)       the drift ratio on `n_drift` fresh sequences of the longest evaluated length
                (the horizon), measured against those centroids; Tcross its first crossing of tau,
                or the drift-rate estimate when the horizon ends first (`estimator`, `fit_start`);
+    q_t(t)     the same sequences' spread around the time-indexed centroids c_g(t) relative to the
+               separation M_ref at `reference_step` (probes.subspace, centroids="time");
+    tau_cal    the readability threshold of the model's own read-out (probes.readability): states
+               of `n_calibrate` fresh in-distribution sequences moved by r * M along U (random unit
+               directions, or `direction="nearest"`), replaced at `site` (every position at once)
+               and read by the rest of the model; tau_cal the largest r up to which the prediction
+               equals the target at >= `threshold` (0.9) of the loss positions;
     contraction  the largest singular value of Q^T J_t Q along `n_jac` in-distribution sequences
                (interp.analysis.dynamics; only when the site is a recurrent mixer's hook_state);
     accuracy   final-state accuracy at each length and mp (interp.training.evaluate).
+
+Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `tau` pick the headline
+`tcross`): DRIFT is
+    pooled     q(t) = R(t) / M, pooled centroids (the toolkit's first definition);
+    excess     q(t) - mean q(1..train_length), the drift in excess of its in-distribution level
+               (`excess_tcross`; our own variant);
+    time       q_t(t) = R_t(t) / M_ref, time-indexed centroids (the paper's reading);
+and THRESHOLD is `fixed` (the number `tau`, 0.5 by default) or `calibrated` (the displacement
+D = tau_cal * M as a ratio to that drift's separation: tau_cal for pooled and excess, D / M_ref for
+time). Calibrated crossings exist only where the read-out fits (tau_cal is defined); a headline
+that does not exist is NaN.
 
 Complex states (S4D, AUSSM, Mamba-3) are seen as real vectors view_as_real(h).flatten(), the
 coordinates interp.analysis.dynamics uses for complex states. Data streams: the fit and drift sequences come
@@ -33,22 +51,30 @@ import torch
 
 from interp.analysis import dynamics
 from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
+from probes.readability import DIRECTIONS, Calibration, readability_threshold
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
 
 FIT_STREAM, DRIFT_STREAM = 2, 3
 DEFAULT_LENGTHS = (60, 100, 200, 500, 1000)
+DRIFTS = ("pooled", "excess", "time")
+THRESHOLDS = ("fixed", "calibrated")
+DEFINITIONS = tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS)
 
 
 @dataclass
 class ErrorControl:
     """The analysis of one model on one task (see the module docstring).
 
-    site: the hook analysed; subspace: U (centroids, basis, M); drift: q(t) on the horizon;
-    tcross: Tcross (measured or estimated); tcross_excess: the crossing of the drift in excess of the
-    in-distribution level (`excess_tcross`; None when the horizon is shorter than train_length + 2); contraction: None unless the site is a recurrent
-    mixer's hook_state; evaluation: accuracy by length; snapshots: {step: (coords [N, k] on U,
-    true states [N])} of the drift sequences at the training length and at the horizon.
+    site: the hook analysed; subspace: U (centroids, basis, M); drift: q(t) on the horizon (pooled
+    centroids); drift_time: q_t(t) (time-indexed centroids, M_ref); calibration: tau_cal of the
+    read-out (None when not calibrated); crossings: {"DRIFT/THRESHOLD": Tcross} for every defined
+    definition (module docstring); definition: the headline's key; tcross: the headline Tcross
+    (measured or estimated; NaN when its definition is undefined); tcross_excess: the excess-drift
+    crossing at the fixed tau (None when the horizon is shorter than train_length + 2);
+    contraction: None unless the site is a recurrent mixer's hook_state; evaluation: accuracy by
+    length; snapshots: {step: (coords [N, k] on U, true states [N])} of the drift sequences at the
+    training length and at the horizon.
     """
 
     site: str
@@ -62,21 +88,49 @@ class ErrorControl:
     snapshots: dict[int, tuple[np.ndarray, np.ndarray]] = field(repr=False)
     name: str = "model"
     normalize: bool = False
+    drift_time: DriftResult | None = None
+    calibration: Calibration | None = None
+    crossings: dict[str, Tcross] = field(default_factory=dict)
+    definition: str = "pooled/fixed"
 
     @property
     def mp(self) -> int | None:
         return self.evaluation.mp
 
+    def definition_rows(self) -> list[dict[str, Any]]:
+        """One row per definition in DEFINITIONS: {"definition", "tau", "tcross", "tcross_estimated"}
+        (tau and tcross NaN where the definition is undefined, e.g. no calibration)."""
+        rows = []
+        for key in DEFINITIONS:
+            cross = self.crossings.get(key)
+            rows.append({"definition": key, "tau": float("nan") if cross is None else cross.tau,
+                         "tcross": float("nan") if cross is None else cross.value,
+                         "tcross_estimated": None if cross is None else cross.estimated})
+        return rows
+
     def summary(self) -> dict[str, Any]:
-        """The headline numbers as a JSON-able dict."""
-        c, excess = self.contraction, self.tcross_excess
+        """The headline numbers as a JSON-able dict (every definition's Tcross under
+        "tcross_by_definition" / "tcross_estimated_by_definition")."""
+        c, excess, cal, timed = self.contraction, self.tcross_excess, self.calibration, self.drift_time
+        at_train = min(self.train_length, len(self.drift.q)) - 1
         return {
             "name": self.name, "site": self.site, "train_length": self.train_length,
             "horizon": int(self.drift.steps[-1]), "rank_U": self.subspace.rank, "M": self.subspace.M,
+            "definition": self.definition,
             "tau": self.tcross.tau, "tcross": self.tcross.value, "tcross_estimated": self.tcross.estimated,
             "eta": self.tcross.eta, "tcross_excess": None if excess is None else excess.value,
-            "tcross_excess_estimated": None if excess is None else excess.estimated, "normalize": self.normalize, "q_train": float(self.drift.q[min(self.train_length, len(self.drift.q)) - 1]),
-            "q_end": float(self.drift.q[-1]), "mp": self.mp,
+            "tcross_excess_estimated": None if excess is None else excess.estimated, "normalize": self.normalize,
+            "q_train": float(self.drift.q[at_train]), "q_end": float(self.drift.q[-1]),
+            "M_ref": None if timed is None else timed.M,
+            "reference_step": None if timed is None else timed.reference_step,
+            "q_time_train": None if timed is None else float(timed.q[at_train]),
+            "q_time_end": None if timed is None else float(timed.q[-1]),
+            "tau_calibrated": None if cal is None else cal.tau,
+            "tau_calibrated_censored": None if cal is None else cal.censored,
+            "tcross_by_definition": {row["definition"]: row["tcross"] for row in self.definition_rows()},
+            "tcross_estimated_by_definition": {row["definition"]: row["tcross_estimated"]
+                                               for row in self.definition_rows()},
+            "mp": self.mp,
             "accuracy": {str(k): v for k, v in sorted(self.evaluation.final_accuracy.items())},
             "contraction_max": None if c is None else c.max, "contraction_mean": None if c is None else c.mean,
             "expanding_fraction": None if c is None else c.expanding,
@@ -130,23 +184,49 @@ def _check_int(name: str, value, low: int = 1) -> int:
     return int(value)
 
 
-def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, site: str | None = None,
-            n_fit: int = 256, n_drift: int = 64, n_eval: int = 256, n_jac: int = 4, tau: float = 0.5,
-            statistic: str | float = "mean", estimator: str = "rate", fit_start: int = 1, seed: int = 0,
-            threshold: float = 0.9, chunk: int = 32, normalize: bool = False, name: str = "model") -> ErrorControl:
-    """U, q(t), Tcross, contraction and accuracy by length of `model` on `task` (module docstring).
+def _check_definition(definition: str, tau) -> tuple[str, str]:
+    if definition not in DRIFTS:
+        raise ValueError(f"definition must be one of {DRIFTS}; got {definition!r}")
+    if tau == "calibrated":
+        return definition, "calibrated"
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
+        raise ValueError(f"tau must be a positive number or 'calibrated'; got {tau!r}")
+    return definition, "fixed"
 
-    The horizon of q(t) is max(lengths); it must be at least train_length. normalize: divide every
-    state by its norm first (the view of a scale-invariant read-out; our own option, off by default).
+
+def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, site: str | None = None,
+            n_fit: int = 256, n_drift: int = 64, n_eval: int = 256, n_jac: int = 4, tau: float | str = 0.5,
+            statistic: str | float = "mean", estimator: str = "rate", fit_start: int = 1, seed: int = 0,
+            threshold: float = 0.9, chunk: int = 32, normalize: bool = False, name: str = "model",
+            definition: str = "pooled", reference_step: int | None = None, calibrate: bool = True,
+            n_calibrate: int = 64, direction: str = "random") -> ErrorControl:
+    """U, q(t), q_t(t), tau_cal, every definition's Tcross, contraction and accuracy by length of
+    `model` on `task` (module docstring).
+
+    The horizon of q(t) is max(lengths); it must be at least train_length. tau: the fixed threshold
+    (a number, 0.5) or "calibrated" for the headline; definition: the headline's drift ("pooled",
+    "excess", "time"); reference_step: t_ref of M_ref (None: the first step with every class);
+    calibrate: measure tau_cal (needed for tau="calibrated") on n_calibrate sequences, with
+    `threshold` as its accuracy level; normalize: divide every state by its norm first (the view of
+    a scale-invariant read-out; our own option, off by default).
     """
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool; got {normalize!r}")
+    if not isinstance(calibrate, bool):
+        raise TypeError(f"calibrate must be a bool; got {calibrate!r}")
+    drift_name, threshold_name = _check_definition(definition, tau)
+    if threshold_name == "calibrated" and not calibrate:
+        raise ValueError("tau='calibrated' needs calibrate=True")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}; got {direction!r}")
+    fixed_tau = 0.5 if threshold_name == "calibrated" else float(tau)
     train_length = _check_int("train_length", train_length)
     lengths = check_lengths(lengths)
     horizon = max(lengths)
     if horizon < train_length:
         raise ValueError(f"the longest length {horizon} must be >= train_length {train_length}")
-    for key, value in (("n_fit", n_fit), ("n_drift", n_drift), ("n_eval", n_eval), ("chunk", chunk)):
+    for key, value in (("n_fit", n_fit), ("n_drift", n_drift), ("n_eval", n_eval), ("chunk", chunk),
+                       ("n_calibrate", n_calibrate)):
         _check_int(key, value)
     _check_int("n_jac", n_jac, 0)
     site = site or default_site(model)
@@ -155,10 +235,14 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     try:
         subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk,
                                 normalize=normalize)
-        drift, snapshots = measure_drift(model, task, subspace, horizon, site, n_drift,
-                                         stream_seed(seed, DRIFT_STREAM, 0), chunk, tau, statistic,
-                                         (train_length, horizon), normalize)
-        crossing = tcross(drift, estimator=estimator, fit_start=fit_start)
+        drift, drift_time, snapshots = measure_drifts(
+            model, task, subspace, horizon, site, n_drift, stream_seed(seed, DRIFT_STREAM, 0), chunk,
+            fixed_tau, statistic, (train_length, horizon), normalize, reference_step)
+        calibration = None
+        if calibrate:
+            calibration = calibrate_readout(model, task, subspace, train_length, site, n_calibrate,
+                                            stream_seed(seed, FIT_STREAM, 4), chunk, threshold, normalize,
+                                            direction, seed)
         layer = recurrent_layer(model, site)
         contraction = None
         if layer is not None and n_jac > 0:
@@ -167,9 +251,32 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
     finally:
         model.train(was_training)
-    excess = excess_tcross(drift, train_length) if horizon >= train_length + 2 else None
-    return ErrorControl(site, train_length, subspace, drift, crossing, excess,
-                        contraction, evaluation, snapshots, name, normalize)
+    crossings = definition_crossings(drift, drift_time, calibration, train_length, estimator, fit_start)
+    key = f"{drift_name}/{threshold_name}"
+    headline = crossings.get(key, Tcross(float("nan"), False, float("nan")))
+    excess = crossings.get("excess/fixed")
+    return ErrorControl(site, train_length, subspace, drift, headline, excess,
+                        contraction, evaluation, snapshots, name, normalize, drift_time, calibration,
+                        crossings, key)
+
+
+def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, calibration: Calibration | None,
+                         train_length: int, estimator: str = "rate", fit_start: int = 1) -> dict[str, Tcross]:
+    """{"DRIFT/THRESHOLD": Tcross} of every definition that is defined (module docstring): the
+    excess drift needs a horizon of at least train_length + 2, the calibrated threshold a read-out
+    that fits (tau_cal finite), the time drift a drift_time."""
+    taus = {"fixed": drift.tau}
+    if calibration is not None and calibration.fits and calibration.tau > 0:
+        taus["calibrated"] = calibration.tau
+    out: dict[str, Tcross] = {}
+    for threshold_name, value in taus.items():
+        out[f"pooled/{threshold_name}"] = tcross(drift, value, estimator=estimator, fit_start=fit_start)
+        if drift.q.shape[0] >= train_length + 2:
+            out[f"excess/{threshold_name}"] = excess_tcross(drift, train_length, value)
+        if drift_time is not None:
+            time_tau = value if threshold_name == "fixed" else calibration.tau_for(drift_time.M)
+            out[f"time/{threshold_name}"] = tcross(drift_time, time_tau, estimator=estimator, fit_start=fit_start)
+    return {key: out[key] for key in DEFINITIONS if key in out}
 
 
 def excess_tcross(drift: DriftResult, train_length: int, tau: float | None = None) -> Tcross:
@@ -200,22 +307,64 @@ def fit_subspace(model, task, length: int, site: str, n: int, data_seed: int, ch
     return state_subspace(acc.result(), rtol)
 
 
-def measure_drift(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
-                  chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean",
-                  snapshot_steps=(), normalize: bool = False) -> tuple[DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """q(t) of n fresh sequences of length `horizon`, and the states on U at `snapshot_steps`."""
+def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
+                   chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean", snapshot_steps=(),
+                   normalize: bool = False, reference_step: int | None = None
+                   ) -> tuple[DriftResult, DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """q(t) (pooled centroids) and q_t(t) (time-indexed centroids) of the same n fresh sequences of
+    length `horizon`, and the states on U at `snapshot_steps`."""
     batch = task.sample(n, horizon, data_seed)
-    acc = DriftAccumulator(subspace, statistic, tau)
+    pooled = DriftAccumulator(subspace, statistic, tau)
+    timed = DriftAccumulator(subspace, statistic, tau, centroids="time", reference_step=reference_step)
     steps = sorted({int(s) for s in snapshot_steps if 1 <= s <= horizon})
     coords: dict[int, list[np.ndarray]] = {s: [] for s in steps}
     for start in range(0, n, chunk):
         states = site_states(model, batch.tokens[start:start + chunk], site, normalize)   # [c, T, ...]
         labels = batch.states[start:start + chunk]
-        acc.update(states, labels)
+        pooled.update(states, labels)
+        timed.update(states, labels)
         for s in steps:
             coords[s].append(subspace.coords(states[:, s - 1]))
     snapshots = {s: (np.concatenate(coords[s]), batch.states[:, s - 1].numpy().copy()) for s in steps}
-    return acc.result(), snapshots
+    return pooled.result(), timed.result(), snapshots
+
+
+@torch.no_grad()
+def calibrate_readout(model, task, subspace: Subspace, length: int, site: str, n: int, data_seed: int,
+                      chunk: int = 32, threshold: float = 0.9, normalize: bool = False,
+                      direction: str = "random", seed: int = 0, **options) -> Calibration:
+    """tau_cal of the model's read-out from `site` (probes.readability.readability_threshold) on n
+    fresh in-distribution sequences of `length`: the moved states replace the site's activations at
+    every position (mapped back to the model's coordinates: times the state norm with normalize,
+    complex again for complex states), and a position reads correctly when the argmax of the logits
+    equals the target; loss positions are counted. options go to readability_threshold (ratios,
+    refine)."""
+    batch = task.sample(n, length, data_seed)
+    _, cache = model.run_with_cache(batch.tokens, names=[site])
+    if site not in cache:
+        raise ValueError(f"site {site!r} was not cached; valid names: {sorted(model.hook_dict)[:40]}")
+    raw = cache[site]
+    real = real_states(raw).float()                                                    # [N, T, ...]
+    norms = torch.linalg.vector_norm(real.reshape(*real.shape[:2], -1), dim=-1).clamp_min(1e-30)   # [N, T]
+    norms = norms.reshape(*norms.shape, *([1] * (real.dim() - 2)))
+    states = real / norms if normalize else real
+
+    def decode(moved: torch.Tensor) -> torch.Tensor:
+        values = moved * norms if normalize else moved
+        if raw.is_complex():
+            values = torch.view_as_complex(values.contiguous())
+        values = values.to(raw.dtype)
+        predictions = []
+        for start in range(0, n, chunk):
+            replacement = values[start:start + chunk]
+            logits = model.run_with_hooks(batch.tokens[start:start + chunk],
+                                          fwd_hooks=[(site, lambda x, hook, r=replacement: r)])
+            predictions.append(logits.argmax(-1))
+        return torch.cat(predictions)
+
+    return readability_threshold(decode, states, batch.states, subspace, targets=batch.targets,
+                                 mask=batch.loss_mask, threshold=threshold, direction=direction, seed=seed,
+                                 **options)
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):

@@ -1,6 +1,7 @@
 """`interp drift RUN_DIR`: the error-control analysis of a trained run (see `interp.analysis.error_control`).
 
-Prints U's rank and M, Tcross (measured or estimated), q at the training length and at the horizon,
+Prints U's rank and M, the headline Tcross (measured or estimated; `--definition`, `--tau`) and
+every definition's, q at the training length and at the horizon,
 the contraction on U and accuracy by length with mp; writes an HTML report (default
 RUN_DIR/drift.html) and RUN_DIR/drift.json. Kept free of heavy imports so `interp --help` stays fast.
 The analysis is interp.analysis.error_control, the report interp.report.dynamics.
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import fail, length_list, non_negative_int, positive_float, positive_int
+from interp.cli.args import fail, length_list, non_negative_int, positive_int
+
+DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
 
 def statistic(text: str) -> str | float:
@@ -23,6 +26,18 @@ def statistic(text: str) -> str | float:
         raise argparse.ArgumentTypeError(f"must be 'mean' or a percentile in [0, 100]; got {text!r}") from None
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"must be 'mean' or a percentile in [0, 100]; got {text!r}")
+    return value
+
+
+def tau_value(text: str) -> float | str:
+    if text == "calibrated":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'calibrated'; got {text!r}")
     return value
 
 
@@ -41,7 +56,18 @@ def add_parser(sub) -> None:
     drift.add_argument("--n-fit", type=positive_int, default=256, help="in-distribution sequences for U")
     drift.add_argument("--n-drift", type=positive_int, default=64, help="long sequences for q(t)")
     drift.add_argument("--n", type=positive_int, default=256, help="sequences per evaluated length")
-    drift.add_argument("--tau", type=positive_float, default=0.5, help="threshold on q (default 0.5)")
+    drift.add_argument("--definition", choices=DRIFTS, default="pooled",
+                       help="the headline Tcross's drift: pooled centroids (default), excess over the "
+                            "in-distribution level, or time-indexed centroids against the initial "
+                            "separation (the paper's reading); every definition is in the report")
+    drift.add_argument("--tau", type=tau_value, default=0.5,
+                       help="threshold on q: a number (default 0.5) or 'calibrated' (the read-out's own)")
+    drift.add_argument("--reference-step", type=positive_int, default=None,
+                       help="step of the separation M_ref of the time-indexed drift (default: the start)")
+    drift.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip calibrating tau from the read-out")
+    drift.add_argument("--direction", choices=("random", "nearest"), default="random",
+                       help="direction the calibration moves states along U (default random)")
     drift.add_argument("--statistic", type=statistic, default="mean",
                        help="spread R(t): 'mean' or a percentile such as 90")
     drift.add_argument("--normalize", action="store_true",
@@ -55,7 +81,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     out = args.out or args.run_dir / "drift.html"
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
-                   statistic=args.statistic, normalize=args.normalize)
+                   statistic=args.statistic, normalize=args.normalize, definition=args.definition,
+                   reference_step=args.reference_step, calibrate=args.calibrate, direction=args.direction)
     if args.seed is not None:
         options["seed"] = args.seed
     try:

@@ -2,6 +2,9 @@
 
     drift_curves({name: DriftResult}, {name: Tcross}, train_length)   q(t), the tau line, Tcross markers
     tcross_vs_mp(rows)                      Tcross against mp on log-log axes, Pearson r in the title
+    definition_correlations(rows)           per Tcross definition: Pearson r of log mp and log Tcross
+    tcross_vs_mp_by_definition(rows)        one log-log panel per definition, r in each panel's title
+    readability_curves({name: Calibration}) read-out accuracy against the displacement ratio, tau_cal
     jacobian_spectra(Spectra, example=0)    eigenvalues in the complex plane (unit circle) and
                                             singular values over steps
     state_projection({step: (coords [N, k], labels [N])})   states on U (first two dimensions),
@@ -20,11 +23,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from interp.analysis import dynamics
-from interp.analysis.error_control import FIT_STREAM, recurrent_layer
+from interp.analysis.error_control import DEFINITIONS, FIT_STREAM, recurrent_layer
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text, write_report
 from interp.report.style import check_mapping, palette_color
 from interp.training.evaluate import stream_seed
+from probes.readability import Calibration
 from probes.subspace import DriftResult, Tcross
 
 
@@ -121,6 +125,107 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
     return fig
 
 
+def _definition_rows(rows: Sequence[Mapping[str, Any]], definition: str) -> list[dict[str, Any]]:
+    """rows (ErrorControl.summary() dicts, plus any labels) with "tcross" / "tcross_estimated" taken
+    from that definition's entries."""
+    out = []
+    for index, row in enumerate(rows):
+        if "tcross_by_definition" not in row or "mp" not in row:
+            raise ValueError(f"rows[{index}] needs 'mp' and 'tcross_by_definition' (ErrorControl.summary()); "
+                             f"got keys {sorted(row)}")
+        value = row["tcross_by_definition"].get(definition)
+        estimated = row.get("tcross_estimated_by_definition", {}).get(definition)
+        out.append(dict(row) | {"tcross": float("nan") if value is None else value,
+                                "tcross_estimated": bool(estimated)})
+    return out
+
+
+def definition_correlations(rows: Sequence[Mapping[str, Any]],
+                            definitions: Sequence[str] = DEFINITIONS) -> list[dict[str, Any]]:
+    """One row per definition: Pearson r of log mp and log Tcross over the runs where both are finite
+    and positive ("placed"), out of "total" (rows as for tcross_vs_mp_by_definition)."""
+    table = []
+    for definition in definitions:
+        picked = _definition_rows(rows, definition)
+        r, count = loglog_pearson([np.nan if x["mp"] is None else x["mp"] for x in picked],
+                                  [x["tcross"] for x in picked])
+        table.append({"definition": definition, "pearson_r_loglog": r, "placed": count, "total": len(picked)})
+    return table
+
+
+def tcross_vs_mp_by_definition(rows: Sequence[Mapping[str, Any]], definitions: Sequence[str] = DEFINITIONS,
+                               title: str = "Tcross vs mp by definition", color_by: str = "model",
+                               columns: int = 2) -> go.Figure:
+    """One log-log panel of Tcross against mp per definition ("DRIFT/THRESHOLD"), Pearson r of the
+    logs in each panel's title. rows: ErrorControl.summary() dicts (with "tcross_by_definition"),
+    optionally with labels such as "model", "group", "seed". Open markers: estimated Tcross."""
+    if not rows:
+        raise ValueError("rows must be a non-empty sequence of ErrorControl.summary() dicts")
+    if not definitions:
+        raise ValueError("definitions must name at least one of " + ", ".join(DEFINITIONS))
+    table = {row["definition"]: row for row in definition_correlations(rows, definitions)}
+    titles = []
+    for definition in definitions:
+        r, placed = table[definition]["pearson_r_loglog"], table[definition]["placed"]
+        titles.append(f"{definition}: r = {r:.2f} ({placed} runs)" if np.isfinite(r)
+                      else f"{definition}: r undefined ({placed} runs)")
+    n_rows = -(-len(definitions) // columns)
+    fig = make_subplots(rows=n_rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.1,
+                        vertical_spacing=0.5 / n_rows)
+    groups = list(dict.fromkeys(str(row.get(color_by, "")) for row in rows))
+    for index, definition in enumerate(definitions):
+        at = {"row": index // columns + 1, "col": index % columns + 1}
+        picked = _definition_rows(rows, definition)
+        for g, group in enumerate(groups):
+            for estimated in (False, True):
+                points = [x for x in picked if str(x.get(color_by, "")) == group and x["tcross_estimated"] == estimated
+                          and x["mp"] is not None and np.isfinite(x["tcross"]) and x["mp"] > 0 and x["tcross"] > 0]
+                if not points:
+                    continue
+                text = [", ".join(f"{k}={x[k]}" for k in ("model", "group", "seed") if k in x) for x in points]
+                fig.add_trace(go.Scatter(
+                    x=[x["mp"] for x in points], y=[x["tcross"] for x in points], mode="markers", text=text,
+                    name=group, legendgroup=group, showlegend=index == 0 and not estimated,
+                    marker={"color": palette_color(g), "size": 9, "symbol": "circle-open" if estimated else "circle",
+                            "line": {"width": 2, "color": palette_color(g)}},
+                    hovertemplate="%{text}<br>mp %{x}<br>Tcross %{y:.1f}<extra>" + definition + "</extra>"), **at)
+        fig.update_xaxes(type="log", title="mp", **at)
+        fig.update_yaxes(type="log", title="Tcross", **at)
+    fig.update_layout(title=title + " (open markers: Tcross estimated from the drift rate)",
+                      template="plotly_white", legend_title=color_by, height=300 * n_rows + 120)
+    return fig
+
+
+def readability_curves(calibrations: Mapping[str, Calibration],
+                       title: str = "Readability of the read-out: accuracy with states moved along U") -> go.Figure:
+    """Accuracy of each model's read-out against the displacement ratio r (to M), the accuracy
+    threshold as a dotted line and tau_cal as a marker on each curve (NaN tau_cal: no marker)."""
+    check_mapping("calibrations", calibrations)
+    fig = go.Figure()
+    levels = set()
+    for index, (name, cal) in enumerate(calibrations.items()):
+        if not isinstance(cal, Calibration):
+            raise TypeError(f"calibrations[{name!r}] must be a probes.readability.Calibration; got {type(cal).__name__}")
+        levels.add(cal.threshold)
+        color = palette_color(index)
+        fig.add_trace(go.Scatter(x=cal.ratios, y=cal.accuracy, mode="lines+markers", name=name, legendgroup=name,
+                                 line={"color": color},
+                                 hovertemplate="r %{x:.3f}<br>accuracy %{y:.3f}<extra>" + name + "</extra>"))
+        if cal.fits:
+            label = f"tau_cal {cal.tau:.3f}" + (" (lower bound)" if cal.censored else "")
+            fig.add_trace(go.Scatter(x=[cal.tau], y=[float(np.interp(cal.tau, cal.ratios, cal.accuracy))],
+                                     mode="markers+text", text=[label], textposition="top right", showlegend=False,
+                                     legendgroup=name, marker={"color": color, "size": 12, "symbol": "diamond"},
+                                     hovertemplate=label + "<extra>" + name + "</extra>"))
+    for level in sorted(levels):
+        fig.add_hline(y=level, line_dash="dot", line_color="gray", annotation_text=f"{level:.0%}",
+                      annotation_position="bottom left")
+    fig.update_xaxes(title="displacement along U / M (r)")
+    fig.update_yaxes(range=[0, 1.05], title="read-out accuracy")
+    fig.update_layout(title=title, template="plotly_white", legend_title="model")
+    return fig
+
+
 def jacobian_spectra(spec, example: int = 0, title: str = "Jacobian spectra") -> go.Figure:
     """Left: the eigenvalues of every step of one example in the complex plane, coloured by step,
     with the unit circle. Right: the singular values against step (one line per index)."""
@@ -187,18 +292,39 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
     """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
     model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
     summary = result.summary()
-    rows = [{k: v for k, v in summary.items() if k != "accuracy"}]
+    rows = [{k: v for k, v in summary.items() if not isinstance(v, dict)}]
+    drifts = {f"{result.name} pooled": result.drift}
+    crossings = {f"{result.name} pooled": result.crossings.get("pooled/fixed", result.tcross)}
+    if result.drift_time is not None:
+        drifts[f"{result.name} time-indexed"] = result.drift_time
+        if "time/fixed" in result.crossings:
+            crossings[f"{result.name} time-indexed"] = result.crossings["time/fixed"]
+    cal = result.calibration
+    cal_text = ("not calibrated" if cal is None else
+                f"tau_cal = {cal.tau:.3f}{' (a lower bound)' if cal.censored else ''}" if cal.fits else
+                f"undefined: the read-out scores {cal.base_accuracy:.3f} < {cal.threshold} on unmoved states")
     sections = [
         Text(f"Site {result.site}; centroids and U from in-distribution sequences of length "
-             f"{result.train_length}; drift on sequences of length {summary['horizon']}. Tcross is "
-             f"{'estimated from the drift rate' if result.tcross.estimated else 'the first crossing'} "
-             f"(tau = {result.tcross.tau}).", heading="What was measured"),
+             f"{result.train_length}; drift on sequences of length {summary['horizon']}. Headline "
+             f"definition {result.definition}: Tcross "
+             f"{'estimated from the drift rate' if result.tcross.estimated else 'is the first crossing'} "
+             f"(tau = {result.tcross.tau:.3g}). Calibrated readability threshold: {cal_text}.\n\n"
+             "Definitions: pooled = spread around centroids pooled over all in-distribution positions, "
+             "relative to their smallest distance M; excess = pooled minus its in-distribution mean; "
+             "time = spread around the class centroids of each step, relative to the separation at the "
+             "start (M_ref). Thresholds: fixed tau, or calibrated (the displacement along U at which "
+             "the model's own read-out falls below the accuracy threshold).", heading="What was measured"),
         Table(rows, heading="Summary"),
-        drift_curves({result.name: result.drift}, {result.name: result.tcross}, result.train_length),
+        Table([{k: v for k, v in row.items()} for row in result.definition_rows()],
+              heading="Tcross by definition"),
+        drift_curves(drifts, crossings, result.train_length,
+                     title="Drift ratio q(t) (pooled: R / M; time-indexed: R_t / M_ref) at the fixed tau"),
         state_projection(result.snapshots, title=f"{result.name}: states on U (first two dimensions)"),
         accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
                                    result.train_length),
     ]
+    if cal is not None:
+        sections.append(readability_curves({result.name: cal}))
     layer = recurrent_layer(model, result.site) if model is not None else None
     if layer is not None and task is not None:
         tokens = task.sample(1, result.train_length, stream_seed(0, FIT_STREAM, 3)).tokens
