@@ -156,10 +156,13 @@ class SequenceModel(HookedMixin, nn.Module):
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of int ids [B, T]; got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must have an integer dtype; got {tokens.dtype}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"tokens must have dtype torch.int64 or torch.int32 (token ids); got {tokens.dtype}"
+                            + (" (convert with tokens.long())" if tokens.dtype in (torch.uint8, torch.int8, torch.int16) else ""))
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have rank 2 [B, T]; got shape {tuple(tokens.shape)}")
+        if tokens.shape[0] == 0:
+            raise ValueError("tokens must hold at least one sequence (B >= 1); got B = 0")
         if tokens.shape[1] == 0:
             raise ValueError("tokens must have at least one position (T >= 1); got T = 0")
         low, high = int(tokens.min()), int(tokens.max())

@@ -6,7 +6,10 @@ attach to a hook point:
 
 * patches (`run_with_hooks(fwd_hooks=[(name, fn)])`): `fn(tensor, hook) -> tensor | None`. A
   returned tensor replaces the activation; it must keep the shape. Patches are ordinary torch
-  forward hooks, so other tools that hook modules (nnsight) see the same sites.
+  forward hooks, so other tools that hook modules (nnsight) see the same sites. A patch that
+  makes a finite activation NaN or Inf raises ValueError naming the hook (a bug, usually);
+  `allow_nonfinite=True` (run_with_hooks, run_with_cache, hooks) lets such values through.
+  A name predicate must match at least one hook name.
 * readers (`run_with_cache`): observe the final value after all patches; never modify.
 
 `hook_state` is special: the mixer scans once, passes the per-step states through the hook point,
@@ -246,16 +249,22 @@ class HookedMixin:
         self,
         fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
         readers: Sequence[tuple[str, Reader]] = (),
+        allow_nonfinite: bool = False,
     ) -> Iterator["HookedMixin"]:
         """Attach patches and readers for the duration of the context; always removed after."""
+        pairs = _checked_pairs(fwd_hooks, "fwd_hooks")
+        targets = [([n for n in self.hook_dict if name(n)] if callable(name) else [name], name) for name, _ in pairs]
+        for names, name in targets:
+            if not names:
+                raise ValueError(f"fwd_hooks predicate {getattr(name, '__name__', name)!r} matches no hook "
+                                 f"name; names look like {self.hook_names()[:4]}")
         handles = []
         attached_readers: list[tuple[HookPoint, Reader]] = []
         try:
-            for name, fn in fwd_hooks:
-                targets = [n for n in self.hook_dict if name(n)] if callable(name) else [name]
-                for target in targets:
+            for (names, _), (_, fn) in zip(targets, pairs):
+                for target in names:
                     point = self.hook_point(target)
-                    handles.append(point.register_forward_hook(_as_torch_hook(fn)))
+                    handles.append(point.register_forward_hook(_as_torch_hook(fn, allow_nonfinite)))
             for name, reader in readers:
                 point = self.hook_point(name)
                 point._readers.append(reader)
@@ -267,9 +276,10 @@ class HookedMixin:
             for point, reader in attached_readers:
                 point._readers.remove(reader)
 
-    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (), **kwargs):
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (),
+                       allow_nonfinite: bool = False, **kwargs):
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)]."""
-        with self.hooks(fwd_hooks):
+        with self.hooks(fwd_hooks, allow_nonfinite=allow_nonfinite):
             return self(tokens, **kwargs)  # type: ignore[operator]
 
     def run_with_cache(
@@ -278,6 +288,7 @@ class HookedMixin:
         names: NameFilter = None,  # type: ignore[valid-type]
         fwd_hooks: Sequence[tuple] = (),
         detach: bool = True,
+        allow_nonfinite: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
         """Forward pass returning (logits, Cache) of the named activations (after any patches)."""
@@ -287,26 +298,54 @@ class HookedMixin:
             cache[hook.name] = x.detach() if detach else x
 
         selected = self.resolve_hook_names(names)
-        with self.hooks(fwd_hooks, readers=[(n, store) for n in selected]):
+        with self.hooks(fwd_hooks, readers=[(n, store) for n in selected], allow_nonfinite=allow_nonfinite):
             logits = self(tokens, **kwargs)  # type: ignore[operator]
         return logits, cache
 
 
-def _as_torch_hook(fn: HookFn):
-    """Adapt fn(tensor, hook) -> tensor | None to a torch forward hook with a shape check."""
+def _checked_pairs(pairs, argument: str) -> list[tuple]:
+    """(name or predicate, fn) pairs of fwd_hooks / readers, each checked, as a list."""
+    if isinstance(pairs, tuple) and len(pairs) == 2 and (isinstance(pairs[0], str) or callable(pairs[1])) \
+            and not isinstance(pairs[0], (tuple, list)):
+        raise TypeError(f"{argument} must be a list of (name, fn) pairs; got one bare pair {pairs!r}: "
+                        f"wrap it in a list, {argument}=[(name, fn)]")
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+        raise TypeError(f"{argument} must be a list of (name, fn) pairs; got {type(pairs).__name__}")
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"{argument} entries must be (name, fn) pairs; got {pair!r}")
+        name, fn = pair
+        if not isinstance(name, str) and not callable(name):
+            raise TypeError(f"{argument} entry {pair!r}: the name must be a hook name (str) or a predicate; "
+                            f"got {type(name).__name__}")
+        if not callable(fn):
+            raise TypeError(f"{argument} entry for {getattr(name, '__name__', name)!r}: fn must be callable "
+                            f"as fn(tensor, hook); got {type(fn).__name__} {fn!r}")
+    return list(pairs)
+
+
+def _as_torch_hook(fn: HookFn, allow_nonfinite: bool = False):
+    """Adapt fn(tensor, hook) -> tensor | None to a torch forward hook with shape and finiteness checks."""
 
     def torch_hook(module: HookPoint, inputs, output):
+        numeric = output.is_floating_point() or output.is_complex()
+        was_finite = allow_nonfinite or not numeric or bool(torch.isfinite(output).all())
         result = fn(output, module)
-        if result is None:
-            return None
-        if not isinstance(result, torch.Tensor):
+        if result is not None and not isinstance(result, torch.Tensor):
             raise TypeError(
                 f"hook on {module.name!r} must return a tensor or None; got {type(result).__name__}"
             )
-        if result.shape != output.shape:
+        if result is not None and result.shape != output.shape:
             raise ValueError(
                 f"hook on {module.name!r} returned shape {tuple(result.shape)}; the activation has "
                 f"shape {tuple(output.shape)} and a patch must keep it"
+            )
+        value = output if result is None else result
+        if not allow_nonfinite and numeric and was_finite and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value.detach())).sum())
+            raise ValueError(
+                f"hook {getattr(fn, '__name__', fn)!r} on {module.name!r} made {bad} values NaN or Inf; "
+                "pass allow_nonfinite=True (run_with_hooks / run_with_cache / hooks) if that is intended"
             )
         return result
 

@@ -61,7 +61,9 @@ def test_unknown_names_suggest_close_matches():
     [
         (torch.tensor([[0, 5]]), ValueError, "vocab_size"),
         (torch.tensor([[0, -1]]), ValueError, "vocab_size"),
-        (torch.zeros(1, 3), TypeError, "integer dtype"),
+        (torch.zeros(1, 3), TypeError, "dtype torch.int64 or torch.int32"),
+        (torch.zeros(1, 3, dtype=torch.uint8), TypeError, r"got torch.uint8 \(convert with tokens.long\(\)\)"),
+        (torch.zeros(0, 3, dtype=torch.long), ValueError, r"at least one sequence \(B >= 1\); got B = 0"),
         (torch.zeros(3, dtype=torch.long), ValueError, "rank 2"),
         ([[0, 1]], TypeError, "torch.Tensor"),
     ],
@@ -112,3 +114,32 @@ def test_config_round_trips_through_json(name):
     cfg = models.preset_config(name, vocab_size=9)
     assert ModelConfig.from_json(cfg.to_json()) == cfg
     assert json.loads(cfg.to_json())["mixer"] == cfg.mixer
+
+
+def test_hook_misuse_raises_errors_naming_the_hook():
+    """Issue 13 item 7: NaN patches, predicates matching nothing, a bare pair, a non-callable."""
+    model, tokens = tanh_model(), torch.zeros(2, 4, dtype=torch.long)
+    name = "blocks.0.mixer.hook_state"
+
+    def to_nan(x, hook):
+        return x * float("nan")
+
+    def in_place_inf(x, hook):
+        x[:, 1] = float("inf")
+
+    for fn in (to_nan, in_place_inf):
+        with pytest.raises(ValueError, match=rf"hook '{fn.__name__}' on '{name}' made \d+ values NaN or Inf.*allow_nonfinite"):
+            model.run_with_hooks(tokens, fwd_hooks=[(name, fn)])
+    logits = model.run_with_hooks(tokens, fwd_hooks=[(name, to_nan)], allow_nonfinite=True)
+    assert torch.isnan(logits).all()
+    _, cache = model.run_with_cache(tokens, names=[name], fwd_hooks=[(name, to_nan)], allow_nonfinite=True)
+    assert torch.isnan(cache[name]).all()
+    with pytest.raises(ValueError, match="predicate .* matches no hook name; names look like"):
+        model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_nothing"), to_nan)])
+    with pytest.raises(TypeError, match=r"one bare pair .*fwd_hooks=\[\(name, fn\)\]"):
+        model.run_with_hooks(tokens, fwd_hooks=(name, to_nan))
+    with pytest.raises(TypeError, match=rf"entry for '{name}': fn must be callable .*got int 3"):
+        model.run_with_hooks(tokens, fwd_hooks=[(name, 3)])
+    with pytest.raises(TypeError, match="entries must be \\(name, fn\\) pairs"):
+        model.run_with_hooks(tokens, fwd_hooks=[(name,)])
+    assert not any(point._forward_hooks for point in model.hook_dict.values())  # nothing left attached
