@@ -106,13 +106,27 @@ def test_zero_decay_is_the_plain_delta_rule(impl):
     q, k, v, beta, g, s0, _ = [x.detach() for x in gated_problem(2, 9, 2, 4, 3, seed=3)]
     plain = delta_rule(q, k, v, beta, initial_state=s0, export_at="all", chunk_size=4, impl=impl)
     zero = delta_rule(q, k, v, beta, g=torch.zeros_like(g), initial_state=s0, export_at="all", chunk_size=4,
-                      impl="chunked" if impl == "native" else impl)
+                      impl=impl)
     assert rel_err(zero.output, plain.output) <= 1e-6 and rel_err(zero.states_at, plain.states_at) <= 1e-6
-    decayed = delta_rule(q, k, v, beta, g=g, initial_state=s0, chunk_size=4, impl="chunked" if impl == "native" else impl)
+    decayed = delta_rule(q, k, v, beta, g=g, initial_state=s0, chunk_size=4, impl=impl)
     assert (decayed.output - plain.output).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("impl", ["naive", "chunked"])
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length,d_k,d_v", [(1, 4, 3), (19, 8, 5), (33, 6, 9)])  # d_k 6: the 4-row loop and its tail
+def test_native_forward_matches_naive(length, d_k, d_v, dtype):
+    q, k, v, beta, g, s0, values = [x.detach() for x in gated_problem(2, length, 2, d_k, d_v, seed=length, dtype=dtype)]
+    mask = some_pins(length)
+    for pins in (None, (mask, values)):
+        args = dict(g=g, initial_state=s0, output_final_state=True, export_at=[0, length // 2, -1], pins=pins)
+        got = delta_rule(q, k, v, beta, impl="native", **args)
+        ref = delta_rule(q, k, v, beta, impl="naive", **args)
+        for x, r in zip(got, ref):
+            assert rel_err(x, r) <= (1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked", pytest.param("native", marks=needs_native)])
 @pytest.mark.parametrize("t", [0, 6, 11])
 def test_patch_equals_run_replace_run_on(impl, t):
     length = 12

@@ -19,14 +19,14 @@ diag_scan(a [B,T,*S], b [B,T,*S], c None | [B,T,N] | [B,T,*S] = None, *, initial
     CPU default when built; triton: real dtypes, CUDA or TRITON_INTERPRET=1
     (models/kernels/triton_diag_scan.py).
 
-delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, initial_state [B,H,V,K],
+delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, g=None | [B,T,H], initial_state [B,H,V,K],
            output_final_state=False, export_at=None | "all" | "chunks" | time indices,
            pins=(mask [B,T], values [B,T,H,V,K]), patches={t: state [B,H,V,K]},
            beta_clamp=None | [H,2], chunk_size=64,
            impl="auto" | "naive" | "chunked" | "native" | "triton")
     -> ScanOutput(output [B,T,H,V], final_state [B,H,V,K], states_at [B,n,H,V,K])
-    S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t, state values x keys
-    (models/kernels/delta_rule.py). A pin at t replaces S_t; the scan continues from it.
+    S_t = alpha_t S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t, state values x
+    keys, alpha_t = exp(g_t) (1 without g: DeltaNet; with it Gated DeltaNet) (models/kernels/delta_rule.py). A pin at t replaces S_t; the scan continues from it.
     native: a plain-C loop on the CPU, forward only (models/kernels/native/delta.py; impl="auto"
     uses it on the CPU when no gradient is wanted).
 

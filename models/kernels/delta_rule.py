@@ -106,11 +106,9 @@ def delta_rule(
         x.requires_grad for x in (q, k, v, beta, *extra, *(p[2] for p in pin_list))
     )
     if impl == "auto":
-        impl = "triton" if q.is_cuda else ("native" if not wants_grad and g is None and _native_ok(q) else "chunked")
+        impl = "triton" if q.is_cuda else ("native" if not wants_grad and _native_ok(q) else "chunked")
     if impl == "native":
         _check_native(q, wants_grad)
-        if g is not None:
-            raise ValueError("impl='native' has no decay g yet; use 'chunked' or 'auto'")
     if impl == "triton":
         from models.kernels.triton_delta_rule import delta_rule_triton
 
@@ -277,7 +275,7 @@ def _native_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
     """One unpatched stretch with the C loop (the signature of _chunked_segment; no chunks)."""
     from models.kernels.native.delta import delta_forward
 
-    return delta_forward(q, k, v, beta, S, offsets)
+    return delta_forward(q, k, v, beta, S, offsets, g=g)
 
 
 # ----------------------------------------------------------------------------- naive
