@@ -1,11 +1,12 @@
-"""Instrumented sequence models: build(name), list_models(), load(run_dir), hook interface."""
+"""Instrumented sequence models: build(name), list_models(), load(run_dir), from_pretrained(source), hook interface."""
 
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.hooks import Cache, HookPoint, instrumented
-from models.registry import build, list_models, load, preset_config
+from models.interop import from_pretrained, supported_architectures
+from models.registry import build, list_models, load, preset_config, save
 
 __all__ = [
-    "Cache", "HookPoint", "ModelConfig", "SequenceModel", "build", "instrumented", "list_models",
-    "load", "preset_config",
+    "Cache", "HookPoint", "ModelConfig", "SequenceModel", "build", "from_pretrained", "instrumented",
+    "list_models", "load", "preset_config", "save", "supported_architectures",
 ]

@@ -175,6 +175,13 @@ class SequenceModel(HookedMixin, nn.Module):
                 f"tokens has length {tokens.shape[1]} but learned positions allow max_len={self.cfg.max_len}"
             )
 
+    def save(self, run_dir, overwrite: bool = False, **info):
+        """Write this model as a run directory that `models.load` rebuilds bit for bit (see
+        models.registry.save)."""
+        from models.registry import save
+
+        return save(self, run_dir, overwrite=overwrite, **info)
+
     def set_execution_path(self, path: str) -> "SequenceModel":
         """'auto' (fast unless a hook needs per-step values), 'fast' or 'instrumented'."""
         if path not in ("auto", "fast", "instrumented"):

@@ -1,10 +1,14 @@
-"""build(name, **overrides), list_models(), load(run_dir), weights_file(run_dir)."""
+"""build(name, **overrides), list_models(), save(model, run_dir), load(run_dir), weights_file(run_dir)."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from models.backbone import SequenceModel
 from models.config import ModelConfig
@@ -51,6 +55,40 @@ def preset_config(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**{**defaults, "mixer": mixer, **overrides})
 
 
+def save(model: SequenceModel, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Path:
+    """Write `model` as a run directory that `load` rebuilds bit for bit: config.json
+    ({"model": its ModelConfig, **info}, info JSON-serialisable, e.g. where it came from) and
+    model.safetensors (its weights in their dtype), each written atomically. An existing
+    model.safetensors (a training run's, say) is replaced only with overwrite=True."""
+    from safetensors.torch import save_model
+
+    if not isinstance(model, SequenceModel):
+        raise TypeError(f"model must be a SequenceModel; got {type(model).__name__}")
+    run_dir = Path(run_dir)
+    if (run_dir / "model.safetensors").exists() and not overwrite:
+        raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"model": model.cfg.to_dict(), **info}, indent=2, sort_keys=True) + "\n"
+    _atomic_write(run_dir / "model.safetensors", lambda tmp: save_model(model, tmp))
+    _atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return run_dir
+
+
+def _atomic_write(path: Path, write) -> None:
+    """write(tmp) fills a temporary file next to `path`, then it replaces `path` in one rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
 def weights_file(run_dir: str | Path) -> Path:
     """model.safetensors of a run directory's current checkpoint (the one its checkpoint.json names,
     see `interp.training.checkpoint`), or of a plain model directory (config.json + model.safetensors)."""
@@ -67,7 +105,8 @@ def weights_file(run_dir: str | Path) -> Path:
 
 def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     """Rebuild a model from a run directory (config.json with a "model" entry + the weights of its
-    current checkpoint) or a model directory (config.json + model.safetensors)."""
+    current checkpoint) or a model directory (config.json + model.safetensors), in the dtype its
+    weights were saved in."""
     from safetensors import safe_open
     from safetensors.torch import load_model
 
@@ -90,9 +129,14 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     try:
         with safe_open(str(weights_path), framework="pt") as handle:
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            dtypes = {_SAFETENSORS_DTYPES.get(handle.get_slice(key).get_dtype()) for key in handle.keys()}
     except Exception as error:  # safetensors raises its own error types for corrupt files
         raise ValueError(f"{weights_path} could not be read (truncated or corrupt): {error}") from error
+    if len(dtypes) == 1 and None not in dtypes:  # one floating dtype: build the model in it
+        model = model.to(dtypes.pop())
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    if model.cfg.tie_embeddings and "unembed.weight" not in shapes:  # save_model keeps one name of a tied pair
+        expected.pop("unembed.weight")
     wrong = [f"{key} {shapes[key]} (the config makes {expected[key]})"
              for key in expected if key in shapes and shapes[key] != expected[key]]
     if wrong or set(shapes) != set(expected):
