@@ -269,9 +269,12 @@ def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, s
     if not (run_dir / ckpt.CONFIG).exists():
         if run_dir.exists() and not run_dir.is_dir():
             raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
-        if run_dir.exists() and any(run_dir.iterdir()):
+        leftovers = list(run_dir.glob(f".{ckpt.CONFIG}.*.tmp"))  # a crash while config.json was written
+        if run_dir.exists() and set(run_dir.iterdir()) - set(leftovers):
             raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; "
                                   "refusing to write into it")
+        for leftover in leftovers:
+            leftover.unlink()
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.write_json(run_dir / ckpt.CONFIG, config)
         log, _ = ckpt.open_metrics(run_dir)
