@@ -8,6 +8,7 @@ import pytest
 import models
 
 from interp.cli import build_parser, main
+from tests.browser import assert_renders
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"]])
@@ -96,6 +97,7 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     html = (out / "report.html").read_text()
     assert html.count("plotly.js v") == 1 and not re.search(r"<script[^>]+src=", html)
     assert "mp and accuracy by length" in html
+    assert_renders(out / "report.html")
     for name in ("tanh_rnn", "mamba"):
         assert models.registry.weights_file(out / name).is_file() and (out / name / "eval.json").is_file()
     # a second run reuses the finished runs instead of overwriting them

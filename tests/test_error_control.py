@@ -18,6 +18,7 @@ from interp.tasks import make_task
 from interp.training.train import TrainConfig, train
 from probes import subspace as ps
 from probes.readability import readability_threshold
+from tests.browser import assert_renders
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -270,6 +271,7 @@ def test_drift_cli_writes_the_report(tiny_run, tmp_path, capsys):
                  "--definition", "time", "--tau", "calibrated", "--out", str(tmp_path / "t.html")]) == 0
     summary = json.loads((run_dir / "drift.json").read_text())
     assert summary["definition"] == "time/calibrated" and "Readability of the read-out" in (tmp_path / "t.html").read_text()
+    assert_renders(tmp_path / "t.html")
     from interp.cli import drift as drift_cli
     assert drift_cli.DRIFTS == ec.DRIFTS
     assert main(["drift", str(tmp_path / "missing")]) == 2
@@ -287,5 +289,5 @@ def test_recipe_quick_runs_end_to_end(tmp_path):
     assert [(r["model"], r["group"]) for r in rows] == [("tanh_rnn", "S3"), ("linear_rnn", "S3")]
     assert {c["runs"] for c in corr} >= {"all runs", "affine, S3"}
     assert [t["model"] for t in theorem] == ["tanh_rnn", "linear_rnn"] and theorem[1]["affine"]
-    assert (tmp_path / "report.html").is_file()
+    assert_renders(tmp_path / "report.html")
     assert len(json.loads((tmp_path / "summary.json").read_text())["runs"]) == 2

@@ -12,6 +12,7 @@ from interp.analysis import heads
 from interp.tasks import make_task
 from probes import heads as head_probes
 from tests.conftest import triton_interpreter_available
+from tests.browser import assert_renders
 
 
 def small_deltanet(scales, bias, d_model=16, n_layers=1, vocab=12, **overrides):
@@ -200,4 +201,5 @@ def test_heads_cli_runs_on_a_tiny_trained_run(tmp_path, capsys):
     assert "unablated reveal accuracy" in out and "acc_clamp01" in out
     html = (tmp_path / "run" / "heads.html").read_text()
     assert "Per-head summary" in html and html.count("<tr>") == 1 + 2     # header + 2 heads
+    assert_renders(tmp_path / "run" / "heads.html")
     assert main(["heads", str(tmp_path / "missing")]) == 2

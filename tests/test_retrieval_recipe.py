@@ -13,6 +13,7 @@ import torch
 
 from interp.report.interventions import accuracy_vs_d_conv, restoration_grid, restoration_heatmap
 from interp.analysis.interventions import InterchangeResult, Site
+from tests.browser import assert_renders
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "retrieval_mechanisms.py"
 
@@ -54,7 +55,7 @@ def test_restoration_heatmap_one_panel_per_hook():
     for index, trace in enumerate(fig.data):
         assert trace.type == "heatmap"
         assert list(trace.x) == ["key", "value", "query"] and list(trace.y) == ["layer 0", "layer 1"]
-        assert (trace.zmin, trace.zmax) == (0.0, 1.0)
+        assert (trace.zmin, trace.zmax, trace.zmid) == (-1.6, 1.6, 0.0)       # symmetric to the largest |value|
         expected = (6 * np.arange(2)[:, None] + 3 * index + np.arange(3)) / 10 + 0.5
         np.testing.assert_allclose(np.asarray(trace.z), expected)
     assert [a.text for a in fig.layout.annotations] == ["hook_resid_pre", "mixer.hook_out"]
@@ -90,6 +91,7 @@ def test_quick_recipe_writes_report(tmp_path):
     for hook in ("hook_resid_pre", "mixer.hook_out"):  # heatmap traces are named by their hook
         assert html.count(f'"name":"{hook}"') == len(names)
     assert "Accuracy vs short-conv width" in html and "<script" in html
+    assert_renders(results["report"])
     # 2 layers x 2 hooks x 3 roles per model; restoration of layer 0's block input at the key (the
     # corrupted token itself) is 1 for every kept pair: exactly with whole passes, up to float32
     # rounding over the effect (>= 0.01) with the recipe's resumed passes (measured 7e-7 once)

@@ -13,6 +13,7 @@ from interp.training.evaluate import LengthEval, evaluate_lengths, max_passing_l
 from interp.report.html import Table, Text, render_report, write_report
 from interp.tasks import make_task
 from interp.tasks.base import Batch
+from tests.browser import assert_renders
 
 
 class ParityOracle(torch.nn.Module):
@@ -140,5 +141,6 @@ def test_report_is_self_contained_with_plotly_inline_once(tmp_path):
     assert text.count("plotly.js v") == 1 and len(text) > 1_000_000  # plotly.js embedded, once
     assert text.count('class="plotly-graph-div"') == 2
     assert "<td>1000</td>" in text
+    assert_renders(path)
     with pytest.raises(TypeError, match=r"sections\[0\] must be a go.Figure, Text or Table"):
         render_report("x", ["not a section"])

@@ -41,8 +41,11 @@ def accuracy_vs_length(results: Mapping[str, LengthEval | Mapping[int, float]], 
     fig.add_hline(y=threshold, line_dash="dot", line_color="gray",
                   annotation_text=f"mp threshold {threshold:.0%}", annotation_position="bottom left")
     if train_length is not None:
-        fig.add_vline(x=train_length, line_dash="dash", line_color="gray",
-                      annotation_text=f"train length {train_length}", annotation_position="top right")
+        # on a log axis a shape takes the data value but an annotation its log10: add_vline's own
+        # annotation at x = 60 would sit at 10^60 and stretch the axis to 1e63
+        fig.add_vline(x=train_length, line_dash="dash", line_color="gray")
+        fig.add_annotation(x=float(np.log10(train_length)), xref="x", y=1.0, yref="y domain", showarrow=False,
+                           text=f"train length {train_length}", xanchor="left", yanchor="top")
     fig.update_xaxes(type="log", title="sequence length")
     fig.update_yaxes(range=[0, 1.05], title="final-state accuracy")
     fig.update_layout(title=title, template="plotly_white", legend_title="model")

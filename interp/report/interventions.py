@@ -33,14 +33,18 @@ def restoration_grid(result) -> tuple[list[str], list[int], list[str], np.ndarra
 
 def restoration_heatmap(result, title: str = "Restoration") -> go.Figure:
     """One heatmap per hook component (layers x roles) of the mean restoration of an
-    InterchangeResult; cells show the value, the colour scale is fixed to [0, 1]."""
+    InterchangeResult; cells show the value. The colour scale diverges around 0 (no restoration,
+    white): positive blue, negative red, symmetric to max(1, largest |restoration|), so a full
+    restoration (1), an overshoot (> 1) and a reversal (< 0) all have their own colour."""
     components, layers, roles, grid = restoration_grid(result)
+    finite = np.abs(grid[np.isfinite(grid)])
+    bound = max(1.0, float(finite.max())) if finite.size else 1.0
     fig = make_subplots(rows=1, cols=len(components), subplot_titles=components, horizontal_spacing=0.12)
     for index, component in enumerate(components):
         text = [["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in grid[index]]
         fig.add_trace(go.Heatmap(
-            z=grid[index], x=roles, y=[f"layer {layer}" for layer in layers], zmin=0.0, zmax=1.0,
-            colorscale="Viridis", text=text, texttemplate="%{text}", name=component,
+            z=grid[index], x=roles, y=[f"layer {layer}" for layer in layers], zmin=-bound, zmax=bound, zmid=0.0,
+            colorscale="RdBu", text=text, texttemplate="%{text}", name=component,
             showscale=index == len(components) - 1, colorbar={"title": "restoration"},
             hovertemplate="%{y}, %{x}<br>restoration %{z:.3f}<extra>" + component + "</extra>"),
             row=1, col=index + 1)
