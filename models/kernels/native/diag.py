@@ -8,9 +8,11 @@ When a gradient can flow the forward also keeps the state entering every s-th st
 [B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer steps where s states and
 adjoints exceed SPAN_BYTES). The backward recomputes the states of one checkpoint span at a time
 into that cache-sized buffer, walks the adjoint back over them
-(g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, kept in cache too), then forward again writing
-grad a_t = g_t conj(h_{t-1}), grad b_t = g_t, grad c_t = gy_t conj(h_t) in ascending order;
-grad h_{-1} = conj(a_0) g_0. Same association order as the naive loop (results agree to rounding
+(g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, kept in cache too, grad c_t = gy_t conj(h_t) beside it,
+while the next span's inputs are prefetched), then copies grad b_t = g_t, grad a_t =
+g_t conj(h_{t-1}) and grad c_t out in ascending order with streaming stores (the fresh gradient
+tensors are not read for ownership); grad h_{-1} = conj(a_0) g_0. Its memory traffic is one read
+of a, b, c, gy and the checkpoints and one write of the gradients (benchmarks/bandwidth.py). Same association order as the naive loop (results agree to rounding
 of the read-out sums). Dtypes: float32, float64, complex64, complex128 (complex as interleaved
 (re, im) pairs, torch's layout).
 """
@@ -82,7 +84,7 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
             a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
-    work = a.new_empty(2 * min(chunk, length) + 1, *a.shape[2:])  # see scan_bwd in the C code
+    work = a.new_empty(3 * min(chunk, length), *a.shape[2:])  # see scan_bwd in the C code
     function(f"scan_bwd_{SUFFIX[a.dtype]}", _BWD)(
         batch, length, lead, n, ptr(a), ptr(b), ptr(c), c_stride, ptr(ckpt), chunk,
         ptr(g_out), ptr(g_final), ptr(slot), ptr(g_unique), 0 if steps is None else len(steps),

@@ -100,7 +100,7 @@ CLONES void FN(scan_fwd)(int64_t B, int64_t T, int64_t L, int64_t N,
 
 /* The adjoint at one step over m state entries:
  *   g = carry + d1 + d2    (direct terms: read-out or all-states output, export; NULL: absent)
- *   carry = conj(a) g      (g is stored for grads_step).
+ *   carry = conj(a) g      (g is stored: the span's adjoints).
  * The has_* flags are constants at every call, so each combination compiles to its own
  * branch-free loop. */
 static inline void FN(adjoint_core)(const E *restrict a, const E *restrict d1, const E *restrict d2,
@@ -122,34 +122,39 @@ static void FN(adjoint_step)(const E *a, const E *d1, const E *d2, E *carry, E *
     else FN(adjoint_core)(a, NULL, NULL, carry, g, m, 0, 0);
 }
 
-/* The gradients of one step from its adjoint g: grad b = g, grad a = g conj(h_prev). */
-static inline void FN(grads_step)(const E *restrict g, const E *restrict h_prev, E *restrict ga,
-                                  E *restrict gb, int64_t m) {
-    for (int64_t i = 0; i < m; i++) {
-        gb[i] = g[i];
-        ga[i] = FN(mul)(g[i], FN(conj)(h_prev[i]));
-    }
-}
-
-/* dL/dh_t through the read-out: direct [L, N] = gy_l conj(c_l) (c [N] shared when stride 0). */
-static void FN(readout_direct)(const E *restrict gy, const E *restrict c, int64_t c_lead_stride,
-                               E *restrict direct, int64_t L, int64_t N) {
-    for (int64_t l = 0; l < L; l++)
-        for (int64_t n = 0; n < N; n++) direct[l * N + n] = FN(mul)(gy[l], FN(conj)(c[l * c_lead_stride + n]));
-}
-
-/* grad c_t from one step's states h [L, N] and read-out cotangents gy [L]: gc [N] = sum_l gy_l
- * conj(h_l) when c is shared over the lead rows, else gc [L, N] = gy_l conj(h_l). */
-static void FN(readout_grad)(const E *restrict gy, const E *restrict h, E *restrict gc, int64_t L,
-                             int64_t N, int shared) {
-    if (shared) {
+/* One step's adjoint through the read-out, one pass over its [L, N] entries:
+ *   g = carry + gy_l conj(c_l[n]) (+ ge: an export's cotangent)   stored in g_out,
+ *   carry = conj(a) g,
+ * and (want_gc) the step's grad c: gc [N] = sum_l gy_l conj(h_l) when c is shared over the lead
+ * rows (c_lead_stride 0), else gc [L, N] = gy_l conj(h_l). The flags are constants at every call. */
+static inline void FN(readout_adjoint_core)(const E *restrict a, const E *restrict gy, const E *restrict c,
+                                            int64_t c_lead_stride, const E *restrict ge, const E *restrict h,
+                                            E *restrict carry, E *restrict g_out, E *restrict gc, int64_t L,
+                                            int64_t N, const int has_ge, const int want_gc) {
+    if (want_gc && !c_lead_stride)
         for (int64_t n = 0; n < N; n++) gc[n] = FN(zero);
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t n = 0; n < N; n++) gc[n] = FN(add)(gc[n], FN(mul)(gy[l], FN(conj)(h[l * N + n])));
-    } else {
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t n = 0; n < N; n++) gc[l * N + n] = FN(mul)(gy[l], FN(conj)(h[l * N + n]));
+    for (int64_t l = 0; l < L; l++) {
+        const E gyl = gy[l], *cl = c + l * c_lead_stride;
+        const int64_t o = l * N;
+        for (int64_t n = 0; n < N; n++) {
+            E g = FN(add)(carry[o + n], FN(mul)(gyl, FN(conj)(cl[n])));
+            if (has_ge) g = FN(add)(g, ge[o + n]);
+            g_out[o + n] = g;
+            carry[o + n] = FN(mul)(FN(conj)(a[o + n]), g);
+        }
+        if (want_gc && c_lead_stride)
+            for (int64_t n = 0; n < N; n++) gc[o + n] = FN(mul)(gyl, FN(conj)(h[o + n]));
+        else if (want_gc)
+            for (int64_t n = 0; n < N; n++) gc[n] = FN(add)(gc[n], FN(mul)(gyl, FN(conj)(h[o + n])));
     }
+}
+
+static void FN(readout_adjoint)(const E *a, const E *gy, const E *c, int64_t c_lead_stride, const E *ge,
+                                const E *h, E *carry, E *g_out, E *gc, int64_t L, int64_t N) {
+    if (ge && gc) FN(readout_adjoint_core)(a, gy, c, c_lead_stride, ge, h, carry, g_out, gc, L, N, 1, 1);
+    else if (ge) FN(readout_adjoint_core)(a, gy, c, c_lead_stride, ge, h, carry, g_out, NULL, L, N, 1, 0);
+    else if (gc) FN(readout_adjoint_core)(a, gy, c, c_lead_stride, NULL, h, carry, g_out, gc, L, N, 0, 1);
+    else FN(readout_adjoint_core)(a, gy, c, c_lead_stride, NULL, h, carry, g_out, NULL, L, N, 0, 0);
 }
 
 /* Backward of scan_fwd from its checkpoints: the reverse adjoint
@@ -158,12 +163,18 @@ static void FN(readout_grad)(const E *restrict gy, const E *restrict h, E *restr
  *   grad c_t = gy_t conj(h_t) (summed over the lead rows when c is shared).
  * gy: [B, T, L] (with c) or [B, T, M] (without), or NULL; gfinal [B, M] or NULL; gexp [B, K, M]
  * with slot, or NULL. Outputs ga, gb [B, T, M], gh0 [B, M], gc (c's shape; needs c and gy) or
- * NULL. work: scratch of (2 min(every, T) + 1) * M elements: the states of one checkpoint span,
- * recomputed from its checkpoint, and the span's adjoints stay in cache while the adjoint walks
- * back over the span; then a forward walk writes the span's gradients, so every gradient tensor
- * is written in ascending blocks of one span (written step by step in reverse, the same stores
- * took twice as long here: the store stream is what bounds this backward); last, one step's
- * dL/dh through the read-out. */
+ * NULL. work: 3 min(every, T) M elements.
+ * One checkpoint span at a time, last first, in three walks that keep the span in cache:
+ *   1. ascending, the span's states recomputed from its checkpoint into work (the only read of
+ *      a and b from memory; a stays in cache for walk 2);
+ *   2. descending, the adjoints g_t into the span's second buffer (with the read-out's direct
+ *      term and grad c formed in the same pass, grad c into the third buffer), while the lines of
+ *      the next span's a, b, c are prefetched (the hardware prefetcher does not cross from one
+ *      span back into the one before it);
+ *   3. the span's grad b (the adjoints), grad a (g conj(h_prev), in place) and grad c copied out
+ *      in ascending order, with streaming stores when the gradients exceed STREAM_MIN_BYTES (no
+ *      read for ownership of the fresh gradient tensors; descending stores ran at half speed
+ *      here). */
 CLONES void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   const E *a, const E *b, const E *c, int64_t c_lead_stride,
                   const E *ckpt, int64_t every,
@@ -171,37 +182,49 @@ CLONES void FN(scan_bwd)(int64_t B, int64_t T, int64_t L, int64_t N,
                   E *ga, E *gb, E *gc, E *gh0, E *work) {
     const int64_t M = L * N, c_row = c_lead_stride ? M : N, n_ckpt = (T + every - 1) / every;
     const int64_t span = every < T ? every : T;
-    E *adj = work + span * M, *direct = adj + span * M;
+    E *adj = work + span * M, *gcs = adj + span * M;
+    const int stream = (size_t)(B * T * M) * sizeof(E) >= STREAM_MIN_BYTES;
     for (int64_t bi = 0; bi < B; bi++) {
         E *carry = gh0 + bi * M; /* conj(a_{t+1}) g_{t+1}; starts as dL/dh_{T-1} from the final state */
         for (int64_t i = 0; i < M; i++) carry[i] = gfinal ? gfinal[bi * M + i] : FN(zero);
         for (int64_t k = n_ckpt - 1; k >= 0; k--) {
-            const int64_t t0 = k * every, t1 = t0 + every < T ? t0 + every : T;
+            const int64_t t0 = k * every, t1 = t0 + every < T ? t0 + every : T, len = t1 - t0;
             const E *start = ckpt + (bi * n_ckpt + k) * M; /* h_{t0 - 1} */
+            /* the span processed next: (bi, k - 1), else the last span of row bi + 1, else none */
+            const int64_t nb = k ? bi : bi + 1, nt0 = k ? t0 - every : (n_ckpt - 1) * every;
+            const int64_t nlen = nb < B ? (k ? every : T - nt0) : 0;
             for (int64_t t = t0; t < t1; t++) { /* work[t - t0] = h_t */
                 E *ht = work + (t - t0) * M;
                 FN(step_to)(a + (bi * T + t) * M, b + (bi * T + t) * M, t > t0 ? ht - M : start, ht, M);
             }
             for (int64_t t = t1 - 1; t >= t0; t--) { /* adj[t - t0] = g_t */
-                const int64_t bt = bi * T + t;
-                const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
-                const E *d1 = NULL; /* dL/dh_t through the output */
-                if (gy && c) {
-                    FN(readout_direct)(gy + bt * L, c + bt * c_row, c_lead_stride, direct, L, N);
-                    d1 = direct;
-                } else if (gy) {
-                    d1 = gy + bt * M;
+                const int64_t bt = bi * T + t, j = t - t0;
+                if (j < nlen) {
+                    const int64_t nbt = nb * T + nt0 + j;
+                    prefetch_bytes(a + nbt * M, M * sizeof(E));
+                    prefetch_bytes(b + nbt * M, M * sizeof(E));
+                    if (c) prefetch_bytes(c + nbt * c_row, c_row * sizeof(E));
+                    if (gy && c && j % 4 == 0) prefetch_bytes(gy + nbt * L, 4 * L * sizeof(E));
                 }
-                FN(adjoint_step)(a + bt * M, d1, ge, carry, adj + (t - t0) * M, M);
+                const E *ge = gexp && slot[t] >= 0 ? gexp + (bi * K + slot[t]) * M : NULL;
+                if (gy && c)
+                    FN(readout_adjoint)(a + bt * M, gy + bt * L, c + bt * c_row, c_lead_stride, ge,
+                                        work + j * M, carry, adj + j * M, gc ? gcs + j * c_row : NULL, L, N);
+                else
+                    FN(adjoint_step)(a + bt * M, gy ? gy + bt * M : NULL, ge, carry, adj + j * M, M);
             }
-            for (int64_t t = t0; t < t1; t++) {
-                const int64_t bt = bi * T + t;
-                const E *ht = work + (t - t0) * M, *hprev = t > t0 ? ht - M : start;
-                FN(grads_step)(adj + (t - t0) * M, hprev, ga + bt * M, gb + bt * M, M);
-                if (gc) FN(readout_grad)(gy + bt * L, ht, gc + bt * c_row, L, N, !c_lead_stride);
+            const int64_t bt0 = bi * T + t0;
+            copy_out(gb + bt0 * M, adj, len * M * sizeof(E), stream);
+            for (int64_t j = 0; j < len; j++) {
+                const E *hprev = j ? work + (j - 1) * M : start;
+                E *g = adj + j * M;
+                for (int64_t i = 0; i < M; i++) g[i] = FN(mul)(g[i], FN(conj)(hprev[i]));
             }
+            copy_out(ga + bt0 * M, adj, len * M * sizeof(E), stream);
+            if (gc) copy_out(gc + bt0 * c_row, gcs, len * c_row * sizeof(E), stream);
         }
     }
+    stream_fence();
 }
 
 #undef E

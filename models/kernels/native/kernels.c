@@ -28,6 +28,52 @@
 #define CLONES
 #endif
 
+/* Streaming (non-temporal) stores for outputs written once and not read back by the kernel
+ * (the backward's gradients): they bypass the cache, so the destination lines are not first
+ * read for ownership, which would double the write traffic of a tensor larger than the cache.
+ * SSE2 (in every x86-64 baseline); elsewhere memcpy. stream_fence() after the last of them. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline void stream_bytes(void *restrict dst, const void *restrict src, size_t n) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+        const __m128i v0 = _mm_loadu_si128((const __m128i *)s), v1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        const __m128i v2 = _mm_loadu_si128((const __m128i *)(s + 32)), v3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, v0);
+        _mm_stream_si128((__m128i *)(d + 16), v1);
+        _mm_stream_si128((__m128i *)(d + 32), v2);
+        _mm_stream_si128((__m128i *)(d + 48), v3);
+    }
+    memcpy(d, s, n);
+}
+static inline void stream_fence(void) { _mm_sfence(); }
+#else
+static inline void stream_bytes(void *restrict dst, const void *restrict src, size_t n) { memcpy(dst, src, n); }
+static inline void stream_fence(void) {}
+#endif
+
+/* Outputs of at least STREAM_MIN_BYTES are written with streaming stores, smaller ones (which
+ * fit the cache, where their reader finds them) with ordinary ones. */
+#define STREAM_MIN_BYTES ((size_t)8 << 20)
+static inline void copy_out(void *restrict dst, const void *restrict src, size_t n, int stream) {
+    if (stream) stream_bytes(dst, src, n);
+    else memcpy(dst, src, n);
+}
+
+/* Software prefetch of the lines of [p, p + n) for reading soon (a no-op without the builtin). */
+#if defined(__GNUC__)
+static inline void prefetch_bytes(const void *p, size_t n) {
+    for (size_t i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 1);
+}
+#else
+static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
+#endif
+
 /* the diagonal scan (models/kernels/native/diag.py), real types (complex below) */
 #define R float
 #define CPLX 0
