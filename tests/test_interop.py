@@ -40,7 +40,30 @@ def llama_source(**overrides):
     return jitter(tf.LlamaForCausalLM(config))
 
 
-SOURCES = {"mamba": mamba_source, "gpt2": gpt2_source, "llama": llama_source}
+def falcon_mamba_source(**overrides):
+    torch.manual_seed(0)
+    config = tf.FalconMambaConfig(vocab_size=VOCAB, hidden_size=16, state_size=4, num_hidden_layers=2,
+                                  conv_kernel=3, **{"mixer_rms_eps": 0.3, **IDS, **overrides})  # eps that matters
+    return jitter(tf.FalconMambaForCausalLM(config))
+
+
+def jamba_source(**overrides):
+    """mamba, attention, mamba, attention (attn_layer_period 2), a dense SwiGLU MLP in each."""
+    torch.manual_seed(0)
+    config = tf.JambaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
+                            mamba_d_state=4, mamba_d_conv=3, **{"num_experts": 1, **IDS, **overrides})
+    return jitter(tf.JambaForCausalLM(config))
+
+
+SOURCES = {"mamba": mamba_source, "gpt2": gpt2_source, "llama": llama_source,
+           "falcon_mamba": falcon_mamba_source, "jamba": jamba_source}
+
+
+def test_jamba_imports_as_a_hybrid():
+    model = models.from_pretrained(jamba_source())
+    assert model.cfg.mixers == ["mamba", "attention", "mamba", "attention"]
+    assert model.cfg.n_kv_heads == 2 and model.cfg.mixer_options["mamba"]["dt_bc_norm_eps"] == 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
@@ -112,6 +135,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
      "rope_parameters=.*rope_type 'default'"),
     (lambda: llama_source(hidden_act="gelu"), "hidden_act='gelu'"),
     (lambda: mamba_source(hidden_act="gelu"), "hidden_act='gelu'"),
+    (lambda: jamba_source(num_experts=2, expert_layer_period=2, expert_layer_offset=1), "num_experts=2"),
 ])
 def test_config_we_cannot_represent_raises(make, message):
     with pytest.raises(UnsupportedConfig, match=message):

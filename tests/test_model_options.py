@@ -139,6 +139,24 @@ def test_bad_options_raise(overrides, error, message):
         ModelConfig(**overrides)
 
 
+def test_mamba_dt_bc_norms_normalise_dt_low_b_and_c():
+    torch.manual_seed(0)
+    model = models.build("mamba", vocab_size=VOCAB, d_model=16, d_state=4, n_layers=1,
+                         mixer_options={"dt_bc_norm_eps": 0.5}).double()
+    mixer = model.blocks[0].mixer
+    x = torch.randn(B, T, 16, dtype=torch.float64)
+    inputs = mixer.prepare(x)
+    conv = inputs["x"]
+    dt_low, b, c = mixer.x_proj(conv).split([mixer.dt_rank, 4, 4], dim=-1)
+    rms = lambda v, w: v / (v.square().mean(-1, keepdim=True) + 0.5).sqrt() * w  # noqa: E731
+    torch.testing.assert_close(inputs["B"], rms(b, mixer.B_norm.weight), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(inputs["C"], rms(c, mixer.C_norm.weight), atol=1e-12, rtol=1e-12)
+    dt = torch.nn.functional.softplus(mixer.dt_proj(rms(dt_low, mixer.dt_norm.weight)))
+    torch.testing.assert_close(inputs["dt"], dt, atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="dt_bc_norm_eps must be None or a positive float; got 0"):
+        models.build("mamba", mixer_options={"dt_bc_norm_eps": 0})
+
+
 def test_hybrid_with_an_unknown_mixer_or_a_misplaced_option_raises():
     with pytest.raises(ValueError, match="mixer 'mamab'.*mamba"):
         models.build(ModelConfig(mixer=["mamab", "attention"], n_layers=2))

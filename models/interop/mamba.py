@@ -11,6 +11,8 @@ so float64 parity is float32-close only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from models.config import ModelConfig
@@ -48,15 +50,20 @@ def mixer_weights(weights: SourceWeights, source: str, ours: str, bias: bool, co
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
+    check_config(source.config)
+    return convert_stack(source, model_config(source.config))
+
+
+def convert_stack(source: nn.Module, cfg: ModelConfig, extra: Callable[[str], dict] | None = None) -> tuple[ModelConfig, dict]:
+    """A Mamba-layout stack's weights; extra(our mixer prefix) adds weights per layer (FalconMamba)."""
     config = source.config
-    check_config(config)
-    cfg = model_config(config)
     weights = SourceWeights(source)
     state = {"embed.weight": weights.take("backbone.embeddings.weight")}
     for layer in range(cfg.n_layers):
         prefix = f"backbone.layers.{layer}"
         state[f"blocks.{layer}.norm_mixer.weight"] = weights.take(f"{prefix}.norm.weight")
         state |= mixer_weights(weights, f"{prefix}.mixer", f"blocks.{layer}.mixer", config.use_bias, config.use_conv_bias)
+        state |= extra(f"blocks.{layer}.mixer") if extra else {}
     state["norm_final.weight"] = weights.take("backbone.norm_f.weight")
     state["unembed.weight"] = weights.take("lm_head.weight")
     weights.check_all_taken()

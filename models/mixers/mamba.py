@@ -30,6 +30,8 @@ the same way; everything else runs diag_scan.
 
 mixer_options: dt_rank (default ceil(d_model / 16)), dt_min (0.001), dt_max (0.1),
 dt_init_floor (1e-4), conv_bias (True), bias (False, in/out projections), chunk_size (64).
+dt_bc_norm_eps (None): a float puts RMS norms with weights (dt_norm, B_norm, C_norm, that eps) on
+dt_low, B and C right after x_proj, as Jamba does (FalconMamba: the same with unit weights).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ OPTIONS = {
     "conv_bias": True,
     "bias": False,
     "chunk_size": 64,
+    "dt_bc_norm_eps": None,
 }
 
 
@@ -64,6 +67,9 @@ def mamba_options(cfg) -> dict:
         raise ValueError(
             f"{cfg.mixer} mixer_options need 0 < dt_min <= dt_max; got {merged['dt_min']}, {merged['dt_max']}"
         )
+    eps = merged["dt_bc_norm_eps"]
+    if eps is not None and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0):
+        raise ValueError(f"{cfg.mixer} mixer_options dt_bc_norm_eps must be None or a positive float; got {eps!r}")
     return merged
 
 
@@ -93,6 +99,9 @@ class Mamba(RecurrentMixer):
         self.hook_conv = HookPoint()
         self.hook_dt = HookPoint()
         self.hook_gate = HookPoint()
+        if opts["dt_bc_norm_eps"] is not None:
+            eps = float(opts["dt_bc_norm_eps"])
+            self.dt_norm, self.B_norm, self.C_norm = (nn.RMSNorm(d, eps=eps) for d in (self.dt_rank, n, n))
 
     @torch.no_grad()
     def _init_dt(self, opts: dict) -> None:
@@ -107,6 +116,8 @@ class Mamba(RecurrentMixer):
         x, z = self.in_proj(u).chunk(2, dim=-1)  # [B, T, E] each
         x = self.hook_conv(F.silu(short_conv(x, self.conv.weight[:, 0], self.conv.bias)))
         dt_low, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        if hasattr(self, "dt_norm"):
+            dt_low, B, C = self.dt_norm(dt_low), self.B_norm(B), self.C_norm(C)
         dt = self.hook_dt(F.softplus(self.dt_proj(dt_low)))  # [B, T, E]
         gate = self.hook_gate(F.silu(z))  # [B, T, E]
         return {"x": x, "dt": dt, "B": B, "C": C, "gate": gate}

@@ -1,0 +1,62 @@
+"""transformers JambaForCausalLM -> a hybrid stack of our "mamba" and "attention" mixers (one per
+layer, config.layers_block_type), each followed by a SwiGLU MLP, RMSNorm everywhere.
+
+Jamba's attention has no positions (no RoPE) and grouped-query heads without biases: q/k/v_proj
+concatenate into our qkv, o_proj -> out_proj. Its Mamba is Mamba-1 with weighted RMS norms on
+dt_low, B and C (dt_layernorm, b_layernorm, c_layernorm -> our mixer's dt_norm, B_norm, C_norm via
+the option dt_bc_norm_eps = rms_norm_eps); the rest maps as in models.interop.mamba (state
+[B, E, N], no transposes). feed_forward.{gate,up,down}_proj -> mlp.{gate,up,down};
+input_layernorm / pre_ff_layernorm -> norm_mixer / norm_mlp, final_layernorm -> norm_final.
+Mixture-of-experts layers (num_experts > 1) are not representable and raise.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from models.config import ModelConfig
+from models.interop import mamba as mamba_layout
+from models.interop.convert import SourceWeights, require, unsupported
+from models.interop.llama import attention_weights, swiglu_weights
+
+
+def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
+    config = source.config
+    require(config, "hidden_act", "silu")
+    if any(n != 1 for n in config.layers_num_experts):
+        raise unsupported(config, "num_experts", config.num_experts, "1 (a dense MLP in every layer)")
+    kinds = ["attention" if kind == "attention" else "mamba" for kind in config.layers_block_type]
+    eps = float(config.rms_norm_eps)
+    cfg = ModelConfig(
+        mixer=kinds, vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
+        n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads,
+        d_head=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        attention_bias=False, d_state=config.mamba_d_state, expand=config.mamba_expand,
+        d_conv=config.mamba_d_conv, norm="rmsnorm", norm_eps=eps, mlp=True, d_mlp=config.intermediate_size,
+        mlp_activation="swiglu", mlp_bias=False, tie_embeddings=bool(config.tie_word_embeddings),
+        mixer_options={"mamba": {"dt_rank": int(config.mamba_dt_rank), "conv_bias": bool(config.mamba_conv_bias),
+                                 "bias": bool(config.mamba_proj_bias), "dt_bc_norm_eps": eps}},
+    )
+    weights = SourceWeights(source)
+    take = weights.take
+    state = {"embed.weight": take("model.embed_tokens.weight")}
+    for layer, kind in enumerate(kinds):
+        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
+        if kind == "attention":
+            state |= attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", bias=False)
+        else:
+            state |= mamba_layout.mixer_weights(weights, f"{theirs}.mamba", f"{ours}.mixer",
+                                                config.mamba_proj_bias, config.mamba_conv_bias)
+            for src, dst in [("dt_layernorm", "dt_norm"), ("b_layernorm", "B_norm"), ("c_layernorm", "C_norm")]:
+                state[f"{ours}.mixer.{dst}.weight"] = take(f"{theirs}.mamba.{src}.weight")
+        state |= swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", bias=False)
+        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
+        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
+    state["norm_final.weight"] = take("model.final_layernorm.weight")
+    state["unembed.weight"] = take("lm_head.weight")
+    weights.check_all_taken()
+    return cfg, state
+
+
+def source_blocks(source: nn.Module) -> list[nn.Module]:
+    return list(source.model.layers)
