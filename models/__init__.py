@@ -2,7 +2,8 @@
 
 from models.backbone import SequenceModel
 from models.config import ModelConfig
-from models.hooks import Cache, HookPoint, instrumented
+from models.cache import Cache
+from models.hooks import HookPoint, instrumented
 from models.interop import from_pretrained, supported_architectures
 from models.registry import build, list_models, load, preset_config, save
 

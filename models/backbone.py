@@ -11,18 +11,50 @@ from models.hooks import HookedMixin, HookPoint, unknown_name_message
 from models.mixers import MIXERS
 
 
+class ScaleHooked:
+    """A norm with hook_scale [B, T, 1], its divisor (TransformerLens' hook_scale): sqrt(var + eps)
+    for LayerNorm, sqrt(mean(x^2) + eps) for RMSNorm (eps None: the dtype's); the normalisation
+    is computed explicitly only while hook_scale is read or patched."""
+
+    centred = True
+
+    def __init__(self, d_model: int, **options) -> None:
+        super().__init__(d_model, **options)  # type: ignore[call-arg]
+        self.hook_scale = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+        if not self.hook_scale.is_active:
+            return super().forward(x)  # type: ignore[misc]
+        if self.centred:
+            x = x - x.mean(-1, keepdim=True)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        out = x / self.hook_scale((x.square().mean(-1, keepdim=True) + eps).sqrt()) * self.weight
+        return out if getattr(self, "bias", None) is None else out + self.bias
+
+
+class LayerNorm(ScaleHooked, nn.LayerNorm):
+    pass
+
+
+class RMSNorm(ScaleHooked, nn.RMSNorm):
+    centred = False
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
-    """cfg.norm over d_model with cfg.norm_eps (None: torch's default eps)."""
+    """cfg.norm over d_model with cfg.norm_eps (None: torch's default eps), with hook_scale."""
     if cfg.norm == "layernorm":
-        return nn.LayerNorm(cfg.d_model) if cfg.norm_eps is None else nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        return LayerNorm(cfg.d_model) if cfg.norm_eps is None else LayerNorm(cfg.d_model, eps=cfg.norm_eps)
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()
 
 
 class MLP(nn.Module):
     """down(act(up(x))), act erf GELU ("gelu") or its tanh approximation ("gelu_tanh"), or
-    down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if cfg.mlp_bias."""
+    down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if cfg.mlp_bias.
+
+    Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) for swiglu), hook_post [B, T, F]
+    the neurons down() reads, hook_out [B, T, d_model]."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -32,14 +64,14 @@ class MLP(nn.Module):
             self.gate = nn.Linear(cfg.d_model, width, bias=bias)
         self.up = nn.Linear(cfg.d_model, width, bias=bias)
         self.down = nn.Linear(width, cfg.d_model, bias=bias)
-        self.hook_out = HookPoint()
+        self.hook_pre, self.hook_post, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         if self.activation == "swiglu":
-            hidden = F.silu(self.gate(x)) * self.up(x)
+            hidden = F.silu(self.hook_pre(self.gate(x))) * self.up(x)
         else:
-            hidden = F.gelu(self.up(x), approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.hook_out(self.down(hidden))
+            hidden = F.gelu(self.hook_pre(self.up(x)), approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.hook_out(self.down(self.hook_post(hidden)))
 
 
 class Block(nn.Module):
@@ -66,7 +98,9 @@ class Block(nn.Module):
         [B, w, D] the block input at the positions just before (at least the mixer's
         resume_context of them, all when that is None), carry the mixer's state after start - 1."""
         x = self.hook_resid_pre(x)
-        return self.after_mixer(x, self.mixer.resume(self.norm_mixer(x), self.norm_mixer(before), carry))
+        normed = self.norm_mixer(torch.cat([before, x], dim=1))  # one call: hook_scale holds the last positions
+        skip = before.shape[1]
+        return self.after_mixer(x, self.mixer.resume(normed[:, skip:], normed[:, :skip], carry))
 
     def after_mixer(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:  # [B, T, D] each
         x = self.hook_resid_mid(x + mixed if self.residual else mixed)

@@ -28,21 +28,34 @@ Grammar (shapes batch-first):
     blocks.{l}.mixer.hook_dt                      [B, T, d_inner]
     blocks.{l}.mixer.hook_gate                    [B, T, ...]
     blocks.{l}.mixer.hook_state                   [B, T, *state_shape]
+    blocks.{l}.mixer.hook_attn_scores             [B, H, T, T]  pre-softmax, scaled, -inf masked
     blocks.{l}.mixer.hook_pattern                 [B, H, T, T]
+    blocks.{l}.mixer.hook_z                       [B, T, H, d_head]  per-head values into out_proj
+    blocks.{l}.mixer.hook_result                  [B, T, H, d_model] per-head output (sum + bias = hook_out)
+    blocks.{l}.mlp.hook_pre | hook_post           [B, T, d_mlp]  neurons before / after the nonlinearity
     blocks.{l}.mlp.hook_out                       [B, T, d_model]
+    blocks.{l}.norm_mixer.hook_scale | norm_mlp.hook_scale, norm_final.hook_scale   [B, T, 1]
     hook_final | hook_logits                      [B, T, d_model] | [B, T, vocab]
+
+Gradients (`run_with_cache(tokens, incl_bwd=True, metric=fn)`): the cache also holds
+`name + "_grad"`, d metric / d activation, for every cached name; for `hook_state` that is the
+total derivative d metric / d h_t (the read-out at t and every later step, every later layer),
+obtained by adding a zero `shift` [B, T, *S] to the state after each step
+(h_t = step(h_{t-1}) + shift_t) and differentiating with respect to it, through the scan
+kernels' own backward. A patch whose hook returns a new tensor equal to its input where it did
+not change it (`state + delta`, delta a zero leaf) gets the same derivative in `delta.grad`:
+its unchanged steps enter the re-run as such a shift (changed steps are pinned as before).
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
-import fnmatch
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+
+from models.cache import Cache, unknown_name_message
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 Reader = Callable[[torch.Tensor, "HookPoint"], None]
@@ -56,6 +69,9 @@ class HookPoint(nn.Module):
         super().__init__()
         self.name: str = "<unnamed>"
         self._readers: list[Reader] = []
+        # gradient probes of a hook_state (run_with_cache(incl_bwd=True)): lists that
+        # scan_with_state_hook appends its zero shift [B, T, *S] (requires grad) to
+        self._probes: list[list[torch.Tensor]] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -159,52 +175,6 @@ def apply_step_pin(state: torch.Tensor, pin: tuple[torch.Tensor, torch.Tensor] |
     return torch.where(mask.reshape(-1, *([1] * (state.dim() - 1))), values.to(state.dtype), state)
 
 
-class Cache(Mapping):
-    """Activations by hook name, read with `cache[name]` or stacked with `cache.stack(pattern)`."""
-
-    def __init__(self, store: dict[str, torch.Tensor] | None = None) -> None:
-        self._store: dict[str, torch.Tensor] = dict(store or {})
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self._store:
-            raise KeyError(unknown_name_message("cache key", name, list(self._store)))
-        return self._store[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._store)
-
-    def __len__(self) -> int:
-        return len(self._store)
-
-    def __setitem__(self, name: str, value: torch.Tensor) -> None:
-        self._store[name] = value
-
-    def stack(self, pattern: str) -> torch.Tensor:
-        """Stack every entry matching a glob pattern along a new first axis, ordered by layer.
-
-        `cache.stack("blocks.*.hook_resid_post")` -> [L, B, T, d_model].
-        """
-        names = sorted((n for n in self._store if fnmatch.fnmatchcase(n, pattern)), key=_natural_key)
-        if not names:
-            raise KeyError(
-                f"pattern {pattern!r} matches no cached name; cached: {sorted(self._store)[:20]}"
-            )
-        return torch.stack([self._store[n] for n in names])
-
-    def __repr__(self) -> str:
-        return f"Cache({len(self)} entries: {list(self._store)[:6]}{'...' if len(self) > 6 else ''})"
-
-
-def _natural_key(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def unknown_name_message(what: str, name: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
-    hint = f"closest valid names: {close}" if close else f"valid names include: {sorted(valid)[:12]}"
-    return f"unknown {what} {name!r}; {hint}"
-
-
 class HookedMixin:
     """Gives an nn.Module the hook interface: hook_names, run_with_cache, run_with_hooks.
 
@@ -289,18 +259,54 @@ class HookedMixin:
         fwd_hooks: Sequence[tuple] = (),
         detach: bool = True,
         allow_nonfinite: bool = False,
+        incl_bwd: bool = False,
+        metric: Callable[[torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
-        """Forward pass returning (logits, Cache) of the named activations (after any patches)."""
-        cache = Cache()
+        """Forward pass returning (logits, Cache) of the named activations (after any patches).
+
+        incl_bwd: also cache `name + "_grad"` = d metric(logits) / d activation for every named
+        hook (one backward pass, torch.autograd.grad: parameters' .grad are left alone; the
+        logits come back detached). For a hook_state it is d metric / d h_t, the total
+        derivative through the recurrence (module docstring). A hook whose reported value is
+        not on the metric's graph has no `_grad` entry: one the metric does not depend on, or
+        one reported beside the computation (a state-gated RNN's hook_gate, collected from the
+        scan's per-step gates).
+        """
+        if incl_bwd and not callable(metric):
+            raise TypeError(f"incl_bwd=True needs metric, a function logits -> scalar tensor; got {metric!r}")
+        cache = Cache(model=self)  # type: ignore[arg-type]
+        live: dict[str, torch.Tensor] = {}
 
         def store(x: torch.Tensor, hook: HookPoint) -> None:
             cache[hook.name] = x.detach() if detach else x
+            if incl_bwd:
+                live[hook.name] = x
 
         selected = self.resolve_hook_names(names)
-        with self.hooks(fwd_hooks, readers=[(n, store) for n in selected], allow_nonfinite=allow_nonfinite):
-            logits = self(tokens, **kwargs)  # type: ignore[operator]
-        return logits, cache
+        probes = {n: [] for n in selected} if incl_bwd else {}
+        for name, found in probes.items():
+            self.hook_dict[name]._probes.append(found)
+        grad_mode = torch.enable_grad() if incl_bwd else contextlib.nullcontext()
+        try:
+            with self.hooks(fwd_hooks, readers=[(n, store) for n in selected], allow_nonfinite=allow_nonfinite), \
+                    grad_mode:
+                logits = self(tokens, **kwargs)  # type: ignore[operator]
+        finally:
+            for name, found in probes.items():
+                self.hook_dict[name]._probes.remove(found)
+        if not incl_bwd:
+            return logits, cache
+        value = metric(logits)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ValueError(f"metric must return a scalar tensor; got {getattr(value, 'shape', type(value).__name__)}")
+        targets = {n: probes[n][-1] if probes[n] else live[n] for n in selected if n in live}
+        differentiable = {n: t for n, t in targets.items() if t.requires_grad}
+        grads = torch.autograd.grad(value, list(differentiable.values()), allow_unused=True) if differentiable else []
+        for name, grad in zip(differentiable, grads):
+            if grad is not None:
+                cache[name + "_grad"] = grad
+        return logits.detach(), cache
 
 
 def _checked_pairs(pairs, argument: str) -> list[tuple]:
@@ -354,20 +360,57 @@ def _as_torch_hook(fn: HookFn, allow_nonfinite: bool = False):
 
 def scan_with_state_hook(
     hook: HookPoint,
-    run_scan: Callable[[tuple[torch.Tensor, torch.Tensor] | None], tuple[torch.Tensor, torch.Tensor]],
+    run_scan: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     n_state_dims: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an instrumented scan through `hook_state` with causal state patches.
 
-    run_scan(pins) -> (outputs, states [B, T, *S]) must honour pins with `step_pins` (or the
-    kernels' equivalent). The scan runs once; if a patch changed any state it runs again with
-    those states pinned, so the change propagates to every later step. Readers see final states.
+    run_scan(pins, shift) -> (outputs, states [B, T, *S]) must honour pins with `step_pins` (or
+    the kernels' equivalent) and add shift [B, T, *S] (None: none) to the state after each step
+    before the pin applies: h_t = pin_t or step(h_{t-1}) + shift_t. The scan runs once; if a
+    patch changed any state it runs again with those states pinned, so the change propagates to
+    every later step. Readers see final states.
+
+    Gradients (the module docstring): under grad mode, a hook that returned a new tensor makes
+    the re-run take `patched - states` (zero where nothing changed) as shift at its unpinned
+    steps, so d / d patched is the total derivative there (the hook's own dependence on its
+    input cancels the minus); a gradient probe (run_with_cache(incl_bwd=True)) adds a zero leaf
+    shift. Without patches the first scan then runs without a graph and only the probed one has one.
     """
-    outputs, states = run_scan(None)
+    probing = bool(hook._probes) and torch.is_grad_enabled()
+    torch_patches = bool(hook._forward_hooks) or bool(hook._forward_pre_hooks)
+    with torch.no_grad() if probing and not torch_patches else contextlib.nullcontext():
+        outputs, states = run_scan(None, None)
+    pins = shift = None
     if hook.has_patches:
-        patched = hook(states.clone(), defer_readers=True)
+        given = states.clone()
+        patched = hook(given, defer_readers=True)
         pins = state_pins(states, patched, n_state_dims)
-        if pins is not None:
-            outputs, states = run_scan(pins)
+        if torch.is_grad_enabled() and patched.requires_grad and (patched is not given or _forced_instrumented()):
+            shift = patched - states
+            if pins is not None:
+                shift = torch.where(_expand(pins[0], shift), torch.zeros_like(shift), shift)
+    if probing:
+        probe = torch.zeros_like(states, requires_grad=True)
+        for found in hook._probes:
+            found.append(probe)
+        shift = probe if shift is None else shift + probe
+    if pins is not None or shift is not None:
+        outputs, states = run_scan(pins, shift)
     hook.emit(states)
     return outputs, states
+
+
+def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """mask [B, T] -> [B, T, 1, ...] broadcasting against like [B, T, *S]."""
+    return mask.reshape(*mask.shape, *([1] * (like.dim() - mask.dim())))
+
+
+def add_shift(state: torch.Tensor, shift: list[torch.Tensor] | None, t: int) -> torch.Tensor:
+    """state [B, *S] + shift[t] (shift: per-step tensors from `step_shifts`, or None)."""
+    return state if shift is None else state + shift[t].to(state.dtype)
+
+
+def step_shifts(shift: torch.Tensor | None) -> list[torch.Tensor] | None:
+    """shift [B, T, *S] or None -> T tensors [B, *S] (unbind, whose backward is one stack)."""
+    return None if shift is None else list(shift.unbind(1))

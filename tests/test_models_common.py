@@ -132,7 +132,7 @@ def test_every_hook_caches_with_batch_first_shape(name, tokens):
     _, cache = model.run_with_cache(tokens)
     assert set(cache) == set(model.hook_names())
     for hook_name, value in cache.items():
-        if hook_name.endswith("hook_pattern"):
+        if hook_name.endswith(("hook_pattern", "hook_attn_scores")):
             assert value.shape[0] == B and value.shape[-2:] == (T, T), hook_name
         else:
             assert value.shape[:2] == (B, T), (hook_name, tuple(value.shape))

@@ -15,11 +15,14 @@ positional="learned" adds a learned position embedding in the backbone (Sequence
 hook_state.
 
 Hooks: hook_q [B, T, H, d_head], hook_k, hook_v [B, T, G, d_head] (q and k before the rotary map, as in
-TransformerLens, so a patched q/k is rotated for the position it is placed at), hook_pattern
-[B, H, T, T] (the softmax probabilities A), hook_out [B, T, d_model].
+TransformerLens, so a patched q/k is rotated for the position it is placed at), hook_attn_scores
+[B, H, T, T] (q_s . k_t / sqrt(d_head), -inf after the query), hook_pattern [B, H, T, T] (the
+softmax probabilities A), hook_z [B, T, H, d_head] (z_s per head), hook_result [B, T, H, d_model]
+(W_o's head-h columns times z_s^h: their sum over heads plus W_o's bias is hook_out), hook_out.
 
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
-(materialised pattern) runs when hook_pattern is read or patched or the instrumented path is forced.
+(materialised scores and pattern) runs when hook_attn_scores or hook_pattern is read or patched
+or the instrumented path is forced; hook_result is formed only while it is read or patched.
 
 mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
 cfg.attention_bias: biases in the qkv and output maps.
@@ -34,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.mixers.base import Mixer, mixer_options, register_mixer
+from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
 
 OPTIONS = {"rope_base": 10000.0}
 
@@ -59,12 +62,17 @@ def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
 
 
-def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """q [B, H, Tq, d] (the last Tq positions), k [B, H, Tk, d] -> softmax probabilities
-    [B, H, Tq, Tk], zero for keys after the query."""
+def causal_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q [B, H, Tq, d] (the last Tq positions), k [B, H, Tk, d] -> scaled scores [B, H, Tq, Tk],
+    -inf for keys after the query."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, Tq, Tk]
     allowed = causal_mask(q.shape[2], k.shape[2], q.device)
-    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    return scores.masked_fill(~allowed, float("-inf"))
+
+
+def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The softmax probabilities [B, H, Tq, Tk] of causal_scores, zero for keys after the query."""
+    return causal_scores(q, k).softmax(dim=-1)
 
 
 @register_mixer(
@@ -85,7 +93,8 @@ class Attention(Mixer):
         self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.attention_bias)
         self.out_proj = nn.Linear(inner, cfg.d_model, bias=cfg.attention_bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern = HookPoint()
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z, self.hook_result = HookPoint(), HookPoint()
 
     def mix(self, x: torch.Tensor, queries_from: int = 0) -> torch.Tensor:  # [B, T, D] -> [B, T - queries_from, D]
         """Outputs at positions queries_from, ..., T - 1 (all of them by default)."""
@@ -100,13 +109,13 @@ class Attention(Mixer):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or G, T(q), d_head]
         if self.n_kv < self.n_heads:
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, T, d_head]
-        if self.use_instrumented(self.hook_pattern):
-            z = self.hook_pattern(causal_pattern(q, k)) @ v  # [B, H, Tq, d_head]
+        if self.use_instrumented(self.hook_attn_scores, self.hook_pattern):
+            z = self.hook_pattern(self.hook_attn_scores(causal_scores(q, k)).softmax(dim=-1)) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], length, x.device))
-        return self.out_proj(z.transpose(1, 2).reshape(batch, length - queries_from, -1))
+        return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.hooks import HookPoint, apply_step_pin, scan_with_state_hook, state_pins, step_pins
+from models.hooks import HookPoint, add_shift, apply_step_pin, scan_with_state_hook, state_pins, step_pins, step_shifts
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -175,7 +175,7 @@ class RecurrentMixer(Mixer):
         there are pinned and the scan re-runs from them), then read out -> [B, T, D].
         initial [B, *S]: the state before the first step (None: initial_state())."""
         _, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan(inputs, pins, initial), len(self.state_shape)
+            self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), len(self.state_shape)
         )
         return self.readout(x, states, inputs)
 
@@ -187,14 +187,15 @@ class RecurrentMixer(Mixer):
     def fast_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.scan(inputs, None)[1]
 
-    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference step loop honouring pins, from `initial` [B, *S] (None: initial_state());
-        returns (states, states) [B, T, *S]."""
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference step loop honouring pins, from `initial` [B, *S] (None: initial_state()),
+        shift [B, T, *S] (None: none) added to each step's state before its pin (the contract of
+        models.hooks.scan_with_state_hook); returns (states, states) [B, T, *S]."""
         first = next(iter(inputs.values()))
         h = self.initial_state(first.shape[0], first) if initial is None else initial
-        states = []
-        for inputs_t, pin in zip(per_step(inputs), step_pins(pins, first.shape[1])):
-            h = apply_step_pin(self.step(inputs_t, h), pin)
+        states, shifts = [], step_shifts(shift)
+        for t, (inputs_t, pin) in enumerate(zip(per_step(inputs), step_pins(pins, first.shape[1]))):
+            h = apply_step_pin(add_shift(self.step(inputs_t, h), shifts, t), pin)
             states.append(h)
         states = torch.stack(states, dim=1)
         return states, states
@@ -240,7 +241,7 @@ class GatedRecurrentMixer(RecurrentMixer):
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         gate_pins = self.gate_pins(inputs, initial)
         gates, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan(inputs, pins, gate_pins, initial), len(self.state_shape)
+            self.hook_state, lambda pins, shift: self.scan(inputs, pins, gate_pins, initial, shift), len(self.state_shape)
         )
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)
@@ -252,20 +253,35 @@ class GatedRecurrentMixer(RecurrentMixer):
         gates, _ = self.scan(inputs, initial=initial)
         return state_pins(gates, self.hook_gate(gates.clone(), defer_readers=True), self.gate_dims)
 
-    def scan(self, inputs, pins=None, gate_pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step loop honouring state and gate pins, from `initial` [B, *S] (None: initial_state());
-        returns (gates [B, T, *G], states [B, T, *S])."""
+    def scan(self, inputs, pins=None, gate_pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step loop honouring state and gate pins, from `initial` [B, *S] (None: initial_state()),
+        with shift as in RecurrentMixer.scan; returns (gates [B, T, *G], states [B, T, *S])."""
         first = next(iter(inputs.values()))
         h = self.initial_state(first.shape[0], first) if initial is None else initial
         length = first.shape[1]
-        gates, states = [], []
-        for inputs_t, pin, gate_pin in zip(per_step(inputs), step_pins(pins, length), step_pins(gate_pins, length)):
+        gates, states, shifts = [], [], step_shifts(shift)
+        steps = zip(per_step(inputs), step_pins(pins, length), step_pins(gate_pins, length))
+        for t, (inputs_t, pin, gate_pin) in enumerate(steps):
             gate, aux = self.gate_step(inputs_t, h)
             gate = apply_step_pin(gate, gate_pin)
-            h = apply_step_pin(self.state_step(inputs_t, gate, aux, h), pin)
+            h = apply_step_pin(add_shift(self.state_step(inputs_t, gate, aux, h), shifts, t), pin)
             gates.append(gate)
             states.append(h)
         return torch.stack(gates, dim=1), torch.stack(states, dim=1)
+
+
+def head_outputs(z: torch.Tensor, proj: nn.Linear, hook_z: HookPoint, hook_result: HookPoint) -> torch.Tensor:
+    """Per-head values z [B, T, H, d] through hook_z, then proj(concat_h z_h) [B, T, D]; while
+    hook_result is read or patched, as the sum over heads of hook_result [B, T, H, D]
+    (result_h = W[:, head h's columns] z_h) plus proj's bias."""
+    z = hook_z(z)
+    if not hook_result.is_active:
+        return proj(z.flatten(2))
+    heads, d = z.shape[-2:]
+    weight = proj.weight.view(proj.weight.shape[0], heads, d)  # [D, H, d]
+    result = hook_result(torch.einsum("bthd,ehd->bthe", z, weight))  # [B, T, H, D]
+    out = result.sum(2)
+    return out if proj.bias is None else out + proj.bias
 
 
 def per_step(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:

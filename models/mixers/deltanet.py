@@ -25,6 +25,8 @@ Hooks (besides hook_in / hook_out / hook_state):
   hook_beta   [B, T, H]     beta = s_h * sigmoid(.), before any clamp
   hook_gate   [B, T, H, d]  SiLU(W_g x), only with mixer_options gate=True
   hook_state  [B, T, H, d, d]  S_t after step t, values x keys (fla stores keys x values)
+  hook_z      [B, T, H, d]  each head's RMSNorm(o_t) [* gate], what W_out reads
+  hook_result [B, T, H, d_model]  each head's share of the output (sum over heads = hook_out)
 
 Beta clamp for ablations: `mixer.beta_clamp` is None or an [H, 2] tensor of (min, max) per head,
 applied inside the kernel on every path (hook_beta still shows the unclamped beta).
@@ -52,7 +54,7 @@ from torch import nn
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import delta_rule, short_conv
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, head_outputs, register_mixer
 
 OPTIONS = {"gate": False, "chunk_size": 64, "impl": "auto"}
 _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=True)
@@ -84,7 +86,7 @@ class DeltaNet(RecurrentMixer):
             self.gate_proj = nn.Linear(cfg.d_model, inner, bias=False)
             self.hook_gate = HookPoint()
         self.out_proj = nn.Linear(inner, cfg.d_model, bias=False)
-        for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta"):
+        for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_z", "hook_result"):
             setattr(self, name, HookPoint())
         self.beta_clamp: torch.Tensor | None = None
 
@@ -158,12 +160,27 @@ class DeltaNet(RecurrentMixer):
         n = heads * d * d
         return M.reshape(batch, n, n)
 
-    def scan(self, inputs, pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(o [B, T, H, d], states [B, T, H, d, d]) from the delta-rule kernel, every state
+        exported, pins honoured; shift [B, T, H, d, d] (the scan_with_state_hook contract:
+        S_t = S_{t-1} A_t + beta_t v_t k_t^T + shift_t) through the same kernel: with
+        P_t = sum_{s <= t} shift_s, R_t = S_t - P_t is a plain delta rule with values
+        v_t - P_{t-1} k_t (pinned R = pinned S - P), and S_t = R_t + P_t, o_t = R_t q_t + P_t q_t."""
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        if shift is not None:
+            total = shift.cumsum(1)  # P [B, T, H, d, d]
+            v = v - torch.einsum("bthvk,bthk->bthv", total - shift, k.to(total.dtype)).to(v.dtype)
+            if pins is not None:
+                pins = (pins[0], pins[1] - total)
         result = delta_rule(
-            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at="all", pins=pins, initial_state=initial,
+            q, k, v, inputs["beta"], export_at="all", pins=pins, initial_state=initial,
             beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
         )
-        return result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
+        o, states = result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
+        if shift is not None:
+            states = states + total
+            o = o + torch.einsum("bthvk,bthk->bthv", total, q.to(total.dtype)).to(o.dtype)
+        return o, states
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if not self.use_instrumented(self.hook_state):
@@ -171,7 +188,7 @@ class DeltaNet(RecurrentMixer):
         return self.instrumented_forward(x, self.prepare(x))
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        o, _ = scan_with_state_hook(self.hook_state, lambda pins: self.scan(inputs, pins, initial), 3)
+        o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3)
         return self._output(o, inputs)
 
     def readout(self, x, states, inputs) -> torch.Tensor:
@@ -192,7 +209,7 @@ class DeltaNet(RecurrentMixer):
         o = self.o_norm(o)
         if self.options["gate"]:
             o = o * inputs["gate"]
-        return self.out_proj(o.flatten(2))
+        return head_outputs(o, self.out_proj, self.hook_z, self.hook_result)
 
 
 def _options(options: dict) -> dict:

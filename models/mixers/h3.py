@@ -87,13 +87,14 @@ class H3(RecurrentMixer):
         _, abar, bbar = self.discretised()
         return abar * h + bbar * inputs_t["u"][..., None]  # [B, C, N]
 
-    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The recurrence by the diagonal-scan kernel, honouring pins, from `initial` [B, C, N]
-        (None: zeros) -> (states, states) [B, T, C, N]."""
+        (None: zeros), shift [B, T, C, N] added to each step -> (states, states) [B, T, C, N]."""
         _, abar, bbar = self.discretised()
         u = inputs["u"]  # [B, T, C]
         a = abar.expand(*u.shape[:2], *abar.shape)
-        states = diag_scan(a, bbar * u[..., None], pins=pins, initial_state=initial).output
+        b = bbar * u[..., None] if shift is None else bbar * u[..., None] + shift
+        states = diag_scan(a, b, pins=pins, initial_state=initial).output
         return states, states
 
     def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -139,22 +139,23 @@ class Mamba(RecurrentMixer):
         a, b = self.transition_terms(inputs_t)
         return a * h + b  # [B, E, N]
 
-    def scan(self, inputs, pins=None, initial=None):
+    def scan(self, inputs, pins=None, initial=None, shift=None):
         """The states [B, T, E, N] (twice: the scan contract). When the transition is a native one
-        (native_scale) on the CPU in float32/64 and selective_states_supported (no gradient wanted,
-        or no pins: its backward takes none), native_selective.selective_states forms a and b inside
-        its C loop; otherwise scan_terms over transition_terms."""
+        (native_scale) on the CPU in float32/64, there is no shift, and selective_states_supported
+        (no gradient wanted, or no pins: its backward takes none), native_selective.selective_states
+        forms a and b inside its C loop; otherwise scan_terms over transition_terms."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         scale = self.native_scale()
-        if scale is not None:
+        if scale is not None and shift is None:
             A = self.A()  # [E, N]
             if native_selective.selective_states_supported(dt, A, x, B, initial, pins):
                 states = native_selective.selective_states(dt, A, x, B, initial_state=initial, pins=pins, scale=scale)
                 return states, states
-        return self.scan_terms(*self.transition_terms(inputs), pins, initial)
+        return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
 
-    def scan_terms(self, a, b, pins=None, initial=None):
-        """The states [B, T, E, N] of h_t = a_t h_{t-1} + b_t (twice: the scan contract)."""
+    def scan_terms(self, a, b, pins=None, initial=None, shift=None):
+        """The states [B, T, E, N] of h_t = a_t h_{t-1} + b_t (+ shift_t) (twice: the scan contract)."""
+        b = b if shift is None else b + shift
         states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
         return states, states
 
@@ -164,10 +165,10 @@ class Mamba(RecurrentMixer):
         wanted: pins then make scan form a and b in torch); else a and b computed once for both."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         if self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial):
-            run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+            run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
         else:
             a, b = self.transition_terms(inputs)  # [B, T, E, N] each
-            run = lambda pins: self.scan_terms(a, b, pins, initial)  # noqa: E731
+            run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
         _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
         return self.readout(u, states, inputs)
 
@@ -231,15 +232,15 @@ class ComplexNativeMamba(Mamba):
             return self.finish(y, inputs)
         return super().fast_from(u, inputs, initial)
 
-    def scan(self, inputs, pins=None, initial=None):
+    def scan(self, inputs, pins=None, initial=None, shift=None):
         """The complex states [B, T, E, N] (twice: the scan contract): <kernel>_states when it runs
-        here (complex_states_supported: with pins only when no gradient is wanted), else
-        transition_terms into diag_scan."""
+        here (complex_states_supported: with pins only when no gradient is wanted) and there is
+        no shift, else transition_terms into diag_scan."""
         args = self.native_args(inputs)
-        if native_complex.complex_states_supported(*args, initial_state=initial, pins=pins):
+        if shift is None and native_complex.complex_states_supported(*args, initial_state=initial, pins=pins):
             states = getattr(native_complex, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
             return states, states
-        return super().scan(inputs, pins, initial)
+        return super().scan(inputs, pins, initial, shift)
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
         """Both scans (the first and the patched re-run) through scan when the first (no pins)
@@ -247,6 +248,6 @@ class ComplexNativeMamba(Mamba):
         diag_scan there), else Mamba's (a and b formed once in torch)."""
         if not native_complex.complex_states_supported(*self.native_args(inputs), initial_state=initial):
             return super().instrumented_forward(u, inputs, initial)
-        run = lambda pins: self.scan(inputs, pins, initial)  # noqa: E731
+        run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
         _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
         return self.readout(u, states, inputs)

@@ -14,6 +14,10 @@ h reads group h // (H / G)), N = d_state, W = d_conv:
     y      = GroupRMSNorm(y * SiLU(z))            G groups of E / G channels, weight [E], eps
     out    = out_proj(y)                          hook_gate = SiLU(z) [B, T, E]
 
+hook_z [B, T, H, P]: the normed y per head (what out_proj reads); hook_result [B, T, H, d_model]:
+each head's share of the output, out_proj's head-h columns times its z (their sum is hook_out;
+the group norm mixes heads before it, so a head's share is of the normed output).
+
 (B_t, C_t here are head h's group's [N] vectors.) Affine and diagonal (is_affine = True):
 dh_t/dh_{t-1} = exp(dt_t A) on every (p, n) of head h; `transition` returns it as [B, H, P, N].
 
@@ -38,7 +42,7 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import diag_scan, short_conv
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, head_outputs, mixer_options, register_mixer
 
 OPTIONS = {
     "n_groups": 1,
@@ -104,6 +108,7 @@ class Mamba2(RecurrentMixer):
         self.hook_conv = HookPoint()
         self.hook_dt = HookPoint()
         self.hook_gate = HookPoint()
+        self.hook_z, self.hook_result = HookPoint(), HookPoint()
 
     def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:  # u [B, T, D]
         batch, length, _ = u.shape
@@ -143,18 +148,19 @@ class Mamba2(RecurrentMixer):
         a, b = self.transition_terms(inputs_t)
         return a * h + b  # [B, H, P, N]
 
-    def scan(self, inputs, pins=None, initial=None):
-        return self.scan_terms(*self.transition_terms(inputs), pins, initial)
+    def scan(self, inputs, pins=None, initial=None, shift=None):
+        return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
 
-    def scan_terms(self, a, b, pins=None, initial=None):
-        """The states [B, T, H, P, N] of h_t = a_t h_{t-1} + b_t (twice: the scan contract)."""
+    def scan_terms(self, a, b, pins=None, initial=None, shift=None):
+        """The states [B, T, H, P, N] of h_t = a_t h_{t-1} + b_t (+ shift_t) (twice: the scan contract)."""
+        b = b if shift is None else b + shift
         states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
         return states, states
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
         a, b = self.transition_terms(inputs)  # formed once for the first scan and a patched re-run
         _, states = scan_with_state_hook(
-            self.hook_state, lambda pins: self.scan_terms(a, b, pins, initial), len(self.state_shape)
+            self.hook_state, lambda pins, shift: self.scan_terms(a, b, pins, initial, shift), len(self.state_shape)
         )
         return self.readout(u, states, inputs)
 
@@ -178,7 +184,8 @@ class Mamba2(RecurrentMixer):
         y = (y + self.D[:, None] * inputs["x"]).reshape(batch, length, self.d_inner) * inputs["gate"]
         grouped = y.reshape(batch, length, self.groups, -1)  # [B, T, G, E / G]
         grouped = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.norm_eps)
-        return self.out_proj(grouped.reshape(batch, length, self.d_inner) * self.norm_weight)
+        normed = (grouped.reshape(batch, length, self.d_inner) * self.norm_weight).view(batch, length, self.heads, -1)
+        return head_outputs(normed, self.out_proj, self.hook_z, self.hook_result)  # normed [B, T, H, P]
 
 
 def _inverse_softplus_dt(heads: int, opts: dict) -> torch.Tensor:

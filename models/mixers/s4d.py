@@ -89,11 +89,12 @@ class S4D(RecurrentMixer):
         dA, dB = self.discrete()
         return dA * h + dB * inputs_t["x"][..., None]  # [B, D, M]
 
-    def scan(self, inputs, pins=None, initial=None):
+    def scan(self, inputs, pins=None, initial=None, shift=None):
         dA, dB = self.discrete()
         x = inputs["x"]
         a = dA.expand(*x.shape, dA.shape[-1])  # [B, T, D, M] (a view)
-        states = diag_scan(a, dB * x[..., None], pins=pins, initial_state=initial).output  # [B, T, D, M]
+        b = dB * x[..., None] if shift is None else dB * x[..., None] + shift
+        states = diag_scan(a, b, pins=pins, initial_state=initial).output  # [B, T, D, M]
         return states, states
 
     def readout(self, x, states, inputs) -> torch.Tensor:

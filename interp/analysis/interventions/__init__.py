@@ -7,7 +7,7 @@ Modules: `sites` (Site, grids, positions), `patching` (the patch engine), `inter
 `ablation`, `corruption`; the public names are re-exported here.
 
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
-[B, H, T, T], whose position is the query axis (2) and head axis 1.
+and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1.
 
 Interchange (SCIENCE.md section 2). The clean run is cached once (only the hooks the sites need);
 the corrupted run is replayed with one site patched from the clean run. Many sites and example

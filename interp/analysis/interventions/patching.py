@@ -1,7 +1,7 @@
 """The patch engine: one forward hook per hook name, each row of a pass patched at its own site.
 
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
-[B, H, T, T], whose position is the query axis (2) and head axis 1. A hook on `hook_state` that
+and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1. A hook on `hook_state` that
 changes the states is a causal state patch (models.hooks.scan_with_state_hook), so patching the
 state at a position makes the recurrence continue from the patched state. Each (site, example)
 pair resumes from its site's block and first position (`model.resume_from`), many pairs per pass.
@@ -20,10 +20,12 @@ from interp.analysis.interventions.sites import (Site, answer_positions, answer_
                                                  check_sites, site_positions)
 from interp.tasks.base import Batch
 
+HEAD_FIRST = ("hook_pattern", "hook_attn_scores")  # [B, H, T, T]: time (the query) at axis 2
+
 
 def time_first(act: torch.Tensor, hook: str) -> torch.Tensor:
     """A view with time at axis 1 and heads (if any) at axis 2."""
-    return act.transpose(1, 2) if hook.endswith("hook_pattern") else act
+    return act.transpose(1, 2) if hook.endswith(HEAD_FIRST) else act
 
 
 def select_site(view: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, site: Site) -> torch.Tensor:
