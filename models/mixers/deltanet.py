@@ -54,7 +54,8 @@ from torch import nn
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import delta_rule, short_conv
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import RecurrentMixer, head_outputs, register_mixer
+from models.mixers.base import (RecurrentMixer, head_outputs, register_mixer, shifted_delta_inputs,
+                                shifted_delta_outputs)
 
 OPTIONS = {"gate": False, "chunk_size": 64, "impl": "auto"}
 _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=True)
@@ -162,25 +163,17 @@ class DeltaNet(RecurrentMixer):
 
     def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(o [B, T, H, d], states [B, T, H, d, d]) from the delta-rule kernel, every state
-        exported, pins honoured; shift [B, T, H, d, d] (the scan_with_state_hook contract:
-        S_t = S_{t-1} A_t + beta_t v_t k_t^T + shift_t) through the same kernel: with
-        P_t = sum_{s <= t} shift_s, R_t = S_t - P_t is a plain delta rule with values
-        v_t - P_{t-1} k_t (pinned R = pinned S - P), and S_t = R_t + P_t, o_t = R_t q_t + P_t q_t."""
+        exported, pins honoured; a shift [B, T, H, d, d] (scan_with_state_hook's contract) runs
+        through the same kernel (base.shifted_delta_inputs)."""
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         if shift is not None:
-            total = shift.cumsum(1)  # P [B, T, H, d, d]
-            v = v - torch.einsum("bthvk,bthk->bthv", total - shift, k.to(total.dtype)).to(v.dtype)
-            if pins is not None:
-                pins = (pins[0], pins[1] - total)
+            v, pins, total = shifted_delta_inputs(shift, k, v, pins)
         result = delta_rule(
             q, k, v, inputs["beta"], export_at="all", pins=pins, initial_state=initial,
             beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
         )
         o, states = result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
-        if shift is not None:
-            states = states + total
-            o = o + torch.einsum("bthvk,bthk->bthv", total, q.to(total.dtype)).to(o.dtype)
-        return o, states
+        return (o, states) if shift is None else shifted_delta_outputs(o, states, total, q)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if not self.use_instrumented(self.hook_state):

@@ -51,7 +51,8 @@ from torch import nn
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import delta_rule, short_conv
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import (RecurrentMixer, mixer_options, register_mixer, shifted_delta_inputs,
+                                shifted_delta_outputs)
 
 OPTIONS = {
     "expand_v": 2.0,
@@ -177,12 +178,18 @@ class GatedDeltaNet(RecurrentMixer):
                           initial_state=initial, chunk_size=self.options["chunk_size"],
                           impl=self.options["impl"], **kwargs)
 
-    def scan(self, inputs, pins=None, initial=None) -> tuple[torch.Tensor, torch.Tensor]:
-        result = self._kernel(inputs, initial, export_at="all", pins=pins)
-        return result.output, result.states_at  # [B, T, HV, V], [B, T, HV, V, K]
+    def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(o [B, T, HV, V], states [B, T, HV, V, K]), every state exported, pins honoured; a shift
+        (scan_with_state_hook's contract) through the same kernel (base.shifted_delta_inputs)."""
+        if shift is None:
+            result = self._kernel(inputs, initial, export_at="all", pins=pins)
+            return result.output, result.states_at
+        v, pins, total = shifted_delta_inputs(shift, inputs["k"], inputs["v"], pins, inputs["g"])
+        result = self._kernel({**inputs, "v": v}, initial, export_at="all", pins=pins)
+        return shifted_delta_outputs(result.output, result.states_at, total, inputs["q"])
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        o, _ = scan_with_state_hook(self.hook_state, lambda pins: self.scan(inputs, pins, initial), 3)
+        o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3)
         return self._output(o, inputs)
 
     def readout(self, x, states, inputs) -> torch.Tensor:
