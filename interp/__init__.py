@@ -1,10 +1,12 @@
 """What is done to models. Packages by concern, imports pointing one way:
 
-    cli -> report -> analysis -> training -> tasks        (and every one of them -> models, probes)
+    cli -> {report, sweep} -> analysis -> training -> tasks   (and every one of them -> models, probes)
 
     tasks/      synthetic data with ground-truth latent state and named positions
-    training/   the training loop, run directories, evaluation by length
-    analysis/   interventions, dynamics, error control, per-head analyses (results, no drawing)
+    training/   the training loop, finite data sets, run directories, evaluation by length
+    analysis/   interventions, dynamics, error control, per-head analyses, sample efficiency (N*,
+                kappa) (results, no drawing)
+    sweep/      sweep specs, executors (local process pool, Ray), the resumable results table
     report/     plotly figures and offline HTML reports
     cli/        the `interp` command, one module per subcommand
     nnsight.py  wrap(model): the nnsight face of every model

@@ -2,7 +2,11 @@
 level or inside a function) of every module in models/, probes/ and interp/.
 
     models, probes  never import interp; neither imports the other
-    interp          cli -> report -> analysis (and nnsight) -> training -> tasks, never back
+    interp          cli -> {report, sweep} -> analysis (and nnsight) -> training -> tasks, never back;
+                    rooms of one rank import neither each other (report never imports sweep, nor
+                    sweep report; analysis never imports nnsight, nor nnsight analysis). The N*
+                    search in analysis drives a runner it is handed (a sweep), so it needs no
+                    import of sweep: the arrow points from sweep to analysis.
     a mixer file    imports only models.hooks, models.kernels, models.mixers (its base), models.config
                     and torch (the package's __init__ discovers the files: importlib, pkgutil)
 """
@@ -15,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-INTERP_RANK = {"tasks": 0, "training": 1, "analysis": 2, "nnsight": 2, "report": 3, "cli": 4}
+INTERP_RANK = {"tasks": 0, "training": 1, "analysis": 2, "nnsight": 2, "report": 3, "sweep": 3, "cli": 4}
 
 
 def module_name(path: Path) -> str:
@@ -70,14 +74,21 @@ def test_models_and_probes_import_neither_interp_nor_each_other(package, forbidd
     assert not {k: v for k, v in bad.items() if v}
 
 
+def room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "interp" and len(parts) > 1 and parts[1] in INTERP_RANK else None
+
+
 def test_interp_imports_point_one_way():
-    """A module in a room of rank r imports interp modules of rank <= r only."""
+    """A module in a room of rank r imports interp modules of rank < r, or of its own room."""
     bad = {}
     for path in sources("interp"):
         own = interp_rank(module_name(path))
         if own is None:  # interp/__init__.py
             continue
-        wrong = sorted(n for n in imports(path) if (rank := interp_rank(n)) is not None and rank > own)
+        mine = room(module_name(path))
+        wrong = sorted(n for n in imports(path) if (rank := interp_rank(n)) is not None
+                       and (rank > own or (rank == own and room(n) != mine)))
         if wrong:
             bad[str(path.relative_to(ROOT))] = wrong
     assert not bad
@@ -103,3 +114,9 @@ def test_the_checker_sees_a_violation(tmp_path):
     found = imports(fake, "interp.analysis.probe")
     assert {"interp.report", "interp.report.html", "interp.cli", "interp.cli.args"} <= found
     assert max(interp_rank(n) or 0 for n in found) > INTERP_RANK["analysis"]
+
+
+def test_peer_rooms_are_told_apart():
+    """report and sweep share a rank, so the rule must compare rooms, not only ranks."""
+    assert INTERP_RANK["report"] == INTERP_RANK["sweep"]
+    assert room("interp.sweep.run") == "sweep" != room("interp.report.html")

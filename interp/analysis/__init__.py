@@ -5,6 +5,9 @@ none draws or writes a report.
     dynamics        Jacobians of recurrent mixers, spectra, Theorem 1, contraction
     error_control   the state-distinguishing subspace, drift q(t), Tcross, mp (SCIENCE.md section 1)
     heads           per-head DeltaNet beta analysis and head ablations
+    sample_efficiency   the N* search (driving any runner callable), kappa, the finite-data trial
+                    (SCIENCE.md section 3)
 
-May import: interp.training, interp.tasks, models, probes. Never interp.report or interp.cli.
+May import: interp.training, interp.tasks, models, probes. Never interp.report, interp.sweep or
+interp.cli.
 """

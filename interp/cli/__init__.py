@@ -5,6 +5,8 @@
     interp eval runs/x --lengths 60,100,200,500,1000
     interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
     interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
+    interp sweep spec.yaml --out sweeps/x [--executor local|ray] [--workers N]   grid or N* study, resumable
+    interp sample-efficiency --models lstm,transformer --tasks Z5 --max-length 6 --out sweeps/se
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import demo, drift, eval as eval_command, heads, train
+from interp.cli import demo, drift, eval as eval_command, heads, sample_efficiency, sweep, train
 
-SUBCOMMANDS = (demo, train, eval_command, heads, drift)  # each: add_parser(sub), run(args) -> exit status
+SUBCOMMANDS = (demo, train, eval_command, heads, drift, sweep, sample_efficiency)  # each: add_parser(sub), run(args) -> exit status
 
 
 def build_parser() -> argparse.ArgumentParser:

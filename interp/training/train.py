@@ -13,8 +13,21 @@ final-state accuracy at the current length every `eval_every` steps, and after
 `curriculum_patience` (k) consecutive evaluations at >= `curriculum_threshold` (95%) double the
 length, capped at `train_length`. Off: every batch has length `train_length`.
 
+Finite data (`dataset_size=N`, the sample-efficiency study; `interp.training.data`): N distinct
+sequences drawn once (seed `data_seed`) over `lengths` (default [train_length]) in equal shares,
+visited in shuffled epochs (order from `seed`) for `steps` steps or `max_epochs` epochs, and a
+disjoint validation set of `val_size` sequences. Every `eval_every` steps (and at the last step)
+the validation loss (mean cross-entropy over every loss position) is recorded ({"kind": "val"});
+the first time it is below `val_threshold` the run has converged: it stops early, and
+TrainResult.extra["converged_step"] holds that step (None when it never converged). The default
+threshold, 0.01 nats per supervised token, is a probability of about 0.99 on the right answer,
+far below the loss of a model unsure of even one position in twenty (ln 2 / 20 = 0.035) and under
+1% of chance (ln m >= ln 2); a model past it predicts held-out sequences nearly perfectly, which is
+what "learned the task from N examples" should mean. The curriculum is off with finite data.
+
 Determinism: the weights are initialised from `seed`; the batch of step s is
-`task.sample(batch_size, length, stream_seed(seed, 0, s))`, so a resumed run reads exactly the
+`task.sample(batch_size, length, stream_seed(seed, 0, s))` (with finite data: rows s*B..s*B+B-1
+of the epoch stream), so a resumed run reads exactly the
 batches an uninterrupted run reads, and on the CPU resuming gives bit-identical weights.
 
 A run directory (see `interp.training.checkpoint`) is written when `out` is given: config.json at the
@@ -49,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from interp.training import checkpoint as ckpt
+from interp.training.data import FiniteData, validation_loss
 from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
 from interp.tasks.base import Batch, Task
 from models.backbone import SequenceModel
@@ -81,6 +95,12 @@ class TrainConfig:
     checkpoint_every: int = 500
     seed: int = 0
     device: str = "cpu"
+    dataset_size: int | None = None
+    val_size: int = 256
+    lengths: list[int] | None = None
+    data_seed: int = 0
+    val_threshold: float = 0.01
+    max_epochs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "train_length", "curriculum_start", "curriculum_patience",
@@ -103,6 +123,26 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.curriculum_threshold must be in (0, 1]; got {self.curriculum_threshold!r}")
         if not isinstance(self.curriculum, bool):
             raise TypeError(f"TrainConfig.curriculum must be a bool; got {self.curriculum!r}")
+        for name in ("dataset_size", "max_epochs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"TrainConfig.{name} must be None or a positive int; got {value!r}")
+        if not isinstance(self.val_size, int) or isinstance(self.val_size, bool) or self.val_size < 1:
+            raise ValueError(f"TrainConfig.val_size must be a positive int; got {self.val_size!r}")
+        if not isinstance(self.data_seed, int) or isinstance(self.data_seed, bool) or self.data_seed < 0:
+            raise ValueError(f"TrainConfig.data_seed must be a non-negative int; got {self.data_seed!r}")
+        if not number(self.val_threshold) or not 0 < self.val_threshold < math.inf:
+            raise ValueError(f"TrainConfig.val_threshold must be a positive number; got {self.val_threshold!r}")
+        if self.lengths is not None:
+            if (not isinstance(self.lengths, (list, tuple)) or not self.lengths
+                    or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.lengths)):
+                raise ValueError(f"TrainConfig.lengths must be None or a non-empty list of positive ints; "
+                                 f"got {self.lengths!r}")
+            self.lengths = sorted(set(self.lengths))
+        if self.dataset_size is None and (self.lengths is not None or self.max_epochs is not None):
+            raise ValueError("TrainConfig.lengths and max_epochs need finite data: set dataset_size")
+        if self.dataset_size is not None and self.curriculum:
+            raise ValueError("TrainConfig.curriculum cannot be combined with dataset_size (finite data)")
         if self.warmup >= self.steps:
             raise ValueError(f"TrainConfig.warmup ({self.warmup}) must be smaller than steps ({self.steps})")
         check_device(self.device, "TrainConfig.device")
@@ -188,6 +228,11 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
     state = {"length": cfg.curriculum_start if cfg.curriculum else cfg.train_length, "streak": 0,
              "sums": [0.0, 0.0, 0]}
     step, records, log = 0, [], None
+    data = final = None
+    if cfg.dataset_size is not None:
+        data = FiniteData.build(task, cfg.lengths or [cfg.train_length], cfg.dataset_size, cfg.val_size, cfg.data_seed)
+        final = min(cfg.steps, math.ceil(cfg.max_epochs * data.n_train / cfg.batch_size) if cfg.max_epochs else cfg.steps)
+        end = min(end, final)
     run_dir = Path(out) if out is not None else None
     if run_dir is not None:
         config = ckpt.make_config(model_config.to_dict(), task_record(task), cfg.to_dict(), cfg.seed)
@@ -198,6 +243,9 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
         if log is not None:
             log.append(entry)
     state["length"] = min(state["length"], cfg.train_length)
+    converged = next((r["step"] for r in records if r["kind"] == "val" and r["converged"]), None)
+    if converged is not None:
+        end = step
     last_saved = step
 
     started = time.perf_counter()
@@ -205,7 +253,8 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
     model.train()
     try:
         while step < end:
-            batch = task.sample(cfg.batch_size, state["length"], stream_seed(cfg.seed, TRAIN_STREAM, step))
+            batch = (data.batch(step, cfg.batch_size, cfg.seed) if data is not None else
+                     task.sample(cfg.batch_size, state["length"], stream_seed(cfg.seed, TRAIN_STREAM, step)))
             batch = batch.to(cfg.device)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, cfg)
@@ -230,7 +279,10 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
                 state["sums"] = [0.0, 0.0, 0]
                 bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", acc=f"{records[-1]['accuracy']:.3f}",
                                 len=state["length"], refresh=False)
-            if step % cfg.eval_every == 0 or step == cfg.steps:
+            if data is not None and (step % cfg.eval_every == 0 or step == final):
+                converged = _validate(model, data, cfg, step, record)
+                end = step if converged is not None else end
+            elif data is None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 _evaluate_and_advance(model, task, cfg, step, state, record)
                 model.train()
             bar.update(1)
@@ -241,7 +293,19 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
         bar.close()
         if log is not None:
             log.close()
-    return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"])
+    extra = {"converged_step": converged, "n_train": data.n_train, "data": data.summary()} if data is not None else {}
+    return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"], extra)
+
+
+def _validate(model, data: FiniteData, cfg: TrainConfig, step: int, record) -> int | None:
+    """Record (record(entry)) the validation loss and accuracy; `step` if the loss is below
+    cfg.val_threshold."""
+    model.eval()
+    loss, accuracy = validation_loss(model, data.val.to(cfg.device))
+    model.train()
+    converged = loss < cfg.val_threshold
+    record({"kind": "val", "step": step, "loss": loss, "accuracy": accuracy, "converged": converged})
+    return step if converged else None
 
 
 def _evaluate_and_advance(model, task, cfg: TrainConfig, step: int, state: dict, record) -> None:

@@ -1,0 +1,74 @@
+"""`interp sample-efficiency`: the N* / kappa study from flags (an n_star spec built for you).
+
+    interp sample-efficiency --models lstm,transformer --tasks Z5 --formats outcome,acot \\
+        --max-length 6 --out sweeps/se [--executor ray --workers 8]
+
+Runs N* for every model x task x format at each length 2..L and jointly, then kappa and the joint
+model's accuracy at 2L and 4L; writes the table, n_star.jsonl, kappa.jsonl and report.html.
+The same study as a file: `interp sweep SPEC` with kind: n_star (see interp.sweep.spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from interp.cli.args import positive_float, positive_int
+from interp.cli.sweep import add_executor_arguments, run_loaded
+
+
+def names(text: str) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list; got {text!r}")
+    return values
+
+
+def numbers(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(v) for v in names(text)]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated {kind.__name__}s; got {text!r}") from None
+    return parse
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("sample-efficiency", help="N* and kappa for models x tasks x formats",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=names, default=["transformer", "lstm", "dense_ssm", "mamba"],
+                        help="model presets, comma-separated (default transformer,lstm,dense_ssm,mamba)")
+    parser.add_argument("--tasks", type=names, default=["Z5"], help="groups, e.g. Z5,S5 (default Z5)")
+    parser.add_argument("--formats", type=names, default=["outcome", "cot", "acot"],
+                        help="supervision formats (default outcome,cot,acot)")
+    parser.add_argument("--max-length", type=positive_int, required=True, help="L: lengths 2..L and joint")
+    parser.add_argument("--lrs", type=numbers(float), default=[1e-3, 3e-3], help="learning rates (default 0.001,0.003)")
+    parser.add_argument("--seeds", type=numbers(int), default=[0, 1], help="seeds (default 0,1)")
+    parser.add_argument("--steps", type=positive_int, default=1000, help="step budget per trial (default 1000)")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--val-size", type=positive_int, default=256, help="validation sequences (default 256)")
+    parser.add_argument("--val-threshold", type=positive_float, default=0.01,
+                        help="convergence: validation loss below this (default 0.01)")
+    parser.add_argument("--n0", type=positive_int, default=16, help="first N of the geometric phase (default 16)")
+    parser.add_argument("--resolution", type=float, default=0.1, help="relative resolution of N* (default 0.1)")
+    parser.add_argument("--n-max", type=positive_int, default=1 << 16, help="largest N tried (default 65536)")
+    parser.add_argument("--n-layers", type=positive_int, default=None, help="transformer depth (the seed: 6)")
+    add_executor_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interp.cli.args import fail
+    from interp.sweep.spec import load_spec
+
+    spec = {"kind": "n_star", "name": "sample-efficiency", "models": args.models, "tasks": args.tasks,
+            "formats": args.formats, "max_length": args.max_length, "lrs": args.lrs, "seeds": args.seeds,
+            "search": {"n0": args.n0, "resolution": args.resolution, "n_max": args.n_max},
+            "train": {"steps": args.steps, "batch_size": args.batch_size, "val_size": args.val_size,
+                      "val_threshold": args.val_threshold}}
+    if args.n_layers is not None:
+        spec["model_options"] = {"transformer": {"n_layers": args.n_layers}}
+    try:
+        loaded = load_spec(spec)
+    except ValueError as error:
+        return fail("sample-efficiency", error)
+    return run_loaded(loaded, args, "sample-efficiency")

@@ -1,0 +1,12 @@
+"""Sweeps: many training runs, each its own run directory, into one tidy table; local or on Ray.
+
+    spec            load_spec(path or dict) -> SweepSpec: a grid, or the adaptive N* study
+    table           ResultTable: out/results.jsonl keyed by trial_id(params), appended per trial
+    executors       the Executor interface, LocalExecutor (process pool), make_executor
+    ray_executor    RayExecutor: Ray core tasks (optional dependency, `interp-seq[ray]`)
+    run             Sweep (the resumable trial runner), run_spec
+
+May import: interp.analysis, interp.training, interp.tasks, models. Never interp.report or
+interp.cli. interp.analysis never imports this package: the N* search there drives any callable
+runner, and a Sweep is one.
+"""

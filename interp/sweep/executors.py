@@ -1,0 +1,179 @@
+"""Executors: run trial functions in worker processes, one interface for every engine.
+
+    executor.run(fn, jobs, on_done)     fn(params, run_dir) -> row, for each Job; on_done(Outcome)
+                                        is called in the driver as each job ends, in any order
+    make_executor("local" | "ray", workers=..., ...) -> Executor
+
+`LocalExecutor` (the default): a `concurrent.futures.ProcessPoolExecutor` of `workers` spawned
+processes, each running torch with one thread (and exiting when the driver process is gone). At most `workers` jobs are in flight. A worker that
+dies (os._exit, a segfault, the OOM killer) breaks the pool: the pool is rebuilt and the jobs that
+were in flight run again. When one job was in flight it is the one that killed its worker and is
+charged an attempt; when several were, none is charged and they rerun one at a time until each
+has finished or died alone, so a crashing trial never uses up an innocent one's retries. A job
+charged more than `max_retries` times fails with the error "worker died".
+
+`RayExecutor` (interp.sweep.ray_executor): Ray core tasks with num_cpus / num_gpus per trial;
+Ray itself retries tasks whose worker died (its `max_retries`).
+
+An exception raised by the trial function is not retried (it would most likely recur): the job
+fails with the formatted traceback as its error. Failures never stop the other jobs.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str            # the trial id
+    params: dict
+    run_dir: str
+
+
+@dataclass
+class Outcome:
+    job: Job
+    row: dict | None    # the trial's row, None when it failed
+    error: str | None   # the traceback or the reason, None when it succeeded
+    attempts: int = 1   # times the job was started (local); Ray retries inside and reports 1
+
+
+def one_thread() -> None:
+    """Worker start: torch (and OpenMP / MKL) with one thread, whether or not torch is loaded yet."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+def _worker_start(parent: int) -> None:
+    """Pool initializer: one thread, and exit when the driver is gone (killed with SIGKILL, say)
+    rather than wait for work forever as an orphan."""
+    import threading
+    import time
+
+    one_thread()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def execute(fn: Callable[[dict, str], dict], params: dict, run_dir: str) -> tuple[str, Any]:
+    """Run one trial in a worker: ("ok", row) or ("error", traceback text). One torch thread."""
+    one_thread()
+    try:
+        row = fn(params, run_dir)
+        if not isinstance(row, dict):
+            raise TypeError(f"the trial function must return a dict; got {type(row).__name__}")
+        return "ok", row
+    except Exception:  # noqa: BLE001 - reported as the trial's failure, the sweep goes on
+        return "error", traceback.format_exc()
+
+
+class Executor(Protocol):
+    def run(self, fn: Callable, jobs: Sequence[Job], on_done: Callable[[Outcome], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """A process pool of `workers` spawned processes (see the module docstring)."""
+
+    def __init__(self, workers: int = 1, max_retries: int = 2) -> None:
+        for name, value, low in (("workers", workers, 1), ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        self.workers, self.max_retries = workers, max_retries
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _fresh_pool(self) -> ProcessPoolExecutor:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_worker_start, initargs=(os.getpid(),))
+        return self._pool
+
+    def run(self, fn: Callable, jobs: Sequence[Job], on_done: Callable[[Outcome], None]) -> None:
+        pending = collections.deque(jobs)
+        charged: collections.Counter[str] = collections.Counter()   # deaths blamed on a job
+        started: collections.Counter[str] = collections.Counter()   # times a job was started
+        suspects: set[str] = set()
+        inflight: dict = {}
+        pool = self._pool or self._fresh_pool()
+        while pending or inflight:
+            limit = 1 if suspects else self.workers
+            while pending and len(inflight) < limit:
+                try:
+                    future = pool.submit(execute, fn, pending[0].params, pending[0].run_dir)
+                except BrokenProcessPool:   # broke since the last wait: its jobs in flight tell why
+                    if not inflight:
+                        pool = self._fresh_pool()
+                        continue
+                    break
+                job = pending.popleft()
+                started[job.key] += 1
+                inflight[future] = job
+            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+            crashed = []
+            for future in done:
+                job = inflight.pop(future)
+                try:
+                    status, payload = future.result()
+                except BrokenProcessPool:
+                    crashed.append(job)
+                    continue
+                suspects.discard(job.key)
+                attempts = started[job.key]
+                on_done(Outcome(job, payload, None, attempts) if status == "ok" else Outcome(job, None, payload, attempts))
+            if not crashed:
+                continue
+            crashed += list(inflight.values())   # the pool is broken: every job in flight is lost
+            inflight.clear()
+            pool = self._fresh_pool()
+            if len(crashed) > 1:
+                suspects.update(job.key for job in crashed)
+                pending.extendleft(reversed(crashed))
+                continue
+            job = crashed[0]
+            suspects.discard(job.key)
+            charged[job.key] += 1
+            if charged[job.key] > self.max_retries:
+                on_done(Outcome(job, None, f"worker died {charged[job.key]} times (max_retries={self.max_retries})",
+                                started[job.key]))
+            else:
+                pending.appendleft(job)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def make_executor(name: str, workers: int = 1, max_retries: int = 2, *, address: str | None = None,
+                  num_cpus: float = 1, num_gpus: float = 0) -> Executor:
+    """The executor called `name`: "local" (workers processes) or "ray" (a local cluster of
+    `workers` CPUs, or the cluster at `address`; num_cpus / num_gpus per trial)."""
+    if name == "local":
+        return LocalExecutor(workers, max_retries)
+    if name == "ray":
+        from interp.sweep.ray_executor import RayExecutor
+
+        return RayExecutor(workers=workers, max_retries=max_retries, address=address,
+                           num_cpus=num_cpus, num_gpus=num_gpus)
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {name!r}")

@@ -1,0 +1,77 @@
+"""The Ray executor: each trial one Ray core task (`pip install interp-seq[ray]`).
+
+    RayExecutor(workers=2)                       ray.init(num_cpus=2): a local cluster on this machine
+    RayExecutor(address="ray://head:10001")      join an existing cluster (or address="auto")
+    num_cpus / num_gpus                          resources of each trial's task (Ray schedules them)
+
+Ray starts one worker process per concurrent task and retries a task whose worker died
+(`max_retries`; exceptions raised by the trial are not retried, `retry_exceptions=False`). A local
+cluster is started only when Ray is not initialised yet, and shut down by `close()` only if this
+executor started it. Workers of a local cluster find this source tree through PYTHONPATH (the
+driver's sys.path); on a remote cluster the package must be installed on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from interp.sweep.executors import Job, Outcome, execute
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("the ray executor needs Ray: pip install 'interp-seq[ray]' (or ray>=2.9)") from None
+    return ray
+
+
+class RayExecutor:
+    def __init__(self, workers: int = 1, max_retries: int = 2, *, address: str | None = None,
+                 num_cpus: float = 1, num_gpus: float = 0) -> None:
+        for name, value, low in (("workers", workers, 1), ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+        for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number; got {value!r}")
+        self.workers, self.max_retries, self.address = workers, max_retries, address
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self._started = False
+
+    def _connect(self):
+        ray = ray_module()
+        if not ray.is_initialized():
+            path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+            runtime_env = {"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}}
+            if self.address is None:
+                ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False,
+                         runtime_env=runtime_env)
+            else:
+                ray.init(address=self.address, log_to_driver=False)
+            self._started = True
+        return ray
+
+    def run(self, fn: Callable, jobs: Sequence[Job], on_done: Callable[[Outcome], None]) -> None:
+        ray = self._connect()
+        task = ray.remote(execute).options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                            max_retries=self.max_retries, retry_exceptions=False)
+        fn_ref = ray.put(fn)
+        refs = {task.remote(fn_ref, job.params, job.run_dir): job for job in jobs}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                job = refs.pop(ref)
+                try:
+                    status, payload = ray.get(ref)
+                except ray.exceptions.RayError as error:   # worker died past max_retries, node lost, ...
+                    on_done(Outcome(job, None, f"{type(error).__name__}: {error}", self.max_retries + 1))
+                    continue
+                on_done(Outcome(job, payload, None) if status == "ok" else Outcome(job, None, payload))
+
+    def close(self) -> None:
+        if self._started:
+            ray_module().shutdown()
+            self._started = False
