@@ -5,9 +5,12 @@
 Measures, in one run on this machine:
   * tokens/s of forward+backward for every registered model (d_model=64, 2 layers), on the fast
     path and with every hook cached (run_with_cache of all names, which forces the per-step path);
-  * the tanh RNN fast path against the same network written with bare torch.nn.RNN;
+  * the tanh RNN, LSTM and GRU, fast and with every hook cached, against the same network written
+    with bare torch.nn.RNN / LSTM / GRU (what a user would otherwise run);
   * peak memory of caching hook_state for T=1000 (a fresh subprocess per model: peak RSS
     growth during the cached forward, /proc VmHWM after a reset).
+Contenders of one comparison run interleaved in rounds (benchmarks/timing.py: min over rounds,
+order alternated); the load average is printed with each table.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from torch import nn
 
 import models
-from timing import timed  # benchmarks/timing.py
+from timing import interleaved  # benchmarks/timing.py
 
 VOCAB, D_MODEL, N_LAYERS = 16, 64, 2
 
@@ -38,13 +41,17 @@ def fwd_bwd(model, tokens, cached: bool):
     return run
 
 
-class BareRNN(nn.Module):
-    """The tanh_rnn preset's network written with torch.nn only (no hooks, no framework)."""
+BARE = {"tanh_rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
-    def __init__(self) -> None:
+
+class BareRecurrent(nn.Module):
+    """The tanh_rnn / lstm / gru preset's network written with torch.nn only (no hooks, no
+    framework): embedding, per layer the torch.nn recurrence and its output projection, unembedding."""
+
+    def __init__(self, name: str) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)
-        self.rnns = nn.ModuleList(nn.RNN(D_MODEL, D_MODEL, batch_first=True) for _ in range(N_LAYERS))
+        self.rnns = nn.ModuleList(BARE[name](D_MODEL, D_MODEL, batch_first=True) for _ in range(N_LAYERS))
         self.outs = nn.ModuleList(nn.Linear(D_MODEL, D_MODEL) for _ in range(N_LAYERS))
         self.unembed = nn.Linear(D_MODEL, VOCAB, bias=False)
 
@@ -87,7 +94,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--memory-length", type=int, default=1000)
+    parser.add_argument("--memory-length", type=int, default=1000, help="0: skip the memory column")
+    parser.add_argument("--models", nargs="+", default=None, help="only these models in the zoo table")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: stable ratios on a shared machine)")
     args = parser.parse_args()
@@ -98,24 +106,31 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, B={args.batch}, "
           f"T={args.length}, d_model={D_MODEL}, layers={N_LAYERS}\n")
 
-    bare = BareRNN()
-    ours = models.build("tanh_rnn", vocab_size=VOCAB, d_model=D_MODEL, n_layers=N_LAYERS)
-    t_bare = timed(fwd_bwd(bare, tokens, cached=False), args.repeats)
-    t_ours = timed(fwd_bwd(ours, tokens, cached=False), args.repeats)
-    print(f"tanh_rnn fast path / bare nn.RNN time ratio: {t_ours / t_bare:.2f}x (target <= 1.5x)\n")
-
-    print("| model | fast tok/s | cached tok/s | cached/fast time | hook_state cache T=%d (MiB) | peak RSS growth (MiB) |" % args.memory_length)
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in models.list_models():
+    for name in [n for n in BARE if args.models is None or n in args.models]:
         model = models.build(name, vocab_size=VOCAB, d_model=D_MODEL, n_layers=N_LAYERS)
-        t_fast = timed(fwd_bwd(model, tokens, cached=False), args.repeats)
-        t_cached = timed(fwd_bwd(model, tokens, cached=True), args.repeats)
+        res = interleaved({"bare": fwd_bwd(BareRecurrent(name), tokens, cached=False),
+                           "fast": fwd_bwd(model, tokens, cached=False),
+                           "cached": fwd_bwd(model, tokens, cached=True)}, rounds=args.repeats)
+        bare = res["bare"].min
+        print(f"{name}: bare torch.nn {n_tokens / bare:,.0f} tok/s; fast / bare {res['fast'].min / bare:.2f}x, "
+              f"every hook cached / bare {res['cached'].min / bare:.2f}x (min of {args.repeats} interleaved "
+              f"rounds; medians {res['fast'].median / res['bare'].median:.2f}x, "
+              f"{res['cached'].median / res['bare'].median:.2f}x; load {res.load})")
+
+    print("\n| model | fast tok/s | cached tok/s | cached/fast time | hook_state cache T=%d (MiB) | peak RSS growth (MiB) | load |"
+          % args.memory_length)
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name in args.models or models.list_models():
+        model = models.build(name, vocab_size=VOCAB, d_model=D_MODEL, n_layers=N_LAYERS)
+        res = interleaved({"fast": fwd_bwd(model, tokens, cached=False),
+                           "cached": fwd_bwd(model, tokens, cached=True)}, rounds=args.repeats)
+        t_fast, t_cached = res["fast"].min, res["cached"].min
         has_state = any(n.endswith("hook_state") for n in model.hook_names())
-        memory = state_cache_memory(name, args.memory_length) if has_state else None
+        memory = state_cache_memory(name, args.memory_length) if has_state and args.memory_length else None
         mem_cols = (f"{memory['cache_mib']:.1f} | {memory['peak_rss_growth_mib']:.1f}"
                     if memory else "- | -")
         print(f"| {name} | {n_tokens / t_fast:,.0f} | {n_tokens / t_cached:,.0f} | "
-              f"{t_cached / t_fast:.2f}x | {mem_cols} |", flush=True)
+              f"{t_cached / t_fast:.2f}x | {mem_cols} | {res.load} |", flush=True)
 
 
 if __name__ == "__main__":

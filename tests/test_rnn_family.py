@@ -44,6 +44,60 @@ def test_loop_equals_torch_module(name, module):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("read", ["all", "h"])
+@pytest.mark.parametrize("initial", [False, True])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_unpinned_scan_equals_the_step_loop_with_gradients(name, initial, read):
+    """The instrumented path without patches (nn.LSTM / nn.GRU states, every gate from h_{t-1}
+    at once, the LSTM's c by the diagonal scan) against the step loop: gates, states and the
+    gradients of a loss on both (read "all") or on h alone (the readout's case, where the LSTM's
+    gate and c graph is skipped) in x, every weight and the initial state."""
+    _, mixer = mixer_of(name, d_hidden=6)
+    x = inputs_x(length=37)
+    h0 = torch.randn(B, *mixer.state_shape, requires_grad=True) if initial else None
+    leaves = [x, *mixer.parameters()] + ([h0] if initial else [])
+    gen = torch.Generator().manual_seed(2)
+    results = []
+    for fused in (True, False):
+        inputs = mixer.prepare(x)
+        gates, states = mixer.unpinned_scan(x, inputs, h0) if fused else mixer.scan(inputs, initial=h0)
+        if fused:
+            weights = [torch.randn(t.shape, generator=gen) for t in (gates, states)]
+            if read == "h":
+                weights[0].zero_()
+                if name == "lstm":
+                    weights[1][:, :, 1] = 0
+        loss = (gates * weights[0]).sum() + (states * weights[1]).sum()
+        results.append([gates, states, *torch.autograd.grad(loss, leaves, allow_unused=True)])
+    for got, want in zip(*results):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_cached_run_takes_no_step_loop_and_a_patch_resumes_it_from_the_patched_step(name, monkeypatch):
+    model, mixer = mixer_of(name)
+    hin, hgate, hstate = mixer_hooks(name)
+    loop = type(mixer).scan
+    starts = []
+    monkeypatch.setattr(type(mixer), "scan", lambda self, inputs, *a, **k: starts.append(
+        next(iter(inputs.values())).shape[1]) or loop(self, inputs, *a, **k))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(), names=[hin, hgate, hstate])
+        assert starts == []  # no step loop
+
+        def patch(states, hook):
+            states[:, 6] = 0.25
+            return states
+
+        _, pcache = model.run_with_cache(tokens(), names=[hstate], fwd_hooks=[(hstate, patch)])
+    assert starts == [tokens().shape[1] - 6]  # the loop ran from the patched step on
+    assert torch.equal(pcache[hstate][:, :6], cache[hstate][:, :6])
+    assert (pcache[hstate][:, 7:] - cache[hstate][:, 7:]).abs().max() > 1e-4
+
+
 # ---- affine mixers: dh_t/dh_{t-1} is A(x_t), whatever the state ------------------------------
 
 

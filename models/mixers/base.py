@@ -213,7 +213,8 @@ class GatedRecurrentMixer(RecurrentMixer):
       gate_step(inputs_t, h)             -> (gates [B, *G], aux): aux is whatever the update
                                             reuses from the gate computation (e.g. W h_{t-1})
       state_step(inputs_t, gates, aux, h) -> h_t [B, *S]
-    so that step(inputs_t, h) = state_step(inputs_t, *gate_step(inputs_t, h), h).
+    so that step(inputs_t, h) = state_step(inputs_t, *gate_step(inputs_t, h), h), and may define
+    unpinned_scan(x, inputs, initial) for the instrumented path's scan without patches.
     The fast path (fast_states) is the step loop without hooks and without collecting gates.
     """
 
@@ -240,19 +241,46 @@ class GatedRecurrentMixer(RecurrentMixer):
         return self.use_instrumented(self.hook_state, self.hook_gate)
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        gate_pins = self.gate_pins(inputs, initial)
+        clean = self.unpinned_scan(x, inputs, initial)
+        gate_pins = self.gate_pins(inputs, initial, clean)
         gates, states = scan_with_state_hook(
-            self.hook_state, lambda pins, shift: self.scan(inputs, pins, gate_pins, initial, shift), len(self.state_shape)
+            self.hook_state, lambda pins, shift: self.resumed_scan(inputs, pins, gate_pins, initial, clean, shift),
+            len(self.state_shape),
         )
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)
 
-    def gate_pins(self, inputs: dict[str, torch.Tensor], initial=None):
-        """Where patches on hook_gate changed the gates of an unpatched scan (None if nowhere)."""
+    def unpinned_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
+        """(gates [B, T, *G], states [B, T, *S]) of the scan without pins from the mixer input x,
+        computed without the step loop, or None (the loop runs). Override where a fused kernel's
+        states give every gate in parallel (LSTM, GRU)."""
+        return None
+
+    def gate_pins(self, inputs: dict[str, torch.Tensor], initial=None, clean=None):
+        """Where patches on hook_gate changed the gates of an unpatched scan (None if nowhere);
+        clean: that scan's (gates, states) when already run."""
         if not self.hook_gate.has_patches:
             return None
-        gates, _ = self.scan(inputs, initial=initial)
+        gates, _ = self.scan(inputs, initial=initial) if clean is None else clean
         return state_pins(gates, self.hook_gate(gates.clone(), defer_readers=True), self.gate_dims)
+
+    def resumed_scan(self, inputs, pins, gate_pins, initial, clean, shift=None):
+        """scan honouring pins given the unpinned scan's (gates, states) `clean` (or None): the
+        steps before the first pinned one are clean's, bit for bit, and the step loop resumes
+        from clean's state there. With a shift (scan_with_state_hook's gradient contract) the
+        loop runs from the start."""
+        if clean is None or shift is not None:
+            return self.scan(inputs, pins, gate_pins, initial, shift)
+        masks = [p[0].any(0) for p in (pins, gate_pins) if p is not None]  # [T] each
+        if not masks:
+            return clean
+        first = int(torch.nonzero(torch.stack(masks).any(0))[0])
+        if first == 0:
+            return self.scan(inputs, pins, gate_pins, initial)
+        tail = {name: value[:, first:] for name, value in inputs.items()}
+        cut = lambda p: None if p is None else (p[0][:, first:], p[1][:, first:])  # noqa: E731
+        gates, states = self.scan(tail, cut(pins), cut(gate_pins), initial=clean[1][:, first - 1])
+        return torch.cat([clean[0][:, :first], gates], dim=1), torch.cat([clean[1][:, :first], states], dim=1)
 
     def scan(self, inputs, pins=None, gate_pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Step loop honouring state and gate pins, from `initial` [B, *S] (None: initial_state()),

@@ -10,8 +10,9 @@ State-dependent. hook_state [B, T, H]; hook_gate [B, T, 3, H] = (r, z, n) after 
 nonlinearities (PyTorch's names). A patch on hook_gate replaces the gates used in the recurrence:
 the scan re-runs with the patched gates pinned, before hook_state patches apply.
 
-Fast path: torch.nn.GRU (cuDNN on GPU). Instrumented path: the step loop with the same weights.
-No mixer_options.
+Fast path: torch.nn.GRU (cuDNN on GPU). Instrumented path without patches (unpinned_scan): the
+same nn.GRU call for the states, then every gate at once from h_{t-1} (one batched product); with
+state or gate patches, the step loop with the same weights. No mixer_options.
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ class GRU(GatedRecurrentMixer):
     def state_step(self, inputs_t, gates: torch.Tensor, aux, h: torch.Tensor) -> torch.Tensor:
         _, z, n = gates.unbind(1)
         return (1 - z) * n + z * h  # [B, H]
+
+    def unpinned_scan(self, x, inputs, initial=None):
+        """(gates [B, T, 3, H], states [B, T, H]): nn.GRU's h sequence, and the gates of every
+        step at once from h_{t-1} (gate_step's arithmetic over [B, T])."""
+        if x.shape[1] == 0:
+            return None
+        h0 = x.new_zeros(x.shape[0], self.hidden) if initial is None else initial
+        h = self.gru(x, h0[None].contiguous())[0]  # [B, T, H]
+        h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
+        drive = inputs["drive"].unflatten(-1, (3, self.hidden))  # [B, T, 3, H]
+        rec = (h_prev @ self.gru.weight_hh_l0.T + self.gru.bias_hh_l0).unflatten(-1, (3, self.hidden))
+        rz = torch.sigmoid(drive[:, :, :2] + rec[:, :, :2])  # reset, update [B, T, 2, H]
+        new = torch.tanh(drive[:, :, 2] + rz[:, :, 0] * rec[:, :, 2])
+        return torch.cat([rz, new[:, :, None]], dim=2), h
 
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states)
