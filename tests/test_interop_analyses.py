@@ -93,6 +93,10 @@ def test_causal_state_patch_equals_the_source_continued_from_the_patched_state(i
         ours = model.run_with_hooks(corrupt.tokens, fwd_hooks=[(hook, patch)])
         unpatched = model(corrupt.tokens)
     reference = stepwise_logits(src, corrupt.tokens, {(1, t): donor[hook][:, t].clone()})
+    prefilled = stepwise_logits(src, corrupt.tokens, {(1, t): donor[hook][:, t].clone()}, prefill=t + 1)
+    torch.testing.assert_close(prefilled, reference, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="outside"):
+        stepwise_logits(src, corrupt.tokens, {(1, t): donor[hook][:, t]}, prefill=t + 2)
     torch.testing.assert_close(ours[:, t + 1:], reference[:, t + 1:], atol=1e-4, rtol=0)
     torch.testing.assert_close(reference[:, : t + 1], unpatched[:, : t + 1], atol=1e-4, rtol=0)
     assert torch.equal(ours[:, :t], unpatched[:, :t])

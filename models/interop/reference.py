@@ -15,20 +15,23 @@ from torch import nn
 
 @torch.no_grad()
 def stepwise_logits(source: nn.Module, tokens: torch.Tensor,
-                    patches: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:
-    """Logits [B, T, V] of `source` fed tokens [B, T] one step at a time; patches {(layer, t):
-    state [B, *S]} replace that layer's recurrent state right after step t, so every later step
-    continues from it (the causal state patch)."""
+                    patches: dict[tuple[int, int], torch.Tensor] | None = None, prefill: int = 1) -> torch.Tensor:
+    """Logits [B, T, V] of `source` fed tokens [B, T] one step at a time after the first
+    `prefill` tokens in one call; patches {(layer, t): state [B, *S]} replace that layer's
+    recurrent state right after step t (t >= prefill - 1), so every later step continues from it
+    (the causal state patch; the read-out at t itself is the unpatched one)."""
     patches = patches or {}
+    if isinstance(prefill, bool) or not isinstance(prefill, int) or not 1 <= prefill <= tokens.shape[1]:
+        raise ValueError(f"prefill must be an int in [1, T={tokens.shape[1]}]; got {prefill!r}")
     for (layer, t), state in patches.items():
-        if not 0 <= t < tokens.shape[1]:
-            raise ValueError(f"patch step t={t} outside [0, {tokens.shape[1]}) for tokens of shape {tuple(tokens.shape)}")
+        if not prefill - 1 <= t < tokens.shape[1]:
+            raise ValueError(f"patch step t={t} outside [prefill - 1 = {prefill - 1}, T = {tokens.shape[1]})")
     cache, logits = None, []
-    for t in range(tokens.shape[1]):
-        out = source(input_ids=tokens[:, t : t + 1], cache=cache, use_cache=True)
+    for start, stop in [(0, prefill), *((t, t + 1) for t in range(prefill, tokens.shape[1]))]:
+        out = source(input_ids=tokens[:, start:stop], cache=cache, use_cache=True)
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         for (layer, step), state in patches.items():
-            if step == t:
+            if step == stop - 1:
                 current = cache.get_recurrent_state(layer, state_idx=0)
                 if current.shape != state.shape:
                     raise ValueError(f"patch for layer {layer} has shape {tuple(state.shape)}; the source's "
