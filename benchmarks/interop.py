@@ -156,6 +156,7 @@ def main(argv=None) -> list[tuple]:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--models", default="mamba,mamba2", help="comma-separated: mamba, mamba2 (when converted)")
     p.add_argument("--no-transformer-lens", action="store_true", help="skip the TransformerLens contender")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -163,7 +164,10 @@ def main(argv=None) -> list[tuple]:
     clean, donor = torch.randint(0, VOCAB, (2, args.batch, args.length), generator=gen)
     t = args.length // 2
     rows = []
+    wanted = set(args.models.split(","))
     for name, src in sources(args.d_model, args.layers).items():
+        if name not in wanted:
+            continue
         model = models.from_pretrained(src)
         forward, patched, diffs = contenders(src, model, clean, donor, t, not args.no_transformer_lens)
         for part, group, baseline in (("(a) forward", forward, "source forward"),
