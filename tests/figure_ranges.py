@@ -4,7 +4,7 @@ and the checks that every trace's data is visible and not squeezed by what else 
 plotly.js rules used here (plotly.js 4.1, what plotly 7.1 embeds; checked in Chromium by
 tests/browser.py): an axis with `range` set (and autorange not true) draws that range, in log10
 units on a log axis. Otherwise it autoranges over the traces on it (log10 of the values on a log
-axis; bars from their base 0), the shapes whose xref / yref is that axis (data values, like traces),
+axis; a bar from its base, default 0, to base + value), the shapes whose xref / yref is that axis (data values, like traces),
 the annotations on it (their x / y taken *as given*, i.e. in log10 units on a log axis: the label
 of `add_vline(x=60, annotation_text=...)` on a log axis sits at 10^60 and stretches the axis to
 1e63), 0 when rangemode is 'tozero', plus a small padding. Categorical axes are not checked (their
@@ -105,7 +105,9 @@ def axes_of(fig: go.Figure) -> dict[str, Axis]:
                 width = np.broadcast_to(np.asarray(trace.width, dtype=float), numbers.shape)
                 numbers = np.concatenate([numbers - width / 2, numbers + width / 2])
             if kind == "bar" and letter == ("y" if (trace.orientation or "v") == "v" else "x"):
-                numbers = np.append(numbers, 0.0)         # bars start at their base 0
+                base = _numbers(trace.base) if trace.base is not None else None
+                base = np.zeros(1) if base is None else np.broadcast_to(base, numbers.shape)
+                numbers = np.concatenate([base, base + numbers])   # a bar spans base .. base + value
             if ax.log:
                 ax.invisible.extend(numbers[numbers <= 0].tolist())
                 numbers = np.log10(numbers[numbers > 0])

@@ -16,7 +16,7 @@ import torch
 import interp.report
 from interp.analysis import dynamics
 from interp.analysis.interventions import InterchangeResult, Site
-from interp.report import dynamics as fd, evaluation as fe, heads as fh, interventions as fi
+from interp.report import dynamics as fd, evaluation as fe, heads as fh, interventions as fi, sample_efficiency as fs
 from interp.training.evaluate import LengthEval
 from probes.readability import readability_threshold
 from probes.subspace import DriftResult, centroids, state_subspace, tcross
@@ -63,6 +63,19 @@ def spectra():
     return dynamics.spectra(dynamics.Jacobians(values, True, (2,), "structured"))
 
 
+def n_star_rows():
+    rows = [{"model": m, "task": "Z5", "format": f, "length": n, "n_star": (None if n == 6 and m == "lstm" else s * n),
+             "n_max": 4096} for m, s in (("lstm", 40), ("transformer", 15)) for f in ("outcome", "acot")
+            for n in (2, 4, 6)]
+    return rows + [{"model": "lstm", "task": "Z5", "format": "acot", "length": "joint", "n_star": 300, "n_max": 4096}]
+
+
+def kappa_rows():
+    return [{"model": m, "task": "Z5", "format": f, "max_length": 6, "kappa": k, "ood_acc_12": a, "ood_acc_24": a / 2}
+            for (m, f, k, a) in (("lstm", "outcome", 0.4, 0.3), ("lstm", "acot", 2.5, 0.9),
+                                 ("transformer", "outcome", 8.0, 0.1), ("mamba", "acot", float("nan"), 0.5))]
+
+
 def training_records():
     records = [{"kind": "train", "step": s, "loss": 2.0 / s, "accuracy": min(1.0, s / 50)} for s in range(1, 60, 5)]
     return records + [{"kind": "eval", "step": 30, "accuracy": 0.7, "length": 60}]
@@ -103,6 +116,9 @@ CASES = {
     "dynamics.state_projection": lambda: [fd.state_projection(
         {12: (np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 3),
          40: (np.random.default_rng(1).normal(size=(20, 1)), np.arange(20) % 3)})],
+    "sample_efficiency.n_star_vs_length": lambda: [fs.n_star_vs_length(n_star_rows())],
+    "sample_efficiency.kappa_bars": lambda: [fs.kappa_bars(kappa_rows())],
+    "sample_efficiency.kappa_vs_ood": lambda: [fs.kappa_vs_ood(kappa_rows())],
 }
 
 
