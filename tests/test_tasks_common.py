@@ -11,7 +11,8 @@ from interp.tasks import Batch, Task, make_task, task_names
 
 SPECS = [("C2", {"format": "outcome"}), ("S3", {"format": "acot"}), ("A5", {"format": "cot"}),
          ("A4xZ5", {}), ("AR", {"n_keys": 16, "n_values": 16}), ("MQAR", {"n_queries": 3}),
-         ("ATR", {}), ("REPL", {"n_vars": 4}), ("PFSA", {"n_items": 3})]
+         ("ATR", {}), ("REPL", {"n_vars": 4}), ("PFSA", {"n_items": 3}),
+         ("SelectiveCopy", {"n_tokens": 3})]
 
 
 def test_every_named_task_is_covered():

@@ -7,6 +7,7 @@
     interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
     interp sweep spec.yaml --out sweeps/x [--executor local|ray] [--workers N]   grid or N* study, resumable
     interp sample-efficiency --models lstm,transformer --tasks Z5 --max-length 6 --out sweeps/se
+    interp reproduce NAME [--scale cpu|paper] [--device D] [--out DIR] [--quick]   one report per seed claim
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import demo, drift, eval as eval_command, heads, sample_efficiency, sweep, train
+from interp.cli import demo, drift, eval as eval_command, heads, reproduce, sample_efficiency, sweep, train
 
-SUBCOMMANDS = (demo, train, eval_command, heads, drift, sweep, sample_efficiency)  # each: add_parser(sub), run(args) -> exit status
+SUBCOMMANDS = (demo, train, eval_command, heads, drift, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,12 +10,14 @@ Specs:
     "ATR"              associative treecall over a random PCFG (`treecall`)
     "REPL"             REPL traces of permutation composition with print reveals (`repl`)
     "PFSA"             probabilistic swaps with reveals and exact belief states (`pfsa`)
+    "SelectiveCopy"    data tokens scattered among noise, copied in order after the context (`selective_copy`)
 
 Every task has `name`, `vocab_size`, `sample(n, length, seed)` and `options()`, a JSON-able dict
 with `make_task(task.name, **task.options())` rebuilding the same task. Tasks with a group-valued
 state (word problems, REPL, PFSA) also have `group` and `n_states` (the group order). What
 `length` counts is task-specific: group elements (word problems), key-value pairs in context
-(AR, MQAR), the most document terminals (ATR), statements (REPL), swap actions (PFSA).
+(AR, MQAR), the most document terminals (ATR), statements (REPL), swap actions (PFSA), context
+positions (SelectiveCopy).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from interp.tasks.groups import EXAMPLE_NAMES, Group, group
 from interp.tasks.pfsa import PfsaSwaps
 from interp.tasks.recall import AssociativeRecall, MultiQueryRecall
 from interp.tasks.repl import ReplTrace
+from interp.tasks.selective_copy import SelectiveCopy
 from interp.tasks.treecall import AssociativeTreecall
 from interp.tasks.word_problems import FORMATS, WordProblem, running_product
 
 _NAMED: dict[str, type] = {"AR": AssociativeRecall, "MQAR": MultiQueryRecall, "ATR": AssociativeTreecall,
-                           "REPL": ReplTrace, "PFSA": PfsaSwaps}
+                           "REPL": ReplTrace, "PFSA": PfsaSwaps, "SelectiveCopy": SelectiveCopy}
 
 
 def task_names() -> tuple[str, ...]:
@@ -62,4 +65,4 @@ def make_task(spec: str, **options) -> Task:
 
 __all__ = ["Batch", "Task", "Group", "group", "make_task", "task_names", "WordProblem", "FORMATS",
            "running_product", "AssociativeRecall", "MultiQueryRecall", "AssociativeTreecall",
-           "ReplTrace", "PfsaSwaps"]
+           "ReplTrace", "PfsaSwaps", "SelectiveCopy"]

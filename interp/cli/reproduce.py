@@ -1,0 +1,41 @@
+"""`interp reproduce NAME [--scale cpu|paper] [--device ...] [--out DIR] [--quick]`: one report per seed claim."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from interp.cli.args import fail
+from interp.reproduce import names, reproduce
+from interp.reproduce.engine import SCALES
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("reproduce", help="reproduce one seed claim (train, measure, claim table, report)",
+                       description="Train the runs a seed claim needs (finished runs are reused, interrupted "
+                                   "ones resume), measure, and write OUT/report.html with a 'claim | what was "
+                                   "measured | verdict' table. Names: " + ", ".join(names()) + ".")
+    p.add_argument("name", metavar="NAME", help="the reproduction: " + ", ".join(names()))
+    p.add_argument("--scale", default="cpu", metavar="SCALE",
+                   help="cpu (about 30 minutes on 2 cores) or paper (the seeds' sizes; for a GPU); default cpu")
+    p.add_argument("--quick", action="store_true", help="toy sizes in seconds (a smoke test; numbers mean nothing)")
+    p.add_argument("--device", default="cpu", help="torch device for training and measurement (default cpu)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/reproduce/NAME-SCALE)")
+    p.add_argument("--no-progress", action="store_true", help="hide the per-run progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.name not in names():
+        return fail("reproduce", f"argument NAME: unknown reproduction {args.name!r}; choose from {', '.join(names())}")
+    allowed = [s for s in SCALES if s != "quick"]
+    if args.scale not in allowed:
+        return fail("reproduce", f"argument --scale: {args.scale!r} is not a scale; choose from {', '.join(allowed)} "
+                                 "(or --quick for a smoke run)")
+    scale = "quick" if args.quick else args.scale
+    try:
+        report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress)
+    except (ValueError, TypeError) as error:
+        return fail("reproduce", error)
+    print(f"wrote {report}")
+    return 0

@@ -1,0 +1,45 @@
+"""One command per seed claim: `interp reproduce NAME [--scale cpu|paper]` (engine: `engine`).
+
+    reproduce("parity", scale="cpu", out="runs/reproduce/parity-cpu") -> Path of report.html
+    names() -> the reproductions
+
+Each reproduction is one module here (its plan of runs, measurements and verdicts); the engine
+trains (reusing finished runs, resuming interrupted ones), measures, judges and writes the report.
+
+May import: interp.report, interp.analysis, interp.training, interp.tasks, models, probes.
+Never interp.cli.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from pathlib import Path
+
+from interp.reproduce import engine
+
+MODULES = {"error-control": "error_control", "retrieval": "retrieval", "deltanet-heads": "deltanet_heads",
+           "parity": "parity", "reveal-gap": "reveal_gap", "selective-copy": "selective_copy"}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(MODULES)
+
+
+def claim_module(name: str):
+    """The module of the reproduction `name`; ValueError listing the choices."""
+    if name not in MODULES:
+        close = difflib.get_close_matches(str(name), names(), n=2)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(f"unknown reproduction {name!r}: choose from {', '.join(names())}{hint}")
+    return importlib.import_module(f"interp.reproduce.{MODULES[name]}")
+
+
+def reproduce(name: str, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
+              progress: bool = True, log=print) -> Path:
+    """Run the reproduction `name` at `scale` ("quick", "cpu", "paper"); see `engine.reproduce`."""
+    engine.check_scale(scale)
+    return engine.reproduce(claim_module(name), scale, out, device, progress, log)
+
+
+__all__ = ["reproduce", "names", "claim_module", "engine"]

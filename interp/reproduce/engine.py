@@ -1,0 +1,282 @@
+"""The reproduction engine: a plan of runs -> train (reuse, resume, retry) -> measure -> verdicts -> report.
+
+    reproduce(claim_module, scale="cpu", out="runs/reproduce/NAME-cpu", device="cpu") -> Path
+
+A claim module (one per reproduction, `interp.reproduce.<name>`) defines
+
+    NAME, TITLE                           the command's name and the report's title
+    plan(scale) -> Plan                   the runs, and the sizes with the source of every number
+    measure(outcome, plan) -> dict        JSON-able measurements of one trained run
+    judge(done, plan) -> (claims, sections)   Claim rows with what was measured and a verdict,
+                                          and the report's figures and tables
+
+Scales: "quick" (tiny, a smoke test in seconds; numbers mean nothing), "cpu" (about 30 minutes
+on 2 cores) and "paper" (the sizes the seeds or their papers state; meant for a GPU).
+
+Training (`train_run`): every run trains with the length curriculum (or at its length when the
+task has none) into out/runs/<label>. A finished run is reused as it is; an interrupted one
+resumes from its last checkpoint (interp.training.train, bit for bit on the CPU). A run whose
+loss diverges is retried from scratch with lr / `LR_RETRY_FACTOR` (at most `MAX_RETRIES` times),
+each retry in its own directory <label>-lr<lr>, and the divergence is reported. After training,
+the run *fits* when the curriculum reached the training length and the in-distribution accuracy
+(`plan.fit_metric`, final-state accuracy at the training length on fresh data by default) is at
+least `FIT_THRESHOLD`; otherwise its status is "did not fit", with the length reached, and no
+claim counts it as a model that fit and then failed to generalise.
+
+Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the claim, the
+scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
+rebuilt from the cache. Verdicts are one of `VERDICTS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import models
+from interp.report.html import Table, Text, write_report
+from interp.tasks import make_task
+from interp.training import checkpoint as ckpt
+from interp.training.evaluate import final_state_accuracy
+from interp.training.train import TrainConfig, TrainingDiverged, train
+
+SCALES = ("quick", "cpu", "paper")
+VERDICTS = ("reproduces", "partly reproduces", "does not reproduce", "did not fit", "diverged",
+            "premise fails", "inconclusive")
+FIT_THRESHOLD = 0.9
+LR_RETRY_FACTOR = 3.0
+MAX_RETRIES = 2
+CACHE = "reproduce.json"
+
+
+@dataclass
+class Run:
+    """One training run: a model preset with overrides on a task, and its TrainConfig fields.
+
+    label: unique within the plan (the run directory's name); info: the claim's own tags
+    (model label, group, seed, ...) carried into tables.
+    """
+
+    label: str
+    preset: str
+    task: str
+    task_options: dict[str, Any]
+    model: dict[str, Any]
+    train: dict[str, Any]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def task_object(self):
+        return make_task(self.task, **self.task_options)
+
+
+@dataclass
+class Plan:
+    """What a reproduction trains and measures at one scale.
+
+    sizes: rows {"setting", "value", "source"}: every number, where it comes from ("our choice"
+    when no source gives it). settings: measurement settings read by the claim's measure/judge.
+    fit_metric(model, task, run, device) -> in-distribution accuracy (default: final-state accuracy
+    at the training length on `fit_n` fresh sequences).
+    """
+
+    scale: str
+    runs: list[Run]
+    sizes: list[dict[str, Any]]
+    settings: dict[str, Any] = field(default_factory=dict)
+    fit_metric: Callable | None = None
+    fit_n: int = 256
+
+    def digest(self) -> str:
+        text = json.dumps(self.settings, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass
+class Outcome:
+    """A trained (or failed) run. status: "fit", "did not fit" or "diverged"."""
+
+    run: Run
+    status: str
+    run_dir: Path | None
+    lr: float
+    length_reached: int
+    in_distribution: float | None
+    retries: list[str]
+    seconds: float
+    model: Any = None
+    task: Any = None
+    metrics: list[dict] = field(default_factory=list)
+    measures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fit(self) -> bool:
+        return self.status == "fit"
+
+    def row(self) -> dict[str, Any]:
+        return {"run": self.run.label, **self.run.info, "status": self.status, "length reached": self.length_reached,
+                "train length": self.run.train["train_length"], "in-dist acc": self.in_distribution,
+                "lr": self.lr, "retries": "; ".join(self.retries) or "none", "train s": round(self.seconds, 1)}
+
+
+@dataclass
+class Claim:
+    """A row of the claim table: the seed's sentence (English, `quote`; the seed's own words,
+    `original`) from `source` (a file in shared/seeds/ or a paper), what was measured, a verdict."""
+
+    source: str
+    quote: str
+    original: str = ""
+    measured: str = ""
+    verdict: str = "inconclusive"
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"Claim.verdict must be one of {VERDICTS}; got {self.verdict!r}")
+
+    def row(self) -> dict[str, str]:
+        claim = f"{self.quote} ({self.source})" + (f" [{self.original}]" if self.original else "")
+        return {"claim": claim, "what was measured": self.measured, "verdict": self.verdict}
+
+
+def check_scale(scale: str) -> str:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
+    return scale
+
+
+def train_config(run: Run, lr: float, device: str) -> TrainConfig:
+    fields = dict(run.train, lr=lr, device=device)
+    steps = fields["steps"]
+    fields.setdefault("warmup", min(50, steps // 10))
+    fields.setdefault("checkpoint_every", max(1, steps // 5))   # an interrupted run loses at most a fifth
+    fields.setdefault("log_every", max(1, min(10, steps // 10)))
+    return TrainConfig(**fields)
+
+
+def default_fit_metric(model, task, run: Run, device: str, n: int = 256) -> float:
+    return final_state_accuracy(model, task, run.train["train_length"], n, run.train.get("seed", 0) + 7, device)
+
+
+def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
+              fit_metric: Callable | None = None, fit_n: int = 256) -> Outcome:
+    """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence."""
+    task = run.task_object()
+    config = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
+    lr, retries, started = float(run.train["lr"]), [], time.perf_counter()
+    for attempt in range(MAX_RETRIES + 1):
+        run_dir = root / (run.label if attempt == 0 else f"{run.label}-lr{lr:.3g}")
+        cfg = train_config(run, lr, device)
+        try:
+            result = train(config, task, cfg, run_dir, resume=True, progress=progress, label=run.label)
+        except TrainingDiverged as error:
+            retries.append(f"diverged at lr {lr:.3g} ({str(error).split(';')[0]})")
+            lr /= LR_RETRY_FACTOR
+            continue
+        model = result.model.eval()
+        reached = result.final_length
+        accuracy = float((fit_metric or default_fit_metric)(model, task, run, device, fit_n))
+        fit = reached >= cfg.train_length and accuracy >= FIT_THRESHOLD
+        if retries:
+            retries.append(f"retried at lr {lr:.3g} (lr / {LR_RETRY_FACTOR:g} per divergence)")
+        return Outcome(run, "fit" if fit else "did not fit", run_dir, lr, reached, accuracy, retries,
+                       time.perf_counter() - started, model, task, result.metrics)
+    return Outcome(run, "diverged", None, lr * LR_RETRY_FACTOR, 0, None, retries, time.perf_counter() - started,
+                   task=task)
+
+
+def _cached(outcome: Outcome, key: dict) -> dict | None:
+    path = outcome.run_dir / CACHE
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["measures"] if saved.get("key") == key else None
+
+
+def measured(outcome: Outcome, claim, plan: Plan, name: str) -> dict[str, Any]:
+    """claim.measure(outcome, plan), cached in the run directory (recomputed when the settings change)."""
+    if outcome.run_dir is None:
+        return {}
+    key = {"claim": name, "scale": plan.scale, "settings": plan.digest(), "status": outcome.status}
+    cached = _cached(outcome, key)
+    if cached is not None:
+        return cached
+    values = claim.measure(outcome, plan)
+    ckpt.write_json(outcome.run_dir / CACHE, {"key": key, "measures": values})
+    return values
+
+
+def sizes_table(plan: Plan) -> Table:
+    return Table(plan.sizes, heading=f"Sizes at scale {plan.scale!r} and where each number comes from")
+
+
+def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
+              progress: bool = True, log: Callable[[str], None] = print) -> Path:
+    """Run the reproduction `claim` (a claim module) at `scale`; returns the report's path.
+
+    Writes out/report.html, out/claims.json (the claim table and every run's row and measures) and
+    out/runs/<label>/ per run. Rerunning reuses finished runs and cached measurements.
+    """
+    scale = check_scale(scale)
+    out = Path(out or f"runs/reproduce/{claim.NAME}-{scale}")
+    plan = claim.plan(scale)
+    labels = [r.label for r in plan.runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{claim.NAME}: run labels must be unique; got {labels}")
+    started, done = time.perf_counter(), []
+    for index, run in enumerate(plan.runs, 1):
+        reused = (out / "runs" / run.label / ckpt.CONFIG).exists()
+        log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {'resuming/reusing' if reused else 'training'}")
+        outcome = train_run(run, out / "runs", device, progress, plan.fit_metric, plan.fit_n)
+        outcome.measures = measured(outcome, claim, plan, claim.NAME)
+        log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
+            f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "
+            f"{'-' if outcome.in_distribution is None else f'{outcome.in_distribution:.3f}'}"
+            f"{'; ' + '; '.join(outcome.retries) if outcome.retries else ''} ({outcome.seconds:.0f} s)")
+        done.append(outcome)
+    claims, sections = claim.judge(done, plan)
+    header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(done)} runs "
+                  f"({sum(o.fit for o in done)} fit, {sum(o.status == 'did not fit' for o in done)} did not fit, "
+                  f"{sum(o.status == 'diverged' for o in done)} diverged). A run fits when the curriculum reached the "
+                  f"training length and its in-distribution accuracy is >= {FIT_THRESHOLD}; runs that did not fit "
+                  "are reported as such and left out of every generalisation claim."
+                  + ("\n\n--quick smoke run: toy sizes, the numbers and verdicts mean nothing." if scale == "quick" else ""),
+                  heading="Setup")
+    report = write_report(out / "report.html", claim.TITLE, [
+        header, Table([c.row() for c in claims], heading="Claims"), *sections, sizes_table(plan),
+        Table([o.row() for o in done], heading="Runs (status, curriculum length reached, divergences)")])
+    ckpt.write_json(out / "claims.json", {
+        "name": claim.NAME, "scale": scale, "device": device, "seconds": round(time.perf_counter() - started, 1),
+        "claims": [dataclasses.asdict(c) for c in claims],
+        "runs": [{**o.row(), "measures": o.measures} for o in done]})
+    log(f"{claim.NAME}: report {report} ({time.perf_counter() - started:.0f} s)")
+    return report
+
+
+# ----------------------------------------------------------------------------- helpers for claim modules
+
+
+def fitted(done: list[Outcome], **info) -> list[Outcome]:
+    """The outcomes that fit whose run.info matches every given tag."""
+    return [o for o in done if o.fit and all(o.run.info.get(k) == v for k, v in info.items())]
+
+
+def select(done: list[Outcome], **info) -> list[Outcome]:
+    return [o for o in done if all(o.run.info.get(k) == v for k, v in info.items())]
+
+
+def unfit_note(outcomes: list[Outcome]) -> str:
+    """'; did not fit: a (length 8/40), diverged: b' for the outcomes that did not fit."""
+    parts = [f"{o.run.label} did not fit (length {o.length_reached}/{o.run.train['train_length']}, "
+             f"in-dist acc {o.in_distribution:.2f})" for o in outcomes if o.status == "did not fit"]
+    parts += [f"{o.run.label} diverged at every lr tried" for o in outcomes if o.status == "diverged"]
+    return ("; " + "; ".join(parts)) if parts else ""
+
+
+def size(setting: str, value: Any, source: str = "our choice") -> dict[str, Any]:
+    return {"setting": setting, "value": value, "source": source}

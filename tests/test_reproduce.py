@@ -1,0 +1,118 @@
+"""`interp reproduce`: every reproduction's --quick smoke run writes the report and the claim table with
+allowed verdicts; finished runs and measurements are reused; an interrupted run resumes bit for bit;
+divergences are retried at a lower lr; bad names and scales name the choices."""
+
+import json
+
+import pytest
+import torch
+
+import models
+from interp.cli import main
+from interp.reproduce import claim_module, engine, names, reproduce
+from interp.training.train import TrainingDiverged, train
+
+REQUIRED = {"error-control", "retrieval", "deltanet-heads", "parity", "reveal-gap", "selective-copy"}
+
+
+def quiet(_line):
+    pass
+
+
+def test_every_required_reproduction_is_registered():
+    assert REQUIRED <= set(names())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_quick_run_writes_report_and_claim_table(name, tmp_path):
+    torch.set_num_threads(1)
+    report = reproduce(name, "quick", tmp_path, progress=False, log=quiet)
+    page = report.read_text()
+    for header in ("claim", "what was measured", "verdict"):
+        assert f"<th>{header}</th>" in page
+    saved = json.loads((tmp_path / "claims.json").read_text())
+    assert saved["name"] == name and saved["scale"] == "quick" and saved["claims"]
+    for claim in saved["claims"]:
+        assert claim["verdict"] in engine.VERDICTS
+        assert claim["quote"] and claim["measured"] and claim["original"]
+        assert claim["source"].endswith(".txt") or "arXiv" in claim["source"]
+    plan = claim_module(name).plan("quick")
+    assert {row["run"] for row in saved["runs"]} == {r.label for r in plan.runs}
+    assert all(row["status"] in ("fit", "did not fit", "diverged") for row in saved["runs"])
+    for scale in ("cpu", "paper"):   # every number of the real profiles names its source
+        assert all(row["source"] for row in claim_module(name).plan(scale).sizes)
+
+
+def test_rerun_reuses_finished_runs_and_cached_measures(tmp_path, monkeypatch):
+    module = claim_module("parity")
+    reproduce("parity", "quick", tmp_path, progress=False, log=quiet)
+    weights = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("runs/*/checkpoints/*/model.safetensors")}
+    assert len(weights) == len(module.plan("quick").runs)
+
+    def fail(*_):
+        raise AssertionError("a finished run's measurement must come from the cache")
+
+    monkeypatch.setattr(module, "measure", fail)
+    lines = []
+    reproduce("parity", "quick", tmp_path, progress=False, log=lines.append)
+    assert all("resuming/reusing" in line for line in lines if line.endswith(("training", "resuming/reusing")))
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("runs/*/checkpoints/*/model.safetensors")} == weights
+
+
+def test_interrupted_reproduction_resumes_bit_for_bit(tmp_path):
+    """A run stopped half-way (as a killed process leaves it) is finished, not restarted: its weights
+    equal those of an uninterrupted reproduction; the other runs train as usual."""
+    plan = claim_module("parity").plan("quick")
+    first = plan.runs[0]
+    task = first.task_object()
+    config = models.preset_config(first.preset, vocab_size=task.vocab_size, **first.model)
+    cfg = engine.train_config(first, first.train["lr"], "cpu")
+    train(config, task, cfg, tmp_path / "interrupted" / "runs" / first.label, stop_at=cfg.steps // 2, progress=False)
+    lines = []
+    reproduce("parity", "quick", tmp_path / "interrupted", progress=False, log=lines.append)
+    assert lines[0].endswith("resuming/reusing") and lines[2].endswith("training")
+    reproduce("parity", "quick", tmp_path / "straight", progress=False, log=quiet)
+    resumed = models.load(tmp_path / "interrupted" / "runs" / first.label).state_dict()
+    straight = models.load(tmp_path / "straight" / "runs" / first.label).state_dict()
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+def test_divergence_is_retried_at_a_lower_documented_lr(tmp_path, monkeypatch):
+    run = claim_module("parity").plan("quick").runs[0]
+    seen = []
+
+    def diverging_train(model_config, task, cfg, out, **kwargs):
+        seen.append((cfg.lr, out.name))
+        if cfg.lr > run.train["lr"] / engine.LR_RETRY_FACTOR / 2:
+            raise TrainingDiverged("training stopped: the loss is nan at step 3; no checkpoint was written yet")
+        return train(model_config, task, cfg, out, **kwargs)
+
+    monkeypatch.setattr(engine, "train", diverging_train)
+    outcome = engine.train_run(run, tmp_path, progress=False)
+    lrs = [lr for lr, _ in seen]
+    assert lrs == pytest.approx([run.train["lr"] / engine.LR_RETRY_FACTOR ** i for i in range(3)])
+    assert len({name for _, name in seen}) == 3                   # each retry in its own directory
+    assert outcome.status in ("fit", "did not fit") and outcome.lr == pytest.approx(lrs[-1])
+    assert len(outcome.retries) == 3 and "diverged at lr" in outcome.retries[0] and "retried at lr" in outcome.retries[-1]
+
+    monkeypatch.setattr(engine, "train", lambda *a, **k: (_ for _ in ()).throw(TrainingDiverged("nan")))
+    gave_up = engine.train_run(run, tmp_path / "never", progress=False)
+    assert gave_up.status == "diverged" and len(gave_up.retries) == engine.MAX_RETRIES + 1
+
+
+def test_bad_name_and_scale_list_the_choices(tmp_path, capsys):
+    with pytest.raises(ValueError, match="choose from .*parity.*selective-copy"):
+        reproduce("partiy", "quick", tmp_path)
+    with pytest.raises(ValueError, match="scale must be one of quick, cpu, paper"):
+        reproduce("parity", "gpu", tmp_path)
+    assert main(["reproduce", "nope", "--out", str(tmp_path)]) == 2
+    assert "choose from error-control" in capsys.readouterr().err
+    assert main(["reproduce", "parity", "--scale", "gpu", "--out", str(tmp_path)]) == 2
+    assert "choose from cpu, paper" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        engine.Claim("x.txt", "q", verdict="sort of")
+
+
+def test_cli_quick_run(tmp_path, capsys):
+    assert main(["reproduce", "parity", "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "report.html").exists()
