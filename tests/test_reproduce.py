@@ -11,6 +11,7 @@ import models
 from interp.cli import main
 from interp.reproduce import claim_module, engine, names, reproduce
 from interp.training.train import TrainingDiverged, train
+from tests.browser import assert_renders
 
 REQUIRED = {"error-control", "retrieval", "deltanet-heads", "parity", "reveal-gap", "selective-copy"}
 
@@ -30,6 +31,7 @@ def test_quick_run_writes_report_and_claim_table(name, tmp_path):
     page = report.read_text()
     for header in ("claim", "what was measured", "verdict"):
         assert f"<th>{header}</th>" in page
+    assert_renders(report)
     saved = json.loads((tmp_path / "claims.json").read_text())
     assert saved["name"] == name and saved["scale"] == "quick" and saved["claims"]
     for claim in saved["claims"]:
