@@ -25,6 +25,7 @@ h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; }
 table.data { border-collapse: collapse; margin: 1em 0; }
 table.data th, table.data td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; }
 table.data th { background: #f3f3f3; }
+table.prose td { text-align: left; vertical-align: top; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; }
 """
 
@@ -40,20 +41,22 @@ class Text:
 
 @dataclass
 class Table:
-    """Rows (dicts) rendered as an HTML table; columns in first-seen order."""
+    """Rows (dicts) rendered as an HTML table; columns in first-seen order. prose: the cells are
+    sentences (left-aligned, top) rather than numbers (right-aligned)."""
 
     rows: Sequence[Mapping[str, Any]]
     heading: str | None = None
+    prose: bool = False
 
 
-def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def render_table(rows: Sequence[Mapping[str, Any]], prose: bool = False) -> str:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c, '')))}</td>" for c in columns) + "</tr>"
         for row in rows
     )
-    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table class="data{" prose" if prose else ""}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _fmt(value: Any) -> str:
@@ -77,7 +80,7 @@ def render_report(title: str, sections: Sequence[go.Figure | Text | Table]) -> s
             parts.append(heading + body)
         elif isinstance(section, Table):
             heading = f"<h2>{html.escape(section.heading)}</h2>" if section.heading else ""
-            parts.append(heading + render_table(section.rows))
+            parts.append(heading + render_table(section.rows, section.prose))
         else:
             raise TypeError(f"sections[{index}] must be a go.Figure, Text or Table; got {type(section).__name__}")
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"

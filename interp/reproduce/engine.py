@@ -248,8 +248,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
                   + ("\n\n--quick smoke run: toy sizes, the numbers and verdicts mean nothing." if scale == "quick" else ""),
                   heading="Setup")
     report = write_report(out / "report.html", claim.TITLE, [
-        header, Table([c.row() for c in claims], heading="Claims"), *sections, sizes_table(plan),
-        Table([o.row() for o in done], heading="Runs (status, curriculum length reached, divergences)")])
+        header, Table([c.row() for c in claims], heading="Claims", prose=True), *sections, sizes_table(plan),
+        Table([o.row() for o in done], heading="Runs (status, curriculum length reached, divergences)", prose=True)])
     ckpt.write_json(out / "claims.json", {
         "name": claim.NAME, "scale": scale, "device": device, "seconds": round(time.perf_counter() - started, 1),
         "claims": [dataclasses.asdict(c) for c in claims],

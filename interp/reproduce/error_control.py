@@ -225,7 +225,8 @@ def sections(done, rows, corr, theorem, holds, st):
                       "reading": ("never fit in distribution" if not o.fit else
                                   "fits, generalises" if (m.get("mp") or 0) >= st["lengths"][-1] else
                                   "fits, then falls off"), "mp": m.get("mp"),
-                      **{f"Tcross {d}": (m.get("crossings", {}).get(d) or {}).get("value") for d in st["definitions"]},
+                      **{f"Tcross {d}": (m.get("crossings", {}).get(d) or {}).get("value") for d in st["definitions"]
+                         if d in ("pooled/fixed",) + PAPER_DRIFT},
                       "q_train": m.get("q_train"), "contraction_mean": m.get("contraction_mean")})
     out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off"))
     out.append(Table([{k: v for k, v in r.items()} for r in holds] or [{"note": "no fitted affine run meets the premise"}],
