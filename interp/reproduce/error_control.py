@@ -33,7 +33,7 @@ PAPER_DRIFT = ("time/calibrated", "time/fixed")  # the paper's reading, where th
 SCALE = {
     "quick": dict(groups=["C2"], depths=[1], seeds=[0], models=("tanh_rnn", "mamba"), d_rnn=8, d_ssm=8, d_state=2,
                   steps=6, batch=8, train_length=4, lengths=[4, 8], n=dict(n_fit=16, n_drift=8, n_eval=16, n_jac=1)),
-    "cpu": dict(groups=["C2", "S3"], depths=[1], seeds=[0, 1], models=STATE_DEPENDENT + AFFINE + NORMALISED,
+    "cpu": dict(groups=["C2", "S3"], depths=[1], seeds=[0, 1], seeds_by_group={"C2": [0]}, models=STATE_DEPENDENT + AFFINE + NORMALISED,
                 d_rnn=64, d_ssm=32, d_state=4, steps=1500, batch=64, train_length=60,
                 lengths=[60, 100, 200, 500, 1000], n=dict(n_fit=256, n_drift=64, n_eval=256, n_jac=2)),
     "paper": dict(groups=["C2", "C6", "S3"], depths=[1, 2], seeds=[0, 1, 2], models=STATE_DEPENDENT + AFFINE + NORMALISED,
@@ -55,7 +55,7 @@ def plan(scale: str) -> Plan:
                 ssm = model in SSMS
                 overrides = {"d_model": s["d_ssm"] if ssm else s["d_rnn"], "n_layers": depth,
                              **({"d_state": s["d_state"]} if ssm else {})}
-                for seed in s["seeds"]:
+                for seed in s.get("seeds_by_group", {}).get(group, s["seeds"]):
                     runs.append(Run(f"{group}-{model}-L{depth}-s{seed}", model, group, {"format": "acot"}, overrides,
                                     {"steps": s["steps"], "batch_size": s["batch"], "lr": 1e-2,
                                      "train_length": s["train_length"], "curriculum": True, "curriculum_patience": 1,
@@ -67,7 +67,7 @@ def plan(scale: str) -> Plan:
              size("tau (fixed threshold)", 0.5, SEED_000),
              size("models", list(s["models"]), SEED_000 + " and shared/SCIENCE.md section 1"),
              size("depths", s["depths"], "issue 17 (depth 1 and 2); the seed gives none"),
-             size("seeds", len(s["seeds"])), size("d_model (RNNs / SSMs)", f"{s['d_rnn']} / {s['d_ssm']}"),
+             size("seeds", f"{len(s['seeds'])}" + "".join(f" ({g}: {len(v)})" for g, v in s.get("seeds_by_group", {}).items())), size("d_model (RNNs / SSMs)", f"{s['d_rnn']} / {s['d_ssm']}"),
              size("d_state (SSMs)", s["d_state"]), size("steps", s["steps"]), size("batch", s["batch"]),
              size("peak lr (retried at lr/3 on divergence)", 1e-2, "examples/error_control.py (our choice)"),
              size("drift sequences / fit sequences / eval sequences", f"{s['n']['n_drift']} / {s['n']['n_fit']} / {s['n']['n_eval']}")]
