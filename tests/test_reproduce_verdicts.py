@@ -139,3 +139,16 @@ def test_paper_plans_are_larger_than_cpu(name):
     cpu, paper = module.plan("cpu"), module.plan("paper")
     assert len(paper.runs) >= len(cpu.runs)
     assert max(r.train["steps"] for r in paper.runs) > max(r.train["steps"] for r in cpu.runs)
+
+
+def test_sample_efficiency():
+    module = claim_module("sample-efficiency")
+    plan = module.plan("cpu")
+    rows = [{"model": m, "task": "Z5", "format": f, "max_length": 5, "kappa": k, "n_star_joint": 64, "sum_n_star": 64 * k,
+             "ood_acc_10": acc} for m, f, k, acc in (("transformer", "outcome", 0.8, 0.3), ("transformer", "acot", 1.0, 0.4),
+                                                      ("lstm", "outcome", 3.0, 0.95), ("lstm", "acot", 2.5, 0.9))]
+    plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0}
+    claims, _ = module.judge([], plan)
+    assert [c.verdict for c in claims] == ["reproduces"] * 3
+    plan.settings["study"]["kappa"] = [r | {"kappa": float("nan")} for r in rows]   # N* never converged
+    assert [c.verdict for c in module.judge([], plan)[0]] == ["did not fit", "did not fit", "inconclusive"]

@@ -6,7 +6,7 @@
 Each reproduction is one module here (its plan of runs, measurements and verdicts); the engine
 trains (reusing finished runs, resuming interrupted ones), measures, judges and writes the report.
 
-May import: interp.report, interp.analysis, interp.training, interp.tasks, models, probes.
+May import: interp.report, interp.sweep, interp.analysis, interp.training, interp.tasks, models, probes.
 Never interp.cli.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 from interp.reproduce import engine
 
 MODULES = {"error-control": "error_control", "retrieval": "retrieval", "deltanet-heads": "deltanet_heads",
-           "parity": "parity", "reveal-gap": "reveal_gap", "selective-copy": "selective_copy"}
+           "parity": "parity", "reveal-gap": "reveal_gap", "selective-copy": "selective_copy",
+           "sample-efficiency": "sample_efficiency"}
 
 
 def names() -> tuple[str, ...]:

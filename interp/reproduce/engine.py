@@ -9,6 +9,8 @@ A claim module (one per reproduction, `interp.reproduce.<name>`) defines
     measure(outcome, plan) -> dict        JSON-able measurements of one trained run
     judge(done, plan) -> (claims, sections)   Claim rows with what was measured and a verdict,
                                           and the report's figures and tables
+    study(out, plan, device, progress, log) -> dict   optional: work whose runs a search decides
+                                          (its own resumable sweep); the result is plan.settings["study"]
 
 Scales: "quick" (tiny, a smoke test in seconds; numbers mean nothing), "cpu" (about 30 minutes
 on 2 cores) and "paper" (the sizes the seeds or their papers state; meant for a GPU).
@@ -239,6 +241,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             f"{'-' if outcome.in_distribution is None else f'{outcome.in_distribution:.3f}'}"
             f"{'; ' + '; '.join(outcome.retries) if outcome.retries else ''} ({outcome.seconds:.0f} s)")
         done.append(outcome)
+    if hasattr(claim, "study"):   # a reproduction whose runs a search decides (its own resumable sweep)
+        plan.settings["study"] = claim.study(out, plan, device, progress, log)
     claims, sections = claim.judge(done, plan)
     header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(done)} runs "
                   f"({sum(o.fit for o in done)} fit, {sum(o.status == 'did not fit' for o in done)} did not fit, "
