@@ -138,13 +138,23 @@ def transformer_lens_patch(src, clean, layer: int, t: int, state: torch.Tensor):
     except Exception as error:  # an architecture its bridge does not wrap
         print(f"TransformerLens: {type(src).__name__} not wrapped: {type(error).__name__}: {error}")
         return None
-    hook = f"blocks.{layer}.mixer.hook_ssm_state"  # [B, E, T, N] (position on dim 2)
+    hook = f"blocks.{layer}.mixer.hook_ssm_state"  # Mamba: [B, E, T, N], the position on its pos_dim
+    pos_dim = getattr(bridge.hook_dict[hook], "pos_dim", 2)
 
     def patch(s, hook):
-        s[:, :, t] = state
+        at_t = s.movedim(pos_dim, 1)[:, t]  # a view of s at position t
+        if at_t.shape != state.shape:
+            raise ValueError(f"its state at t has shape {tuple(at_t.shape)}, ours {tuple(state.shape)}")
+        at_t.copy_(state)
         return s
 
-    return lambda: torch.no_grad()(bridge.run_with_hooks)(clean, fwd_hooks=[(hook, patch)])
+    run = lambda: torch.no_grad()(bridge.run_with_hooks)(clean, fwd_hooks=[(hook, patch)])  # noqa: E731
+    try:
+        run()
+    except (ValueError, IndexError) as error:  # a state layout other than ours
+        print(f"TransformerLens: {type(src).__name__}'s hook_ssm_state not patched like ours: {error}")
+        return None
+    return run
 
 
 def main(argv=None) -> list[tuple]:
