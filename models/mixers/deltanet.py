@@ -4,15 +4,16 @@ Per head h (d = d_head, H = n_heads), from the mixer input x_t [d_model]:
 
     c_t = SiLU(conv([W_q x | W_k x | W_v x])_t)        short causal depthwise conv, width d_conv
     q_t, k_t, v_t = split(c_t) per head                [H, d]
-    q_t <- q_t / ||q_t||,  k_t <- k_t / ||k_t||        (L2 norm per head)
+    q_t <- c q_t / ||q_t||,  k_t <- k_t / ||k_t||      (L2 norm per head; c = q_scale, 1 by default)
     beta_t = s_h * sigmoid(W_beta x_t + b_beta)        [H], s_h = cfg.beta_scales[h]
     S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T      S_t [H, d (values), d (keys)]
     o_t = S_t q_t                                      [H, d]
     y_t = W_out concat_h( RMSNorm(o_t,h) [* SiLU(W_g x_t)_h] )
 
 With unit keys, I - beta k k^T has eigenvalues 1 (d-1 times) and 1 - beta: s = 1 keeps them in
-[0, 1], s = 2 in [-1, 1] (beta = 2 is a Householder reflection). The beta projection has a bias
-(fla's has none) so that experiments can push beta towards 0 or s.
+[0, 1], s = 2 in [-1, 1] (beta = 2 is a Householder reflection; fla's allow_neg_eigval). The beta
+projection has a bias by default (fla's has none: beta_bias=False) so that experiments can push
+beta towards 0 or s.
 
 Affine in the state: vec(S_t) = M_t vec(S_{t-1}) + vec(beta_t v_t k_t^T), where M_t acts on each
 value row of S_t as I - beta_t k_t k_t^T (`transition` returns it dense, [B, n, n], n = H d d).
@@ -20,7 +21,7 @@ value row of S_t as I - beta_t k_t k_t^T (`transition` returns it dense, [B, n, 
 Hooks (besides hook_in / hook_out / hook_state):
   hook_conv   [B, T, 3 H d]  the SiLU'd short-conv outputs of q | k | v, concatenated in that
                              order, before the L2 norm of q and k
-  hook_q, hook_k  [B, T, H, d]  the L2-normalised queries and keys the recurrence uses
+  hook_q, hook_k  [B, T, H, d]  the L2-normalised (q: and scaled) queries and keys the recurrence uses
   hook_v      [B, T, H, d]  the values the recurrence uses
   hook_beta   [B, T, H]     beta = s_h * sigmoid(.), before any clamp
   hook_gate   [B, T, H, d]  SiLU(W_g x), only with mixer_options gate=True
@@ -38,7 +39,10 @@ every step's state exported and hook_state pins honoured. Both read o_t from the
 pinned state where a patch sets one), so without patches they agree bit for bit (`readout` from
 hook_state's states gives the same up to rounding).
 
-mixer_options: gate (bool, default False): output gate as in fla's use_gate; chunk_size (int,
+mixer_options: gate (bool, default False): output gate as in fla's use_gate; q_scale (float,
+default 1.0; fla's DeltaNet uses d^-1/2); beta_bias (bool, default True); norm_eps (float, default
+1e-5: the output RMSNorm's); l2_eps (None, default: q / max(||q||, 1e-12) as F.normalize; a float:
+q / sqrt(||q||^2 + l2_eps), fla's l2norm with 1e-6); chunk_size (int,
 default 64): chunk length of the chunked kernel; impl (models.kernels.delta_rule's "auto",
 "naive", "chunked", "native", "triton"; default "auto": Triton on CUDA; on the CPU the native C
 forward when no gradient is needed, else chunked): the kernel on both paths ("native" is forward
@@ -57,7 +61,8 @@ from models.kernels.delta_rule import IMPLS
 from models.mixers.base import (RecurrentMixer, head_outputs, register_mixer, shifted_delta_inputs,
                                 shifted_delta_outputs)
 
-OPTIONS = {"gate": False, "chunk_size": 64, "impl": "auto"}
+OPTIONS = {"gate": False, "q_scale": 1.0, "beta_bias": True, "norm_eps": 1e-5, "l2_eps": None,
+           "chunk_size": 64, "impl": "auto"}
 _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=True)
 
 
@@ -80,9 +85,9 @@ class DeltaNet(RecurrentMixer):
         self.qkv_proj = nn.Linear(cfg.d_model, 3 * inner, bias=False)
         self.conv_weight = nn.Parameter(torch.empty(3 * inner, cfg.d_conv))
         nn.init.kaiming_uniform_(self.conv_weight, a=5**0.5)  # as nn.Conv1d (fan_in = d_conv)
-        self.beta_proj = nn.Linear(cfg.d_model, heads)
+        self.beta_proj = nn.Linear(cfg.d_model, heads, bias=self.options["beta_bias"])
         self.register_buffer("beta_scales", torch.tensor(cfg.beta_scales), persistent=False)
-        self.o_norm = nn.RMSNorm(d, eps=1e-5)
+        self.o_norm = nn.RMSNorm(d, eps=float(self.options["norm_eps"]))
         if self.options["gate"]:
             self.gate_proj = nn.Linear(cfg.d_model, inner, bias=False)
             self.hook_gate = HookPoint()
@@ -128,14 +133,20 @@ class DeltaNet(RecurrentMixer):
         conv = self.hook_conv(F.silu(short_conv(self.qkv_proj(x), self.conv_weight)))  # [B, T, 3Hd]
         q, k, v = (part.reshape(batch, length, heads, d) for part in conv.chunk(3, dim=-1))
         inputs = {
-            "q": self.hook_q(F.normalize(q, dim=-1)),
-            "k": self.hook_k(F.normalize(k, dim=-1)),
+            "q": self.hook_q(self._l2(q) * self.options["q_scale"]),
+            "k": self.hook_k(self._l2(k)),
             "v": self.hook_v(v),
             "beta": self.hook_beta(self.beta_scales * torch.sigmoid(self.beta_proj(x))),  # [B, T, H]
         }
         if self.options["gate"]:
             inputs["gate"] = self.hook_gate(F.silu(self.gate_proj(x)).reshape(batch, length, heads, d))
         return inputs
+
+    def _l2(self, x: torch.Tensor) -> torch.Tensor:  # [..., d] -> unit rows
+        eps = self.options["l2_eps"]
+        if eps is None:
+            return F.normalize(x, dim=-1)
+        return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
 
     def _beta(self, beta: torch.Tensor) -> torch.Tensor:  # [..., H], clamped as the kernel does
         clamp = self._clamp()
@@ -210,8 +221,16 @@ def _options(options: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown deltanet mixer_options {sorted(unknown)}; valid: {sorted(OPTIONS)}")
     merged = {**OPTIONS, **options}
-    if not isinstance(merged["gate"], bool):
-        raise TypeError(f"mixer_options['gate'] must be a bool; got {merged['gate']!r}")
+    for name in ("gate", "beta_bias"):
+        if not isinstance(merged[name], bool):
+            raise TypeError(f"mixer_options[{name!r}] must be a bool; got {merged[name]!r}")
+    for name, allow_none in (("q_scale", False), ("norm_eps", False), ("l2_eps", True)):
+        value = merged[name]
+        if not (value is None and allow_none) and (
+            not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0
+        ):
+            raise ValueError(f"mixer_options[{name!r}] must be a positive float{' or None' if allow_none else ''}; "
+                             f"got {value!r}")
     size = merged["chunk_size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f"mixer_options['chunk_size'] must be a positive int; got {size!r}")
