@@ -83,3 +83,18 @@ def assert_round_trip(model, run_dir, tokens) -> None:
     with torch.no_grad():
         assert torch.equal(loaded(tokens), model(tokens))
     assert all(a.dtype == b.dtype for a, b in zip(loaded.parameters(), model.parameters()))
+
+
+def assert_causal_state_patch(model, tokens, name: str, t: int, state_shape: tuple) -> None:
+    """A random hook_state patch at step t on an imported model: nothing before t changes, the
+    logits at t and at every later step do (the recurrence continues from the patched state)."""
+    def scramble(state, hook):
+        state[:, t] = torch.randn_like(state[:, t])
+        return state
+
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens, names=[name])
+        patched = model.run_with_hooks(tokens, fwd_hooks=[(name, scramble)])
+    assert cache[name].shape == (*tokens.shape, *state_shape)
+    assert torch.equal(patched[:, :t], clean[:, :t])
+    assert (patched[:, t:] - clean[:, t:]).abs().amax(-1).min() > 0

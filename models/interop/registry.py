@@ -26,6 +26,9 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpt2": ("models.interop.gpt2", ("GPT2LMHeadModel",)),
     "llama": ("models.interop.llama", ("LlamaForCausalLM",)),
     "mamba": ("models.interop.mamba", ("MambaForCausalLM",)),
+    "mamba2": ("models.interop.mamba2", ("Mamba2ForCausalLM",)),
+    "delta_net": ("models.interop.deltanet", ("DeltaNetForCausalLM",)),
+    "gated_deltanet": ("models.interop.gated_deltanet", ("GatedDeltaNetForCausalLM",)),
     "falcon_mamba": ("models.interop.falcon_mamba", ("FalconMambaForCausalLM",)),
     "jamba": ("models.interop.jamba", ("JambaForCausalLM",)),
 }
