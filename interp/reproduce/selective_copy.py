@@ -95,7 +95,7 @@ def judge(done, plan: Plan):
     runs, text = line("mamba")
     s4d_runs, s4d_text = line("s4d")
     n_m, n_s = solved("mamba"), solved("s4d")
-    verdict = ("reproduces" if n_m == len(runs) and n_s == 0 else "partly reproduces" if n_m > 0 and n_m > n_s
+    verdict = ("inconclusive" if not runs or not s4d_runs else "reproduces" if n_m == len(runs) and n_s == 0 else "partly reproduces" if n_m > 0 and n_m > n_s
                else "did not fit" if n_m == 0 and n_s == 0 else "does not reproduce")
     claims.append(Claim(SEED_001, "Thanks to this content-based gating, selective state space models became able to "
                         "perform selective copying and induction-like tasks that earlier recurrent models could not "
@@ -105,7 +105,8 @@ def judge(done, plan: Plan):
                         "fit" + unfit_note(runs), verdict))
     h3_runs, h3_text = line("h3")
     n_h = solved("h3")
-    verdict = ("reproduces" if n_s == 0 and n_m > 0 else "inconclusive" if n_s == 0 else "does not reproduce")
+    verdict = ("inconclusive" if not s4d_runs else "reproduces" if n_s == 0 and n_m > 0
+               else "inconclusive" if n_s == 0 else "does not reproduce")
     claims.append(Claim(SEED_001, "But S4 had a limitation that matters for language: its dynamics were time-invariant. "
                         "... The model could not decide, based on content, to remember certain tokens and ignore others.",
                         "하지만 S4에는 언어에 중요한 한계가 있었습니다: 그 동역학(dynamics)이 시간 불변적(time-invariant)이었다는 "
@@ -115,7 +116,7 @@ def judge(done, plan: Plan):
                         f"({n_m} did)", verdict))
     att_runs, att_text = line("attention")
     n_a = solved("attention")
-    verdict = ("reproduces" if n_a == len(att_runs) else "partly reproduces" if n_a
+    verdict = ("inconclusive" if not att_runs else "reproduces" if n_a == len(att_runs) else "partly reproduces" if n_a
                else "did not fit" if any(o.status == "did not fit" for o in att_runs) else "diverged")
     claims.append(Claim(SEED_001, "Attention can do exactly that: it selects. A fixed linear filter cannot.",
                         "어텐션은 정확히 그것을 할 수 있습니다: 선택합니다(selects). 고정된 선형 필터는 그럴 수 없습니다.",
@@ -125,5 +126,6 @@ def judge(done, plan: Plan):
             for o in done if o.measures]
     curves = {o.run.label: {int(t): m["token"] for t, m in o.measures.items()} for o in done if o.measures}
     sections = [Table(rows, heading="Copy accuracy: per token and whole sequence (all k right), at L and 2L"),
-                accuracy_vs_length(curves, FIT_THRESHOLD, length, title="Per-token copy accuracy vs context length")]
+                accuracy_vs_length(curves, FIT_THRESHOLD, length, title="Per-token copy accuracy vs context length")
+                .update_yaxes(title="per-token copy accuracy").update_xaxes(title="context positions L")]
     return claims, sections
