@@ -96,7 +96,9 @@ def main() -> None:
     print("\nkappa = sum_n N*_n / N*_joint, and the joint model's final-state accuracy beyond L")
     for row in outcome.kappa:
         ood = "  ".join(f"acc@{k[8:]} {show(v)}" for k, v in row.items() if k.startswith("ood_acc_"))
-        print(f"{row['model']:>12} {row['task']:>4} {row['format']:>8}  kappa {show(row['kappa']):>6}  {ood}")
+        bounds = f"[{show(row['kappa_low'])}, {show(row['kappa_high'])}]"
+        print(f"{row['model']:>12} {row['task']:>4} {row['format']:>8}  kappa {show(row['kappa']):>6} "
+              f"bounds {bounds:>14}  {ood}")
     report = write_sample_efficiency_report(out / "report.html", [r.row() for r in outcome.n_star], outcome.kappa,
                                             outcome.rows, notes=f"Scale {args.scale!r}: {spec.data}")
     print(f"\nreport: {report}")

@@ -46,3 +46,11 @@ def slow_square(params, run_dir):
 
     time.sleep(params.get("sleep", 0.3))
     return square(params, run_dir)
+
+
+def n_star_fake(params, run_dir):
+    """Converges iff n >= 10 * length (joint: 15); the joint model's OOD accuracy falls with its seed."""
+    target = 15 if params["length"] == "joint" else 10 * params["length"]
+    row = {"converged": params["n"] >= target, "val_loss": 0.001 * (1 + params["seed"])}
+    row.update({f"ood_acc_{n}": 0.9 - 0.1 * params["seed"] for n in params["ood_lengths"]})
+    return row

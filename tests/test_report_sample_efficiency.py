@@ -19,7 +19,7 @@ def n_star_rows():
 KAPPA = [{"model": "lstm", "task": "Z5", "format": "acot", "max_length": 4, "kappa": 6.0, "n_star_joint": 30,
           "sum_n_star": 180, "ood_acc_8": 0.97, "ood_acc_16": 0.9},
          {"model": "transformer", "task": "Z5", "format": "acot", "max_length": 4, "kappa": math.nan,
-          "n_star_joint": 2000, "sum_n_star": None, "ood_acc_8": 0.3, "ood_acc_16": 0.2},
+          "kappa_low": 1.5, "kappa_high": math.inf, "n_star_joint": 2000, "sum_n_star": None, "ood_acc_8": 0.3, "ood_acc_16": 0.2},
          {"model": "transformer", "task": "Z5", "format": "outcome", "max_length": 4, "kappa": 0.5,
           "n_star_joint": 200, "sum_n_star": 100, "ood_acc_8": 0.25, "ood_acc_16": math.nan}]
 
@@ -31,6 +31,7 @@ def test_n_star_figure_has_found_missing_and_joint_traces():
     assert list(lines["lstm (Z5) acot"].y) == [40, 60, 80]
     assert list(lines["transformer (Z5) acot"].x) == [2, 4]                   # length 3 never converged
     assert list(lines["transformer (Z5) acot: not converged"].y) == [4096]     # drawn at the bound
+    assert 2.9 < lines["transformer (Z5) acot: not converged"].x[0] < 3.1
     assert list(lines["lstm (Z5) acot: joint"].y) == [30, 30]
 
 
@@ -39,9 +40,12 @@ def test_kappa_figures_leave_out_nan_and_pair_kappa_with_ood():
     by_format = {t.name: t for t in bars.data}
     assert list(by_format["acot"].customdata) == [6.0] and list(by_format["outcome"].customdata) == [0.5]
     assert list(by_format["outcome"].y) == [-0.5] and by_format["outcome"].base == 1   # drawn from 1 down to 0.5
+    assert list(by_format["acot: lower bound"].customdata) == [1.5]
     scatter = kappa_vs_ood(KAPPA)
     points = {t.name: (list(t.x), list(t.y)) for t in scatter.data}
-    assert points["at 2L"] == ([6.0, 0.5], [0.97, 0.25]) and points["at 4L"] == ([6.0], [0.9])
+    assert points["at 2L"] == ([6.0, 1.5, 0.5], [0.97, 0.3, 0.25])       # the bound 1.5 stands in for NaN
+    assert points["at 4L"] == ([6.0, 1.5], [0.9, 0.2])
+    assert "(kappa >=)" in scatter.data[0].text[1] and "(kappa >=)" not in scatter.data[0].text[0]
 
 
 def test_report_is_one_offline_file(tmp_path):

@@ -94,6 +94,17 @@ def test_kappa_arithmetic():
         se.kappa({2: 0}, 10)
 
 
+def test_kappa_bounds_from_searches_that_hit_their_limit():
+    def result(n_star, n_max=100):
+        return se.NStar(condition(), n_star, 0, n_max)
+
+    assert se.kappa_bounds([result(40), result(None, 93)], result(50)) == (pytest.approx((40 + 94) / 50), math.inf)
+    assert se.kappa_bounds([result(40), result(60)], result(None, 199)) == (0.0, pytest.approx(100 / 200))
+    assert se.kappa_bounds([result(40), result(60)], result(25)) == (pytest.approx(4.0), pytest.approx(4.0))
+    low, high = se.kappa_bounds([result(None)], result(None))
+    assert math.isnan(low) and math.isnan(high)
+
+
 def test_kappa_rows_take_the_best_joint_model_ood_accuracy():
     conds = se.conditions(["lstm", "transformer"], ["Z5"], ["acot"], 3, model_options={"transformer": {"n_layers": 6}})
     assert [c["length"] for c in conds] == [2, 3, "joint"] * 2
@@ -114,6 +125,7 @@ def test_kappa_rows_take_the_best_joint_model_ood_accuracy():
     rows = {r["model"]: r for r in se.kappa_rows(results)}
     assert rows["lstm"]["kappa"] == pytest.approx(120 / 30) and rows["transformer"]["kappa"] == pytest.approx(0.6)
     assert rows["lstm"]["n_star_joint"] == 30 and rows["lstm"]["sum_n_star"] == 120
+    assert rows["lstm"]["kappa_low"] == rows["lstm"]["kappa_high"] == pytest.approx(4.0)
     assert rows["lstm"]["ood_acc_6"] == pytest.approx(0.9)       # seed 0 has the lower val loss
 
 

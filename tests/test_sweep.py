@@ -235,3 +235,21 @@ def test_cli_sweep_runs_lists_failures_and_rejects_bad_specs(tmp_path, capsys):
     assert "spec.models: unknown model 'lstmm'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="executor must be one of local, ray"):
         make_executor("dask")
+
+
+def test_cli_runs_an_n_star_spec_to_kappa_and_the_report(tmp_path, capsys):
+    spec = tmp_path / "study.json"
+    spec.write_text(json.dumps({"kind": "n_star", "trial": "sweep_trials:n_star_fake", "models": ["lstm"],
+                                "tasks": ["S5"], "formats": ["acot"], "max_length": 3, "lrs": [0.01],
+                                "seeds": [0, 1], "search": {"n0": 4, "resolution": 0}}))
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--workers", "2", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    [kappa] = [json.loads(line) for line in (out / "kappa.jsonl").read_text().splitlines()]
+    assert kappa["kappa"] == pytest.approx((20 + 30) / 15) and kappa["ood_acc_6"] == pytest.approx(0.9)
+    assert "kappa 3.33" in printed and (out / "report.html").is_file()
+    n_stars = {json.loads(line)["length"]: json.loads(line)["n_star"] for line in (out / "n_star.jsonl").read_text().splitlines()}
+    assert n_stars == {2: 20, 3: 30, "joint": 15}
+    rows = len(ResultTable(out).rows())
+    assert main(["sweep", str(spec), "--out", str(out), "--no-progress", "--no-report"]) == 0   # resumed: no new trial
+    assert len(ResultTable(out).rows()) == rows

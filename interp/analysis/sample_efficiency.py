@@ -29,7 +29,8 @@ row holding at least "converged" (bool); `interp.sweep` provides executors (loca
 that are such callables, with resume and retries. This module never imports interp.sweep.
 
 kappa = sum_{n=2..L} N*_n / N*_joint: > 1 a shared mechanism across lengths, ~1 isolated
-per-length solutions, < 1 interference; NaN when any N* is missing.
+per-length solutions, < 1 interference; NaN when any N* is missing, with the bounds that the
+searches' limits still give in kappa_low / kappa_high (`kappa_bounds`).
 """
 
 from __future__ import annotations
@@ -213,6 +214,22 @@ def kappa(n_star_by_length: Mapping[int, float | None], n_star_joint: float | No
     return sum(n_star_by_length.values()) / n_star_joint
 
 
+def kappa_bounds(per_length: Sequence[NStar], joint: NStar) -> tuple[float, float]:
+    """(low, high) bounds on kappa when some N* was not found: a search that failed up to its
+    bound b has N* > b (>= b + 1, infinite when the data ran out). Joint found, lengths missing:
+    kappa >= (found + sum (b_n + 1)) / N*_joint. Lengths found, joint missing: kappa <=
+    sum N*_n / (b_joint + 1). Both found: low = high = kappa; neither: NaN, NaN."""
+    found = [r.n_star for r in per_length if r.n_star is not None]
+    if not per_length:
+        return math.nan, math.nan
+    if joint.n_star is not None:
+        value = (sum(found) + sum(r.n_max + 1 for r in per_length if r.n_star is None)) / joint.n_star
+        return value, (value if len(found) == len(per_length) else math.inf)
+    if len(found) == len(per_length):
+        return 0.0, sum(found) / (joint.n_max + 1)
+    return math.nan, math.nan
+
+
 def joint_model_row(result: NStar) -> dict | None:
     """The converged trial at N*_joint with the lowest validation loss (None when none converged)."""
     rows = [r for r in result.trials if r.get("converged") and r.get("n") == result.n_star]
@@ -232,9 +249,10 @@ def kappa_rows(results: Sequence[NStar]) -> list[dict]:
             continue
         per_length = {n: r.n_star for n, r in by_length.items() if n != "joint"}
         joint = by_length["joint"]
+        low, high = kappa_bounds([r for n, r in by_length.items() if n != "joint"], joint)
         row = {"model": model, "task": task, "format": fmt, "max_length": max_length,
                "kappa": kappa(per_length, joint.n_star) if per_length else math.nan,
-               "n_star_joint": joint.n_star,
+               "kappa_low": low, "kappa_high": high, "n_star_joint": joint.n_star,
                "sum_n_star": sum(per_length.values()) if None not in per_length.values() else None}
         best = joint_model_row(joint)
         for length in joint.condition.get("ood_lengths", []):

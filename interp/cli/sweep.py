@@ -97,4 +97,5 @@ def _print_kappa(rows: list[dict]) -> None:
     for row in rows:
         ood = ", ".join(f"{k[8:]}: {v:.2f}" for k, v in row.items() if k.startswith("ood_acc_"))
         print(f"  {row['model']:>12} {row['task']} {row['format']:>7}  N*_joint {row['n_star_joint']}  "
-              f"sum N*_n {row['sum_n_star']}  kappa {row['kappa']:.2f}  OOD acc {ood}")
+              f"sum N*_n {row['sum_n_star']}  kappa {row['kappa']:.2f} (bounds {row['kappa_low']:.2f} .. "
+              f"{row['kappa_high']:.2f})  OOD acc {ood}")

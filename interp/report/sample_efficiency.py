@@ -4,8 +4,10 @@
                                       joint N* as a dashed line of its colour; conditions that never
                                       converged as open markers at the search's bound
     kappa_bars(kappa_rows)            kappa per model, one bar per format from 1 to kappa (log y: up is
-                                      sharing, down interference)
-    kappa_vs_ood(kappa_rows)          kappa against the joint model's OOD accuracy at each OOD length
+                                      sharing, down interference); hatched: a lower bound (kappa_low)
+                                      where N*_joint was found but some N*_n was not
+    kappa_vs_ood(kappa_rows)          kappa (or its lower bound, labelled) against the joint model's
+                                      OOD accuracy at each OOD length
     write_sample_efficiency_report(path, n_star_rows, kappa_rows, trials) -> Path
 
 Rows are the tidy rows of `interp.analysis.sample_efficiency` (NStar.row(), kappa_rows()).
@@ -47,7 +49,9 @@ def n_star_vs_length(rows: Rows, title: str = "N* against training length") -> g
     _check_rows("rows", rows, ("model", "task", "format", "length", "n_star", "n_max"))
     fig = go.Figure()
     dashes = {"outcome": "solid", "acot": "dot", "cot": "dashdot"}
-    for index, ((model, fmt), series) in enumerate(sorted(_series(rows).items())):
+    groups = sorted(_series(rows).items())
+    for index, ((model, fmt), series) in enumerate(groups):
+        shift = 0.06 * (index - (len(groups) - 1) / 2)   # open markers of different series side by side
         color, name = palette_color(index), f"{model} {fmt}"
         per_length = sorted((r for r in series if r["length"] != "joint"), key=lambda r: r["length"])
         found = [r for r in per_length if r["n_star"] is not None]
@@ -57,9 +61,9 @@ def n_star_vs_length(rows: Rows, title: str = "N* against training length") -> g
                                  hovertemplate="length %{x}<br>N* %{y}<extra>" + name + "</extra>"))
         missing = [r for r in per_length if r["n_star"] is None]
         if missing:
-            fig.add_trace(go.Scatter(x=[r["length"] for r in missing], y=[r["n_max"] for r in missing],
+            fig.add_trace(go.Scatter(x=[r["length"] + shift for r in missing], y=[r["n_max"] for r in missing],
                                      mode="markers", marker=dict(color=color, symbol="circle-open", size=11),
-                                     name=f"{name}: not converged", legendgroup=name, showlegend=False,
+                                     name=f"{name}: not converged", legendgroup=name, showlegend=not found,
                                      hovertemplate="length %{x}<br>no convergence up to N = %{y}<extra>"
                                                    + name + "</extra>"))
         for joint in (r for r in series if r["length"] == "joint" and r["n_star"] is not None):
@@ -86,10 +90,18 @@ def kappa_bars(rows: Rows, title: str = "Sharing coefficient kappa = sum_n N*_n 
         fig.add_trace(go.Bar(x=[f"{r['model']} ({r['task']})" for r in chosen], y=[k - 1 for k in kappas], base=1,
                              customdata=kappas, name=fmt, marker_color=palette_color(index),
                              hovertemplate="%{x}<br>kappa %{customdata:.2f}<extra>" + fmt + "</extra>"))
+        bounded = [r for r in rows if r["format"] == fmt and math.isnan(r["kappa"])
+                   and math.isfinite(r.get("kappa_low", math.nan)) and r["kappa_low"] > 0]
+        if bounded:   # N*_joint found, some N*_n not: kappa is at least kappa_low
+            lows = [r["kappa_low"] for r in bounded]
+            fig.add_trace(go.Bar(x=[f"{r['model']} ({r['task']})" for r in bounded], y=[k - 1 for k in lows], base=1,
+                                 customdata=lows, name=f"{fmt}: lower bound", marker_color=palette_color(index),
+                                 marker_pattern_shape="/", opacity=0.6,
+                                 hovertemplate="%{x}<br>kappa >= %{customdata:.2f}<extra>" + fmt + "</extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray", annotation_text="kappa = 1 (no sharing)",
                   annotation_position="top left")
     fig.update_yaxes(type="log", title="kappa")
-    fig.update_layout(title=title, barmode="group", template="plotly_white", legend_title="format")
+    fig.update_layout(title=title, barmode="group", template="plotly_white", legend_title="format", showlegend=True)
     return fig
 
 
@@ -101,18 +113,28 @@ def kappa_vs_ood(rows: Rows, title: str = "kappa against the joint model's accur
     factors = sorted({int(k.split("_")[-1]) // int(r["max_length"]) for r in rows for k in r
                       if k.startswith("ood_acc_")})
     for index, factor in enumerate(factors):
-        points = [(r, r.get(f"ood_acc_{factor * int(r['max_length'])}")) for r in rows]
-        points = [(r, a) for r, a in points if a is not None and not math.isnan(a) and not math.isnan(r["kappa"])]
+        points = [(r, r.get(f"ood_acc_{factor * int(r['max_length'])}"), _kappa_or_bound(r)) for r in rows]
+        points = [(r, a, k) for r, a, k in points if a is not None and not math.isnan(a) and k[0] is not None]
         fig.add_trace(go.Scatter(
-            x=[r["kappa"] for r, _ in points], y=[a for _, a in points], mode="markers+text",
-            text=[f"{r['model']} {r['format']}" for r, _ in points], textposition="top center",
+            x=[k for _, _, (k, _) in points], y=[a for _, a, _ in points], mode="markers+text",
+            text=[f"{r['model']} {r['format']}{' (kappa >=)' if low else ''}" for r, _, (_, low) in points],
+            textposition="top center",
             marker=dict(size=11, symbol=symbols[index % len(symbols)], color=palette_color(index)),
             name=f"at {factor}L", hovertemplate="kappa %{x:.2f}<br>accuracy %{y:.3f}<br>%{text}<extra></extra>"))
+    fig.update_layout(showlegend=True)
     fig.add_vline(x=1.0, line_dash="dot", line_color="gray")
     fig.update_xaxes(type="log", title="kappa")
     fig.update_yaxes(range=[0, 1.05], title="final-state accuracy of the joint model")
     fig.update_layout(title=title, template="plotly_white", legend_title="OOD length")
     return fig
+
+
+def _kappa_or_bound(row: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """(kappa, False), or (its lower bound, True) where only the bound is known, or (None, False)."""
+    if not math.isnan(row["kappa"]):
+        return row["kappa"], False
+    low = row.get("kappa_low", math.nan)
+    return (low, True) if math.isfinite(low) and low > 0 else (None, False)
 
 
 def write_sample_efficiency_report(path: str | Path, n_star_rows: Rows, kappa_rows: Rows,
