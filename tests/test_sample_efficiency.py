@@ -149,3 +149,20 @@ def test_a_real_trial_row(tmp_path):
     import models
 
     assert models.load(tmp_path / "run").cfg.mixer == "lstm"
+
+
+@pytest.mark.parametrize("model,fmt,task", [("transformer", "cot", "S5"), ("dense_ssm", "outcome", "Z5"),
+                                            ("mamba", "acot", "A4xZ5")])
+def test_every_study_model_format_and_group_trains_a_trial(tmp_path, model, fmt, task):
+    options = {"transformer": {"d_model": 8, "n_layers": 3, "n_heads": 2}, "dense_ssm": {"d_model": 8},
+               "mamba": {"d_model": 8, "d_state": 2}}
+    [condition] = [c for c in se.conditions([model], [task], [fmt], 3, model_options=options,
+                                            train={"steps": 4, "batch_size": 4, "val_size": 4, "eval_every": 2})
+                   if c["length"] == 3]
+    row = se.train_trial({**condition, "n": 8, "lr": 1e-3, "seed": 0}, tmp_path / "run")
+    assert row["n_train"] == 8 and row["steps_run"] == 4 and np.isfinite(row["val_loss"])
+    import models
+
+    loaded = models.load(tmp_path / "run")
+    assert loaded.cfg.mixer == {"transformer": "attention"}.get(model, model)
+    assert loaded.cfg.n_layers == options[model].get("n_layers", loaded.cfg.n_layers)
