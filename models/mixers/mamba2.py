@@ -21,10 +21,14 @@ the group norm mixes heads before it, so a head's share is of the normed output)
 (B_t, C_t here are head h's group's [N] vectors.) Affine and diagonal (is_affine = True):
 dh_t/dh_{t-1} = exp(dt_t A) on every (p, n) of head h; `transition` returns it as [B, H, P, N].
 
-Paths: fast = models.kernels.diag_scan with the read-out C fused (no states returned);
-instrumented = diag_scan exporting every state, hook_state patches pinned and the scan re-run
-from them (models.hooks.scan_with_state_hook), so a patch at t changes every later step and
-nothing before t.
+Paths: on the CPU (float32/64, the native library built) Mamba's fused selective kernels run it,
+one call per group: with dt repeated over each head's P channels and A over N, h_t is Mamba's
+recurrence on E channels sharing the group's B_t and C_t, so selective_scan (fast path, read-out
+fused, nothing [B, T, E, N] formed) and selective_states (instrumented: every state; a re-run
+with pins while a gradient is wanted, or with a shift, takes diag_scan) apply as they are.
+Elsewhere models.kernels.diag_scan (read-out fused on the fast path; every state on the
+instrumented one). hook_state patches are pinned and the scan re-run from them
+(models.hooks.scan_with_state_hook), so a patch at t changes every later step and nothing before t.
 
 mixer_options: n_groups (1), conv_bias (True), bias (False: in/out projections), dt_min (0.001),
 dt_max (0.1), dt_init_floor (1e-4) (dt_bias init, as transformers), dt_limit (None, or a
@@ -42,6 +46,7 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint, scan_with_state_hook
 from models.kernels import diag_scan, short_conv
+from models.kernels.native import selective as native_selective
 from models.mixers.base import RecurrentMixer, head_outputs, mixer_options, register_mixer
 
 OPTIONS = {
@@ -148,7 +153,36 @@ class Mamba2(RecurrentMixer):
         a, b = self.transition_terms(inputs_t)
         return a * h + b  # [B, H, P, N]
 
+    def selective_args(self, inputs, initial=None):
+        """Mamba's selective-scan arguments per group: [(dt [B, T, E/G], A [E/G, N], x, B_g [B, T, N],
+        C_g, initial [B, E/G, N] | None, channel slice)] (heads are contiguous within a group)."""
+        batch, length = inputs["dt"].shape[:2]
+        p, n, width = self.head_dim, self.d_state, self.d_inner // self.groups
+        dt = inputs["dt"].repeat_interleave(p, dim=-1)  # [B, T, E]
+        A = self.A().repeat_interleave(p)[:, None].expand(self.d_inner, n)  # [E, N]
+        x = inputs["x"].reshape(batch, length, self.d_inner)
+        h0 = None if initial is None else initial.reshape(batch, self.d_inner, n)
+        return [(dt[..., s].contiguous(), A[s].contiguous(), x[..., s].contiguous(), inputs["B"][:, :, g].contiguous(),
+                 inputs["C"][:, :, g].contiguous(), None if h0 is None else h0[:, s].contiguous(), s)
+                for g, s in enumerate(slice(g * width, (g + 1) * width) for g in range(self.groups))]
+
+    def native_states(self, inputs, pins=None, initial=None) -> torch.Tensor | None:
+        """Every state [B, T, H, P, N] from native selective_states, or None where it does not run."""
+        groups = self.selective_args(inputs, initial)
+        dt, A, x, B, _, h0, _ = groups[0]
+        if not native_selective.selective_states_supported(dt, A, x, B, h0, pins):
+            return None
+        batch, length = dt.shape[:2]
+        values = None if pins is None else pins[1].reshape(batch, length, self.d_inner, self.d_state)
+        states = [native_selective.selective_states(dt, A, x, B, initial_state=h0, pins=None if pins is None else
+                                                    (pins[0], values[:, :, s].contiguous()))
+                  for dt, A, x, B, _, h0, s in groups]
+        return torch.cat(states, dim=2).reshape(batch, length, *self.state_shape)
+
     def scan(self, inputs, pins=None, initial=None, shift=None):
+        states = None if shift is not None else self.native_states(inputs, pins, initial)
+        if states is not None:
+            return states, states
         return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
 
     def scan_terms(self, a, b, pins=None, initial=None, shift=None):
@@ -158,10 +192,15 @@ class Mamba2(RecurrentMixer):
         return states, states
 
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        a, b = self.transition_terms(inputs)  # formed once for the first scan and a patched re-run
-        _, states = scan_with_state_hook(
-            self.hook_state, lambda pins, shift: self.scan_terms(a, b, pins, initial, shift), len(self.state_shape)
-        )
+        """Both scans (the first and a patched re-run) through scan when the first runs natively,
+        else a and b formed once for both."""
+        dt, A, x, B, _, h0, _ = self.selective_args(inputs, initial)[0]
+        if native_selective.selective_states_supported(dt, A, x, B, h0):
+            run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
+        else:
+            a, b = self.transition_terms(inputs)
+            run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
         return self.readout(u, states, inputs)
 
     def readout(self, u, states, inputs) -> torch.Tensor:  # states [B, T, H, P, N]
@@ -172,6 +211,12 @@ class Mamba2(RecurrentMixer):
         return self.fast_from(u, self.prepare(u))
 
     def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        groups = self.selective_args(inputs, initial)
+        if native_selective.selective_supported(*groups[0][:-1]):
+            batch, length = inputs["dt"].shape[:2]
+            y = torch.cat([native_selective.selective_scan(dt, A, x, B, C, initial_state=h0, chunk_size=self.chunk_size)
+                           for dt, A, x, B, C, h0, _ in groups], dim=-1)  # [B, T, E]
+            return self.finish(y.reshape(batch, length, self.heads, self.head_dim), inputs)
         a, b = self.transition_terms(inputs)
         # one group: C is shared by every (head, p), diag_scan's [B, T, N] read-out; else per head
         C = inputs["C"][:, :, 0] if self.groups == 1 else self.per_head(inputs["C"])[..., None, :].expand(b.shape)
