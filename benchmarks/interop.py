@@ -139,7 +139,10 @@ def transformer_lens_patch(src, clean, layer: int, t: int, state: torch.Tensor):
         print(f"TransformerLens: {type(src).__name__} not wrapped: {type(error).__name__}: {error}")
         return None
     hook = f"blocks.{layer}.mixer.hook_ssm_state"  # Mamba: [B, E, T, N], the position on its pos_dim
-    pos_dim = getattr(bridge.hook_dict[hook], "pos_dim", 2)
+    pos_dim = getattr(bridge.hook_dict[hook], "pos_dim", None)
+    if pos_dim is None:  # Mamba-2's bridge: per-chunk states, no per-position state to patch
+        print(f"TransformerLens: {type(src).__name__}'s {hook} has no position axis (pos_dim None); left out")
+        return None
 
     def patch(s, hook):
         at_t = s.movedim(pos_dim, 1)[:, t]  # a view of s at position t
