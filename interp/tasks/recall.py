@@ -24,6 +24,7 @@ roles (AR: [N]; MQAR: [N, k], one column per query):
     value   position of its paired value (2+2i)
     query   position of the query token (carries the loss)
     answer  position of the answer token (query + 1)
+    bos, eos  positions of BOS (0) and EOS (2L + 1), the same in every column for MQAR
 
 states [N, T_tokens] int64: the value token bound to the key at that position - at a key or value
 position the value of that pair, at a query or answer position the answer; -1 at BOS and EOS.
@@ -106,7 +107,8 @@ class MultiQueryRecall:
         loss_mask[:, 2 * L + 2::2] = True
 
         query_pos = np.broadcast_to(2 * L + 2 + 2 * np.arange(k), (n, k))
-        roles = {"key": 1 + 2 * pair, "value": 2 + 2 * pair, "query": query_pos, "answer": query_pos + 1}
+        roles = {"key": 1 + 2 * pair, "value": 2 + 2 * pair, "query": query_pos, "answer": query_pos + 1,
+                 "bos": np.zeros((n, k), dtype=np.int64), "eos": np.full((n, k), 2 * L + 1, dtype=np.int64)}
         return Batch(torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(loss_mask),
                      torch.from_numpy(states), self._roles(roles))
 

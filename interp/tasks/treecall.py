@@ -28,7 +28,8 @@ queries only pairs outside it, `"heldout"` only pairs inside it, `"all"` any pai
 
 Targets are next-token (targets[:, t] = tokens[:, t+1], the last target EOS); the loss is only at
 the query position (target = a). roles [N], as in AR: `key` (the occurrence of q in the document),
-`value` (the occurrence of its parent's head), `query`, `answer` (query + 1).
+`value` (the occurrence of its parent's head), `query`, `answer` (query + 1), `bos`, `eos` (the
+BOS and EOS tokens' positions).
 states [N, T_tokens] int64: at a document terminal, the head terminal of its parent phrase (what
 the answer would be if it were queried); at the query and answer positions the answer; -1 at PAD,
 BOS, EOS and the root head.
@@ -297,7 +298,8 @@ class AssociativeTreecall:
                           np.take_along_axis(tokens, np.maximum(tree_parent, 0), axis=1), -1)
         states[:, length + 2] = states[:, length + 3] = answer
         query_pos = np.full(n, length + 2, dtype=np.int64)
-        roles = {"key": key_pos, "value": value_pos, "query": query_pos, "answer": query_pos + 1}
+        roles = {"key": key_pos, "value": value_pos, "query": query_pos, "answer": query_pos + 1,
+                 "bos": offset - 1, "eos": np.full(n, length + 1, dtype=np.int64)}
         batch = Batch(torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(loss_mask),
                       torch.from_numpy(states),
                       roles_to_torch(roles))

@@ -4,7 +4,8 @@ A `Site(hook, position, head=None, subspace=None)` names one activation (interve
 roles as positions, one head, a subspace).
 
 Modules: `sites` (Site, grids, positions), `patching` (the patch engine), `interchange`,
-`ablation`, `corruption`; the public names are re-exported here.
+`attribution` (attribution patching: every interchange's first-order estimate from one forward
+and backward), `ablation`, `corruption`; the public names are re-exported here.
 
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
 and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1.
@@ -33,20 +34,25 @@ component only, for subspace sites) and reports the answer probability and accur
 `ablate_short_conv(model, width, mode)` shortens every short convolution in place at load time.
 
 Corruptions: `corrupt_ar` / `corrupt_atr` / `corrupt_key` replace the queried key's occurrences
-in context by a key absent from the example, so the query no longer matches.
+in context by a key absent from the example, so the query no longer matches; `corrupt_ar_value` /
+`corrupt_value` swap the queried value instead (the corrupted run then has its own answer).
 """
 
 from interp.analysis.interventions.ablation import (ABLATION_MODES, SHORT_CONV_MODES, AblationResult, ablate,
                                                     ablate_short_conv, short_convs, site_means)
-from interp.analysis.interventions.corruption import corrupt_ar, corrupt_atr, corrupt_key
-from interp.analysis.interventions.interchange import METRICS, InterchangeResult, interchange, restoration
+from interp.analysis.interventions.attribution import attribute
+from interp.analysis.interventions.corruption import (corrupt_ar, corrupt_ar_value, corrupt_atr, corrupt_key,
+                                                      corrupt_value)
+from interp.analysis.interventions.interchange import (EXTRA_METRICS, METRICS, InterchangeResult, interchange,
+                                                       restoration)
 from interp.analysis.interventions.patching import patched_answer_probs, patched_probs, run_cached
 from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair, check_sites,
                                                  check_subspace, site_grid, site_positions)
 
 __all__ = [
-    "ABLATION_MODES", "METRICS", "SHORT_CONV_MODES", "AblationResult", "InterchangeResult", "Site", "ablate",
-    "ablate_short_conv", "answer_positions", "answer_probs", "check_pair", "check_sites", "check_subspace",
-    "corrupt_ar", "corrupt_atr", "corrupt_key", "interchange", "patched_answer_probs", "patched_probs",
-    "restoration", "run_cached", "short_convs", "site_grid", "site_means", "site_positions",
+    "ABLATION_MODES", "AblationResult", "EXTRA_METRICS", "InterchangeResult", "METRICS", "SHORT_CONV_MODES",
+    "Site", "ablate", "ablate_short_conv", "answer_positions", "answer_probs", "attribute", "check_pair",
+    "check_sites", "check_subspace", "corrupt_ar", "corrupt_ar_value", "corrupt_atr", "corrupt_key",
+    "corrupt_value", "interchange", "patched_answer_probs", "patched_probs", "restoration", "run_cached",
+    "short_convs", "site_grid", "site_means", "site_positions",
 ]

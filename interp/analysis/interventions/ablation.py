@@ -114,7 +114,7 @@ def ablate(
         baseline_p = answer_probs(logits, ans, y)
         baseline_correct = logits[torch.arange(len(batch)), ans].argmax(-1).cpu() == y
         skip = after_answer([site_positions(batch, s.position) for s in sites], ans) if resume else None
-        p_answer, correct = patched_answer_probs(model, batch, sites, source, y, ans, batch_size, skip=skip,
+        p_answer, correct, _ = patched_answer_probs(model, batch, sites, source, y, ans, batch_size, skip=skip,
                                                  unpatched=(baseline_p, baseline_correct),
                                                  resume_cache=cache if resume else None)
     return AblationResult(sites, mode, p_answer, correct, baseline_p, baseline_correct)

@@ -2,7 +2,19 @@
 
     restoration[s, b] = (p_patched[s, b](y_b) - p_corrupt[b](y_b)) / (p_clean[b](y_b) - p_corrupt[b](y_b))
 
-(SCIENCE.md section 2; the package docstring has the whole procedure.)
+(SCIENCE.md section 2; the package docstring has the whole procedure.) With `metrics=` also, per
+pair, at the answer position:
+
+    "logit_diff"  logit(y_b) - logit(y'_b), y'_b the corrupted answer: the corrupt batch's target
+                  there where it differs from y_b (a value corruption), else the corrupted run's
+                  most likely token other than y_b; logit_diff_restoration normalises it as
+                  restoration does
+    "kl"          KL(p_clean || p_patched) over the vocabulary; kl_change = KL to clean of the
+                  corrupted run minus that of the patched run (> 0: the patch moved towards clean)
+
+An example whose corrupted tokens equal its clean tokens (interchange(clean, clean)) has
+p_clean = p_corrupt by construction: every patch gives back the clean run, so its restoration is
+1 (and it counts as kept) rather than 0 / 0.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from interp.analysis.interventions.sites import Site, answer_positions, answer_p
 from interp.tasks.base import Batch
 
 METRICS = ("restoration",)
+EXTRA_METRICS = ("logit_diff", "kl")
 
 
 @dataclass
@@ -28,6 +41,10 @@ class InterchangeResult:
 
     restoration [S, N] float64 (NaN for dropped examples), p_patched [S, N], p_clean [N],
     p_corrupt [N], kept [N] bool; labels[s] names sites[s]; n_kept examples passed the filter.
+    With metrics (module docstring): logit_diff_patched [S, N], logit_diff_clean / _corrupt [N],
+    kl_patched [S, N], kl_corrupt [N] (else None). Counts: n_run pairs run, n_skipped no-op pairs
+    not run (they take the corrupted run's values), n_passes forward passes of patched rows;
+    n_dropped = pairs of examples dropped by min_effect.
     """
 
     sites: list[Site]
@@ -37,6 +54,45 @@ class InterchangeResult:
     p_corrupt: torch.Tensor
     kept: torch.Tensor
     min_effect: float
+    logit_diff_patched: torch.Tensor | None = None
+    logit_diff_clean: torch.Tensor | None = None
+    logit_diff_corrupt: torch.Tensor | None = None
+    kl_patched: torch.Tensor | None = None
+    kl_corrupt: torch.Tensor | None = None
+    n_run: int | None = None
+    n_skipped: int | None = None
+    n_passes: int | None = None
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.sites) * len(self.kept)
+
+    @property
+    def n_dropped(self) -> int:
+        return len(self.sites) * int((~self.kept).sum())
+
+    @property
+    def p_change(self) -> torch.Tensor:
+        """p_patched - p_corrupt [S, N]."""
+        return self.p_patched - self.p_corrupt
+
+    @property
+    def logit_diff_restoration(self) -> torch.Tensor:
+        """(ld_patched - ld_corrupt) / (ld_clean - ld_corrupt) [S, N], NaN for examples dropped
+        (by the probability filter) or with ld_clean = ld_corrupt."""
+        if self.logit_diff_patched is None:
+            raise ValueError("this result has no logit differences: run interchange(..., metrics=['logit_diff'])")
+        effect = self.logit_diff_clean - self.logit_diff_corrupt
+        valid = self.kept & (effect != 0)
+        value = (self.logit_diff_patched - self.logit_diff_corrupt) / torch.where(valid, effect, torch.ones_like(effect))
+        return value.masked_fill(~valid, float("nan"))
+
+    @property
+    def kl_change(self) -> torch.Tensor:
+        """KL(clean || corrupt) - KL(clean || patched) [S, N]."""
+        if self.kl_patched is None:
+            raise ValueError("this result has no KL divergences: run interchange(..., metrics=['kl'])")
+        return self.kl_corrupt - self.kl_patched
 
     @property
     def labels(self) -> list[str]:
@@ -87,12 +143,20 @@ class InterchangeResult:
             frame["p_clean"] = np.tile(self.p_clean.numpy(), len(meta))
             frame["p_corrupt"] = np.tile(self.p_corrupt.numpy(), len(meta))
             frame["kept"] = np.tile(self.kept.numpy(), len(meta))
+            if self.logit_diff_patched is not None:
+                frame["logit_diff_patched"] = self.logit_diff_patched.reshape(-1).numpy()
+                frame["logit_diff_restoration"] = self.logit_diff_restoration.reshape(-1).numpy()
+            if self.kl_patched is not None:
+                frame["kl_patched"] = self.kl_patched.reshape(-1).numpy()
+                frame["kl_change"] = self.kl_change.reshape(-1).numpy()
             return frame
         raise ValueError(f"per must be 'site' or 'example'; got {per!r}")
 
     def __repr__(self) -> str:
+        counts = "" if self.n_run is None else f"; {self.n_run} pairs run, {self.n_skipped} skipped as no-ops, " \
+            f"{self.n_dropped} dropped by min_effect, {self.n_passes} passes"
         return (f"InterchangeResult({len(self.sites)} sites x {len(self.kept)} examples, "
-                f"{self.n_kept} kept with p_clean - p_corrupt > {self.min_effect})")
+                f"{self.n_kept} kept with p_clean - p_corrupt > {self.min_effect}{counts})")
 
 
 def restoration(p_patched: torch.Tensor, p_clean: torch.Tensor, p_corrupt: torch.Tensor,
@@ -115,6 +179,7 @@ def interchange(
     answer: str | None = None,
     skip_noops: bool = True,
     resume: bool = True,
+    metrics: Sequence[str] = (),
 ) -> InterchangeResult:
     """Patch each site of the corrupted run from the clean run; restoration per site and example.
 
@@ -135,9 +200,12 @@ def interchange(
     key, and mixers without a carried state - Based, BaseConv, Hyena, see Mixer.resume_context -
     recompute their prefix). The values agree with whole passes up to float rounding (1e-6
     measured, tests/test_interventions.py); False runs whole passes.
+    metrics: more per-pair numbers, any of "logit_diff", "kl" (module docstring).
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
+    if isinstance(metrics, str) or any(m not in EXTRA_METRICS for m in metrics):
+        raise ValueError(f"metrics must be a list of {EXTRA_METRICS}; got {metrics!r}")
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
     check_pair(clean, corrupt)
@@ -146,12 +214,44 @@ def interchange(
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
     y = clean.targets[torch.arange(len(clean)), clean_ans]  # [N] the clean answer tokens
+    rows = torch.arange(len(clean))
+    extras: dict = {}
+
+    def score_from(clean_logits, corrupt_logits):
+        """Per-pair scores [R, m]: logit(y) - logit(y') and KL(p_clean || p) at the answer."""
+        at = corrupt_logits[rows, corrupt_ans].double()  # [N, V]
+        y_corrupt = corrupt.targets[rows, corrupt_ans].clone()
+        same = y_corrupt == y
+        others = at.clone()
+        others[rows, y] = -float("inf")
+        y_corrupt[same] = others.argmax(-1)[same]
+        clean_logp = clean_logits[rows, clean_ans].double().log_softmax(-1)  # [N, V]
+
+        def score(logits_at, examples):  # [R, V], [R]
+            logits_at = logits_at.double()
+            ld = logits_at.gather(1, y[examples, None]) - logits_at.gather(1, y_corrupt[examples, None])
+            logp = clean_logp[examples]
+            kl = (logp.exp() * (logp - logits_at.log_softmax(-1))).sum(-1, keepdim=True)
+            return torch.cat([ld, kl], 1)
+
+        clean_at = clean_logits[rows, clean_ans].double()
+        extras.update(ld_clean=clean_at[rows, y] - clean_at[rows, y_corrupt], corrupt=score(at, rows))
+        return score
+
     with models.instrumented():
-        clean_logits, p_corrupt, p_patched = patch_from(
-            model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume
+        clean_logits, _, p_corrupt, p_patched, scores, stats = patch_from(
+            model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
+            score_from=score_from if metrics else None,
         )
     p_clean = answer_probs(clean_logits, clean_ans, y)
     values, kept = restoration(p_patched, p_clean, p_corrupt, float(min_effect))
-    return InterchangeResult(sites, values, p_patched, p_clean, p_corrupt, kept, float(min_effect))
-
-
+    identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction
+    values[:, identical], kept = 1.0, kept | identical
+    result = InterchangeResult(sites, values, p_patched, p_clean, p_corrupt, kept, float(min_effect),
+                               n_run=stats["run"], n_skipped=stats["skipped"], n_passes=stats["passes"])
+    if "logit_diff" in metrics:
+        result.logit_diff_patched, result.logit_diff_clean = scores[..., 0], extras["ld_clean"]
+        result.logit_diff_corrupt = extras["corrupt"][:, 0]
+    if "kl" in metrics:
+        result.kl_patched, result.kl_corrupt = scores[..., 1], extras["corrupt"][:, 1]
+    return result

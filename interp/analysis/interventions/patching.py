@@ -129,11 +129,17 @@ def patched_answer_probs(
     answer_pos: torch.Tensor,
     batch_size: int,
     skip: torch.Tensor | None = None,
-    unpatched: tuple[torch.Tensor, torch.Tensor] | None = None,
+    unpatched: tuple | None = None,
     resume_cache=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    stats: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run `target` with each site patched: (p(answer_tokens) [S, N] float64, argmax ==
-    answer_tokens [S, N] bool) at answer_pos.
+    answer_tokens [S, N] bool, scores [S, N, m] float64 or None) at answer_pos.
+
+    score(logits [R, V] at the answer, examples [R]) -> [R, m]: more numbers per pair (unpatched
+    then holds a third entry, the [N, m] scores of the unpatched run). stats: a dict that gets
+    "run" (pairs run) and "passes" (forward passes).
 
     The (site, example) pairs are packed into forward passes of up to batch_size rows (row r:
     example b patched at site s), sites of one hook sharing one hook. skip [S, N] bool marks
@@ -149,9 +155,14 @@ def patched_answer_probs(
     device = _device(model)
     probs = torch.empty(n_sites, n_total, dtype=torch.float64)
     correct = torch.empty(n_sites, n_total, dtype=torch.bool)
+    scores = None
     if skip is not None:
         probs[:] = unpatched[0]
         correct[:] = unpatched[1]
+    if score is not None:
+        scores = torch.empty(n_sites, n_total, unpatched[2].shape[1], dtype=torch.float64)
+        scores[:] = unpatched[2]
+    passes = 0
     todo = torch.ones(n_sites, n_total, dtype=torch.bool) if skip is None else ~skip
     pairs = torch.nonzero(todo)  # [P, 2] (site, example), site-major
     groups = _resume_groups(pairs, sites, target_pos, answer_pos) if resume_cache is not None else [(None, 0, pairs)]
@@ -167,11 +178,17 @@ def patched_answer_probs(
                 else:  # only the mixers whose per-step hooks are patched take the instrumented path
                     with models.instrumented(False), model.hooks(hooks):
                         logits = model.resume_from(resume_cache, example_of_row.to(device), layer, start, end)
+                passes += 1
                 at, want = answer_pos[example_of_row] - start, answer_tokens[example_of_row]
                 probs[site_of_row, example_of_row] = answer_probs(logits, at, want)
                 rows = torch.arange(logits.shape[0], device=logits.device)
-                correct[site_of_row, example_of_row] = logits[rows, at.to(logits.device)].argmax(-1).cpu() == want
-    return probs, correct
+                at_answer = logits[rows, at.to(logits.device)]  # [R, V]
+                correct[site_of_row, example_of_row] = at_answer.argmax(-1).cpu() == want
+                if score is not None:
+                    scores[site_of_row, example_of_row] = score(at_answer, example_of_row).double().cpu()
+    if stats is not None:
+        stats.update(run=len(pairs), passes=passes)
+    return probs, correct, scores
 
 
 # A resumed group joins the one before it (same block and hook, earlier start) when that adds
@@ -262,10 +279,12 @@ def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor
 
 
 def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
-                names: tuple[str, str] = ("source", "target"), resume: bool = False):
+               names: tuple[str, str] = ("source", "target"), resume: bool = False, score_from=None):
     """Cache `source` (and `target`), then run `target` patched at each site from `source`.
-    Returns (source logits, p_target(y) [N], p_patched(y) [S, N]). Runs on the current path.
-    resume: patched runs start at the site's block and first position (`patched_answer_probs`)."""
+    Returns (source logits, target logits, p_target(y) [N], p_patched(y) [S, N], scores [S, N, m]
+    or None, stats {"run", "skipped", "passes"}). Runs on the current path. resume: patched runs
+    start at the site's block and first position (`patched_answer_probs`). score_from(source
+    logits, target logits) -> a `score` function of patched_answer_probs (None: no scores)."""
     hooks = sorted({s.hook for s in sites})
     source_pos = [site_positions(source, s.position, names[0]) for s in sites]
     target_pos = [site_positions(target, s.position, names[1]) for s in sites]
@@ -281,17 +300,23 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     )
     p_target = answer_probs(target_logits, target_ans, y)
     rows = torch.arange(len(target))
-    correct_target = target_logits[rows, target_ans.to(target_logits.device)].argmax(-1).cpu() == y
+    target_at = target_logits[rows, target_ans.to(target_logits.device)]  # [N, V]
+    correct_target = target_at.argmax(-1).cpu() == y
+    score = None if score_from is None else score_from(source_logits, target_logits)
+    unpatched = (p_target, correct_target) + (() if score is None else (score(target_at, rows).double().cpu(),))
     from_source = _source_from_cache(sites, source_cache, source_pos)
     skip = None
     if skip_noops or resume:  # a resumed pass cannot start after its answer: those pairs are no-ops
         skip = after_answer(target_pos, target_ans)
     if skip_noops:
         skip |= _same_value(sites, from_source, target_cache, target_pos)
-    p_patched, _ = patched_answer_probs(model, target, sites, from_source, y, target_ans, batch_size,
-                                        skip=skip, unpatched=(p_target, correct_target),
-                                        resume_cache=target_cache if resume else None)
-    return source_logits, p_target, p_patched
+    stats: dict = {}
+    p_patched, _, scores = patched_answer_probs(model, target, sites, from_source, y, target_ans, batch_size,
+                                                skip=skip, unpatched=unpatched,
+                                                resume_cache=target_cache if resume else None, score=score,
+                                                stats=stats)
+    stats["skipped"] = 0 if skip is None else int(skip.sum())
+    return source_logits, target_logits, p_target, p_patched, scores, stats
 
 
 def resume_hook_names(model, sites) -> list[str]:
@@ -329,6 +354,6 @@ def patched_probs(
         answer_tokens = source.targets[torch.arange(len(source)), source_ans]
     with models.instrumented():
         return patch_from(model, source, target, sites, answer_tokens, target_ans, batch_size, skip_noops,
-                           resume=resume)[2]
+                          resume=resume)[3]
 
 
