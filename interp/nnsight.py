@@ -30,7 +30,15 @@ intervention writes to `hook_state.output` is what the hook point returns to
 recurrence: an nnsight edit of `hook_state` is a causal state patch, as with `run_with_hooks`.
 Reading `hook_state.output` gives the states before that re-run (the patched steps hold the
 patched values; later steps of the same layer are those of the unpatched scan); later layers and
-the logits see the patched run.
+the logits see the patched run. nnsight hands out the value the hook point returned, which is
+fixed before the re-run exists, so it cannot show the re-run's states: read those with
+`model.run_with_cache(tokens, names=[...hook_state], fwd_hooks=[...])`, whose readers see the
+states after the re-run.
+
+Gradients: `.grad` of `hook_state.output` (inside `with metric.backward():`) is d metric / d h_t,
+the total derivative through the recurrence, as `run_with_cache(incl_bwd=True)` caches it: under
+grad mode the value the hook point returns enters the re-run as a zero shift of every unpatched
+step (models.hooks.scan_with_state_hook), so the gradient reaches it (tests/test_gradients.py).
 
 This module is `interp.nnsight`; `import nnsight` inside it is the nnsight package (absolute
 imports), so the name does not shadow it.

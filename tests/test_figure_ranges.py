@@ -16,7 +16,9 @@ import torch
 import interp.report
 from interp.analysis import dynamics
 from interp.analysis.interventions import InterchangeResult, Site
-from interp.report import dynamics as fd, evaluation as fe, heads as fh, interventions as fi, sample_efficiency as fs
+from interp.analysis.effective_attention import EffectiveAttention
+from interp.report import dynamics as fd, effective_attention as fa, evaluation as fe, heads as fh, interventions as fi
+from interp.report import sample_efficiency as fs
 from interp.training.evaluate import LengthEval
 from probes.readability import readability_threshold
 from probes.subspace import DriftResult, centroids, state_subspace, tcross
@@ -113,6 +115,9 @@ CASES = {
         fd.tcross_vs_mp_by_definition(summary_rows(), ["pooled/fixed", "time/fixed", "time/calibrated"])],
     "dynamics.readability_curves": lambda: [fd.readability_curves({"m": calibration()})],
     "dynamics.jacobian_spectra": lambda: [fd.jacobian_spectra(spectra())],
+    "effective_attention.effective_attention_heatmap": lambda: [fa.effective_attention_heatmap(
+        EffectiveAttention(torch.tensor([[[[1.0, 0.0, 0.0], [-0.5, 0.25, 0.0], [2.0, -3.0, 0.1]]]]), "head",
+                           "v", "o"))],
     "dynamics.state_projection": lambda: [fd.state_projection(
         {12: (np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 3),
          40: (np.random.default_rng(1).normal(size=(20, 1)), np.arange(20) % 3)})],
