@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 
 import models
 
@@ -54,7 +55,7 @@ def test_unknown_task_is_a_clear_error(tmp_path, capsys):
     argv[argv.index("unused")] = str(tmp_path / "run")
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "argument --task" in err and "unknown task 'S33'" in err
+    assert "argument --task: task spec 'S33': symmetric group degree" in err
     assert not (tmp_path / "run").exists()
 
 
@@ -110,3 +111,46 @@ def test_parser_has_the_three_commands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
     assert {"demo", "train", "eval"} <= set(commands)
+
+
+def test_unavailable_device_is_one_line_naming_the_available_ones(capsys):
+    """Issue 13 item 3: --device cuda on a CPU-only torch was a raw AssertionError traceback."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    for command in (TRAIN, ["eval", "runs/x"], ["drift", "runs/x"], ["heads", "runs/x"]):
+        with pytest.raises(SystemExit) as exit:
+            main([*command, "--device", "cuda"])
+        assert exit.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "argument --device: 'cuda' is not available" in lines[0]
+        assert "available: cpu" in lines[0]
+
+
+def test_train_help_lists_the_choices_and_defaults(capsys):
+    """Issue 13 item 9: the models, tasks and formats are listed, and every default shown."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in models.list_models():
+        assert name in text
+    assert "AR, MQAR, ATR, REPL, PFSA" in text and "{outcome,acot,cot}" in text
+    for flag, default in (("--batch-size", "64"), ("--lr", "0.003"), ("--seed", "0"), ("--device", "cpu"),
+                          ("--checkpoint-every", "500"), ("--train-length", "60")):
+        assert re.search(rf"{flag} \S+ .*?\(default: {re.escape(default)}\)", text), flag
+    assert "models.list_models()" not in text
+
+
+def test_resume_with_more_steps_extends_a_finished_run(tmp_path, capsys):
+    """Issue 13 item 9: `--resume --steps 30` after 20 steps continues the run (its warmup, 2, kept
+    although 30 // 10 = 3) instead of a refusal with a diff."""
+    out = tmp_path / "run"
+    argv = ["train", "--model", "tanh_rnn", "--task", "C2", "--out", str(out), "--d-model", "8", "--batch-size",
+            "4", "--train-length", "4", "--eval-every", "10", "--no-progress"]
+    assert main([*argv, "--steps", "20"]) == 0
+    longer = [*argv, "--steps", "30"]
+    assert main([*longer, "--resume"]) == 0
+    assert "for 30 steps" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["warmup"] == 2 and config["extensions"][0]["to_steps"] == 30
+    assert main([*longer, "--resume", "--lr", "0.01"]) == 2
+    assert "train.lr: 0.003 != 0.01" in capsys.readouterr().err

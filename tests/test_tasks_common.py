@@ -53,3 +53,17 @@ def test_single_example_tensors_are_writable(spec, options):
         for tensor in [b.tokens, b.targets, b.loss_mask, b.states, *b.roles.values()]:
             tensor.clone().copy_(tensor)
             assert tensor.numpy().flags.writeable
+
+
+def test_unknown_task_errors_keep_the_real_reason_and_hint_the_case():
+    """Issue 13 item 5: S99 / A99 say why (the degree), s3 gets a case hint."""
+    with pytest.raises(ValueError, match=r"task spec 'S99': symmetric group degree k must be an int in 1\.\.6; got 99"):
+        make_task("S99")
+    with pytest.raises(ValueError, match=r"task spec 'A99': alternating group degree"):
+        make_task("A99")
+    with pytest.raises(ValueError, match=r"unknown task 's3': did you mean 'S3'\? \(task and group names are case-sensitive"):
+        make_task("s3")
+    with pytest.raises(ValueError, match=r"did you mean 'MQAR'\?"):
+        make_task("mqar")
+    with pytest.raises(ValueError, match=r"unknown task 'Q': allowed AR, MQAR"):
+        make_task("Q")

@@ -16,16 +16,18 @@ import argparse
 import sys
 
 from interp.cli import demo, drift, eval as eval_command, heads, reproduce, sample_efficiency, sweep, train
+from interp.cli.args import HelpFormatter, Parser
 
 SUBCOMMANDS = (demo, train, eval_command, heads, drift, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="interp", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="interp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in SUBCOMMANDS:
         command.add_parser(sub)
+    for subparser in sub.choices.values():
+        subparser.formatter_class = HelpFormatter
     return parser
 
 

@@ -1,4 +1,7 @@
-"""Argument types shared by the subcommands: each parses one flag's text or names what is allowed."""
+"""Argument types shared by the subcommands (each parses one flag's text or names what is allowed),
+the parser class (a user error is one line on stderr, exit status 2) and the help formatter (every
+flag shows its default; "{models}" / "{tasks}" in a help text list the choices, looked up only
+when help is printed, so that building the parser stays free of heavy imports)."""
 
 from __future__ import annotations
 
@@ -49,6 +52,51 @@ def model_name(text: str) -> str:
         close = difflib.get_close_matches(text, names, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise argparse.ArgumentTypeError(f"unknown model {text!r}{hint}; choose from {', '.join(names)}")
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: `interp train: error: ... (see --help)`."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown for every flag (unless its help already says what the default is), the
+    description kept as written, and the choice placeholders filled in."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "{models}" in text or "{tasks}" in text:
+            text = text.replace("{models}", ", ".join(_models())).replace("{tasks}", _tasks())
+        if ("default" in text or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or not action.option_strings or action.nargs == 0):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _models() -> list[str]:
+    import models
+
+    return models.list_models()
+
+
+def _tasks() -> str:
+    from interp.tasks import task_names
+
+    return (f"{', '.join(task_names())}, or a group word problem: C<n>, Z<n>, S<k>, A<k> (k <= 6) and "
+            "direct products such as A4xZ5")
+
+
+def device_name(text: str) -> str:
+    """A torch device that exists here (cpu, cuda:0, ...); else the available ones are named."""
+    from models.devices import check_device
+
+    try:
+        check_device(text)
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("device ")) from None
     return text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import fail, fraction, length_list, non_negative_int, positive_int
+from interp.cli.args import device_name, fail, fraction, length_list, non_negative_int, positive_int
 
 
 def add_parser(sub) -> None:
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     ev.add_argument("--n", type=positive_int, default=256, help="sequences per length")
     ev.add_argument("--seed", type=non_negative_int, default=1, help="evaluation seed")
     ev.add_argument("--threshold", type=fraction, default=0.9, help="mp accuracy threshold")
-    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--device", type=device_name, default="cpu", help="torch device")
     ev.set_defaults(func=run)
 
 

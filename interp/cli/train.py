@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import fail, model_name, non_negative_float, non_negative_int, positive_float, positive_int
+from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int, positive_float,
+                            positive_int)
 
 MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
     "--d-model": ("d_model", positive_int, "residual width"),
@@ -22,29 +23,34 @@ def add_parser(sub) -> None:
     train = sub.add_parser("train", help="train a model on a task into a run directory",
                            description="Train a model on a task; writes config.json, metrics.jsonl and "
                                        "crash-safe checkpoints (weights, optimizer state) to --out.")
-    train.add_argument("--model", type=model_name, required=True, help="model preset (see models.list_models())")
-    train.add_argument("--task", required=True, help="task spec, e.g. S3, C2, A4xZ5, AR")
+    train.add_argument("--model", type=model_name, required=True, help="model preset: {models}")
+    train.add_argument("--task", required=True, help="task spec: {tasks}")
     train.add_argument("--format", default=None, choices=("outcome", "acot", "cot"),
-                       help="supervision format of group word problems (default acot)")
+                       help="supervision of group word problems: the final state only, the state at "
+                            "every step, or chain of thought (default acot)")
     train.add_argument("--train-length", type=positive_int, default=60, help="training sequence length")
-    train.add_argument("--steps", type=positive_int, required=True, help="optimizer steps")
+    train.add_argument("--steps", type=positive_int, required=True,
+                       help="optimizer steps; with --resume, a larger number extends a finished run "
+                            "(the remaining steps follow the cosine of the new total)")
     train.add_argument("--out", type=Path, required=True, help="run directory to create (or resume)")
-    train.add_argument("--batch-size", type=positive_int, default=64)
+    train.add_argument("--batch-size", type=positive_int, default=64, help="sequences per step")
     train.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
-    train.add_argument("--weight-decay", type=non_negative_float, default=0.01)
+    train.add_argument("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay of matrices")
     train.add_argument("--warmup", type=non_negative_int, default=None,
-                       help="warmup steps (default min(50, steps // 10))")
-    train.add_argument("--grad-clip", type=positive_float, default=1.0)
-    train.add_argument("--seed", type=non_negative_int, default=0)
+                       help="warmup steps (default min(50, steps // 10); with --resume the run's own)")
+    train.add_argument("--grad-clip", type=positive_float, default=1.0, help="gradient norm clip")
+    train.add_argument("--seed", type=non_negative_int, default=0, help="seed of weights and data")
     train.add_argument("--curriculum", action="store_true",
                        help="length curriculum: start at 2, double after k evaluations at >= 95%%")
-    train.add_argument("--eval-every", type=positive_int, default=25)
-    train.add_argument("--checkpoint-every", type=positive_int, default=500)
-    train.add_argument("--device", default="cpu")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out (configs must match)")
+    train.add_argument("--eval-every", type=positive_int, default=25, help="steps between evaluations")
+    train.add_argument("--checkpoint-every", type=positive_int, default=500,
+                       help="steps between checkpoints (and one at the end)")
+    train.add_argument("--device", type=device_name, default="cpu", help="torch device")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out (the configs must match, but for a larger --steps)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     for flag, (_, kind, text) in MODEL_OVERRIDES.items():
-        train.add_argument(flag, type=kind, default=None, help=f"model override: {text}")
+        train.add_argument(flag, type=kind, default=None, help=f"model override: {text} (default: the preset's)")
     train.set_defaults(func=run)
 
 
@@ -61,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {field: getattr(args, flag[2:].replace("-", "_"))
                  for flag, (field, _, _) in MODEL_OVERRIDES.items()}
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    warmup = args.warmup if args.warmup is not None else min(50, args.steps // 10)
+    warmup = args.warmup if args.warmup is not None else _resumed_warmup(args)
+    warmup = min(50, args.steps // 10) if warmup is None else warmup
     try:
         model_config = models.preset_config(args.model, vocab_size=task.vocab_size, **overrides)
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -73,8 +80,22 @@ def run(args: argparse.Namespace) -> int:
                        label=args.model)
     except (ValueError, TypeError, FileExistsError, RuntimeError) as error:
         return fail("train", error)
+    except OSError as error:
+        return fail("train", f"argument --out: {error}")
     last = [r for r in result.metrics if r["kind"] == "eval"]
     tail = f"; eval accuracy {last[-1]['accuracy']:.3f} at length {last[-1]['length']}" if last else ""
     print(f"trained {args.model} on {task.name} for {result.step} steps in {result.seconds:.1f} s{tail}; "
           f"run directory {args.out}")
     return 0
+
+
+def _resumed_warmup(args: argparse.Namespace) -> int | None:
+    """The warmup of the run being resumed (so that --resume --steps N keeps it), else None."""
+    from interp.training import checkpoint as ckpt
+
+    if not args.resume or not (args.out / ckpt.CONFIG).is_file():
+        return None
+    try:
+        return ckpt.read_config(args.out)["train"].get("warmup")
+    except (ValueError, FileNotFoundError, AttributeError):
+        return None

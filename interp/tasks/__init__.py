@@ -23,6 +23,7 @@ positions (SelectiveCopy).
 from __future__ import annotations
 
 import difflib
+import re
 
 from interp.tasks.base import Batch, Task
 from interp.tasks.common import check_options
@@ -54,14 +55,29 @@ def make_task(spec: str, **options) -> Task:
         return cls(**options)
     try:
         group(spec)
-    except ValueError:
-        close = difflib.get_close_matches(spec, named + EXAMPLE_NAMES, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown task {spec!r}: allowed {', '.join(named)} or a group name "
-                         f"(C<n>, Z<n>, S<k>, A<k>, products like A4xZ5){hint}") from None
+    except ValueError as error:
+        raise ValueError(_unknown_task_message(spec, named, error)) from None
     check_options(spec, options, WordProblem.OPTIONS)
     return WordProblem(spec, **options)
 
+
+def _unknown_task_message(spec: str, named: tuple[str, ...], error: ValueError) -> str:
+    """Why `spec` names no task: the group code's reason when it has the shape of a group name
+    (S99: the degree is too large), else the allowed names with case and close-match hints."""
+    parts = spec.split("x")
+    if all(GROUP_PART.match(part) for part in parts):
+        return f"task spec {spec!r}: {error}"
+    for candidate in (spec.upper(), spec.upper().replace("X", "x"), spec.strip()):
+        if candidate != spec and (candidate in named or all(GROUP_PART.match(p) for p in candidate.split("x"))):
+            return (f"unknown task {spec!r}: did you mean {candidate!r}? (task and group names are "
+                    "case-sensitive, without spaces)")
+    close = difflib.get_close_matches(spec, named + EXAMPLE_NAMES, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return (f"unknown task {spec!r}: allowed {', '.join(named)} or a group name "
+            f"(C<n>, Z<n>, S<k>, A<k>, products like A4xZ5){hint}")
+
+
+GROUP_PART = re.compile(r"^[CZSA][1-9][0-9]*$")
 
 __all__ = ["Batch", "Task", "Group", "group", "make_task", "task_names", "WordProblem", "FORMATS",
            "running_product", "AssociativeRecall", "MultiQueryRecall", "AssociativeTreecall",

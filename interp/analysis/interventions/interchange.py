@@ -208,6 +208,9 @@ def interchange(
         raise ValueError(f"metrics must be a list of {EXTRA_METRICS}; got {metrics!r}")
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
+    for name, flag in (("skip_noops", skip_noops), ("resume", resume)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool; got {flag!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
     batch_size = rows_per_pass(batch_size, len(clean))

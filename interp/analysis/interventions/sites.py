@@ -116,6 +116,8 @@ def check_sites(model, sites: Sequence[Site]) -> list[Site]:
     """The sites as a list; TypeError/ValueError for non-sites and unknown hook names."""
     if isinstance(sites, Site):
         sites = [sites]
+    if isinstance(sites, (str, bytes)) or not isinstance(sites, Iterable):
+        raise TypeError(f"sites must be a Site or a list of Sites; got {type(sites).__name__}: {sites!r}")
     sites = list(sites)
     if not sites:
         raise ValueError("sites must hold at least one Site; got none")
@@ -167,7 +169,12 @@ def site_positions(batch: Batch, position: str | int | None, which: str = "batch
 def answer_positions(batch: Batch, answer: str | None = None, which: str = "batch") -> torch.Tensor:
     """Answer-prediction position per example [N]: the last loss_mask position, or a role."""
     if answer is not None:
-        pos = site_positions(batch, answer, which)
+        if isinstance(answer, bool) or not isinstance(answer, (str, int)):
+            raise TypeError(f"answer must be None, a role name or an int position; got {answer!r}")
+        try:
+            pos = site_positions(batch, answer, which)
+        except ValueError as error:
+            raise ValueError(f"answer {answer!r}: {error}") from None
         if pos.shape[1] != 1:
             raise ValueError(f"answer role {answer!r} must give one position per example; got {tuple(pos.shape)}")
         return pos[:, 0]
