@@ -49,7 +49,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from nnsight import NNsight
+
+try:
+    from nnsight import NNsight
+except ImportError as error:  # an optional dependency: the base install leaves it out
+    raise ImportError("interp.nnsight needs the nnsight package: pip install 'interp-seq[nnsight]' "
+                      f"(or pip install nnsight); {error}") from error
 
 import models
 from models.hooks import unknown_name_message

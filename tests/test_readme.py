@@ -1,19 +1,74 @@
-"""The README's code blocks run as written (the tour must stay true)."""
+"""The README as a newcomer meets it: each code block runs on its own, the shell lines in order.
+
+Python blocks: each one runs in a fresh interpreter (nothing carried over from an earlier block),
+from an empty directory. Shell lines: every line of the README's first ```bash block under "The
+command line" (the one the README says is run) that starts with `interp` runs in the order given, from an empty directory (as in a fresh clone, where runs/ does
+not exist yet), at tiny sizes: --steps N becomes max(2, N // 300) (so an extension stays one),
+lengths become 8 and 16, evaluation sizes 16, models 8 wide.
+"""
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+from interp.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# what each python block must leave true (appended to it), and print
+CHECKS = {0: ("assert states.shape[:2] == (8, 20)", "max logit change from step 5 on:"),
+          1: ("assert len(result.sites) == 12", "examples kept")}
 
 
-def test_readme_python_blocks_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 2, "the README tour lost its code blocks"
-    namespace: dict = {}
-    for block in blocks:  # later blocks use names from earlier ones, as a reader would
-        exec(compile(block, str(README), "exec"), namespace)
-    assert namespace["states"].shape[:2] == (8, 20)
-    assert len(namespace["result"].sites) == 12
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_the_blocks_the_tests_check():
+    assert len(python_blocks()) == len(CHECKS)
+
+
+@pytest.mark.parametrize("index", sorted(CHECKS))
+def test_readme_python_block_runs_on_its_own(index, tmp_path):
+    check, printed = CHECKS[index]
+    source = python_blocks()[index] + "\n" + check + "\n"
+    done = subprocess.run([sys.executable, "-c", source], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert printed in done.stdout
+
+
+TINY = {"train": ["--batch-size", "4", "--d-model", "8", "--eval-every", "2", "--no-progress"],
+        "eval": ["--n", "16"], "drift": ["--n", "16", "--n-fit", "32", "--n-drift", "8"], "heads": ["--n", "16"]}
+
+
+def tiny(argv: list[str]) -> list[str]:
+    out = []
+    for flag, value in zip(argv, argv[1:] + [""]):
+        if out and out[-1] in ("--steps", "--train-length", "--lengths"):
+            out.append({"--steps": str(max(2, int(flag) // 300)) if flag.isdigit() else flag,
+                        "--train-length": "8", "--lengths": "8,16"}[out[-1]])
+        else:
+            out.append(flag)
+    return out + TINY.get(argv[0], [])
+
+
+def test_readme_shell_lines_run_in_order_from_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    section = README.read_text().split("## The command line", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    lines = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("interp ")]
+    assert any(line.startswith("interp heads runs/repl-deltanet") for line in lines)
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        argv = tiny(shlex.split(line)[1:])
+        assert main(argv) == 0, (line, argv, capsys.readouterr().err)
+    config = (tmp_path / "runs" / "s3-tanh" / "config.json").read_text()
+    assert '"to_steps": 6' in config  # the extension line extended the run
 
 
 def test_readme_opens_with_the_two_commands():
