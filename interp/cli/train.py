@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from pathlib import Path
 
 from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int, positive_float,
@@ -71,11 +73,19 @@ def run(args: argparse.Namespace) -> int:
     warmup = min(50, args.steps // 10) if warmup is None else warmup
     try:
         model_config = models.preset_config(args.model, vocab_size=task.vocab_size, **overrides)
+    except (ValueError, TypeError) as error:
+        given = {field: flag for flag, (field, _, _) in MODEL_OVERRIDES.items() if field in overrides}
+        return fail("train", _naming_flags(error, given, "--model"))
+    try:
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           weight_decay=args.weight_decay, warmup=warmup, grad_clip=args.grad_clip,
                           train_length=args.train_length, curriculum=args.curriculum,
                           eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
                           seed=args.seed, device=args.device)
+    except (ValueError, TypeError) as error:
+        fields = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)}
+        return fail("train", _naming_flags(error, fields, "--steps"))
+    try:
         result = train(model_config, task, cfg, args.out, resume=args.resume, progress=not args.no_progress,
                        label=args.model)
     except (ValueError, TypeError, FileExistsError, RuntimeError) as error:
@@ -87,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"trained {args.model} on {task.name} for {result.step} steps in {result.seconds:.1f} s{tail}; "
           f"run directory {args.out}")
     return 0
+
+
+def _naming_flags(error: Exception, flags: dict[str, str], otherwise: str) -> str:
+    """`argument --flag[/--other]: error` for the flags whose config field the message names."""
+    named = [flag for field, flag in flags.items() if re.search(rf"\b{field}\b", str(error))]
+    return f"argument {'/'.join(named or [otherwise])}: {error}"
 
 
 def _resumed_warmup(args: argparse.Namespace) -> int | None:

@@ -64,15 +64,14 @@ def make_task(spec: str, **options) -> Task:
 def _unknown_task_message(spec: str, named: tuple[str, ...], error: ValueError) -> str:
     """Why `spec` names no task: the group code's reason when it has the shape of a group name
     (S99: the degree is too large), else the allowed names with case and close-match hints."""
-    parts = spec.split("x")
-    if all(GROUP_PART.match(part) for part in parts):
-        return f"task spec {spec!r}: {error}"
+    close = difflib.get_close_matches(spec, named + EXAMPLE_NAMES, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if all(GROUP_PART.match(part) for part in spec.split("x")):
+        return f"task spec {spec!r}: {error}{hint}"
     for candidate in (spec.upper(), spec.upper().replace("X", "x"), spec.strip()):
         if candidate != spec and (candidate in named or all(GROUP_PART.match(p) for p in candidate.split("x"))):
             return (f"unknown task {spec!r}: did you mean {candidate!r}? (task and group names are "
                     "case-sensitive, without spaces)")
-    close = difflib.get_close_matches(spec, named + EXAMPLE_NAMES, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
     return (f"unknown task {spec!r}: allowed {', '.join(named)} or a group name "
             f"(C<n>, Z<n>, S<k>, A<k>, products like A4xZ5){hint}")
 
