@@ -21,8 +21,10 @@ softmax probabilities A), hook_z [B, T, H, d_head] (z_s per head), hook_result [
 (W_o's head-h columns times z_s^h: their sum over heads plus W_o's bias is hook_out), hook_out.
 
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
-(materialised scores and pattern) runs when hook_attn_scores or hook_pattern is read or patched
-or the instrumented path is forced; hook_result is formed only while it is read or patched.
+(the output from the materialised pattern) runs when hook_attn_scores or hook_pattern is patched
+or probed for a gradient, or the instrumented path is forced; while they are only read (cached),
+scores and pattern are formed for the readers and the output still comes from SDPA (its
+backward, not the explicit one's). hook_result is formed only while it is read or patched.
 
 mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
 cfg.attention_bias: biases in the qkv and output maps.
@@ -65,9 +67,16 @@ def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
 def causal_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q [B, H, Tq, d] (the last Tq positions), k [B, H, Tk, d] -> scaled scores [B, H, Tq, Tk],
     -inf for keys after the query."""
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, Tq, Tk]
-    allowed = causal_mask(q.shape[2], k.shape[2], q.device)
-    return scores.masked_fill(~allowed, float("-inf"))
+    scores = (q @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))  # [B, H, Tq, Tk], in place: one
+    allowed = causal_mask(q.shape[2], k.shape[2], q.device)            # fresh [B, H, Tq, Tk] tensor
+    return scores.masked_fill_(~allowed, float("-inf"))
+
+
+def only_read(*hooks: HookPoint) -> bool:
+    """Whether these hook points are read (cached) but neither patched nor probed for a gradient
+    (run_with_cache(incl_bwd=True)): the values they see then need not be the ones the output is
+    computed from."""
+    return not any(h.has_patches or h._probes for h in hooks)
 
 
 def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -109,7 +118,11 @@ class Attention(Mixer):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or G, T(q), d_head]
         if self.n_kv < self.n_heads:
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, T, d_head]
-        if self.use_instrumented(self.hook_attn_scores, self.hook_pattern):
+        explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
+        if explicit and self.execution_path != "instrumented" and only_read(self.hook_attn_scores, self.hook_pattern):
+            self.hook_pattern(self.hook_attn_scores(causal_scores(q, k)).softmax(dim=-1))  # for the readers
+            explicit = False  # nothing replaces them and no gradient is taken at them: SDPA gives z
+        if explicit:
             z = self.hook_pattern(self.hook_attn_scores(causal_scores(q, k)).softmax(dim=-1)) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
