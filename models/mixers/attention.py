@@ -22,9 +22,9 @@ softmax probabilities A), hook_z [B, T, H, d_head] (z_s per head), hook_result [
 
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
 (the output from the materialised pattern) runs when hook_attn_scores or hook_pattern is patched
-or probed for a gradient, or the instrumented path is forced; while they are only read (cached),
-scores and pattern are formed for the readers and the output still comes from SDPA (its
-backward, not the explicit one's). hook_result is formed only while it is read or patched.
+or probed for a gradient, or the instrumented path is forced, or no gradient is recorded; while
+they are only read (cached) under grad mode, scores and pattern are formed for the readers and
+the output still comes from SDPA (its backward, not the explicit one's). hook_result is formed only while it is read or patched.
 
 mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
 cfg.attention_bias: biases in the qkv and output maps.
@@ -119,9 +119,11 @@ class Attention(Mixer):
         if self.n_kv < self.n_heads:
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, T, d_head]
         explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
-        if explicit and self.execution_path != "instrumented" and only_read(self.hook_attn_scores, self.hook_pattern):
+        if (explicit and torch.is_grad_enabled() and self.execution_path != "instrumented"
+                and only_read(self.hook_attn_scores, self.hook_pattern)):
             self.hook_pattern(self.hook_attn_scores(causal_scores(q, k)).softmax(dim=-1))  # for the readers
-            explicit = False  # nothing replaces them and no gradient is taken at them: SDPA gives z
+            explicit = False  # nothing replaces them, no gradient is taken at them: z by SDPA, whose
+            # backward is the saving (without a gradient pattern @ v is the cheaper way to z)
         if explicit:
             z = self.hook_pattern(self.hook_attn_scores(causal_scores(q, k)).softmax(dim=-1)) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
