@@ -128,7 +128,10 @@ def write(args, rows, corr, theorem, analyses, diverged):
                 fd.tcross_vs_mp(rows, title="Tcross vs mp, all runs"),
                 fd.tcross_vs_mp([r | {"tcross": r["tcross_excess"], "tcross_estimated": r["tcross_excess_estimated"]}
                                  for r in rows], title="Excess-drift Tcross vs mp"),
-                Table(rows, heading="Runs"), Text("\n\n".join(diverged) or "none", heading="Diverged runs"),
+                Table(fd.definition_correlations(rows), heading="Pearson r of log mp and log Tcross, per definition"),
+                fd.tcross_vs_mp_by_definition(rows),
+                Table([{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows], heading="Runs"),
+                Text("\n\n".join(diverged) or "none", heading="Diverged runs"),
                 Table(theorem, heading="Theorem 1: ||Q^T J_word Q - I||_2")]
     for group in args.groups:
         picked = {f"{n} s{s}": analyses[(g, n, s)][0] for (g, n, s) in analyses if g == group}

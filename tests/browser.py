@@ -1,6 +1,7 @@
 """Open an HTML report in headless Chromium (network disabled) and check what a reader would see:
-every plotly graph rendered, no JavaScript error, and every axis the browser drew holds its data
-(log axes in log10 units) without reaching more than a decade past it.
+every plotly graph rendered (each axis of its layout drawn: plotly.js drops a subplot no trace
+uses), no JavaScript error, and every axis the browser drew holds its data (log axes in log10 units)
+without reaching more than a decade past it.
 
     assert_renders(path)      call it in every test that writes a report; skips without Chromium
     render(path) -> dict      what the page reported: {"errors": [...], "figures": [...]}
@@ -63,7 +64,8 @@ SUMMARY_JS = """<script>
       });
       axes[k] = {type: ax.type, range: ax.range, data: extent(data, ax.type === 'log')};
     });
-    return {id: g.id, rendered: g.querySelectorAll('.main-svg').length > 0, axes: axes};
+    var declared = Object.keys(g.layout || {}).filter(function (k) { return /^[xy]axis\\d*$/.test(k); });
+    return {id: g.id, rendered: g.querySelectorAll('.main-svg').length > 0, axes: axes, declared: declared};
   }
   function finish() {
     var graphs = Array.prototype.slice.call(document.querySelectorAll('.plotly-graph-div'));
@@ -133,6 +135,9 @@ def problems(summary: dict) -> list[str]:
     for fig in figures:
         if not fig["rendered"]:
             out.append(f"{fig['id']}: not rendered")
+        undrawn = sorted(set(fig.get("declared", [])) - set(fig["axes"]))
+        if undrawn:      # plotly.js draws no subplot that no trace uses: an empty panel vanishes
+            out.append(f"{fig['id']}: axes {undrawn} are in the layout but were not drawn (a subplot without traces)")
         for name, ax in fig["axes"].items():
             data, drawn = ax["data"], ax["range"]
             if ax["type"] not in ("linear", "log") or data["lo"] is None or not drawn:

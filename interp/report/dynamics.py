@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcros
                     "line": {"width": 2, "color": color}},
             hovertemplate=label + "<extra>" + name + "</extra>"))
     for tau in sorted(taus):
-        fig.add_hline(y=tau, line_dash="dot", line_color="gray", annotation_text=f"tau = {tau:g}",
+        fig.add_hline(y=tau, line_dash="dot", line_color="gray", annotation_text=f"tau = {tau:.3g}",
                       annotation_position="top left")
     if train_length is not None:
         fig.add_vline(x=train_length, line_dash="dash", line_color="gray",
@@ -116,6 +117,9 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
                         "line": {"width": 2, "color": palette_color(index)}},
                 hovertemplate="%{text}<br>mp %{x}<br>Tcross %{y:.1f}<extra></extra>"))
     left_out = len(rows) - count
+    if not fig.data:
+        fig.add_annotation(text="no run has both an mp and a finite Tcross: nothing to place",
+                           xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font={"size": 14})
     fig.update_xaxes(type="log", title="mp (max-passing length)")
     fig.update_yaxes(type="log", title="Tcross (steps)")
     suffix = f"Pearson r (log-log) = {r:.2f} over {count} runs" if np.isfinite(r) else f"r undefined ({count} runs)"
@@ -170,8 +174,9 @@ def tcross_vs_mp_by_definition(rows: Sequence[Mapping[str, Any]], definitions: S
         titles.append(f"{definition}: r = {r:.2f} ({placed} runs)" if np.isfinite(r)
                       else f"{definition}: r undefined ({placed} runs)")
     n_rows = -(-len(definitions) // columns)
+    specs = [[{} if r * columns + c < len(definitions) else None for c in range(columns)] for r in range(n_rows)]
     fig = make_subplots(rows=n_rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.1,
-                        vertical_spacing=0.5 / n_rows)
+                        vertical_spacing=0.5 / n_rows, specs=specs)
     groups = list(dict.fromkeys(str(row.get(color_by, "")) for row in rows))
     for index, definition in enumerate(definitions):
         at = {"row": index // columns + 1, "col": index % columns + 1}
@@ -189,6 +194,11 @@ def tcross_vs_mp_by_definition(rows: Sequence[Mapping[str, Any]], definitions: S
                     marker={"color": palette_color(g), "size": 9, "symbol": "circle-open" if estimated else "circle",
                             "line": {"width": 2, "color": palette_color(g)}},
                     hovertemplate="%{text}<br>mp %{x}<br>Tcross %{y:.1f}<extra>" + definition + "</extra>"), **at)
+        if table[definition]["placed"] == 0:      # plotly.js draws no subplot without a trace: give it one
+            fig.add_trace(go.Scatter(x=[], y=[], showlegend=False, hoverinfo="skip"), **at)
+            ref = "" if index == 0 else str(index + 1)
+            fig.add_annotation(text="nothing to place", xref=f"x{ref} domain", yref=f"y{ref} domain", x=0.5, y=0.5,
+                               showarrow=False)
         fig.update_xaxes(type="log", title="mp", **at)
         fig.update_yaxes(type="log", title="Tcross", **at)
     fig.update_layout(title=title + " (open markers: Tcross estimated from the drift rate)",
@@ -214,14 +224,16 @@ def readability_curves(calibrations: Mapping[str, Calibration],
         if cal.fits:
             label = f"tau_cal {cal.tau:.3f}" + (" (lower bound)" if cal.censored else "")
             fig.add_trace(go.Scatter(x=[cal.tau], y=[float(np.interp(cal.tau, cal.ratios, cal.accuracy))],
-                                     mode="markers+text", text=[label], textposition="top right", showlegend=False,
+                                     mode="markers+text", text=[label], textposition="top left", showlegend=False,
+                                     cliponaxis=False,
                                      legendgroup=name, marker={"color": color, "size": 12, "symbol": "diamond"},
                                      hovertemplate=label + "<extra>" + name + "</extra>"))
     for level in sorted(levels):
         fig.add_hline(y=level, line_dash="dot", line_color="gray", annotation_text=f"{level:.0%}",
                       annotation_position="bottom left")
+    lowest = min([float(np.min(c.accuracy)) for c in calibrations.values()] + sorted(levels)[:1])
     fig.update_xaxes(title="displacement along U / M (r)")
-    fig.update_yaxes(range=[0, 1.05], title="read-out accuracy")
+    fig.update_yaxes(range=[np.floor(max(0.0, lowest - 0.05) * 10) / 10, 1.02], title="read-out accuracy")
     fig.update_layout(title=title, template="plotly_white", legend_title="model")
     return fig
 
@@ -239,14 +251,15 @@ def jacobian_spectra(spec, example: int = 0, title: str = "Jacobian spectra") ->
     eig = spec.eigenvalues[example].detach().cpu().numpy()                 # [T, m]
     sv = spec.singular_values[example].detach().cpu().numpy()              # [T, m]
     steps = np.arange(1, eig.shape[0] + 1)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("eigenvalues (complex plane)", "singular values"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("eigenvalues (complex plane)", "singular values"),
+                        horizontal_spacing=0.2)
     angle = np.linspace(0, 2 * np.pi, 200)
     fig.add_trace(go.Scatter(x=np.cos(angle), y=np.sin(angle), mode="lines", name="unit circle",
                              line={"color": "gray", "dash": "dot"}, hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Scatter(
         x=eig.real.ravel(), y=eig.imag.ravel(), mode="markers", name="eigenvalues",
         marker={"size": 5, "color": np.repeat(steps, eig.shape[1]), "colorscale": "Viridis",
-                "colorbar": {"title": "step", "x": 0.44}, "opacity": 0.7},
+                "colorbar": {"title": "step", "x": 0.41, "thickness": 14}, "opacity": 0.7},
         hovertemplate="%{x:.3f} + %{y:.3f}i<extra>eigenvalue</extra>"), row=1, col=1)
     for j in range(sv.shape[1]):
         fig.add_trace(go.Scatter(x=steps, y=sv[:, j], mode="lines", name=f"sigma_{j + 1}",
@@ -282,7 +295,7 @@ def state_projection(snapshots: Mapping[int, tuple[np.ndarray, np.ndarray]],
                 hovertemplate=f"state {state}<br>u1 %{{x:.3f}}<br>u2 %{{y:.3f}}<extra>step {step}</extra>"),
                 row=1, col=col)
         fig.update_xaxes(title="u1", row=1, col=col)
-        fig.update_yaxes(title="u2", row=1, col=col)
+        fig.update_yaxes(title="u2" if coords.shape[1] > 1 else "(U is 1-dimensional)", row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", legend_title="true state")
     return fig
 
@@ -292,7 +305,7 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
     """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
     model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
     summary = result.summary()
-    rows = [{k: v for k, v in summary.items() if not isinstance(v, dict)}]
+    rows = [{"quantity": k, "value": v} for k, v in summary.items() if not isinstance(v, dict)]
     drifts = {f"{result.name} pooled": result.drift}
     crossings = {f"{result.name} pooled": result.crossings.get("pooled/fixed", result.tcross)}
     if result.drift_time is not None:
@@ -323,6 +336,13 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
         accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
                                    result.train_length),
     ]
+    if "time/calibrated" in result.crossings and result.drift_time is not None:
+        at_cal = {f"{result.name} pooled": replace(result.drift, tau=cal.tau),
+                  f"{result.name} time-indexed": replace(result.drift_time, tau=cal.tau_for(result.drift_time.M))}
+        sections.insert(4, drift_curves(at_cal, dict(zip(at_cal, (result.crossings["pooled/calibrated"],
+                                                                   result.crossings["time/calibrated"]))),
+                                        result.train_length, title="Drift ratio q(t) at the calibrated tau "
+                                        "(the same displacement D = tau_cal * M: tau_cal for pooled, D / M_ref for time-indexed)"))
     if cal is not None:
         sections.append(readability_curves({result.name: cal}))
     layer = recurrent_layer(model, result.site) if model is not None else None

@@ -30,16 +30,19 @@ def _accuracies(result: LengthEval | Mapping[int, float]) -> dict[int, float]:
 
 def accuracy_vs_length(results: Mapping[str, LengthEval | Mapping[int, float]], threshold: float = 0.9,
                        train_length: int | None = None, title: str = "Final-state accuracy vs length") -> go.Figure:
-    """One line per model: final-state accuracy against evaluated length (log x)."""
+    """One line per model: final-state accuracy against evaluated length (log x, ticks at the
+    evaluated lengths when there are at most 12), the mp threshold and the training length."""
     check_mapping("results", results)
     fig = go.Figure()
+    evaluated: set[int] = set()
     for name, result in results.items():
         acc = _accuracies(result)
         lengths = sorted(acc)
+        evaluated.update(lengths)
         fig.add_trace(go.Scatter(x=lengths, y=[acc[t] for t in lengths], mode="lines+markers", name=name,
                                  hovertemplate="length %{x}<br>accuracy %{y:.3f}<extra>" + name + "</extra>"))
     fig.add_hline(y=threshold, line_dash="dot", line_color="gray",
-                  annotation_text=f"mp threshold {threshold:.0%}", annotation_position="bottom left")
+                  annotation_text=f"mp threshold {threshold:.0%}", annotation_position="bottom right")
     if train_length is not None:
         # on a log axis a shape takes the data value but an annotation its log10: add_vline's own
         # annotation at x = 60 would sit at 10^60 and stretch the axis to 1e63
@@ -47,6 +50,8 @@ def accuracy_vs_length(results: Mapping[str, LengthEval | Mapping[int, float]], 
         fig.add_annotation(x=float(np.log10(train_length)), xref="x", y=1.0, yref="y domain", showarrow=False,
                            text=f"train length {train_length}", xanchor="left", yanchor="top")
     fig.update_xaxes(type="log", title="sequence length")
+    if len(evaluated) <= 12:                              # ticks at the evaluated lengths themselves
+        fig.update_xaxes(tickvals=sorted(evaluated), ticktext=[str(t) for t in sorted(evaluated)])
     fig.update_yaxes(range=[0, 1.05], title="final-state accuracy")
     fig.update_layout(title=title, template="plotly_white", legend_title="model")
     return fig
@@ -113,7 +118,8 @@ def mp_table(results: Mapping[str, LengthEval | Mapping[int, float]], threshold:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     fig = go.Figure(go.Table(header={"values": columns},
                              cells={"values": [[row.get(c, "") for row in rows] for c in columns]}))
-    fig.update_layout(title=f"mp (largest length with accuracy >= {threshold:.0%})", template="plotly_white")
+    fig.update_layout(title=f"mp (largest length with accuracy >= {threshold:.0%})", template="plotly_white",
+                      height=max(220, 140 + 30 * (len(rows) + 1)))
     return fig
 
 

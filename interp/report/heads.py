@@ -64,9 +64,9 @@ def head_ablation(rows: Sequence[Mapping[str, Any]], baseline: float | Mapping[s
         fig.add_trace(go.Bar(x=[_head_label(r) for r in selected], y=[r["accuracy"] for r in selected],
                              name=mode, marker_color=palette_color(index)))
     baselines = baseline.items() if isinstance(baseline, Mapping) else [("unablated", baseline)]
-    for name, value in baselines:
-        fig.add_hline(y=float(value), line_dash="dash", line_color="gray",
-                      annotation_text=f"{name}: {float(value):.3f}", annotation_position="top left")
+    for index, (name, value) in enumerate(baselines):     # labels alternate ends so close lines stay legible
+        fig.add_hline(y=float(value), line_dash="dash", line_color="gray", annotation_text=f"{name}: {float(value):.3f}",
+                      annotation_position="top left" if index % 2 == 0 else "top right")
     fig.update_yaxes(range=[0, 1.05], title="accuracy on reveal tokens")
     fig.update_xaxes(title="ablated head")
     fig.update_layout(title=title, template="plotly_white", barmode="group")
@@ -90,7 +90,8 @@ def head_metric_bars(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str],
 
 
 def write_heads_report(analysis, path: str | Path, title: str) -> Path:
-    """The HTML report of an interp.analysis.heads.RunAnalysis: the per-head table and """
+    """The HTML report of an interp.analysis.heads.RunAnalysis: the per-head table, beta histograms,
+    the per-head ablation bars and the effective ranks."""
 
     hist = {f"{analysis.name} layer {layer}": h for layer, h in analysis.histograms.items()}
     rows = analysis.rows()

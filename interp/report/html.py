@@ -22,7 +22,8 @@ from interp.training.checkpoint import atomic_write_text
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; }
-table.data { border-collapse: collapse; margin: 1em 0; }
+div.table-wrap { overflow-x: auto; margin: 1em 0; }
+table.data { border-collapse: collapse; }
 table.data th, table.data td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; }
 table.data th { background: #f3f3f3; }
 table.prose td { text-align: left; vertical-align: top; }
@@ -56,7 +57,8 @@ def render_table(rows: Sequence[Mapping[str, Any]], prose: bool = False) -> str:
         "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c, '')))}</td>" for c in columns) + "</tr>"
         for row in rows
     )
-    return f'<table class="data{" prose" if prose else ""}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="table-wrap"><table class="data{" prose" if prose else ""}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div>')
 
 
 def _fmt(value: Any) -> str:
