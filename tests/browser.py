@@ -60,6 +60,13 @@ SUMMARY_JS = """<script>
         if ((t[k[0] + 'axis'] || k[0]) !== ref) return;
         var values = t[k[0]];
         if (t.type === 'bar' && t.width != null && k[0] === 'x') return;   // widths extend the cells
+        var valueAxis = (t.orientation === 'h') ? 'x' : 'y';
+        if (t.type === 'bar' && t.base != null && k[0] === valueAxis && values) {   // bars: base .. base + value
+          var base = t.base;
+          values = Array.prototype.map.call(values, function (v, i) {
+            return v + (typeof base === 'number' ? base : base[i]); });
+          data.push(base);
+        }
         data.push(values);
       });
       axes[k] = {type: ax.type, range: ax.range, data: extent(data, ax.type === 'log')};

@@ -136,7 +136,8 @@ def axes_of(fig: go.Figure) -> dict[str, Axis]:
 def range_problems(fig: go.Figure, label: str) -> list[str]:
     """What a reader would see wrong: data outside the drawn range, data a log axis cannot draw, a
     log axis reaching more than a decade past its data, a linear axis more than 10x wider than
-    its data's extent, colour values outside a fixed colour range."""
+    its data's extent, a line's label drawn elsewhere on a log axis, colour values outside a fixed
+    colour range."""
     problems = []
     for ax in axes_of(fig).values():
         if ax.categorical or not ax.data:
@@ -158,6 +159,18 @@ def range_problems(fig: go.Figure, label: str) -> list[str]:
         if not ax.log and extent > 0 and hi - lo > 10 * extent:     # all-zero data: any range is fine
             problems.append(f"{label}: linear axis {ax.name} draws [{lo:.4g}, {hi:.4g}] for data in "
                             f"[{d_lo:.4g}, {d_hi:.4g}]")
+    layout = fig.to_dict()["layout"]
+    for letter in "xy":                        # add_hline / add_vline labels on a log axis
+        for shape in layout.get("shapes", []):
+            ref = shape.get(f"{letter}ref", letter)
+            ax = axes_of(fig).get(f"{letter}axis{ref[1:]}") if re.fullmatch(r"[xy]\d*", ref or "") else None
+            if ax is None or not ax.log or shape.get(f"{letter}0") != shape.get(f"{letter}1"):
+                continue
+            value = shape.get(f"{letter}0")
+            for note in layout.get("annotations", []):
+                if note.get(f"{letter}ref", letter) == ref and note.get(letter) == value and value != 0:
+                    problems.append(f"{label}: the label {note.get('text')!r} of the line at {letter} = {value} on "
+                                    f"log axis {ax.name} is drawn at 10^{value} (annotations take log10 there)")
     for index, trace in enumerate(fig.data):
         bounds = None
         if trace.type == "heatmap" and trace.zmin is not None and trace.zmax is not None and trace.zauto is not True:

@@ -164,6 +164,10 @@ def test_the_range_check_sees_a_vline_label_on_a_log_axis():
     fig.add_vline(x=60, annotation_text="train length")
     lo, hi = axes_of(fig)["xaxis"].drawn()
     assert 60 < hi < 64 and any("more than a decade" in p for p in range_problems(fig, "vline"))
+    near = go.Figure(go.Bar(x=["a", "b"], y=[0.7, 3.0]))
+    near.update_yaxes(type="log")
+    near.add_hline(y=1.0, annotation_text="kappa = 1")         # within a decade, but the label sits at 10
+    assert any("drawn at 10^1.0" in p for p in range_problems(near, "hline"))
     clipped = go.Figure(go.Heatmap(z=[[-2.0, 0.5]], zmin=0, zmax=1))
     assert any("clipped" in p for p in range_problems(clipped, "heatmap"))
     fixed = go.Figure(go.Bar(x=["a", "b"], y=[0.5, 1.3]))

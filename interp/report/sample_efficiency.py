@@ -98,8 +98,10 @@ def kappa_bars(rows: Rows, title: str = "Sharing coefficient kappa = sum_n N*_n 
                                  customdata=lows, name=f"{fmt}: lower bound", marker_color=palette_color(index),
                                  marker_pattern_shape="/", opacity=0.6,
                                  hovertemplate="%{x}<br>kappa >= %{customdata:.2f}<extra>" + fmt + "</extra>"))
-    fig.add_hline(y=1.0, line_dash="dot", line_color="gray", annotation_text="kappa = 1 (no sharing)",
-                  annotation_position="top left")
+    # on a log axis a shape takes the data value but an annotation its log10 (y = 1 would sit at 10)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    fig.add_annotation(y=0.0, yref="y", x=0.0, xref="x domain", text="kappa = 1 (no sharing)", showarrow=False,
+                       xanchor="left", yanchor="bottom")
     fig.update_yaxes(type="log", title="kappa")
     fig.update_layout(title=title, barmode="group", template="plotly_white", legend_title="format", showlegend=True)
     return fig
