@@ -177,3 +177,24 @@ def test_a_run_of_the_older_flat_layout_is_refused_clearly(tmp_path):
     (run_dir / ckpt.POINTER).unlink()
     with pytest.raises(ckpt.CheckpointError, match="older version"):
         train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
+
+
+def _edit_model_config(run_dir, **changes):
+    config = json.loads((run_dir / ckpt.CONFIG).read_text())
+    config["model"].update(changes)
+    (run_dir / ckpt.CONFIG).write_text(json.dumps(config))
+
+
+def test_a_config_that_no_longer_matches_the_weights_is_named_as_such(tmp_path):
+    """Issue 13 item 6: an edited d_model is a config / weights mismatch naming both files and a
+    shape, not 'truncated or corrupt'; an unknown field names the config file."""
+    run_dir, *_ = make_run(tmp_path, steps=3)
+    _edit_model_config(run_dir, d_model=12)
+    with pytest.raises(ValueError) as error:
+        models.load(run_dir)
+    message = str(error.value)
+    assert "does not match the weights" in message and "truncated" not in message
+    assert str(run_dir / ckpt.CONFIG) in message and "(the config makes" in message
+    _edit_model_config(run_dir, d_model=8, d_modle=8)
+    with pytest.raises(ValueError, match=r"config\.json.*unknown ModelConfig fields \['d_modle'\]"):
+        models.load(run_dir)

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # what each python block must leave true (appended to it), and print
 CHECKS = {0: ("assert states.shape[:2] == (8, 20)", "max logit change from step 5 on:"),
-          1: ("assert len(result.sites) == 12", "examples kept")}
+          1: ("assert len(result.sites) == 12", "examples kept"),
+          2: ("assert estimate.labels == exact.labels and lens.shape[0] == 3", "attribution vs exact, same rows: True")}
 
 
 def python_blocks() -> list[str]:
