@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from interp.report.sample_efficiency import write_sample_efficiency_report
+from interp.reproduce.sample_efficiency import spec as n_star_spec
 from interp.sweep.executors import make_executor
 from interp.sweep.run import run_spec
 from interp.sweep.spec import load_spec
@@ -49,14 +50,8 @@ SCALES = {
 
 
 def study_spec(scale: str) -> dict:
-    s = SCALES[scale]
-    options = {"transformer": {"d_model": s["width"], "n_layers": s["layers"], "n_heads": 4},
-               "lstm": {"d_model": s["width"]}, "dense_ssm": {"d_model": s["width"]},
-               "mamba": {"d_model": s["width"], "d_state": 8}}
-    return {"kind": "n_star", "name": f"sample-efficiency-{scale}", "models": s["models"], "tasks": s["tasks"],
-            "formats": s["formats"], "min_length": s["min_length"], "max_length": s["max_length"],
-            "lrs": s["lrs"], "seeds": s["seeds"], "search": s["search"], "train": s["train"],
-            "model_options": {m: options[m] for m in s["models"]}}
+    """The N* spec of one scale (the same builder as `interp reproduce sample-efficiency`)."""
+    return n_star_spec(SCALES[scale], scale)
 
 
 def show(value) -> str:

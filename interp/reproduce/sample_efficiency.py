@@ -40,6 +40,7 @@ SCALE = {   # "cpu" and "paper" are examples/sample_efficiency.py's "tiny" and "
 
 
 def spec(s: dict, scale: str) -> dict:
+    """The N* sweep spec (interp.sweep) of a scale entry s: models x tasks x formats, widths per model."""
     options = {"transformer": {"d_model": s["width"], "n_layers": s["layers"], "n_heads": 4 if s["width"] >= 16 else 2},
                "lstm": {"d_model": s["width"]}, "dense_ssm": {"d_model": s["width"]},
                "mamba": {"d_model": s["width"], "d_state": 8}}
