@@ -118,3 +118,32 @@ def test_bad_name_and_scale_list_the_choices(tmp_path, capsys):
 def test_cli_quick_run(tmp_path, capsys):
     assert main(["reproduce", "parity", "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
     assert "wrote" in capsys.readouterr().out and (tmp_path / "report.html").exists()
+
+
+def test_early_stop_at_fit_stops_where_the_rule_holds_and_is_reused(tmp_path):
+    """train_until_fit stops at the first chunk end where the last k curriculum evaluations at the
+    training length pass; the weights are those of a plain run stopped at that step; a rerun reuses
+    the stop (no training); Plan rejects a malformed rule."""
+    torch.set_num_threads(1)
+    run = engine.Run("r", "tanh_rnn", "C2", {"format": "acot"}, {"d_model": 8, "n_layers": 1},
+                     {"steps": 40, "batch_size": 8, "lr": 1e-2, "train_length": 4, "eval_every": 2, "eval_size": 16,
+                      "warmup": 2})
+    task = run.task_object()
+    config = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
+    cfg = engine.train_config(run, run.train["lr"], "cpu")
+    rule = {"accuracy": 0.01, "evals": 2}
+    result = engine.train_until_fit(config, task, cfg, tmp_path / "early", rule, False, "r")
+    evals = [r for r in result.metrics if r["kind"] == "eval"]
+    assert result.step == 4 and len(evals) == 2 and engine.fitted_evals(result.metrics, 4, rule)
+    assert json.loads((tmp_path / "early" / engine.EARLY_STOP_FILE).read_text())["step"] == 4
+    train(config, task, cfg, tmp_path / "plain", stop_at=4, progress=False)
+    early, plain = models.load(tmp_path / "early").state_dict(), models.load(tmp_path / "plain").state_dict()
+    assert all(torch.equal(early[k], plain[k]) for k in plain)
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "early").rglob("model.safetensors")}
+    again = engine.train_until_fit(config, task, cfg, tmp_path / "early", rule, False, "r")
+    assert again.step == 4 and {p: p.stat().st_mtime_ns for p in (tmp_path / "early").rglob("model.safetensors")} == stamp
+    never = {"accuracy": 1.0, "evals": 40}           # more evaluations than the run makes: trains every step
+    assert engine.train_until_fit(config, task, cfg, tmp_path / "full", never, False, "r").step == 40
+    assert not engine.fitted_evals([{"kind": "eval", "length": 2, "accuracy": 1.0}] * 3, 4, {"accuracy": 0.5, "evals": 2})
+    with pytest.raises(ValueError, match="early_stop"):
+        engine.Plan("quick", [], [], early_stop={"accuracy": 0.99})

@@ -23,6 +23,7 @@ SEED_004 = "004_1a3452556d29ba14.txt"
 MODELS = {"deltanet[-1,1]": "deltanet_neg", "deltanet[0,1]": "deltanet"}
 COLLAPSE = 0.5   # a head "collapses" accuracy when its clamp leaves at most this share of the above-chance baseline
 NO_EFFECT = 0.05  # other heads' clamps change accuracy by at most this
+EARLY_STOP = {"accuracy": 0.98, "evals": 8}   # our choice: 8 evaluations (200 steps) at the training length
 
 SCALE = {
     "quick": dict(n_vars=3, gap=2, eval_gaps=[4], length=4, d_model=8, n_layers=1, n_heads=2, steps=6, batch=8,
@@ -57,7 +58,12 @@ def plan(scale: str) -> Plan:
              size("steps / batch / peak lr", f"{s['steps']} / {s['batch']} / 3e-3"),
              size("seeds", len(s["seeds"])), size("evaluation traces", s["n"]),
              size("collapse / no-effect thresholds", f"{COLLAPSE} of the baseline above chance / {NO_EFFECT}")]
-    return Plan(scale, runs, sizes, settings={"s": s}, fit_metric=reveal_fit, fit_n=s["n"])
+    early = EARLY_STOP if not paper else None
+    if early:
+        sizes.append(size("early stop at fit (curriculum at the training length, last k evaluations and the fit "
+                          "metric >= a)", f"k = {early['evals']}, a = {early['accuracy']}",
+                          "our choice (CPU budget: 200 steps past fit); the paper profile trains every step"))
+    return Plan(scale, runs, sizes, settings={"s": s}, fit_metric=reveal_fit, fit_n=s["n"], early_stop=early)
 
 
 def measure(outcome, plan: Plan) -> dict:

@@ -19,7 +19,13 @@ Training (`train_run`): every run trains with the length curriculum (or at its l
 task has none) into out/runs/<label>. A finished run is reused as it is; an interrupted one
 resumes from its last checkpoint (interp.training.train, bit for bit on the CPU). A run whose
 loss diverges is retried from scratch with lr / `LR_RETRY_FACTOR` (at most `MAX_RETRIES` times),
-each retry in its own directory <label>-lr<lr>, and the divergence is reported. After training,
+each retry in its own directory <label>-lr<lr>, and the divergence is reported. A plan may stop a run early at fit
+(`Plan.early_stop` = {"accuracy": a, "evals": k}): the run trains in chunks (`train(stop_at=...)`,
+bit for bit the steps an uninterrupted run takes) and stops once the curriculum is at the training
+length, the last k curriculum evaluations there are all >= a and the plan's fit metric (on fresh
+data, the one that decides "fit" below) is >= a as well; the step is recorded in
+out/runs/<label>/early_stop.json, so a rerun reuses the run as it stopped (the learning rate at
+that step is the cosine's of the full budget, not 0). After training,
 the run *fits* when the curriculum reached the training length and the in-distribution accuracy
 (`plan.fit_metric`, final-state accuracy at the training length on fresh data by default) is at
 least `FIT_THRESHOLD`; otherwise its status is "did not fit", with the length reached, and no
@@ -55,6 +61,7 @@ FIT_THRESHOLD = 0.9
 LR_RETRY_FACTOR = 3.0
 MAX_RETRIES = 2
 CACHE = "reproduce.json"
+EARLY_STOP_FILE = "early_stop.json"
 
 
 @dataclass
@@ -84,7 +91,8 @@ class Plan:
     sizes: rows {"setting", "value", "source"}: every number, where it comes from ("our choice"
     when no source gives it). settings: measurement settings read by the claim's measure/judge.
     fit_metric(model, task, run, device) -> in-distribution accuracy (default: final-state accuracy
-    at the training length on `fit_n` fresh sequences).
+    at the training length on `fit_n` fresh sequences). early_stop: None (train every step) or
+    {"accuracy": a, "evals": k} (see the module docstring).
     """
 
     scale: str
@@ -93,6 +101,15 @@ class Plan:
     settings: dict[str, Any] = field(default_factory=dict)
     fit_metric: Callable | None = None
     fit_n: int = 256
+    early_stop: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        rule = self.early_stop
+        if rule is not None and (not isinstance(rule, dict) or set(rule) != {"accuracy", "evals"}
+                                 or not 0 < rule["accuracy"] <= 1 or not isinstance(rule["evals"], int)
+                                 or rule["evals"] < 1):
+            raise ValueError(f"Plan.early_stop must be None or {{'accuracy': a in (0, 1], 'evals': k >= 1}}; "
+                             f"got {rule!r}")
 
     def digest(self) -> str:
         text = json.dumps(self.settings, sort_keys=True, default=str)
@@ -111,6 +128,7 @@ class Outcome:
     in_distribution: float | None
     retries: list[str]
     seconds: float
+    steps: int = 0                          # steps trained (fewer than run.train["steps"] after an early stop)
     model: Any = None
     task: Any = None
     metrics: list[dict] = field(default_factory=list)
@@ -123,7 +141,8 @@ class Outcome:
     def row(self) -> dict[str, Any]:
         return {"run": self.run.label, **self.run.info, "status": self.status, "length reached": self.length_reached,
                 "train length": self.run.train["train_length"], "in-dist acc": self.in_distribution,
-                "lr": self.lr, "retries": "; ".join(self.retries) or "none", "train s": round(self.seconds, 1)}
+                "steps": self.steps, "lr": self.lr, "retries": "; ".join(self.retries) or "none",
+                "train s": round(self.seconds, 1)}
 
 
 @dataclass
@@ -165,17 +184,53 @@ def default_fit_metric(model, task, run: Run, device: str, n: int = 256) -> floa
     return final_state_accuracy(model, task, run.train["train_length"], n, run.train.get("seed", 0) + 7, device)
 
 
+def fitted_evals(metrics: list[dict], train_length: int, rule: dict[str, Any]) -> bool:
+    """The last rule["evals"] curriculum evaluations are at train_length and all >= rule["accuracy"]."""
+    evals = [r for r in metrics if r.get("kind") == "eval"][-rule["evals"]:]
+    return len(evals) == rule["evals"] and all(r["length"] >= train_length and r["accuracy"] >= rule["accuracy"]
+                                               for r in evals)
+
+
+def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[str, Any] | None,
+                    progress: bool, label: str, confirm: Callable | None = None):
+    """train(...) to cfg.steps, or, with an early-stop rule, in chunks until `fitted_evals` holds
+    and confirm(model) (the fit metric >= the rule's accuracy; None: no check) agrees; the stop is
+    recorded in run_dir/EARLY_STOP_FILE and honoured when the run is reused."""
+    if rule is None:
+        return train(config, task, cfg, run_dir, resume=True, progress=progress, label=label)
+    marker = run_dir / EARLY_STOP_FILE
+    if marker.exists():
+        stopped = json.loads(marker.read_text())["step"]
+        return train(config, task, cfg, run_dir, resume=True, stop_at=stopped, progress=progress, label=label)
+    chunk = max(cfg.eval_every, cfg.steps // 20 // cfg.eval_every * cfg.eval_every)
+    step = 0
+    while True:
+        result = train(config, task, cfg, run_dir, resume=True, stop_at=min(cfg.steps, (step // chunk + 1) * chunk),
+                       progress=progress, label=label)
+        step = result.step
+        if step >= cfg.steps:
+            return result
+        if fitted_evals(result.metrics, cfg.train_length, rule) and (confirm is None or confirm(result.model)):
+            ckpt.write_json(marker, {"step": step, "of_steps": cfg.steps, "rule": rule})
+            return result
+
+
 def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
-              fit_metric: Callable | None = None, fit_n: int = 256) -> Outcome:
-    """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence."""
+              fit_metric: Callable | None = None, fit_n: int = 256, early_stop: dict | None = None) -> Outcome:
+    """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence; stop
+    early at fit under the rule `early_stop` (Plan.early_stop)."""
     task = run.task_object()
     config = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
     lr, retries, started = float(run.train["lr"]), [], time.perf_counter()
+
+    def confirm(model) -> bool:
+        return float((fit_metric or default_fit_metric)(model.eval(), task, run, device, fit_n)) >= early_stop["accuracy"]
+
     for attempt in range(MAX_RETRIES + 1):
         run_dir = root / (run.label if attempt == 0 else f"{run.label}-lr{lr:.3g}")
         cfg = train_config(run, lr, device)
         try:
-            result = train(config, task, cfg, run_dir, resume=True, progress=progress, label=run.label)
+            result = train_until_fit(config, task, cfg, run_dir, early_stop, progress, run.label, confirm)
         except TrainingDiverged as error:
             retries.append(f"diverged at lr {lr:.3g} ({str(error).split(';')[0]})")
             lr /= LR_RETRY_FACTOR
@@ -187,7 +242,7 @@ def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
         if retries:
             retries.append(f"retried at lr {lr:.3g} (lr / {LR_RETRY_FACTOR:g} per divergence)")
         return Outcome(run, "fit" if fit else "did not fit", run_dir, lr, reached, accuracy, retries,
-                       time.perf_counter() - started, model, task, result.metrics)
+                       time.perf_counter() - started, result.step, model, task, result.metrics)
     return Outcome(run, "diverged", None, lr * LR_RETRY_FACTOR, 0, None, retries, time.perf_counter() - started,
                    task=task)
 
@@ -234,11 +289,12 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     for index, run in enumerate(plan.runs, 1):
         reused = (out / "runs" / run.label / ckpt.CONFIG).exists()
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {'resuming/reusing' if reused else 'training'}")
-        outcome = train_run(run, out / "runs", device, progress, plan.fit_metric, plan.fit_n)
+        outcome = train_run(run, out / "runs", device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "
-            f"{'-' if outcome.in_distribution is None else f'{outcome.in_distribution:.3f}'}"
+            f"{'-' if outcome.in_distribution is None else f'{outcome.in_distribution:.3f}'}, "
+            f"{outcome.steps}/{run.train['steps']} steps"
             f"{'; ' + '; '.join(outcome.retries) if outcome.retries else ''} ({outcome.seconds:.0f} s)")
         done.append(outcome)
     if hasattr(claim, "study"):   # a reproduction whose runs a search decides (its own resumable sweep)
@@ -249,6 +305,9 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
                   f"{sum(o.status == 'diverged' for o in done)} diverged). A run fits when the curriculum reached the "
                   f"training length and its in-distribution accuracy is >= {FIT_THRESHOLD}; runs that did not fit "
                   "are reported as such and left out of every generalisation claim."
+                  + (f" A run stops early once the curriculum is at the training length and its last "
+                     f"{plan.early_stop['evals']} curriculum evaluations there are >= {plan.early_stop['accuracy']} "
+                     "(the runs table gives the steps trained)." if plan.early_stop else "")
                   + ("\n\n--quick smoke run: toy sizes, the numbers and verdicts mean nothing." if scale == "quick" else ""),
                   heading="Setup")
     report = write_report(out / "report.html", claim.TITLE, [

@@ -17,6 +17,7 @@ TITLE = "Reveal gap: Transformer vs DeltaNet[0,1] vs DeltaNet[-1,1] on REPL trac
 SEED_004 = "004_1a3452556d29ba14.txt"
 MODELS = {"transformer": ("transformer", {"positional": "rope"}), "deltanet[0,1]": ("deltanet", {}),
           "deltanet[-1,1]": ("deltanet_neg", {})}
+EARLY_STOP = {"accuracy": 0.98, "evals": 4}   # our choice: 4 evaluations (100 steps) at the training length
 
 SCALE = {
     "quick": dict(n_vars=3, gaps=[1, 2], length=2, d_model=8, n_layers=1, n_heads=2, steps=6, batch=8, seeds=[0], n=16),
@@ -48,7 +49,13 @@ def plan(scale: str) -> Plan:
              size("d_model / layers / heads", f"{s['d_model']} / {s['n_layers']} / {s['n_heads']}"),
              size("steps / batch", f"{s['steps']} / {s['batch']}"), size("peak lr", "3e-3 (Transformer 1e-3)"),
              size("seeds", len(s["seeds"])), size("evaluation traces", s["n"])]
-    return Plan(scale, runs, sizes, settings={"length": s["length"], "n": s["n"]}, fit_metric=reveal_fit, fit_n=s["n"])
+    early = EARLY_STOP if scale != "paper" else None
+    if early:
+        sizes.append(size("early stop at fit (curriculum at the training length, last k evaluations and the fit "
+                          "metric >= a)", f"k = {early['evals']}, a = {early['accuracy']}",
+                          "our choice (CPU budget); the paper profile trains every step"))
+    return Plan(scale, runs, sizes, settings={"length": s["length"], "n": s["n"]}, fit_metric=reveal_fit, fit_n=s["n"],
+                early_stop=early)
 
 
 def reveal_fit(model, task, run: Run, device: str, n: int) -> float:
