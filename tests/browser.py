@@ -1,6 +1,7 @@
 """Open an HTML report in headless Chromium (network disabled) and check what a reader would see:
 every plotly graph rendered (each axis of its layout drawn: plotly.js drops a subplot no trace
-uses), no JavaScript error, and every axis the browser drew holds its data (log axes in log10 units)
+uses), no JavaScript error, no scatter text label cut off (wholly inside its plot area, or inside
+the figure where the trace has cliponaxis false), and every axis the browser drew holds its data (log axes in log10 units)
 without reaching more than a decade past it.
 
     assert_renders(path)      call it in every test that writes a report; skips without Chromium
@@ -72,7 +73,27 @@ SUMMARY_JS = """<script>
       axes[k] = {type: ax.type, range: ax.range, data: extent(data, ax.type === 'log')};
     });
     var declared = Object.keys(g.layout || {}).filter(function (k) { return /^[xy]axis\\d*$/.test(k); });
-    return {id: g.id, rendered: g.querySelectorAll('.main-svg').length > 0, axes: axes, declared: declared};
+    return {id: g.id, rendered: g.querySelectorAll('.main-svg').length > 0, axes: axes, declared: declared,
+            cut: cutLabels(g)};
+  }
+  function cutLabels(g) {   // scatter text labels not wholly inside the plot area (or the svg, cliponaxis false)
+    var svg = g.querySelector('.main-svg'), cut = [];
+    if (!svg) return cut;
+    var page = svg.getBoundingClientRect();
+    var areas = Array.prototype.map.call(g.querySelectorAll('.draglayer .nsewdrag'),
+                                         function (r) { return r.getBoundingClientRect(); });
+    function within(b, r) { return b.left >= r.left - 1 && b.right <= r.right + 1 && b.top >= r.top - 1 &&
+                                   b.bottom <= r.bottom + 1; }
+    Array.prototype.forEach.call(g.querySelectorAll('.scatterlayer .trace'), function (tr) {
+      var d = tr.__data__, trace = d && d[0] && d[0].trace, clips = !trace || trace.cliponaxis !== false;
+      Array.prototype.forEach.call(tr.querySelectorAll('.textpoint text'), function (el) {
+        var b = el.getBoundingClientRect();
+        if (!b.width) return;
+        var ok = clips && areas.length ? areas.some(function (r) { return within(b, r); }) : within(b, page);
+        if (!ok) cut.push(el.textContent);
+      });
+    });
+    return cut;
   }
   function finish() {
     var graphs = Array.prototype.slice.call(document.querySelectorAll('.plotly-graph-div'));
@@ -142,6 +163,8 @@ def problems(summary: dict) -> list[str]:
     for fig in figures:
         if not fig["rendered"]:
             out.append(f"{fig['id']}: not rendered")
+        for label in fig.get("cut", []):
+            out.append(f"{fig['id']}: the text label {label!r} is cut off at the edge of the plot")
         undrawn = sorted(set(fig.get("declared", [])) - set(fig["axes"]))
         if undrawn:      # plotly.js draws no subplot that no trace uses: an empty panel vanishes
             out.append(f"{fig['id']}: axes {undrawn} are in the layout but were not drawn (a subplot without traces)")

@@ -34,3 +34,13 @@ def test_a_broken_report_is_reported(tmp_path):
     assert any("log axis drawn" in p and "..10^6" in p for p in found), found   # 10^60 and beyond
     with pytest.raises(AssertionError, match="in Chromium"):
         assert_renders(path)
+
+
+def test_a_text_label_cut_off_at_the_plot_edge_is_reported(tmp_path):
+    """A marker label at the left edge of the plot area runs past it (plotly clips it there)."""
+    edge = go.Figure(go.Scatter(x=[1.0, 2.0], y=[0.5, 0.6], mode="markers+text", textposition="middle left",
+                                text=["a rather long label at the left edge", "fits"]))
+    edge.update_xaxes(range=[1.0, 2.0])
+    found = problems(render(write_report(tmp_path / "cut.html", "cut", [edge])))
+    assert any("a rather long label at the left edge" in p and "cut off" in p for p in found), found
+    assert not any("'fits'" in p for p in found), found

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from interp.report.sample_efficiency import kappa_bars, kappa_vs_ood, n_star_vs_length, write_sample_efficiency_report
+from tests.browser import assert_renders
 
 
 def n_star_rows():
@@ -54,6 +55,16 @@ def test_report_is_one_offline_file(tmp_path):
     text = path.read_text()
     assert text.count('class="plotly-graph-div"') == 3 and "<script src=" not in text
     assert "2 trials, 1 converged" in text and "N* per condition" in text
+    assert_renders(path)
+
+
+def test_kappa_labels_at_both_ends_of_the_axis_stay_inside_the_plot(tmp_path):
+    """The left-most and right-most points' labels (kappa 0.4 and 8.0, long model names) are drawn in
+    full in Chromium (the kappa_vs_ood label clipping)."""
+    rows = [{"model": m, "task": "Z5", "format": f, "max_length": 6, "kappa": k, "ood_acc_12": a, "ood_acc_24": a / 2}
+            for (m, f, k, a) in (("lstm", "outcome", 0.4, 0.3), ("lstm", "acot", 2.5, 0.9),
+                                 ("transformer", "outcome", 8.0, 0.1), ("transformer", "acot", 0.05, 0.95))]
+    assert_renders(write_sample_efficiency_report(tmp_path / "edges.html", n_star_rows(), rows))
 
 
 def test_bad_rows_are_named():

@@ -108,24 +108,38 @@ def kappa_bars(rows: Rows, title: str = "Sharing coefficient kappa = sum_n N*_n 
 
 
 def kappa_vs_ood(rows: Rows, title: str = "kappa against the joint model's accuracy beyond L") -> go.Figure:
-    """Scatter: x = kappa (log), y = final-state accuracy of the joint model at each ood length."""
+    """Scatter: x = kappa (log), y = final-state accuracy of the joint model at each ood length.
+
+    Each label sits on the side of its point that faces the middle of the plot (right of points in
+    the left half, left of those in the right half; below points near accuracy 1), and the x range is
+    padded by a fifth of a decade, so no label runs past the plot's edge.
+    """
     _check_rows("rows", rows, ("model", "task", "format", "kappa", "max_length"))
     fig = go.Figure()
     symbols = ["circle", "diamond", "square", "triangle-up"]
     factors = sorted({int(k.split("_")[-1]) // int(r["max_length"]) for r in rows for k in r
                       if k.startswith("ood_acc_")})
-    for index, factor in enumerate(factors):
+    traces = []
+    for factor in factors:
         points = [(r, r.get(f"ood_acc_{factor * int(r['max_length'])}"), _kappa_or_bound(r)) for r in rows]
-        points = [(r, a, k) for r, a, k in points if a is not None and not math.isnan(a) and k[0] is not None]
+        traces.append((factor, [(r, a, k) for r, a, k in points if a is not None and not math.isnan(a) and k[0] is not None]))
+    logs = [math.log10(k) for _, points in traces for _, _, (k, _) in points if k > 0] + [0.0]   # 0: the kappa = 1 line
+    lo, hi = min(logs) - 0.2, max(logs) + 0.2
+    middle = (lo + hi) / 2
+
+    def side(kappa: float, accuracy: float) -> str:
+        return ("bottom" if accuracy > 0.85 else "top") + (" right" if kappa <= 0 or math.log10(kappa) < middle else " left")
+
+    for index, (factor, points) in enumerate(traces):
         fig.add_trace(go.Scatter(
             x=[k for _, _, (k, _) in points], y=[a for _, a, _ in points], mode="markers+text",
             text=[f"{r['model']} {r['format']}{' (kappa >=)' if low else ''}" for r, _, (_, low) in points],
-            textposition="top center",
+            textposition=[side(k, a) for _, a, (k, _) in points], cliponaxis=False,
             marker=dict(size=11, symbol=symbols[index % len(symbols)], color=palette_color(index)),
             name=f"at {factor}L", hovertemplate="kappa %{x:.2f}<br>accuracy %{y:.3f}<br>%{text}<extra></extra>"))
     fig.update_layout(showlegend=True)
     fig.add_vline(x=1.0, line_dash="dot", line_color="gray")
-    fig.update_xaxes(type="log", title="kappa")
+    fig.update_xaxes(type="log", title="kappa", range=[lo, hi])
     fig.update_yaxes(range=[0, 1.05], title="final-state accuracy of the joint model")
     fig.update_layout(title=title, template="plotly_white", legend_title="OOD length")
     return fig
