@@ -126,6 +126,25 @@ def test_config_differences_lists_changed_entries():
     assert ckpt.config_differences(old, new) == ["task.name: 'C2' != 'S3'", "seed: 0 != 1"]
 
 
+def test_a_run_made_before_a_field_existed_resumes_where_the_field_has_its_default(tmp_path):
+    """config.json of an older run lacks fields added since (at their defaults): it is reused, while a
+    missing field the new config sets to a non-default value is still a difference."""
+    run_dir, result, model_cfg, cfg = make_run(tmp_path)
+    config = json.loads((run_dir / ckpt.CONFIG).read_text())
+    for section, key in (("model", "mlp_activation"), ("train", "val_threshold")):
+        del config[section][key]
+    (run_dir / ckpt.CONFIG).write_text(json.dumps(config))
+    again = train(model_cfg, make_task("C2"), cfg, run_dir, resume=True, progress=False)
+    assert again.step == result.step
+    assert ckpt.config_differences({"model": {}}, {"model": {"mlp_activation": "relu"}},
+                                   {"model": {"mlp_activation": "gelu"}}) == ["model.mlp_activation: '<absent>' != 'relu'"]
+    assert ckpt.config_differences({"model": {"mlp_activation": "gelu"}}, {"model": {}},
+                                   {"model": {"mlp_activation": "gelu"}})      # removed from the new config
+    with pytest.raises(ckpt.CheckpointError, match="val_threshold"):
+        train(model_cfg, make_task("C2"), TrainConfig(**{**cfg.to_dict(), "val_threshold": 0.5}), run_dir,
+              resume=True, progress=False)
+
+
 def test_bad_metrics_line_is_reported(tmp_path):
     (tmp_path / ckpt.METRICS).write_text('{"step": 1}\n{"step": 2\n')
     with pytest.raises(ckpt.CheckpointError, match="line 2 is not valid JSON"):

@@ -146,13 +146,21 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def config_differences(old: dict, new: dict) -> list[str]:
-    """Entries (other than package versions) where two run configs differ, as readable lines."""
-    lines = []
+def config_differences(old: dict, new: dict, defaults: dict[str, dict] | None = None) -> list[str]:
+    """Entries (other than package versions) where two run configs differ, as readable lines.
+
+    defaults: {section: {key: default}}; a key the old config lacks counts as equal where the new
+    value is its default (a field added to ModelConfig / TrainConfig after the run was made, whose
+    default is what the run had).
+    """
+    lines, defaults = [], defaults or {}
     for section in ("model", "task", "train", "seed"):
         a, b = old.get(section), new.get(section)
         if isinstance(a, dict) and isinstance(b, dict):
+            known = defaults.get(section, {})
             for key in sorted(set(a) | set(b)):
+                if key not in a and key in b and key in known and b[key] == known[key]:
+                    continue
                 if a.get(key, "<absent>") != b.get(key, "<absent>"):
                     lines.append(f"{section}.{key}: {a.get(key, '<absent>')!r} != {b.get(key, '<absent>')!r}")
         elif a != b:

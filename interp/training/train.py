@@ -345,7 +345,8 @@ def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, s
         return 0, [], state, log
     old = ckpt.read_config(run_dir)
     old_steps, new_steps = old["train"].get("steps"), config["train"]["steps"]
-    differences = [line for line in ckpt.config_differences(old, config) if not line.startswith("train.steps:")]
+    differences = [line for line in ckpt.config_differences(old, config, field_defaults())
+                   if not line.startswith("train.steps:")]
     if differences:
         raise ckpt.CheckpointError(
             f"{run_dir} holds a run with a different config; refusing to overwrite it. "
@@ -378,6 +379,16 @@ def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, s
              "sums": list(extra.get("log_sums", [0.0, 0.0, 0]))}
     log, records = ckpt.open_metrics(run_dir, keep=saved["metrics"])
     return saved["step"], records, state, log
+
+
+def field_defaults() -> dict[str, dict[str, Any]]:
+    """{"model": ModelConfig's defaults, "train": TrainConfig's} as JSON values (config.json's form)."""
+    out = {}
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        out[section] = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                        for f in dataclasses.fields(cls)
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return out
 
 
 def _diverged_message(what: str, value: torch.Tensor, step: int, run_dir: Path | None, last_saved: int) -> str:
