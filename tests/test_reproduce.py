@@ -50,6 +50,8 @@ def test_rerun_reuses_finished_runs_and_cached_measures(tmp_path, monkeypatch):
     reproduce("parity", "quick", tmp_path, progress=False, log=quiet)
     weights = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("runs/*/checkpoints/*/model.safetensors")}
     assert len(weights) == len(module.plan("quick").runs)
+    trained = {r["run"]: r["train s"] for r in json.loads((tmp_path / "claims.json").read_text())["runs"]}
+    assert all(s > 0 for s in trained.values())
 
     def fail(*_):
         raise AssertionError("a finished run's measurement must come from the cache")
@@ -59,6 +61,8 @@ def test_rerun_reuses_finished_runs_and_cached_measures(tmp_path, monkeypatch):
     reproduce("parity", "quick", tmp_path, progress=False, log=lines.append)
     assert all("resuming/reusing" in line for line in lines if line.endswith(("training", "resuming/reusing")))
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("runs/*/checkpoints/*/model.safetensors")} == weights
+    again = {r["run"]: r["train s"] for r in json.loads((tmp_path / "claims.json").read_text())["runs"]}
+    assert again == trained                     # a reused run keeps its training time; reuse adds none
 
 
 def test_interrupted_reproduction_resumes_bit_for_bit(tmp_path):

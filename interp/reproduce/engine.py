@@ -62,6 +62,7 @@ LR_RETRY_FACTOR = 3.0
 MAX_RETRIES = 2
 CACHE = "reproduce.json"
 EARLY_STOP_FILE = "early_stop.json"
+TRAIN_TIME = "train_time.json"
 
 
 @dataclass
@@ -127,7 +128,7 @@ class Outcome:
     length_reached: int
     in_distribution: float | None
     retries: list[str]
-    seconds: float
+    seconds: float | None                   # wall-clock training seconds, every process that trained it
     steps: int = 0                          # steps trained (fewer than run.train["steps"] after an early stop)
     model: Any = None
     task: Any = None
@@ -142,7 +143,7 @@ class Outcome:
         return {"run": self.run.label, **self.run.info, "status": self.status, "length reached": self.length_reached,
                 "train length": self.run.train["train_length"], "in-dist acc": self.in_distribution,
                 "steps": self.steps, "lr": self.lr, "retries": "; ".join(self.retries) or "none",
-                "train s": round(self.seconds, 1)}
+                "train s": None if self.seconds is None else round(self.seconds, 1)}
 
 
 @dataclass
@@ -229,12 +230,15 @@ def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
     for attempt in range(MAX_RETRIES + 1):
         run_dir = root / (run.label if attempt == 0 else f"{run.label}-lr{lr:.3g}")
         cfg = train_config(run, lr, device)
+        before = _steps_done(run_dir)
+        call = time.perf_counter()
         try:
             result = train_until_fit(config, task, cfg, run_dir, early_stop, progress, run.label, confirm)
         except TrainingDiverged as error:
             retries.append(f"diverged at lr {lr:.3g} ({str(error).split(';')[0]})")
             lr /= LR_RETRY_FACTOR
             continue
+        seconds = _training_seconds(run_dir, time.perf_counter() - call if result.step > before else 0.0)
         model = result.model.eval()
         reached = result.final_length
         accuracy = float((fit_metric or default_fit_metric)(model, task, run, device, fit_n))
@@ -242,9 +246,25 @@ def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
         if retries:
             retries.append(f"retried at lr {lr:.3g} (lr / {LR_RETRY_FACTOR:g} per divergence)")
         return Outcome(run, "fit" if fit else "did not fit", run_dir, lr, reached, accuracy, retries,
-                       time.perf_counter() - started, result.step, model, task, result.metrics)
+                       seconds, result.step, model, task, result.metrics)
     return Outcome(run, "diverged", None, lr * LR_RETRY_FACTOR, 0, None, retries, time.perf_counter() - started,
                    task=task)
+
+
+def _steps_done(run_dir: Path) -> int:
+    pointer = ckpt.read_pointer(run_dir) if (run_dir / ckpt.POINTER).exists() else None
+    return pointer["step"] if pointer else 0
+
+
+def _training_seconds(run_dir: Path, added: float) -> float | None:
+    """The run's wall-clock training seconds over every process that trained it (run_dir/TRAIN_TIME,
+    `added` this time); None for a run trained before the engine kept the count."""
+    path = run_dir / TRAIN_TIME
+    total = json.loads(path.read_text())["seconds"] if path.exists() else None
+    if added > 0:
+        total = (total or 0.0) + added
+        ckpt.write_json(path, {"seconds": total})
+    return total
 
 
 def _cached(outcome: Outcome, key: dict) -> dict | None:
@@ -295,7 +315,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "
             f"{'-' if outcome.in_distribution is None else f'{outcome.in_distribution:.3f}'}, "
             f"{outcome.steps}/{run.train['steps']} steps"
-            f"{'; ' + '; '.join(outcome.retries) if outcome.retries else ''} ({outcome.seconds:.0f} s)")
+            f"{'; ' + '; '.join(outcome.retries) if outcome.retries else ''} "
+            f"({'-' if outcome.seconds is None else f'{outcome.seconds:.0f}'} s training)")
         done.append(outcome)
     if hasattr(claim, "study"):   # a reproduction whose runs a search decides (its own resumable sweep)
         plan.settings["study"] = claim.study(out, plan, device, progress, log)
