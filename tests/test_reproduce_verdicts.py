@@ -45,7 +45,7 @@ def ec_measures(run, status):
     """State-dependent runs pass to 1000; affine and normalised S3 runs fall off at an mp that grows
     with Tcross (time-indexed definition), pooled Tcross is 1 (degenerate, as the issue found)."""
     info = run.info
-    mp = 1000 if info["kind"] == "state-dependent" else 60 + 20 * len(info["model"]) + 10 * info["seed"]
+    mp = 1000 if info["kind"] == "state-dependent" else (60, 100, 200)[(len(info["model"]) + info["seed"]) % 3]
     out = {"mp": mp, "accuracy": {"60": 1.0, "1000": 1.0 if mp == 1000 else 0.4}}
     if status == "fit":
         out |= {"crossings": {"pooled/fixed": {"value": 1.0, "estimated": False},
@@ -68,6 +68,19 @@ def test_error_control():
     found, claims = verdicts("error-control", affine_unfit, ec_measures)
     assert found[1] == "did not fit" and "Never fit" in claims[1].measured
     assert found[3] == "inconclusive" and found[4] == "did not fit"
+    # a fall-off far past the training length is not "sharply past" it; a run passing every length has no
+    # failure point and stays out of the correlation (it would sit at the length cap)
+    def gradual(run, status):
+        out = ec_measures(run, status)
+        if run.info["kind"] == "affine":
+            out["mp"] = 500 if run.info["model"] != "aussm" else 1000
+        return out
+    found, claims = verdicts("error-control", lambda run: "fit", gradual)
+    assert found[1] == "partly reproduces" and "0 of them sharply" in claims[1].measured
+    assert found[3] == "inconclusive" and "of those falling off" not in claims[3].measured
+    plan, done = outcomes("error-control", lambda run: "fit", gradual)
+    _, corr = claim_module("error-control").correlation_rows(done, ["time/calibrated"], 1000)
+    assert corr[0]["affine S3 runs fit"] == 10 and corr[0]["of those falling off (mp < longest)"] == 8
 
 
 def sc_measures(run, status):
