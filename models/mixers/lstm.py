@@ -14,9 +14,11 @@ the scan re-runs with the patched gates pinned, before hook_state patches apply.
 
 Fast path: torch.nn.LSTM (cuDNN on GPU); it returns only the h sequence, which is all the readout
 needs. Instrumented path without patches (unpinned_scan): the same nn.LSTM call for h, then every
-gate at once from h_{t-1} (one batched product) and c by the diagonal scan c_t = f_t c_{t-1} +
-i_t g_t (models.kernels.diag_scan); the readout's gradient takes nn.LSTM's backward, as on the
-fast path (CellStates: the gates' and c's graph is walked only when something reads them). With state or gate patches, and for fast_states, the step loop with the same weights.
+gate at once from h_{t-1} (one batched product W_hh h) and c by the scan c_t = f_t c_{t-1} +
+i_t g_t (on the CPU the activations and the scan in one C loop, models.kernels.native.lstm;
+elsewhere torch and models.kernels.diag_scan); the readout's gradient takes nn.LSTM's backward,
+as on the fast path (CellStates: the gates' and c's graph is walked only when something reads
+them). With state or gate patches, and for fast_states, the step loop with the same weights.
 No mixer_options.
 """
 
@@ -27,69 +29,55 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.kernels import diag_scan
+from models.kernels.native import lstm as native_lstm
 from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixer
 
 
-def cell_states(h_prev, c0, drive, w_hh, inplace: bool = False):
-    """Every gate and cell state from the h sequence: z_t = drive_t + W_hh h_{t-1} for all t at
-    once -> gates [B, T, 4, H] = (i, f, g, o) and c [B, T, H] by the diagonal scan of
-    (f_t, i_t g_t) from c0 [B, H]. inplace (no autograd): the activations overwrite z."""
-    batch, length, hidden = h_prev.shape
+def cell_states(h, h0, c0, drive, w_hh):
+    """Every gate and state from the h sequence h [B, T, H]: z_t = drive_t + W_hh h_{t-1} for all t
+    at once (h_{-1} = h0) -> gates [B, T, 4, H] = (i, f, g, o) and states [B, T, 2, H] = (h, c), c
+    by the diagonal scan of (f_t, i_t g_t) from c0 [B, H]. In torch (differentiable); the CPU
+    forward takes models.kernels.native.lstm (see CellStates)."""
+    batch, length, hidden = h.shape
+    h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
     z = torch.addmm(drive.flatten(0, 1), h_prev.flatten(0, 1), w_hh.T).view(batch, length, 4, hidden)
-    if inplace:
-        z[:, :, 2].tanh_()
-        z[:, :, :2].sigmoid_()
-        z[:, :, 3].sigmoid_()
-        gates = z
-    else:
-        gates = torch.cat([torch.sigmoid(z[:, :, :2]), torch.tanh(z[:, :, 2:3]), torch.sigmoid(z[:, :, 3:])], dim=2)
+    gates = torch.cat([torch.sigmoid(z[:, :, :2]), torch.tanh(z[:, :, 2:3]), torch.sigmoid(z[:, :, 3:])], dim=2)
     i, f, g, _ = gates.unbind(2)
-    return gates, diag_scan(f, i * g, initial_state=c0).output
+    return gates, torch.stack([h, diag_scan(f, i * g, initial_state=c0).output], dim=2)
 
 
 class CellStates(torch.autograd.Function):
-    """cell_states for the instrumented path, whose backward runs only when something read the
-    gates or c (a nonzero cotangent): the readout reads h alone, and a zero cotangent is a zero
-    gradient, so then nothing is walked (autograd would otherwise backpropagate zeros through the
-    gate products and the scan). Inputs x [B, T, D], h [B, T, H] (nn.LSTM's), h0, c0 [B, H],
-    drive [B, T, 4H] (prepare's value, reused by the forward; recomputed from x in the backward),
-    w_ih, w_hh, b (= b_ih + b_hh)."""
+    """(gates [B, T, 4, H], states [B, T, 2, H]) for the instrumented path (cell_states' values;
+    on the CPU from one matmul h W_hh^T and the C loop of models.kernels.native.lstm). The
+    backward passes the states' h cotangent straight to h and walks the gates' and c's graph
+    (recomputed in torch) only when something read them (a nonzero cotangent): the readout reads
+    h alone, and a zero cotangent is a zero gradient. Inputs x [B, T, D], h [B, T, H] (nn.LSTM's),
+    h0, c0 [B, H], drive [B, T, 4H] (prepare's value, reused by the forward; recomputed from x in
+    the backward), w_ih, w_hh, b (= b_ih + b_hh)."""
 
     @staticmethod
     def forward(ctx, x, h, h0, c0, drive, w_ih, w_hh, b):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, h, h0, c0, w_ih, w_hh, b)
-        return cell_states(torch.cat([h0[:, None], h[:, :-1]], dim=1), c0, drive, w_hh, inplace=True)
+        if native_lstm.supported(h, h0, c0, drive, w_hh):
+            return native_lstm.lstm_cells(drive, h, h0, c0, w_hh)
+        return cell_states(h, h0, c0, drive, w_hh)
 
     @staticmethod
-    def backward(ctx, g_gates, g_c):
-        cotangents = [g for g in (g_gates, g_c) if g is not None and bool(g.any())]
-        if not cotangents:
-            return (None,) * 8
+    def backward(ctx, g_gates, g_states):
+        read_c = g_states is not None and bool(g_states[:, :, 1].any())
+        if not read_c and (g_gates is None or not bool(g_gates.any())):
+            return None, (None if g_states is None else g_states[:, :, 0]), *(None,) * 6
         leaves = [t.detach().requires_grad_(need) for t, need in
                   zip(ctx.saved_tensors, [ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 5, 6, 7)])]
         x, h, h0, c0, w_ih, w_hh, b = leaves
         with torch.enable_grad():
-            outputs = cell_states(torch.cat([h0[:, None], h[:, :-1]], dim=1), c0, F.linear(x, w_ih, b), w_hh)
-            pairs = [(out, g) for out, g in zip(outputs, (g_gates, g_c)) if g is not None]
+            outputs = cell_states(h, h0, c0, F.linear(x, w_ih, b), w_hh)
+            pairs = [(out, g) for out, g in zip(outputs, (g_gates, g_states)) if g is not None]
             wanted = [t for t in leaves if t.requires_grad]
             grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
         x_g, h_g, h0_g, c0_g, wih_g, whh_g, b_g = (next(grads) if t.requires_grad else None for t in leaves)
         return x_g, h_g, h0_g, c0_g, None, wih_g, whh_g, b_g
-
-
-class StackHC(torch.autograd.Function):
-    """torch.stack([h, c], dim=2) -> [B, T, 2, H] whose backward gives c no gradient (None) where
-    its cotangent is exactly zero, as it is when only h is read out (see CellStates)."""
-
-    @staticmethod
-    def forward(ctx, h, c):
-        return torch.stack([h, c], dim=2)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_c = grad[:, :, 1]
-        return grad[:, :, 0], (grad_c if bool(grad_c.any()) else None)
 
 
 @register_mixer("lstm", n_layers=1, residual=False, norm="none")
@@ -122,16 +110,15 @@ class LSTM(GatedRecurrentMixer):
 
     def unpinned_scan(self, x, inputs, initial=None):
         """(gates [B, T, 4, H], states [B, T, 2, H]) from nn.LSTM's h sequence (CellStates: the
-        gates of every step at once from h_{t-1}, c by the diagonal scan)."""
+        gates of every step at once from h_{t-1} and the cell scan)."""
         if x.shape[1] == 0:
             return None
         lstm, batch = self.lstm, x.shape[0]
         h0 = x.new_zeros(batch, self.hidden) if initial is None else initial[:, 0]
         c0 = x.new_zeros(batch, self.hidden) if initial is None else initial[:, 1]
         h = lstm(x, (h0[None].contiguous(), c0[None].contiguous()))[0]  # [B, T, H]
-        gates, c = CellStates.apply(x, h, h0, c0, inputs["drive"].detach(), lstm.weight_ih_l0, lstm.weight_hh_l0,
-                                    lstm.bias_ih_l0 + lstm.bias_hh_l0)
-        return gates, StackHC.apply(h, c)
+        return CellStates.apply(x, h, h0, c0, inputs["drive"].detach(), lstm.weight_ih_l0, lstm.weight_hh_l0,
+                                lstm.bias_ih_l0 + lstm.bias_hh_l0)
 
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states[:, :, 0])  # h_t
