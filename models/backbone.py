@@ -7,14 +7,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.config import ModelConfig
-from models.hooks import HookedMixin, HookPoint, unknown_name_message
+from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.mixers import MIXERS
 
 
 class ScaleHooked:
     """A norm with hook_scale [B, T, 1], its divisor (TransformerLens' hook_scale): sqrt(var + eps)
     for LayerNorm, sqrt(mean(x^2) + eps) for RMSNorm (eps None: the dtype's); the normalisation
-    is computed explicitly only while hook_scale is read or patched."""
+    is computed explicitly (through hook_scale) only while hook_scale is patched or probed for a
+    gradient. While it is only read, the scale is formed for the readers without autograd and
+    the output is torch's fused norm."""
 
     centred = True
 
@@ -25,11 +27,21 @@ class ScaleHooked:
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         if not self.hook_scale.is_active:
             return super().forward(x)  # type: ignore[misc]
+        if only_read(self.hook_scale):
+            with torch.no_grad():
+                self.hook_scale(self.scale(x))  # for the readers
+            return super().forward(x)  # type: ignore[misc]
         if self.centred:
             x = x - x.mean(-1, keepdim=True)
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-        out = x / self.hook_scale((x.square().mean(-1, keepdim=True) + eps).sqrt()) * self.weight
+        out = x / self.hook_scale(self.scale(x, centred=True)) * self.weight
         return out if getattr(self, "bias", None) is None else out + self.bias
+
+    def scale(self, x: torch.Tensor, centred: bool = False) -> torch.Tensor:
+        """The divisor [B, T, 1] of x [B, T, D] (centred: x's mean is already subtracted)."""
+        if self.centred and not centred:
+            x = x - x.mean(-1, keepdim=True)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return (x.square().mean(-1, keepdim=True) + eps).sqrt()
 
 
 class LayerNorm(ScaleHooked, nn.LayerNorm):

@@ -101,6 +101,13 @@ class HookPoint(nn.Module):
         return f"name={self.name!r}"
 
 
+def only_read(*hooks: HookPoint) -> bool:
+    """Whether these hook points are read (cached) but neither patched nor probed for a gradient
+    (run_with_cache(incl_bwd=True)): the values they see may then be formed beside the computation
+    (without autograd) instead of being the ones the output is computed from."""
+    return not any(h.has_patches or h._probes for h in hooks)
+
+
 # A global switch used by tests and nnsight: treat every hook point as active so mixers take their
 # instrumented path even with no hook attached.
 _FORCE_INSTRUMENTED = [False]

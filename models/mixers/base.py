@@ -14,7 +14,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.kernels import diag_scan
-from models.hooks import HookPoint, add_shift, apply_step_pin, scan_with_state_hook, state_pins, step_pins, step_shifts
+from models.hooks import HookPoint, add_shift, only_read, apply_step_pin, scan_with_state_hook, state_pins, step_pins, step_shifts
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -323,13 +323,18 @@ def shifted_delta_outputs(o, states, total, q):
 
 def head_outputs(z: torch.Tensor, proj: nn.Linear, hook_z: HookPoint, hook_result: HookPoint) -> torch.Tensor:
     """Per-head values z [B, T, H, d] through hook_z, then proj(concat_h z_h) [B, T, D]; while
-    hook_result is read or patched, as the sum over heads of hook_result [B, T, H, D]
-    (result_h = W[:, head h's columns] z_h) plus proj's bias."""
+    hook_result is patched or probed for a gradient, as the sum over heads of hook_result
+    [B, T, H, D] (result_h = W[:, head h's columns] z_h) plus proj's bias. While it is only read,
+    hook_result is formed for the readers without autograd and the output is proj's."""
     z = hook_z(z)
     if not hook_result.is_active:
         return proj(z.flatten(2))
     heads, d = z.shape[-2:]
     weight = proj.weight.view(proj.weight.shape[0], heads, d)  # [D, H, d]
+    if only_read(hook_result):
+        with torch.no_grad():
+            hook_result(torch.einsum("bthd,ehd->bthe", z, weight))  # [B, T, H, D], for the readers
+        return proj(z.flatten(2))
     result = hook_result(torch.einsum("bthd,ehd->bthe", z, weight))  # [B, T, H, D]
     out = result.sum(2)
     return out if proj.bias is None else out + proj.bias
