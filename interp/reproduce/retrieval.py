@@ -152,11 +152,15 @@ def judge(done, plan: Plan):
                       "명시적으로 저장하지 않고 쿼리 토큰에서 연관을 계산합니다.")]
     fail_runs = [o for o in ar if o.run.info["model"] in ("h3", "hyena")]
     n_fit = sum(o.fit for o in fail_runs)
+    sizes = {(o.run.info["pairs"], o.run.info["keys"]) for o in fail_runs}
+    learnable = [o for o in ar if o.fit and o.run.info["model"] not in ("h3", "hyena")
+                 and (o.run.info["pairs"], o.run.info["keys"]) in sizes]   # a failure counts where others fit
     claims.append(Claim(SEED_003, "H3 and Hyena fail to learn the task effectively under these conditions.",
                         "H3 및 Hyena: 이러한 조건 하에서 작업을 효과적으로 학습하는 데 실패합니다.",
                         "; ".join(f"{o.run.label}: acc {o.measures.get('accuracy', float('nan')):.2f} ({o.status})"
-                                  for o in fail_runs) + f"; {n_fit} of {len(fail_runs)} fit",
-                        "inconclusive" if not fitted(done, task="AR") else "reproduces" if n_fit == 0
+                                  for o in fail_runs) + f"; {n_fit} of {len(fail_runs)} fit; other models that fit "
+                        f"at the same size: {', '.join(o.run.label for o in learnable) or 'none'}",
+                        "inconclusive" if not learnable else "reproduces" if n_fit == 0
                         else "partly reproduces" if n_fit < len(fail_runs) else "does not reproduce"))
     retrained = [o for o in ar if o.run.info["model"] == "mamba d_conv=1"]
     full = [o for o in fitted(done, task="AR", model="mamba")]
