@@ -2,6 +2,7 @@
 probability along each interchange (finite differences), on every kind of site; rows line up
 with interchange's."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -43,11 +44,14 @@ def partial_patch_probs(model, clean, corrupt, sites, eps):
 @pytest.mark.parametrize("name", ["mamba", "transformer", "deltanet", "s4d"])
 def test_attribution_is_the_derivative_along_each_interchange(name, pair):
     clean, corrupt = pair
+    # a role at other positions in the corrupted run: the clean key patched into the corrupted value
+    clean = dataclasses.replace(clean, roles={**clean.roles, "moved": clean.roles["key"]})
+    corrupt = dataclasses.replace(corrupt, roles={**corrupt.roles, "moved": corrupt.roles["value"]})
     torch.manual_seed(0)
     model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2).double()
     hooks = [h for h in model.hook_names() if h.startswith("blocks.0.") and h.endswith(
         ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state", "hook_pattern", "hook_v", "hook_result"))]
-    sites = [Site(h, role) for h in hooks for role in ("key", "value")] + [Site("blocks.1.hook_resid_pre", None)]
+    sites = [Site(h, role) for h in hooks for role in ("key", "value", "moved")] + [Site("blocks.1.hook_resid_pre", None)]
     sites += [Site(h, "key", head=1) for h in hooks if h.endswith(("hook_v", "hook_pattern", "hook_result"))]
     sites += [Site("blocks.1.hook_resid_mid", "value", subspace=torch.linalg.qr(torch.randn(16, 3)).Q.double())]
     estimate = attribute(model, clean, corrupt, sites, min_effect=0.0)

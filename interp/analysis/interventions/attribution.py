@@ -11,7 +11,8 @@ one corrupted forward and one backward (`run_with_cache(incl_bwd=True)`: d p / d
 at once; for `hook_state` the total derivative through the recurrence, so the estimate is that of
 the causal state patch). The estimates come back as an `InterchangeResult` over the same sites and
 examples as `interchange`, p_patched = p_corrupt + dp, restoration from it, so the two line up row
-by row. Every run is on the instrumented path (`models.instrumented()`), as in interchange.
+by row. The runs take each mixer's own path (the fast one unless a hook needs per-step states),
+and the products are formed per hook over every position at once, not per site.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-import models
 from interp.analysis.interventions.interchange import InterchangeResult, restoration
-from interp.analysis.interventions.patching import select_site, time_first
+from interp.analysis.interventions.patching import time_first
 from interp.analysis.interventions.sites import Site, answer_positions, answer_probs, check_pair, check_sites, site_positions
 from interp.tasks.base import Batch
 
@@ -49,29 +49,66 @@ def attribute(
     def answer_mass(logits: torch.Tensor) -> torch.Tensor:  # sum_b p_b(y_b) at the corrupt answer
         return logits[rows, corrupt_ans].softmax(-1)[rows, y].sum()
 
-    with models.instrumented():
-        with torch.no_grad():
-            clean_logits, clean_cache = model.run_with_cache(clean.tokens, names=hooks)
-        corrupt_logits, cache = model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=answer_mass)
+    with torch.no_grad():
+        clean_logits, clean_cache = model.run_with_cache(clean.tokens, names=hooks)
+    corrupt_logits, cache = model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=answer_mass)
     p_clean = answer_probs(clean_logits, clean_ans, y)
     p_corrupt = answer_probs(corrupt_logits, corrupt_ans, y)
     delta = torch.zeros(len(sites), len(clean), dtype=torch.float64)
+    groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
     for i, site in enumerate(sites):
-        grad_name = site.hook + "_grad"
-        if grad_name not in cache:  # the answer does not depend on this activation
-            continue
-        source_pos = site_positions(clean, site.position, "clean")  # [N, k]
-        target_pos = site_positions(corrupt, site.position, "corrupt")
-        a_clean = select_site(time_first(clean_cache[site.hook], site.hook), rows, source_pos, site)
-        a_corrupt = select_site(time_first(cache[site.hook], site.hook), rows, target_pos, site)
-        grad = select_site(time_first(cache[grad_name], site.hook), rows, target_pos, site)
-        diff = a_clean - a_corrupt  # [N, k, ...]
-        if site.subspace is not None:
-            basis = site.subspace.to(diff.real.dtype)
-            flat = diff.reshape(*diff.shape[:2], -1)
-            diff = ((flat @ basis) @ basis.T).reshape(diff.shape)
-        product = diff * grad.conj() if diff.is_complex() else diff * grad  # torch's complex grad: d/dRe + i d/dIm
-        delta[i] = product.real.reshape(len(clean), -1).sum(-1).double()
+        if site.hook + "_grad" in cache:  # else the answer does not depend on this activation: 0
+            groups.setdefault((site.hook, site.head, id(site.subspace)), []).append(i)
+    for ids in groups.values():
+        delta[ids] = _group_estimates([sites[i] for i in ids], clean_cache, cache, clean, corrupt)
     p_estimate = p_corrupt + delta
     values, kept = restoration(p_estimate, p_clean, p_corrupt, float(min_effect))
+    identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction, as interchange
+    values[:, identical], kept = 1.0, kept | identical
     return InterchangeResult(sites, values, p_estimate, p_clean, p_corrupt, kept, float(min_effect))
+
+
+def _features(act: torch.Tensor, site: Site) -> torch.Tensor:
+    """The site's features at every position: act [N, T, ...] (time-first) -> [N, T, D] (its head
+    selected; on span(P) as coordinates P^T f for a subspace site, P P^T d . g = P^T d . P^T g)."""
+    if site.head is not None:
+        if act.dim() < 3 or site.head >= act.shape[2]:
+            raise ValueError(f"site {site.label}: head {site.head} does not exist; the activation (time-major) "
+                             f"has shape {tuple(act.shape)} and heads at axis 2")
+        act = act[:, :, site.head]
+    flat = act.reshape(*act.shape[:2], -1)
+    if site.subspace is None:
+        return flat
+    if flat.shape[2] != site.subspace.shape[0]:
+        raise ValueError(f"site {site.label}: subspace has d={site.subspace.shape[0]} rows but the selected "
+                         f"activation has {flat.shape[2]} features (shape {tuple(act.shape[2:])})")
+    return flat @ site.subspace.to(device=flat.device, dtype=flat.dtype)
+
+
+def _dot(diff: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Re(diff . conj(grad)) over the last axis (torch's complex grad is d/dRe + i d/dIm)."""
+    return (diff * grad.conj()).real.sum(-1) if diff.is_complex() else (diff * grad).sum(-1)
+
+
+def _group_estimates(group: list[Site], clean_cache, cache, clean: Batch, corrupt: Batch) -> torch.Tensor:
+    """dp [len(group), N] float64 for sites of one hook, head and subspace, all at once.
+
+    Per position t: own[n, t] = (a_clean[n, t] - a_corrupt[n, t]) . grad[n, t]; a site sums it over
+    its target positions, except where its clean (source) position differs from the target one.
+    """
+    site, hook = group[0], group[0].hook
+    source = _features(time_first(clean_cache[hook], hook), site)  # [N, T, D]
+    target = _features(time_first(cache[hook], hook), site)
+    grad = _features(time_first(cache[hook + "_grad"], hook), site)
+    own = _dot(source - target, grad)  # [N, T]
+    targets = [site_positions(corrupt, s.position, "corrupt") for s in group]  # [N, k] each
+    src = torch.cat([site_positions(clean, s.position, "clean") for s in group], 1).to(own.device)  # [N, K]
+    tgt = torch.cat(targets, 1).to(own.device)
+    owner = torch.cat([torch.full((p.shape[1],), j) for j, p in enumerate(targets)]).to(own.device)  # [K]: site
+    terms = own.gather(1, tgt)  # [N, K]
+    n, j = torch.nonzero(src != tgt, as_tuple=True)
+    if len(n):
+        t = tgt[n, j]
+        terms[n, j] = _dot(source[n, src[n, j]] - target[n, t], grad[n, t])
+    out = torch.zeros(len(group), len(clean), dtype=torch.float64, device=own.device)
+    return out.index_add_(0, owner, terms.T.double()).cpu()
