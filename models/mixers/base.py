@@ -299,28 +299,6 @@ class GatedRecurrentMixer(RecurrentMixer):
         return torch.stack(gates, dim=1), torch.stack(states, dim=1)
 
 
-def shifted_delta_inputs(shift, k, v, pins, log_decay=None):
-    """A state shift (scan_with_state_hook's contract) for the delta rule, through the kernel:
-    S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T + shift_t (alpha = exp(log_decay),
-    1 without a decay). With P_t = alpha_t P_{t-1} + shift_t (a diagonal scan; a cumulative sum for
-    alpha = 1), R_t = S_t - P_t is the plain (gated) delta rule with values v_t - alpha_t P_{t-1} k_t
-    = v_t - (P_t - shift_t) k_t, and pinned R = pinned S - P. shift [B, T, H, V, K], k [B, T, H, K],
-    v [B, T, H, V], log_decay [B, T, H] -> (values, pins, P); `shifted_delta_outputs` undoes it."""
-    if log_decay is None:
-        total = shift.cumsum(1)  # P [B, T, H, V, K]
-    else:
-        alpha = torch.exp(log_decay).to(shift.dtype)[..., None, None].expand_as(shift)
-        total = diag_scan(alpha, shift).output
-    v = v - torch.einsum("bthvk,bthk->bthv", total - shift, k.to(total.dtype)).to(v.dtype)
-    return v, pins if pins is None else (pins[0], pins[1] - total), total
-
-
-def shifted_delta_outputs(o, states, total, q):
-    """(o + P_t q_t, R + P): the outputs [B, T, H, V] and states [B, T, H, V, K] of the shifted
-    delta rule from the plain one's (see shifted_delta_inputs)."""
-    return o + torch.einsum("bthvk,bthk->bthv", total, q.to(total.dtype)).to(o.dtype), states + total
-
-
 def head_outputs(z: torch.Tensor, proj: nn.Linear, hook_z: HookPoint, hook_result: HookPoint) -> torch.Tensor:
     """Per-head values z [B, T, H, d] through hook_z, then proj(concat_h z_h) [B, T, D]; while
     hook_result is patched or probed for a gradient, as the sum over heads of hook_result

@@ -34,10 +34,10 @@ applied inside the kernel on every path (hook_beta still shows the unclamped bet
 `mixer.clamp_beta(head, lo, hi)` sets one head's row (the others are unbounded);
 `mixer.clear_beta_clamp()` removes the clamp. Not saved in checkpoints.
 
-Paths: fast = the delta-rule kernel returning outputs only; instrumented = the same kernel with
-every step's state exported and hook_state pins honoured. Both read o_t from the kernel (the
-pinned state where a patch sets one), so without patches they agree bit for bit (`readout` from
-hook_state's states gives the same up to rounding).
+Paths (models.mixers.delta.DeltaRuleMixer): fast = the delta-rule kernel returning outputs only;
+instrumented = the same kernel with every step's state exported and hook_state pins honoured.
+Both read o_t from the kernel (the pinned state where a patch sets one), so without patches they
+agree bit for bit (`readout` from hook_state's states gives the same up to rounding).
 
 mixer_options: gate (bool, default False): output gate as in fla's use_gate; q_scale (float,
 default 1.0; fla's DeltaNet uses d^-1/2); beta_bias (bool, default True); norm_eps (float, default
@@ -55,11 +55,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.hooks import HookPoint, scan_with_state_hook
+from models.hooks import HookPoint
 from models.kernels import delta_rule, short_conv
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import (RecurrentMixer, head_outputs, register_mixer, shifted_delta_inputs,
-                                shifted_delta_outputs)
+from models.mixers.base import register_mixer
+from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {"gate": False, "q_scale": 1.0, "beta_bias": True, "norm_eps": 1e-5, "l2_eps": None,
            "chunk_size": 64, "impl": "auto"}
@@ -71,8 +71,7 @@ _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=
     presets={"deltanet_neg": {**_PRESET, "beta_scale": 2.0}},
     **_PRESET, beta_scale=1.0,
 )
-class DeltaNet(RecurrentMixer):
-    is_affine = True
+class DeltaNet(DeltaRuleMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -172,48 +171,13 @@ class DeltaNet(RecurrentMixer):
         n = heads * d * d
         return M.reshape(batch, n, n)
 
-    def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(o [B, T, H, d], states [B, T, H, d, d]) from the delta-rule kernel, every state
-        exported, pins honoured; a shift [B, T, H, d, d] (scan_with_state_hook's contract) runs
-        through the same kernel (base.shifted_delta_inputs)."""
-        q, k, v = inputs["q"], inputs["k"], inputs["v"]
-        if shift is not None:
-            v, pins, total = shifted_delta_inputs(shift, k, v, pins)
-        result = delta_rule(
-            q, k, v, inputs["beta"], export_at="all", pins=pins, initial_state=initial,
-            beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"], impl=self.options["impl"],
-        )
-        o, states = result.output, result.states_at  # [B, T, H, d], [B, T, H, d, d]
-        return (o, states) if shift is None else shifted_delta_outputs(o, states, total, q)
+    def kernel(self, inputs, initial=None, **kwargs):
+        return delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], initial_state=initial,
+                          beta_clamp=self._clamp(), chunk_size=self.options["chunk_size"],
+                          impl=self.options["impl"], **kwargs)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        if not self.use_instrumented(self.hook_state):
-            return self.fast_forward(x)
-        return self.instrumented_forward(x, self.prepare(x))
-
-    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3)
-        return self._output(o, inputs)
-
-    def readout(self, x, states, inputs) -> torch.Tensor:
-        o = torch.einsum("bthvk,bthk->bthv", states, inputs["q"].to(states.dtype))
-        return self._output(o.to(x.dtype), inputs)
-
-    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fast_from(x, self.prepare(x))
-
-    def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        o = delta_rule(
-            inputs["q"], inputs["k"], inputs["v"], inputs["beta"], beta_clamp=self._clamp(), initial_state=initial,
-            chunk_size=self.options["chunk_size"], impl=self.options["impl"],
-        ).output  # [B, T, H, d]
-        return self._output(o, inputs)
-
-    def _output(self, o: torch.Tensor, inputs) -> torch.Tensor:  # o [B, T, H, d] -> [B, T, D]
-        o = self.o_norm(o)
-        if self.options["gate"]:
-            o = o * inputs["gate"]
-        return head_outputs(o, self.out_proj, self.hook_z, self.hook_result)
+    def output_projection(self) -> nn.Linear:
+        return self.out_proj
 
 
 def _options(options: dict) -> dict:

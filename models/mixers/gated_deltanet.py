@@ -29,10 +29,13 @@ Hooks (besides hook_in / hook_out / hook_state):
   hook_gate   [B, T, HV, V]  act(W_g x), only with mixer_options gate=True
   hook_state  [B, T, HV, V, K]  S_t after step t, values x keys (fla's GatedDeltaNet layer stores
                              the same layout: its kernels run with state_v_first=True)
+  hook_z      [B, T, HV, V]  each value head's RMSNorm(o_t) [* gate], what W_o reads
+  hook_result [B, T, HV, d_model]  each value head's share of the output (sum over heads = hook_out)
 
-Paths: fast = models.kernels.delta_rule with the decay g, outputs only; instrumented = the same
-kernel with every step's state exported and hook_state pins honoured (a patch at t re-runs the
-recurrence from the pinned state, so every later step changes and nothing before t).
+Paths (models.mixers.delta.DeltaRuleMixer): fast = models.kernels.delta_rule with the decay g,
+outputs only; instrumented = the same kernel with every step's state exported and hook_state
+pins honoured (a patch at t re-runs the recurrence from the pinned state, so every later step
+changes and nothing before t).
 
 mixer_options: expand_v (2.0, fla's default), num_v_heads (None: n_heads), gate (True: fla's
 use_gate), gate_activation ("swish" / "silu" / "sigmoid"), conv_bias (False), norm_eps (1e-5: the
@@ -48,11 +51,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.hooks import HookPoint, scan_with_state_hook
+from models.hooks import HookPoint
 from models.kernels import delta_rule, short_conv
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import (RecurrentMixer, mixer_options, register_mixer, shifted_delta_inputs,
-                                shifted_delta_outputs)
+from models.mixers.base import mixer_options, register_mixer
+from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {
     "expand_v": 2.0,
@@ -98,8 +101,7 @@ _PRESET = dict(n_layers=2, d_model=64, n_heads=4, d_conv=4, norm="rmsnorm", mlp=
 
 
 @register_mixer("gated_deltanet", **_PRESET)
-class GatedDeltaNet(RecurrentMixer):
-    is_affine = True
+class GatedDeltaNet(DeltaRuleMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -127,7 +129,7 @@ class GatedDeltaNet(RecurrentMixer):
             self.g_proj = nn.Linear(cfg.d_model, value_dim, bias=False)
             self.hook_gate = HookPoint()
         self.o_proj = nn.Linear(value_dim, cfg.d_model, bias=False)
-        for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_dt"):
+        for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_dt", "hook_z", "hook_result"):
             setattr(self, name, HookPoint())
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
@@ -173,37 +175,10 @@ class GatedDeltaNet(RecurrentMixer):
         n = heads * self.d_v * d
         return M.reshape(batch, n, n)
 
-    def _kernel(self, inputs, initial=None, **kwargs):
+    def kernel(self, inputs, initial=None, **kwargs):
         return delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], g=inputs["g"],
                           initial_state=initial, chunk_size=self.options["chunk_size"],
                           impl=self.options["impl"], **kwargs)
 
-    def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(o [B, T, HV, V], states [B, T, HV, V, K]), every state exported, pins honoured; a shift
-        (scan_with_state_hook's contract) through the same kernel (base.shifted_delta_inputs)."""
-        if shift is None:
-            result = self._kernel(inputs, initial, export_at="all", pins=pins)
-            return result.output, result.states_at
-        v, pins, total = shifted_delta_inputs(shift, inputs["k"], inputs["v"], pins, inputs["g"])
-        result = self._kernel({**inputs, "v": v}, initial, export_at="all", pins=pins)
-        return shifted_delta_outputs(result.output, result.states_at, total, inputs["q"])
-
-    def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3)
-        return self._output(o, inputs)
-
-    def readout(self, x, states, inputs) -> torch.Tensor:
-        o = torch.einsum("bthvk,bthk->bthv", states, inputs["q"].to(states.dtype))
-        return self._output(o.to(x.dtype), inputs)
-
-    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fast_from(x, self.prepare(x))
-
-    def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
-        return self._output(self._kernel(inputs, initial).output, inputs)  # o [B, T, HV, V]
-
-    def _output(self, o: torch.Tensor, inputs) -> torch.Tensor:  # o [B, T, HV, V] -> [B, T, D]
-        o = self.o_norm(o)
-        if self.options["gate"]:
-            o = o * inputs["gate"]
-        return self.o_proj(o.flatten(2))
+    def output_projection(self) -> nn.Linear:
+        return self.o_proj
