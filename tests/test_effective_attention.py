@@ -7,7 +7,8 @@ import models
 from interp.analysis.effective_attention import effective_attention, mixer_output
 from interp.report.effective_attention import effective_attention_heatmap
 
-NAMES = ["mamba", "negative_mamba", "mamba2", "deltanet", "deltanet_neg", "gated_deltanet", "based"]
+NAMES = ["mamba", "negative_mamba", "mamba2", "aussm", "mamba3", "s4d", "h3", "deltanet", "deltanet_neg",
+         "gated_deltanet", "based", "linear_rnn", "token_gated_rnn", "dense_ssm"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -20,12 +21,16 @@ def test_effective_attention_reproduces_the_mixer_output(name):
         x, y = mixer_output(model, tokens, layer)
         M = result.matrix  # [B, C, T, T]
         assert M.shape[-2:] == (10, 10) and torch.equal(M.triu(1), torch.zeros_like(M))  # causal
-        if x.dim() == 3:  # channels
+        assert M.dtype == torch.float64 and y.dtype.is_floating_point  # real, as the outputs
+        if result.blocks is not None:  # dense [B, T, T, n, n]
+            assert torch.equal(result.blocks.flatten(3).norm(dim=-1), M[:, 0])
+            got = torch.einsum("btsij,bsj->bti", result.blocks, x.double())
+        elif x.dim() == 3:  # channels
             got = torch.einsum("bcts,bsc->btc", M, x.double())
         else:  # heads [B, T, H, d]
             got = torch.einsum("bhts,bshd->bthd", M, x.double())
         torch.testing.assert_close(got, y.double(), atol=1e-5 * y.abs().max().item() + 1e-7, rtol=1e-5)
-    figure = effective_attention_heatmap(result, example=0, index=1, title=name)
+    figure = effective_attention_heatmap(result, example=0, index=min(1, result.matrix.shape[1] - 1), title=name)
     assert figure.data[0].z.shape == (10, 10)
 
 

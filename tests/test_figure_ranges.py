@@ -117,7 +117,9 @@ CASES = {
     "dynamics.jacobian_spectra": lambda: [fd.jacobian_spectra(spectra())],
     "effective_attention.effective_attention_heatmap": lambda: [fa.effective_attention_heatmap(
         EffectiveAttention(torch.tensor([[[[1.0, 0.0, 0.0], [-0.5, 0.25, 0.0], [2.0, -3.0, 0.1]]]]), "head",
-                           "v", "o"))],
+                           "v", "o")), fa.effective_attention_heatmap(EffectiveAttention(  # dense blocks: their norms
+                               torch.tensor([[[[1.0, 0.0], [0.4, 1.0]]]]), "block norm", "u", "h",
+                               torch.eye(2).expand(1, 2, 2, 2, 2)))],
     "dynamics.state_projection": lambda: [fd.state_projection(
         {12: (np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 3),
          40: (np.random.default_rng(1).normal(size=(20, 1)), np.arange(20) % 3)})],

@@ -14,22 +14,29 @@ import plotly.graph_objects as go
 def effective_attention_heatmap(result, example: int = 0, index: int = 0, tokens: Sequence[str] | None = None,
                                 title: str = "Effective attention") -> go.Figure:
     """M[t, s] of one example and one channel / head, laid out like an attention pattern (rows
-    the output position t, columns the input position s; zero above the diagonal). The colour
+    the output position t, columns the input position s; blank above the diagonal). The colour
     scale diverges around 0 (an SSM's or the delta rule's M can be negative), symmetric to the
-    largest |M|."""
+    largest |M|; for a dense transition (result.blocks) the blocks' Frobenius norms, from 0."""
     matrix = result.matrix
     if not 0 <= example < matrix.shape[0] or not 0 <= index < matrix.shape[1]:
         raise ValueError(f"example must be in [0, {matrix.shape[0]}) and index in [0, {matrix.shape[1]}); "
                          f"got example={example}, index={index}")
-    grid = matrix[example, index].cpu().numpy()
+    grid = matrix[example, index].cpu().numpy().astype(float)
     length = grid.shape[0]
+    grid[np.triu_indices(length, 1)] = np.nan  # s > t: not an input of y_t (left blank, not drawn as 0)
     labels = [f"{t}" if tokens is None else f"{t}: {tokens[t]}" for t in range(length)]
-    bound = float(np.abs(grid).max()) or 1.0
+    bound = float(np.nanmax(np.abs(grid))) or 1.0
+    if result.blocks is None:
+        scale = dict(zmin=-bound, zmax=bound, zmid=0.0, colorscale="RdBu")
+        name, what = "M[t, s]", f"{result.axis} {index}"
+    else:
+        scale = dict(zmin=0.0, zmax=bound, colorscale="Blues")
+        name, what = "||M[t, s]||_F", "n x n blocks"
     fig = go.Figure(go.Heatmap(
-        z=grid, x=labels, y=labels, zmin=-bound, zmax=bound, zmid=0.0, colorscale="RdBu",
-        colorbar={"title": "M[t, s]"}, hovertemplate="t %{y}, s %{x}<br>M %{z:.4f}<extra></extra>"))
+        z=grid, x=labels, y=labels, **scale, colorbar={"title": name},
+        hovertemplate=f"t %{{y}}, s %{{x}}<br>{name} %{{z:.4f}}<extra></extra>"))
     fig.update_xaxes(title=f"input position s ({result.value_name})")
     fig.update_yaxes(title="output position t", autorange="reversed")
-    fig.update_layout(title=f"{title}: {result.axis} {index}, example {example}", template="plotly_white",
+    fig.update_layout(title=f"{title}: {what}, example {example}", template="plotly_white",
                       height=520, width=600)
     return fig
