@@ -45,20 +45,23 @@ def test_decomposition_sums_to_the_residual_and_dla_to_the_logit(name, tokens):
     torch.testing.assert_close(diff, dla - cache.logit_attrs(cache.decompose_resid(apply_ln=True), 0))
 
 
-@pytest.mark.parametrize("name", ["transformer", "deltanet", "mamba2"])
-def test_per_head_results_sum_to_the_mixer_output(name, tokens):
-    model = model64(name)
+@pytest.mark.parametrize("name, options, heads", [
+    ("transformer", {}, 2), ("deltanet", {}, 2), ("mamba2", {}, 2), ("gated_deltanet", {}, 2),
+    ("gated_deltanet", {"num_v_heads": 4}, 4)])  # GVA: a result per value head
+def test_per_head_results_sum_to_the_mixer_output(name, options, heads, tokens):
+    model = model64(name, mixer_options=options)
     _, cache = model.run_with_cache(tokens)
     for layer in range(2):
         mixer = model.blocks[layer].mixer
         result = cache["result", layer]  # [B, T, H, D]
-        assert result.shape == (B, T, 2, 16)
-        bias = mixer.out_proj.bias if mixer.out_proj.bias is not None else 0.0
+        assert result.shape == (B, T, heads, 16)
+        proj = mixer.o_proj if name == "gated_deltanet" else mixer.out_proj
+        bias = proj.bias if proj.bias is not None else 0.0
         torch.testing.assert_close(result.sum(2) + bias, cache[f"blocks.{layer}.mixer.hook_out"],
                                    atol=1e-12, rtol=0)
-    heads, labels = cache.stack_head_results(return_labels=True, incl_remainder=True)
-    assert labels[:4] == ["L0H0", "L0H1", "L1H0", "L1H1"] and labels[-1] == "remainder"
-    torch.testing.assert_close(heads.sum(0), cache["blocks.1.hook_resid_post"], atol=1e-12, rtol=0)
+    stack, labels = cache.stack_head_results(return_labels=True, incl_remainder=True)
+    assert labels[:heads] == [f"L0H{h}" for h in range(heads)] and labels[-1] == "remainder"
+    torch.testing.assert_close(stack.sum(0), cache["blocks.1.hook_resid_post"], atol=1e-12, rtol=0)
     # reading hook_result leaves the outputs as they were without it
     with torch.no_grad():
         torch.testing.assert_close(model.run_with_cache(tokens, names=["hook_logits"])[0], model(tokens), atol=1e-12, rtol=0)
