@@ -1,51 +1,60 @@
 """Attribution patching vs exact interchange, and run_with_cache(incl_bwd=True) vs forward+backward.
 
-Models: a 2-layer Mamba and a 2-layer Transformer (rotary positions), trained briefly on AR
-(4 pairs, 8 keys: T = 11; the training is short on purpose, the machine is shared). Grid: every
-position x {hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both layers, N = 256
-clean / key-corrupted pairs. Timed side by side in one process, round-robin rounds:
+Models: a 2-layer Mamba and a 2-layer Transformer (rotary positions), d_model 64, trained on AR
+(4 pairs, 8 keys, 8 values: T = 11) until they solve it in distribution; the run directories
+(--runs, default runs/bench-attribution/{mamba,transformer}) are reused by a rerun, so only the
+first run trains (about 2 min each on one idle core; train under nice). Grid: every position x
+{hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both layers, N = 256
+clean / key-corrupted pairs. Timed side by side in one process (benchmarks/timing.interleaved:
+every contender once per round, the order reversed every other round):
 
-  exact        interp.analysis.interventions.interchange over the grid (as shipped: no-op pairs
-               skipped, resumed passes)
+  exact        interp.analysis.interventions.interchange over the grid as shipped (no-op pairs
+               skipped, each pair resumed from its site's block and position)
+  exact-naive  the same with skip_noops=False, resume=False: a whole corrupted pass per site
+               (what attribution patching is usually weighed against)
   attribution  interp.analysis.interventions.attribute over the same grid (one clean forward,
-               one corrupted forward with every hook's gradient)
-  fwd+bwd      a plain forward and backward of the summed answer probability (the fast path)
+               one corrupted forward and one backward with every grid hook's gradient)
+  fwd+bwd      a plain forward and backward (parameter gradients) of the summed answer probability
   incl_bwd     run_with_cache(tokens, incl_bwd=True, metric=...) of every grid hook
 
-Reported: the speed-up of attribution over exact (target >= 50x), the Pearson r between the two
-over every kept (site, example) pair and over the per-site means, and incl_bwd / fwd+bwd
-(target <= 2x). Times are medians over the rounds.
+Reported: the speed-ups of attribution over exact and exact-naive (target >= 50x), the Pearson r
+between attribution and exact restorations over every kept (site, example) pair, over the pairs
+where either is nonzero (a pair before the corrupted key is 0 in both), over the per-site means,
+and the median over sites of the per-site r across examples; incl_bwd / fwd+bwd (target <= 2x).
+Times: minimum wall time over the rounds (median beside it) and the minimum CPU time of the
+calling thread (torch runs one thread here, so that is the work done; it stays meaningful when
+other processes load the machine), with the load average before and after the rounds.
 
-    python benchmarks/attribution.py [--steps 600] [--rounds 3] [--markdown]
+    python benchmarks/attribution.py [--runs DIR] [--steps 4000] [--rounds 5] [--scaling 8,16] [--train-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
 import torch
 
-import models
 from interp.analysis.interventions import Site, answer_positions, attribute, corrupt_ar, interchange
 from interp.tasks import make_task
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, train
 from models.registry import preset_config
+from timing import interleaved, load_average  # benchmarks/timing.py
 
 PAIRS, KEYS, N = 4, 8, 256
+MODELS = ("mamba", "transformer")
 
 
-def trained(name: str, task, steps: int):
+def trained(name: str, task, steps: int, runs: str):
+    """The benchmark's model, trained in (or reloaded from) the run directory runs/name."""
     extra = {"mamba": dict(d_state=8, d_conv=4), "transformer": dict(positional="rope")}[name]
     cfg = preset_config(name, vocab_size=task.vocab_size, d_model=64, n_layers=2, **extra)
     lr = 1e-3 if name == "transformer" else 3e-3
-    run = train(cfg, task, TrainConfig(steps=steps, batch_size=32, lr=lr, warmup=50, train_length=PAIRS,
-                                       eval_every=steps, eval_size=256, log_every=steps, checkpoint_every=steps),
-                progress=False, label=name)
+    run = train(cfg, task, TrainConfig(steps=steps, batch_size=64, lr=lr, warmup=100, train_length=PAIRS,
+                                       eval_every=500, eval_size=512, log_every=100, checkpoint_every=500),
+                out=os.path.join(runs, name), resume=True, progress=False, label=name)
     return run.model.eval()
 
 
@@ -57,17 +66,39 @@ def grid(model, length: int) -> list[Site]:
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
     keep = np.isfinite(a) & np.isfinite(b)
-    return float(np.corrcoef(a[keep], b[keep])[0, 1])
+    a, b = a[keep], b[keep]
+    return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
+
+
+def correlations(exact, estimate) -> dict[str, float]:
+    """Pearson r of attribution vs exact restoration: pairs, nonzero pairs, site means, per site."""
+    kept = exact.kept.numpy()
+    ex, at = exact.restoration[:, kept].numpy(), estimate.restoration[:, kept].numpy()
+    nonzero = (ex != 0) | (at != 0)
+    per_site = [pearson(e, a) for e, a in zip(ex, at)]
+    return {"pairs": pearson(ex.ravel(), at.ravel()), "nonzero": pearson(ex[nonzero], at[nonzero]),
+            "means": pearson(exact.mean().numpy(), estimate.mean().numpy()),
+            "per_site": float(np.nanmedian(per_site)) if not np.isnan(per_site).all() else float("nan"),
+            "n_nonzero": int(nonzero.sum())}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--runs", default="runs/bench-attribution")
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--scaling", default="", help="also time exact vs attribution at these numbers of pairs "
+                   "(comma-separated; longer documents, a grid of every position: timing only)")
+    p.add_argument("--train-only", action="store_true", help="train (or reload) the models and stop")
     args = p.parse_args()
-    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     task = make_task("AR", n_keys=KEYS, n_values=KEYS)
+    models = {name: trained(name, task, args.steps, args.runs) for name in MODELS}
+    accuracy = {name: final_state_accuracy(m, task, PAIRS, 1024, 1) for name, m in models.items()}
+    print("AR accuracy (1024 fresh examples):", {k: round(v, 4) for k, v in accuracy.items()})
+    if args.train_only:
+        return
     clean = task.sample(N, PAIRS, seed=2)
     corrupt = corrupt_ar(clean, task, seed=3)
     rows = torch.arange(N)
@@ -77,46 +108,69 @@ def main() -> None:
     def metric(logits):
         return logits[rows, at].softmax(-1)[rows, y].sum()
 
-    setups = {}
-    for name in ("mamba", "transformer"):
-        model = trained(name, task, args.steps)
+    results, contenders = {}, {}
+    for name, model in models.items():
         sites = grid(model, clean.tokens.shape[1])
-        setups[name] = (model, sites, final_state_accuracy(model, task, PAIRS, 512, 1))
-    times = {name: {k: [] for k in ("exact", "attribution", "fwd+bwd", "incl_bwd")} for name in setups}
-    results = {}
-    for _ in range(args.rounds):
-        for name, (model, sites, _) in setups.items():
-            hooks = sorted({s.hook for s in sites})
-            start = time.perf_counter()
-            results[name, "exact"] = interchange(model, clean, corrupt, sites, min_effect=0.01)
-            times[name]["exact"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            results[name, "attribution"] = attribute(model, clean, corrupt, sites, min_effect=0.01)
-            times[name]["attribution"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            metric(model(corrupt.tokens)).backward()
-            times[name]["fwd+bwd"].append(time.perf_counter() - start)
-            model.zero_grad(set_to_none=True)
-            start = time.perf_counter()
-            model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=metric)
-            times[name]["incl_bwd"].append(time.perf_counter() - start)
-    load = os.getloadavg()[0]
-    lines = ["| model | AR accuracy | sites x pairs (kept) | exact s | attribution s | speed-up | r (pairs) "
-             "| r (site means) | fwd+bwd ms | incl_bwd ms | incl_bwd / fwd+bwd |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, (model, sites, acc) in setups.items():
-        med = {k: statistics.median(v) for k, v in times[name].items()}
-        exact, estimate = results[name, "exact"], results[name, "attribution"]
-        kept = exact.kept.numpy()
-        r_pairs = pearson(exact.restoration[:, kept].numpy().ravel(), estimate.restoration[:, kept].numpy().ravel())
-        r_means = pearson(exact.mean().numpy(), estimate.mean().numpy())
-        lines.append(f"| {name} | {acc:.3f} | {len(sites)} x {N} ({exact.n_kept}) | {med['exact']:.2f} | "
-                     f"{med['attribution']:.3f} | {med['exact'] / med['attribution']:.0f}x | {r_pairs:.3f} | "
-                     f"{r_means:.3f} | {1e3 * med['fwd+bwd']:.1f} | {1e3 * med['incl_bwd']:.1f} | "
-                     f"{med['incl_bwd'] / med['fwd+bwd']:.2f}x |")
-    lines.append(f"\n{args.rounds} rounds, medians; load average {load:.1f} at the end; "
-                 f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("\n".join(lines))
+        hooks = sorted({s.hook for s in sites})
+
+        def run(key, fn, name=name):
+            def go():
+                results[name, key] = fn()
+            return go
+
+        contenders |= {
+            f"{name} exact": run("exact", lambda m=model, s=sites: interchange(m, clean, corrupt, s, min_effect=0.01)),
+            f"{name} exact-naive": run("naive", lambda m=model, s=sites: interchange(
+                m, clean, corrupt, s, min_effect=0.01, skip_noops=False, resume=False)),
+            f"{name} attribution": run("attribution", lambda m=model, s=sites: attribute(m, clean, corrupt, s, min_effect=0.01)),
+            f"{name} fwd+bwd": run("fwd+bwd", lambda m=model: (metric(m(corrupt.tokens)).backward(), m.zero_grad())),
+            f"{name} incl_bwd": run("incl_bwd", lambda m=model, h=hooks: m.run_with_cache(
+                corrupt.tokens, names=h, incl_bwd=True, metric=metric)),
+        }
+    rounds = interleaved(contenders, rounds=args.rounds)
+    print(f"\n{args.rounds} rounds; load average {rounds.load} (2 cores); torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s); times: min wall s (median) / min CPU s\n")
+    print("| model | AR acc | sites x pairs (kept) | pairs run / skipped (passes) | exact | exact-naive | attribution "
+          "| speed-up vs exact (CPU) | vs naive (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in models:
+        t = {k: rounds[f"{name} {k}"] for k in ("exact", "exact-naive", "attribution", "fwd+bwd", "incl_bwd")}
+        exact = results[name, "exact"]
+        cell = lambda k: f"{t[k].min:.3f} ({t[k].median:.3f}) / {t[k].cpu_min:.3f}"  # noqa: E731
+        ratio = lambda k: f"{t[k].min / t['attribution'].min:.1f}x ({t[k].cpu_min / t['attribution'].cpu_min:.1f}x)"  # noqa: E731
+        print(f"| {name} | {accuracy[name]:.3f} | {len(exact.sites)} x {N} ({exact.n_kept}) | {exact.n_run} / "
+              f"{exact.n_skipped} ({exact.n_passes}) | {cell('exact')} | {cell('exact-naive')} | "
+              f"{cell('attribution')} | {ratio('exact')} | {ratio('exact-naive')} |")
+    print("\n| model | r pairs | r nonzero pairs (n) | r site means | median per-site r | fwd+bwd ms | incl_bwd ms "
+          "| incl_bwd / fwd+bwd (CPU) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in models:
+        r = correlations(results[name, "exact"], results[name, "attribution"])
+        fb, ib = rounds[f"{name} fwd+bwd"], rounds[f"{name} incl_bwd"]
+        print(f"| {name} | {r['pairs']:.3f} | {r['nonzero']:.3f} ({r['n_nonzero']}) | {r['means']:.3f} | "
+              f"{r['per_site']:.3f} | {1e3 * fb.min:.1f} | {1e3 * ib.min:.1f} | {ib.min / fb.min:.2f}x "
+              f"({ib.cpu_min / fb.cpu_min:.2f}x) |")
+    for pairs in [int(n) for n in args.scaling.split(",") if n]:
+        scaling(models, task, pairs, args.rounds)
+    print(f"\nload average at the end: {load_average():.1f}")
+
+
+def scaling(models, task, pairs: int, rounds: int) -> None:
+    """exact vs attribution on documents of `pairs` pairs (out of the training distribution when
+    pairs > PAIRS: the times, not the correlations, are the point)."""
+    clean = task.sample(N, pairs, seed=4)
+    corrupt = corrupt_ar(clean, task, seed=5)
+    contenders = {}
+    for name, model in models.items():
+        sites = grid(model, clean.tokens.shape[1])
+        contenders[f"{name} exact"] = lambda m=model, s=sites: interchange(m, clean, corrupt, s, min_effect=0.01)
+        contenders[f"{name} attribution"] = lambda m=model, s=sites: attribute(m, clean, corrupt, s, min_effect=0.01)
+    result = interleaved(contenders, rounds=rounds)
+    for name, model in models.items():
+        exact, estimate = result[f"{name} exact"], result[f"{name} attribution"]
+        print(f"{pairs} pairs (T = {clean.tokens.shape[1]}), {name}: {len(grid(model, clean.tokens.shape[1]))} sites, "
+              f"exact {exact.cpu_min:.3f} s CPU, attribution {estimate.cpu_min:.3f} s CPU: "
+              f"{exact.cpu_min / estimate.cpu_min:.1f}x (wall {exact.min / estimate.min:.1f}x; load {result.load})")
 
 
 if __name__ == "__main__":
