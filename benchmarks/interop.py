@@ -14,6 +14,9 @@ contenders interleaved in rounds (benchmarks/timing.py):
       call, the cached state replaced, then one call per later token (models.interop.reference).
       "ours resumed from the patched carry": resume_from at t + 1 with the cached state after t
       replaced (the same intervention at every position after t, on the fast path: no hook).
+      "ours declared patch": the same patch as a models.StatePatch (positions + values), which the
+      mixer runs on its fast kernels (stopped at t, the state replaced, resumed: no [B, T, *S]
+      states), as a full pass and resumed.
       The source runs one call per token from the start ("source step loop", the baseline) or
       its first t + 1 tokens in one call ("prefix in one call"; on the CPU transformers' Mamba
       scan is itself a loop over the positions).
@@ -77,14 +80,23 @@ def contenders(src, model, clean, donor, t: int, lens: bool = True):
     carried[hook] = clean_cache[hook].clone()
     carried[hook][:, t] = state  # resume_from continues from the carried (patched) state after t
 
-    @torch.no_grad()
-    def ours_full():
-        return model.run_with_hooks(clean, fwd_hooks=[(hook, patch)])
+    def passes(fn):
+        """(a full run_with_hooks pass, a pass resumed at the last layer and t) with fn on hook_state."""
 
-    @torch.no_grad()
-    def ours_resumed():
-        with model.hooks([(hook, patch)]):
-            return model.resume_from(clean_cache, rows, last, t, clean.shape[1])
+        @torch.no_grad()
+        def full():
+            return model.run_with_hooks(clean, fwd_hooks=[(hook, fn)])
+
+        @torch.no_grad()
+        def resumed():
+            with model.hooks([(hook, fn)]):
+                return model.resume_from(clean_cache, rows, last, t, clean.shape[1])
+
+        return full, resumed
+
+    ours_full, ours_resumed = passes(patch)
+    # the same patch declared: state after step t (counted from the end: full and resumed runs alike)
+    ours_declared_full, ours_declared_resumed = passes(models.StatePatch.at(t - clean.shape[1], values=state))
 
     @torch.no_grad()
     def ours_carried():
@@ -99,11 +111,14 @@ def contenders(src, model, clean, donor, t: int, lens: bool = True):
     reference = source_loop()
     diffs = {"ours full pass": (ours_full() - reference)[:, t + 1:].abs().max().item(),
              "ours resumed": (ours_resumed() - reference[:, t:])[:, 1:].abs().max().item(),
+             "ours declared patch, full pass": (ours_declared_full() - reference)[:, t + 1:].abs().max().item(),
+             "ours declared patch, resumed": (ours_declared_resumed() - reference[:, t:])[:, 1:].abs().max().item(),
              "ours resumed from the patched carry": (ours_carried() - reference[:, t + 1:]).abs().max().item(),
              "source step loop, prefix in one call": (source_prefilled() - reference)[:, t + 1:].abs().max().item()}
     forward = {"ours fast path": lambda: torch.no_grad()(model)(clean),
                "source forward": lambda: torch.no_grad()(src)(clean)}
     patched = {"ours full pass": ours_full, "ours resumed": ours_resumed,
+               "ours declared patch, full pass": ours_declared_full, "ours declared patch, resumed": ours_declared_resumed,
                "ours resumed from the patched carry": ours_carried, "source step loop": source_loop,
                "source step loop, prefix in one call": source_prefilled}
     lens = transformer_lens_patch(src, clean, last, t, state) if lens else None

@@ -3,11 +3,11 @@
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.cache import Cache
-from models.hooks import HookPoint, instrumented
+from models.hooks import HookPoint, StatePatch, instrumented
 from models.interop import from_pretrained, supported_architectures
 from models.registry import build, list_models, load, preset_config, save
 
 __all__ = [
-    "Cache", "HookPoint", "ModelConfig", "SequenceModel", "build", "from_pretrained", "instrumented",
+    "Cache", "HookPoint", "ModelConfig", "SequenceModel", "StatePatch", "build", "from_pretrained", "instrumented",
     "list_models", "load", "preset_config", "save", "supported_architectures",
 ]

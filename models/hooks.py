@@ -37,6 +37,14 @@ Grammar (shapes batch-first):
     blocks.{l}.norm_mixer.hook_scale | norm_mlp.hook_scale, norm_final.hook_scale   [B, T, 1]
     hook_final | hook_logits                      [B, T, d_model] | [B, T, vocab]
 
+A `StatePatch` is a hook_state patch that declares what it does (which example and step, and
+the new state: values, deltas or a function of the state there). Used as a hook function it
+patches like any other; where it is the only thing on a recurrent mixer's hook_state (no other
+hook or reader, no gradient wanted, not forced instrumented) the mixer runs it declared: its fast
+kernels stop at each patched step, the state is replaced there (the read-out at that step uses
+it) and the scan continues from it, with nothing [B, T, *S] materialised
+(`RecurrentMixer.declared_forward`). Same result as the hook function up to float rounding.
+
 Gradients (`run_with_cache(tokens, incl_bwd=True, metric=fn)`): the cache also holds
 `name + "_grad"`, d metric / d activation, for every cached name; for `hook_state` that is the
 total derivative d metric / d h_t (the read-out at t and every later step, every later layer),
@@ -56,6 +64,7 @@ import torch
 from torch import nn
 
 from models.cache import Cache, unknown_name_message
+from models.state_patch import StatePatch, StatePlan
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 Reader = Callable[[torch.Tensor, "HookPoint"], None]
@@ -180,6 +189,16 @@ def apply_step_pin(state: torch.Tensor, pin: tuple[torch.Tensor, torch.Tensor] |
         return state
     mask, values = pin
     return torch.where(mask.reshape(-1, *([1] * (state.dim() - 1))), values.to(state.dtype), state)
+
+
+def declared_state_patches(hook: HookPoint, batch: int, length: int) -> StatePlan | None:
+    """The StatePatches attached to hook, in order, as one StatePlan over states [batch, length,
+    *S], when they are all that uses it: no other hook, no reader, no gradient probe, not forced
+    instrumented; else None."""
+    if not hook._forward_hooks or hook._forward_pre_hooks or hook._readers or hook._probes or _forced_instrumented():
+        return None
+    found = [getattr(h, "state_patch", None) for h in hook._forward_hooks.values()]
+    return None if any(f is None for f in found) else StatePlan(found, batch, length)
 
 
 class HookedMixin:
@@ -362,6 +381,8 @@ def _as_torch_hook(fn: HookFn, allow_nonfinite: bool = False):
             )
         return result
 
+    if isinstance(fn, StatePatch):  # what a mixer reads to run it declared (declared_state_patches)
+        torch_hook.state_patch = (fn, allow_nonfinite)
     return torch_hook
 
 

@@ -20,7 +20,8 @@ def test_interop_benchmark_smoke(monkeypatch):
                          "--no-transformer-lens"])
     contenders = {row[2] for row in rows}
     assert {"ours fast path", "source forward", "ours full pass", "ours resumed", "ours resumed from the patched carry",
-            "source step loop", "source step loop, prefix in one call"} <= contenders
+            "ours declared patch, full pass", "ours declared patch, resumed", "source step loop",
+            "source step loop, prefix in one call"} <= contenders
     diffs = [row[8] for row in rows if row[8] is not None]
     assert diffs and max(diffs) < 1e-4
     sys.modules.pop("timing", None)

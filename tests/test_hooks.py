@@ -143,3 +143,33 @@ def test_hook_misuse_raises_errors_naming_the_hook():
     with pytest.raises(TypeError, match="entries must be \\(name, fn\\) pairs"):
         model.run_with_hooks(tokens, fwd_hooks=[(name,)])
     assert not any(point._forward_hooks for point in model.hook_dict.values())  # nothing left attached
+
+
+def test_state_patch_misuse_raises_errors_naming_the_argument():
+    model = tanh_model()
+    tokens = torch.randint(0, 5, (2, 9))
+    name = "blocks.0.mixer.hook_state"
+    with pytest.raises(ValueError, match="exactly one of values, deltas or fn"):
+        models.StatePatch([0], [1], values=torch.zeros(1, 8), deltas=torch.zeros(1, 8))
+    with pytest.raises(ValueError, match="exactly one"):
+        models.StatePatch([0], [1])
+    with pytest.raises(ValueError, match="M = 2 entries"):
+        models.StatePatch([0, 1], [1, 1], values=torch.zeros(1, 8))
+    with pytest.raises(TypeError, match="rows must be"):
+        models.StatePatch([0.5], [1], values=torch.zeros(1, 8))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        models.StatePatch([0], [1], fn=3)
+    with pytest.raises(TypeError, match="time must be an int"):
+        models.StatePatch.at(1.0, values=torch.zeros(2, 8))
+    bad = {
+        "times must lie in": models.StatePatch.at(9, values=torch.zeros(2, 8)),
+        "rows must lie in": models.StatePatch([2], [1], values=torch.zeros(1, 8)),
+        "at most once": models.StatePatch([0, 0], [1, -8], deltas=torch.zeros(2, 8)),
+        "state has shape": models.StatePatch.at(1, values=torch.zeros(2, 7)),
+        "NaN or Inf": models.StatePatch.at(1, values=torch.full((2, 8), float("nan"))),
+    }
+    with torch.no_grad():
+        for match, patch in bad.items():
+            with pytest.raises(ValueError, match=match):
+                model.run_with_hooks(tokens, fwd_hooks=[(name, patch)])
+        model.run_with_hooks(tokens, fwd_hooks=[(name, bad["NaN or Inf"])], allow_nonfinite=True)

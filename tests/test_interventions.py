@@ -406,6 +406,31 @@ def test_resumed_ablation_agrees_with_whole_passes(mode, pair):
     assert (whole.p_answer - whole.baseline_p).abs().max() > 1e-3  # the ablations do something
 
 
+def test_resumed_state_sites_run_declared_and_agree_with_whole_passes(pair, monkeypatch):
+    """Resumed hook_state sites (whole, one head, a subspace of a head) are declared StatePatches
+    run on the fast kernels (RecurrentMixer.declared_forward), with the values of whole passes,
+    where the same patches run as hook functions on the instrumented path."""
+    from models.mixers.base import RecurrentMixer
+
+    clean, corrupt = pair
+    torch.manual_seed(0)
+    model = models.build("mamba2", vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
+    basis = torch.linalg.qr(torch.randn(16 * 4, 3, generator=torch.Generator().manual_seed(0))).Q  # a head: [P, N]
+    sites = site_grid(model, ["blocks.{l}.mixer.hook_state"], ["key", "value"])
+    sites += [Site("blocks.0.mixer.hook_state", "key", head=1), Site("blocks.1.mixer.hook_state", "value", 0, basis)]
+    declared = []
+    original = RecurrentMixer.declared_forward
+    monkeypatch.setattr(RecurrentMixer, "declared_forward",
+                        lambda self, *args: declared.append(self.layer_idx) or original(self, *args))
+    resumed = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    assert sorted(set(declared)) == [0, 1]
+    declared.clear()
+    whole = interchange(model, clean, corrupt, sites, min_effect=0.0, resume=False)
+    assert not declared  # whole passes run under models.instrumented(): hook functions
+    torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
+    assert (whole.p_patched - whole.p_corrupt).abs().max() > 1e-5  # the patches do something (an untrained model)
+
+
 # ----------------------------------------------------------------------------------------------
 # Short-conv ablation
 # ----------------------------------------------------------------------------------------------

@@ -122,16 +122,16 @@ def test_state_patch_runs_on_from_the_new_state(tokens):
 
 
 def test_state_patch_goes_through_the_kernel_pins(tokens, monkeypatch):
-    import models.mixers.mamba as mamba_module
+    import models.mixers.diagonal as diagonal_module  # Mamba's scan plumbing
 
     seen = []
-    real = mamba_module.diag_scan
+    real = diagonal_module.diag_scan
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("pins"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mamba_module, "diag_scan", spy)
+    monkeypatch.setattr(diagonal_module, "diag_scan", spy)
     model = build()
     model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
     pins = [p for p in seen if p is not None]

@@ -91,7 +91,14 @@ def test_state_patch_with_own_value_is_a_no_op(name, tokens):
         clean, cache = model.run_with_cache(tokens, names=names)
         hooks = [(n, lambda s, hook, v=cache[n]: v.clone()) for n in names]
         patched = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        # declared (models.StatePatch, on the fast kernels): the cached value, and the identity
+        declared = model.run_with_hooks(tokens, fwd_hooks=[(n, models.StatePatch.at(6, values=cache[n][:, 6]))
+                                                           for n in names])
+        same = model.run_with_hooks(tokens, fwd_hooks=[(n, models.StatePatch([0, 1, 2], [1, 6, 11], fn=lambda s: s))
+                                                       for n in names])
     assert torch.equal(patched, clean)
+    torch.testing.assert_close(declared, clean, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(same, clean, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", models.list_models())
@@ -200,3 +207,88 @@ def test_resume_from_names_missing_cache_entries_and_bad_ranges(tokens):
             model.resume_from(cache, torch.arange(B), 0, 2, T)
         with pytest.raises(ValueError, match="start < end"):
             model.resume_from(cache, torch.arange(B), 0, 5, 5)
+
+
+class CountedPatch(models.StatePatch):
+    """A StatePatch that counts the calls of its hook function (the declared path makes none)."""
+
+    calls = 0
+
+    def __call__(self, states, hook):
+        CountedPatch.calls += 1
+        return super().__call__(states, hook)
+
+
+def runs_declared(model, hook_name: str) -> bool:
+    """Whether the mixer of hook_name runs StatePatches declared (every RecurrentMixer whose mix
+    is the base class's: Based attends over a window in its own mix)."""
+    from models.mixers.base import RecurrentMixer
+
+    mixer = model.get_submodule(hook_name.rsplit(".", 1)[0])
+    return isinstance(mixer, RecurrentMixer) and type(mixer).mix is RecurrentMixer.mix
+
+
+def declared_patches(states: torch.Tensor, t: int) -> list[list[models.StatePatch]]:
+    """Patch sets for states [B, T, *S]: values at t for every row; deltas at a different step per
+    row; two patches, one of them a function, with a row patched at two steps."""
+    gen = torch.Generator().manual_seed(2)
+    noise = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(states.dtype)  # noqa: E731
+    shape = states.shape[2:]
+    return [
+        [CountedPatch.at(t, values=noise(B, *shape) * 2)],
+        [CountedPatch([0, 2, 1], [3, 7, 9], deltas=noise(3, *shape))],
+        [CountedPatch([0, 1], [2, -3], deltas=noise(2, *shape)),
+         CountedPatch([0, 2, 0], [8, 4, 2], fn=lambda s: 1.5 * s + 0.25)],
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", models.list_models())
+def test_declared_state_patch_equals_the_hook_function(name, dtype, tokens):
+    """A StatePatch run declared (fast kernels stopped at the patched steps) gives the logits of
+    the same patch run as a hook function (pinned and re-scanned), in full and resumed runs; the
+    read-out at the patched step and every later one changes, nothing before it."""
+    model = converted_copy(name, dtype=dtype)
+    names = [n for n in state_hooks(model) if runs_declared(model, n)]
+    if not names:
+        pytest.skip(f"{name} has no recurrent state that runs StatePatches declared")
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+    with torch.no_grad():
+        hooks = model.resume_hooks()
+        clean, cache = model.run_with_cache(tokens, names=sorted(set(names + hooks["resid"] + hooks["carry"])))
+        for hook_name in names:
+            for patches in declared_patches(cache[hook_name], 5):
+                hooks = [(hook_name, p) for p in patches]
+                CountedPatch.calls = 0
+                declared = model.run_with_hooks(tokens, fwd_hooks=hooks)
+                assert CountedPatch.calls == 0, f"{hook_name}: the patch ran as a hook function"
+                with models.instrumented():
+                    reference = model.run_with_hooks(tokens, fwd_hooks=hooks)
+                torch.testing.assert_close(declared, reference, **tol, msg=f"{hook_name}: {patches}")
+                first = min(int(p.times.min()) % T for p in patches)
+                torch.testing.assert_close(declared[:, :first], clean[:, :first], **tol)
+                assert (declared[:, first] - clean[:, first]).abs().max() > 1e-4, "the read-out at t is the patched one"
+            layer = int(hook_name.split(".")[1])
+            patch = CountedPatch.at(5 - T, values=cache[hook_name][:, 5] * 2)  # from the end: full and resumed runs
+            full = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, patch)])
+            with model.hooks([(hook_name, patch)]):
+                resumed = model.resume_from(cache, torch.arange(B), layer, 4, T)
+            torch.testing.assert_close(resumed, full[:, 4:], **tol)
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "deltanet"])
+def test_declared_state_patch_under_grad_runs_as_the_hook_function(name, tokens):
+    """With a gradient wanted the patch runs as a hook function (the pinned re-run differentiates
+    through the kernels): the gradient is the instrumented path's."""
+    model = small_model(name)
+    hook_name = state_hooks(model)[-1]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names=[hook_name])
+    grads = []
+    for forced in (False, True):
+        CountedPatch.calls = 0
+        with models.instrumented(forced):
+            logits = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, CountedPatch.at(4, deltas=cache[hook_name][:, 4]))])
+        assert CountedPatch.calls == 1
+        grads.append(torch.autograd.grad(logits[:, 4:].square().sum(), model.embed.weight)[0])
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)  # as fast vs instrumented

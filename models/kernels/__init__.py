@@ -31,16 +31,17 @@ delta_rule(q [B,T,H,K], k [B,T,H,K], v [B,T,H,V], beta [B,T,H], *, g=None | [B,T
     uses it on the CPU when no gradient is wanted).
 
 native.selective.selective_scan(dt [B,T,E], A [E,N], x [B,T,E], Bm [B,T,N], C [B,T,N], initial_state=None,
-                                scale=1.0)
-    -> y [B,T,E]: Mamba's scan with a = scale exp(dt A) - (scale - 1) (1: Mamba, 2: negative Mamba)
-    and dt x Bm formed inside the C loop (CPU, float32/64; forward and backward, nothing [B,T,E,N]
+                                scale=1.0, output_final_state=False)
+    -> y [B,T,E] (output_final_state: (y, final state [B,E,N]), forward only): Mamba's scan with
+    a = scale exp(dt A) - (scale - 1) (1: Mamba, 2: negative Mamba) and dt x Bm formed inside the C loop (CPU, float32/64; forward and backward, nothing [B,T,E,N]
     materialised); the fast path of Mamba and negative Mamba on the CPU.
 native.selective.selective_states(dt, A, x, Bm, initial_state=None, pins=None, scale=1.0) -> states
     [B,T,E,N]: the same recurrence returning every state (differentiable without pins; with pins
     forward only); their instrumented path.
 native.complex.rotation_scan / trapezoid_scan and rotation_states / trapezoid_states: the same pair
     for the complex transitions of AUSSM (exp(i dt omega)) and Mamba-3 (exp(dt (A + i theta)) with
-    the trapezoid's previous-input term); complex64/128 states in torch's layout.
+    the trapezoid's previous-input term); complex64/128 states in torch's layout; the scans take
+    output_final_state too.
 
 The native kernels' C library (build, load, availability) is models/kernels/native/library.py; the
 package's docstring lists its modules, one per op family.

@@ -14,7 +14,8 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.kernels import diag_scan
-from models.hooks import HookPoint, add_shift, only_read, apply_step_pin, scan_with_state_hook, state_pins, step_pins, step_shifts
+from models.hooks import (HookPoint, add_shift, apply_step_pin, declared_state_patches, only_read, scan_with_state_hook,
+                          state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -116,8 +117,9 @@ class RecurrentMixer(Mixer):
       step(inputs_t, h)  one step: dict of [B, ...] tensors, h [B, *S] -> h_t [B, *S]
       readout(x, states, inputs)   [B, T, *S] states -> [B, T, D] output
     and may override fast_states(inputs) (fused or chunked, no hooks), fast_forward(x) (the whole
-    fast path, when a fused kernel makes prepare unnecessary) and scan(inputs, pins) (kernels with
-    state patches). Affine mixers also define transition(inputs_t) -> A_t, either
+    fast path, when a fused kernel makes prepare unnecessary), scan(inputs, pins) (kernels with
+    state patches) and fast_segment(x, inputs, initial) (the fast path returning its final state:
+    declared state patches, models.state_patch, run on it). Affine mixers also define transition(inputs_t) -> A_t, either
     [B, *S] (diagonal: h_t = A_t * h_{t-1} + b_t) or [B, n, n] with n = prod(S) (dense), which
     `interp.analysis.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
     """
@@ -125,6 +127,9 @@ class RecurrentMixer(Mixer):
     is_affine = False
     state_shape: tuple[int, ...] = ()
     resume_context: int | None = 0
+    # hook points written after the scan that must see every position in one call: while one is
+    # in use, declared state patches run as hook functions (declared_plan)
+    whole_sequence_hooks: tuple[str, ...] = ("hook_z", "hook_result")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -146,9 +151,80 @@ class RecurrentMixer(Mixer):
         return like.new_zeros(batch, *self.state_shape)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        plan = self.declared_plan(x)
+        if plan is not None:
+            return self.declared_forward(x, self.prepare(x), plan)
         if not self.wants_instrumented():
             return self.fast_forward(x)
         return self.instrumented_forward(x, self.prepare(x))
+
+    def declared_plan(self, x: torch.Tensor):
+        """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
+        input x [B, T, D], or None: the path is "auto", they are all that uses hook_state
+        (models.hooks.declared_state_patches), no whole_sequence_hooks is in use, and no gradient
+        is wanted (under grad they run as hook functions: instrumented_forward, whose pinned re-run
+        differentiates through the kernels)."""
+        if self.execution_path != "auto" or any(
+                getattr(self, n).is_active for n in self.whole_sequence_hooks if hasattr(self, n)):
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return None
+        return declared_state_patches(self.hook_state, *x.shape[:2])
+
+    def declared_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None) -> torch.Tensor:
+        """The output [B, T, D] with the declared state patches of `plan` (models.state_patch.StatePlan):
+        fast_segment up to each patched step, the state replaced there where the patch changes
+        it (the output at that step read out from the replaced state), fast_segment on from it.
+        The unpatched states at the entries come from a first pass of segments where the plan
+        needs them. initial [B, *S]: the state before step 0. readout must act per position."""
+        length = x.shape[1]
+
+        def segment(lo: int, hi: int, h):  # steps [lo, hi) from h -> (output, state after hi - 1)
+            return self.fast_segment(x[:, lo:hi], {k: v[:, lo:hi] for k, v in inputs.items()}, h)
+
+        bounds = list(zip([0] + [t + 1 for t in plan.steps[:-1]], [t + 1 for t in plan.steps]))
+        first = segment(*bounds[0], initial)
+        if plan.needs_clean:  # the unpatched states at every patched step
+            finals, h = [first[1]], first[1]
+            for lo, hi in bounds[1:]:
+                h = segment(lo, hi, h)[1]
+                finals.append(h)
+            current = torch.empty(len(plan.rows), *h.shape[1:], dtype=h.dtype, device=h.device)
+            for step, final in zip(plan.steps, finals):
+                at = plan.times == step
+                current[at] = final[plan.rows[at].to(h.device)]
+            targets = plan.resolve(current)
+        else:
+            targets = plan.resolve(None)
+        outs, h = [], initial
+        for i, (step, (lo, hi)) in enumerate(zip(plan.steps, bounds)):
+            out, h = first if i == 0 else segment(lo, hi, h)
+            at = plan.times == step
+            rows, new = plan.rows[at].to(h.device), targets[at.to(targets.device)]
+            if new.shape[1:] != h.shape[1:]:
+                raise ValueError(f"a StatePatch on {self.hook_state.name!r} gives states of shape "
+                                 f"{tuple(new.shape[1:])}; the state has shape {tuple(h.shape[1:])}")
+            new = new.to(device=h.device, dtype=h.dtype)
+            old = current[at.to(current.device)] if plan.needs_clean else h[rows]
+            changed = (new != old).flatten(1).any(1)
+            if bool(changed.any()):
+                rows, new = rows[changed], new[changed]
+                h = h.clone()
+                h[rows] = new
+                picked = {k: v[rows, step : step + 1] for k, v in inputs.items()}
+                out = out.clone()
+                out[rows, -1] = self.readout(x[rows, step : step + 1], new[:, None], picked)[:, 0]
+            outs.append(out)
+        if plan.steps[-1] + 1 < length:
+            outs.append(segment(plan.steps[-1] + 1, length, h)[0])
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+
+    def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
+        """(output [B, T, D], state after the last step [B, *S]) without per-step hooks from
+        prepared inputs and `initial` [B, *S] (None: initial_state()). This default scans every
+        state; override with a kernel that keeps only the last."""
+        states = self.scan(inputs, initial=initial)[1]
+        return self.readout(x, states, inputs), states[:, -1]
 
     def wants_instrumented(self) -> bool:
         """Whether this call needs the per-step path (forced, or a per-step hook is in use)."""
@@ -162,6 +238,9 @@ class RecurrentMixer(Mixer):
         window = self.hook_in(torch.cat([before, x], dim=1))  # [B, w + n, D]
         skip = before.shape[1]
         x, inputs = window[:, skip:], {name: value[:, skip:] for name, value in self.prepare(window).items()}
+        plan = self.declared_plan(x)
+        if plan is not None:
+            return self.hook_out(self.declared_forward(x, inputs, plan, carry))
         if self.wants_instrumented():
             return self.hook_out(self.instrumented_forward(x, inputs, carry))
         return self.hook_out(self.fast_from(x, inputs, carry))
@@ -219,6 +298,7 @@ class GatedRecurrentMixer(RecurrentMixer):
     """
 
     gate_dims = 1
+    whole_sequence_hooks = RecurrentMixer.whole_sequence_hooks + ("hook_gate",)
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

@@ -12,7 +12,8 @@ A subclass defines prepare(x) -> {q, k, v, beta [, g: log alpha] [, gate]} ([B, 
   hook_result [B, T, H, d_model]  each head's share of the output (sum over heads = hook_out)
 Paths: fast = the kernel returning outputs only; instrumented = the same kernel with every step's
 state exported and hook_state pins honoured (a shift, scan_with_state_hook's gradient contract,
-through the same kernel: shifted_delta_inputs).
+through the same kernel: shifted_delta_inputs); declared state patches (models.StatePatch) run
+the fast kernel up to each patched step, its final state replaced, and on from there.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class DeltaRuleMixer(RecurrentMixer):
 
     def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         return self.output(self.kernel(inputs, initial).output, inputs)  # o [B, T, H, V]
+
+    def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
+        """fast_from and the final state [B, H, V, K] (declared state patches)."""
+        result = self.kernel(inputs, initial, output_final_state=True)
+        return self.output(result.output, inputs), result.final_state
 
     def output(self, o: torch.Tensor, inputs) -> torch.Tensor:  # o [B, T, H, V] -> [B, T, D]
         o = self.o_norm(o)

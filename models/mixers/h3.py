@@ -16,7 +16,8 @@ A[c, n] = -(n + 1)), zero-order-hold discretisation with a learned step dt[c] (l
 Being time-invariant, the SSM is a convolution with kernel K[c, l] = sum_n C Bbar Abar^l
 (plus the Dskip term). Fast path: FFT convolution of u with K. Instrumented path: the recurrence
 (models.kernels.diag_scan, which honours state pins; `step` is the same update one step at a time),
-hook_state [B, T, C, N] with causal state patches. The update is affine (is_affine) with the
+hook_state [B, T, C, N] with causal state patches; declared ones (models.StatePatch) run diag_scan
+with the read-out fused. The update is affine (is_affine) with the
 diagonal transition Abar.
 
 Hooks: hook_q, hook_k, hook_v [B, T, H, d_head], hook_conv [B, T, C] (the shifted keys kbar),
@@ -108,9 +109,15 @@ class H3(RecurrentMixer):
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.gated_output((states * self.c).sum(-1), inputs)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         inputs = self.prepare(x)
-        if self.use_instrumented(self.hook_state):
-            return self.instrumented_forward(x, inputs)
         u = inputs["u"]
         return self.gated_output(fft_causal_conv(u, self.kernel(u.shape[1])), inputs)
+
+    def fast_segment(self, x, inputs, initial=None):
+        """The recurrence from `initial` by diag_scan with the read-out fused, and its final state
+        [B, C, N] (the FFT convolution starts from zero): declared state patches."""
+        _, abar, bbar = self.discretised()
+        b = bbar * inputs["u"][..., None]  # [B, T, C, N]
+        out = diag_scan(abar.expand(b.shape), b, self.c.expand(b.shape), initial_state=initial, output_final_state=True)
+        return self.gated_output(out.output, inputs), out.final_state

@@ -18,7 +18,9 @@ exists in the forward or the backward; elsewhere (and for transitions the C kern
 models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
 hook_state, from native.selective.selective_states (a and b formed in C; differentiable without pins)
 on the CPU, except a scan with pins while a gradient is wanted, which runs diag_scan over a and b;
-state patches are pins and the scan resumes from them.
+state patches are pins and the scan resumes from them. Declared state patches (models.StatePatch)
+run on the fast path, the selective scan stopping at each patched step (its final state out) and
+resuming from the patched state. The scan plumbing is models.mixers.diagonal.DiagonalScanMixer's.
 
 Variants (negative_mamba, aussm, mamba3) subclass this and override `transition_terms` (and
 `prepare` / `initial_state` where they need more inputs or a complex state; the read-out of a
@@ -42,11 +44,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import HookPoint, scan_with_state_hook
-from models.kernels import diag_scan, short_conv
+from models.hooks import HookPoint
+from models.kernels import short_conv
 from models.kernels.native import complex as native_complex
 from models.kernels.native import selective as native_selective
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import mixer_options, register_mixer
+from models.mixers.diagonal import DiagonalScanMixer
 
 OPTIONS = {
     "dt_rank": None,
@@ -74,8 +77,7 @@ def mamba_options(cfg) -> dict:
 
 
 @register_mixer("mamba", n_layers=2, norm="rmsnorm")
-class Mamba(RecurrentMixer):
-    is_affine = True
+class Mamba(DiagonalScanMixer):
     native_transition_scale = 1.0  # transition_terms is the C kernels' transition with s = 1 (see native_scale)
 
     def __init__(self, cfg, layer_idx: int) -> None:
@@ -132,45 +134,34 @@ class Mamba(RecurrentMixer):
         b = (dt * inputs["x"][..., None]) * inputs["B"][..., None, :]  # [B, (T,) E, N]
         return a, b
 
-    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.transition_terms(inputs_t)[0]  # [B, E, N]
-
-    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        a, b = self.transition_terms(inputs_t)
-        return a * h + b  # [B, E, N]
-
-    def scan(self, inputs, pins=None, initial=None, shift=None):
-        """The states [B, T, E, N] (twice: the scan contract). When the transition is a native one
-        (native_scale) on the CPU in float32/64, there is no shift, and selective_states_supported
-        (no gradient wanted, or no pins: its backward takes none), native_selective.selective_states
-        forms a and b inside its C loop; otherwise scan_terms over transition_terms."""
+    def native_states(self, inputs, pins=None, initial=None) -> torch.Tensor | None:
+        """Every state [B, T, E, N] from native_selective.selective_states (a and b formed in its C
+        loop) when the transition is a native one (native_scale) and it runs here (CPU,
+        float32/64; with pins only when no gradient is wanted: its backward takes none), else None."""
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         scale = self.native_scale()
-        if scale is not None and shift is None:
-            A = self.A()  # [E, N]
-            if native_selective.selective_states_supported(dt, A, x, B, initial, pins):
-                states = native_selective.selective_states(dt, A, x, B, initial_state=initial, pins=pins, scale=scale)
-                return states, states
-        return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
+        if scale is None or not native_selective.selective_states_supported(dt, self.A(), x, B, initial, pins):
+            return None
+        return native_selective.selective_states(dt, self.A(), x, B, initial_state=initial, pins=pins, scale=scale)
 
-    def scan_terms(self, a, b, pins=None, initial=None, shift=None):
-        """The states [B, T, E, N] of h_t = a_t h_{t-1} + b_t (+ shift_t) (twice: the scan contract)."""
-        b = b if shift is None else b + shift
-        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
-        return states, states
-
-    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """RecurrentMixer.instrumented_forward: when the first scan (no pins) runs in scan's native
-        selective_states, both do through scan (the patched re-run too, unless a gradient is
-        wanted: pins then make scan form a and b in torch); else a and b computed once for both."""
+    def native_states_supported(self, inputs, initial=None) -> bool:
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
-        if self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial):
-            run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
-        else:
-            a, b = self.transition_terms(inputs)  # [B, T, E, N] each
-            run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
-        return self.readout(u, states, inputs)
+        return self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial)
+
+    def native_scan(self, inputs, initial=None, final: bool = False):
+        """(y [B, T, E], h_{T-1} or None) from native_selective.selective_scan (a and b formed in its
+        C loop, the read-out fused: no [B, T, E, N] tensor) for a native transition on the CPU in
+        float32/64, else None."""
+        dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
+        scale = self.native_scale()
+        if scale is None or not native_selective.selective_supported(dt, self.A(), x, B, C, initial):
+            return None
+        out = native_selective.selective_scan(dt, self.A(), x, B, C, initial_state=initial, chunk_size=self.chunk_size,
+                                              scale=scale, output_final_state=final)
+        return out if final else (out, None)
+
+    def readout_c(self, inputs, b) -> torch.Tensor:
+        return inputs["C"]  # [B, T, N], shared by every channel
 
     def readout(self, u, states, inputs) -> torch.Tensor:
         states = states.real if states.is_complex() else states  # C is real: Re(h C) = Re(h) C
@@ -191,26 +182,6 @@ class Mamba(RecurrentMixer):
         owner = next(k for k in type(self).__mro__ if "transition_terms" in vars(k))
         return vars(owner).get("native_transition_scale")
 
-    def fast_forward(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        return self.fast_from(u, self.prepare(u))
-
-    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
-        """A native transition (native_scale: Mamba's, negative Mamba's) on the CPU in float32/64:
-        the selective scan with a and b formed inside the C loop (no [B, T, E, N] tensors);
-        otherwise (other variants' transition_terms, other dtypes or devices, no C compiler) a and
-        b from transition_terms into diag_scan with the read-out C fused."""
-        dt, x, B, C = inputs["dt"], inputs["x"], inputs["B"], inputs["C"]
-        scale = self.native_scale()
-        if scale is not None:
-            A = self.A()  # [E, N]
-            if native_selective.selective_supported(dt, A, x, B, C, initial):
-                y = native_selective.selective_scan(dt, A, x, B, C, initial_state=initial,
-                                                    chunk_size=self.chunk_size, scale=scale)
-                return self.finish(y, inputs)  # y [B, T, E]
-        a, b = self.transition_terms(inputs)
-        y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, E], fused C h
-        return self.finish(y, inputs)
-
 
 class ComplexNativeMamba(Mamba):
     """Base of the complex-state variants whose transition a native C kernel forms (aussm:
@@ -224,30 +195,21 @@ class ComplexNativeMamba(Mamba):
     def native_args(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+    def native_scan(self, inputs, initial=None, final: bool = False):
         args = self.native_args(inputs)
-        if native_complex.complex_supported(*args, inputs["C"], initial_state=initial):
-            fused = getattr(native_complex, f"{self.native_kernel}_scan")
-            y = fused(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size)  # [B, T, E]
-            return self.finish(y, inputs)
-        return super().fast_from(u, inputs, initial)
+        if not native_complex.complex_supported(*args, inputs["C"], initial_state=initial):
+            return None
+        fused = getattr(native_complex, f"{self.native_kernel}_scan")
+        out = fused(*args, inputs["C"], initial_state=initial, chunk_size=self.chunk_size, output_final_state=final)
+        return out if final else (out, None)  # y [B, T, E]
 
-    def scan(self, inputs, pins=None, initial=None, shift=None):
-        """The complex states [B, T, E, N] (twice: the scan contract): <kernel>_states when it runs
-        here (complex_states_supported: with pins only when no gradient is wanted) and there is
-        no shift, else transition_terms into diag_scan."""
+    def native_states(self, inputs, pins=None, initial=None) -> torch.Tensor | None:
+        """The complex states [B, T, E, N] from <kernel>_states where it runs here
+        (complex_states_supported: with pins only when no gradient is wanted), else None."""
         args = self.native_args(inputs)
-        if shift is None and native_complex.complex_states_supported(*args, initial_state=initial, pins=pins):
-            states = getattr(native_complex, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
-            return states, states
-        return super().scan(inputs, pins, initial, shift)
+        if not native_complex.complex_states_supported(*args, initial_state=initial, pins=pins):
+            return None
+        return getattr(native_complex, f"{self.native_kernel}_states")(*args, initial_state=initial, pins=pins)
 
-    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """Both scans (the first and the patched re-run) through scan when the first (no pins)
-        runs in <kernel>_states (a re-run with pins while a gradient is wanted falls back to
-        diag_scan there), else Mamba's (a and b formed once in torch)."""
-        if not native_complex.complex_states_supported(*self.native_args(inputs), initial_state=initial):
-            return super().instrumented_forward(u, inputs, initial)
-        run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
-        return self.readout(u, states, inputs)
+    def native_states_supported(self, inputs, initial=None) -> bool:
+        return native_complex.complex_states_supported(*self.native_args(inputs), initial_state=initial)

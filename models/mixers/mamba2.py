@@ -28,7 +28,9 @@ fused, nothing [B, T, E, N] formed) and selective_states (instrumented: every st
 with pins while a gradient is wanted, or with a shift, takes diag_scan) apply as they are.
 Elsewhere models.kernels.diag_scan (read-out fused on the fast path; every state on the
 instrumented one). hook_state patches are pinned and the scan re-run from them
-(models.hooks.scan_with_state_hook), so a patch at t changes every later step and nothing before t.
+(models.hooks.scan_with_state_hook), so a patch at t changes every later step and nothing before t;
+declared ones (models.StatePatch) run on the fast path, the scans stopping at each patched step.
+The scan plumbing is models.mixers.diagonal.DiagonalScanMixer's.
 
 mixer_options: n_groups (1), conv_bias (True), bias (False: in/out projections), dt_min (0.001),
 dt_max (0.1), dt_init_floor (1e-4) (dt_bias init, as transformers), dt_limit (None, or a
@@ -44,10 +46,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.hooks import HookPoint, scan_with_state_hook
-from models.kernels import diag_scan, short_conv
+from models.hooks import HookPoint
+from models.kernels import short_conv
 from models.kernels.native import selective as native_selective
-from models.mixers.base import RecurrentMixer, head_outputs, mixer_options, register_mixer
+from models.mixers.base import head_outputs, mixer_options, register_mixer
+from models.mixers.diagonal import DiagonalScanMixer
 
 OPTIONS = {
     "n_groups": 1,
@@ -82,8 +85,7 @@ def _options(cfg) -> dict:
 
 
 @register_mixer("mamba2", n_layers=2, n_heads=4, norm="rmsnorm")
-class Mamba2(RecurrentMixer):
-    is_affine = True
+class Mamba2(DiagonalScanMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -146,13 +148,6 @@ class Mamba2(RecurrentMixer):
         a = torch.exp(dt * self.A())[..., None, None].expand(b.shape)
         return a, b
 
-    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.transition_terms(inputs_t)[0]  # [B, H, P, N]
-
-    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        a, b = self.transition_terms(inputs_t)
-        return a * h + b  # [B, H, P, N]
-
     def selective_args(self, inputs, initial=None):
         """Mamba's selective-scan arguments per group: [(dt [B, T, E/G], A [E/G, N], x, B_g [B, T, N],
         C_g, initial [B, E/G, N] | None, channel slice)] (heads are contiguous within a group)."""
@@ -179,48 +174,32 @@ class Mamba2(RecurrentMixer):
                   for dt, A, x, B, _, h0, s in groups]
         return torch.cat(states, dim=2).reshape(batch, length, *self.state_shape)
 
-    def scan(self, inputs, pins=None, initial=None, shift=None):
-        states = None if shift is not None else self.native_states(inputs, pins, initial)
-        if states is not None:
-            return states, states
-        return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
-
-    def scan_terms(self, a, b, pins=None, initial=None, shift=None):
-        """The states [B, T, H, P, N] of h_t = a_t h_{t-1} + b_t (+ shift_t) (twice: the scan contract)."""
-        b = b if shift is None else b + shift
-        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
-        return states, states
-
-    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
-        """Both scans (the first and a patched re-run) through scan when the first runs natively,
-        else a and b formed once for both."""
+    def native_states_supported(self, inputs, initial=None) -> bool:
         dt, A, x, B, _, h0, _ = self.selective_args(inputs, initial)[0]
-        if native_selective.selective_states_supported(dt, A, x, B, h0):
-            run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
-        else:
-            a, b = self.transition_terms(inputs)
-            run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
-        return self.readout(u, states, inputs)
+        return native_selective.selective_states_supported(dt, A, x, B, h0)
+
+    def native_scan(self, inputs, initial=None, final: bool = False):
+        """(y [B, T, H, P], h_{T-1} [B, H, P, N] or None) from native selective_scan, one call per
+        group, or None where it does not run."""
+        groups = self.selective_args(inputs, initial)
+        if not native_selective.selective_supported(*groups[0][:-1]):
+            return None
+        batch, length = inputs["dt"].shape[:2]
+        outs = [native_selective.selective_scan(dt, A, x, B, C, initial_state=h0, chunk_size=self.chunk_size,
+                                                output_final_state=final)
+                for dt, A, x, B, C, h0, _ in groups]
+        y = torch.cat([out[0] if final else out for out in outs], dim=-1)  # [B, T, E]
+        y = y.reshape(batch, length, self.heads, self.head_dim)
+        if not final:
+            return y, None
+        return y, torch.cat([out[1] for out in outs], dim=1).reshape(batch, *self.state_shape)
+
+    def readout_c(self, inputs, b) -> torch.Tensor:
+        """One group: C is shared by every (head, p), diag_scan's [B, T, N]; else per head, b's shape."""
+        return inputs["C"][:, :, 0] if self.groups == 1 else self.per_head(inputs["C"])[..., None, :].expand(b.shape)
 
     def readout(self, u, states, inputs) -> torch.Tensor:  # states [B, T, H, P, N]
         y = (states @ self.per_head(inputs["C"])[..., None])[..., 0]  # [B, T, H, P]
-        return self.finish(y, inputs)
-
-    def fast_forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.fast_from(u, self.prepare(u))
-
-    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
-        groups = self.selective_args(inputs, initial)
-        if native_selective.selective_supported(*groups[0][:-1]):
-            batch, length = inputs["dt"].shape[:2]
-            y = torch.cat([native_selective.selective_scan(dt, A, x, B, C, initial_state=h0, chunk_size=self.chunk_size)
-                           for dt, A, x, B, C, h0, _ in groups], dim=-1)  # [B, T, E]
-            return self.finish(y.reshape(batch, length, self.heads, self.head_dim), inputs)
-        a, b = self.transition_terms(inputs)
-        # one group: C is shared by every (head, p), diag_scan's [B, T, N] read-out; else per head
-        C = inputs["C"][:, :, 0] if self.groups == 1 else self.per_head(inputs["C"])[..., None, :].expand(b.shape)
-        y = diag_scan(a, b, C, initial_state=initial, chunk_size=self.chunk_size).output  # [B, T, H, P]
         return self.finish(y, inputs)
 
     def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -11,6 +11,7 @@ Per channel d (D = d_model channels, M = d_state complex modes each):
 Time-invariant, so the map x -> y is a causal convolution with K_d[k] = 2 Re(sum_m C dB dA^k):
 the fast path computes K and convolves with an FFT (in float64), the instrumented path runs the
 recurrence through models.kernels.diag_scan (state patches as pins). Both give the same outputs.
+Declared state patches (models.StatePatch) run the recurrence by diag_scan with the read-out fused.
 
 Init (Gu et al. 2022, "On the Parameterization and Initialization of Diagonal State Space
 Models", S4D-LegS): the HiPPO-LegS matrix of size 2M is normal plus low rank,
@@ -118,8 +119,15 @@ class S4D(RecurrentMixer):
         signal = torch.fft.rfft(x.double().transpose(1, 2), n=2 * length)  # [B, D, F]
         return torch.fft.irfft(signal * kernel, n=2 * length)[..., :length].transpose(1, 2).to(x.dtype)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
-        inputs = self.prepare(x)
-        if self.use_instrumented(self.hook_state):
-            return self.instrumented_forward(x, inputs)
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         return self.finish(self.convolve(x), x)
+
+    def fast_segment(self, x, inputs, initial=None):
+        """The recurrence from `initial` by diag_scan with the read-out fused, and its final state
+        [B, D, M] (the FFT convolution starts from zero and keeps no state): declared state patches."""
+        dA, dB = self.discrete()
+        u = inputs["x"]
+        b = dB * u[..., None]  # [B, T, D, M]
+        c = torch.view_as_complex(self.C).expand(b.shape)
+        out = diag_scan(dA.expand(b.shape), b, c, initial_state=initial, output_final_state=True)
+        return self.finish(2 * out.output.real, x), out.final_state

@@ -3,8 +3,10 @@
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
 and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1. A hook on `hook_state` that
 changes the states is a causal state patch (models.hooks.scan_with_state_hook), so patching the
-state at a position makes the recurrence continue from the patched state. Each (site, example)
-pair resumes from its site's block and first position (`model.resume_from`), many pairs per pass.
+state at a position makes the recurrence continue from the patched state; hook_state sites are
+patched by a declared `models.StatePatch` (the same values), which a recurrent mixer runs on its
+fast kernels without forming every state. Each (site, example) pair resumes from its site's block
+and first position (`model.resume_from`), many pairs per pass.
 """
 
 from __future__ import annotations
@@ -101,7 +103,38 @@ def _patch_hooks(sites, site_of_row, example_of_row, target_pos, source: Source,
 
         return patch
 
-    return [(hook, make(site_ids)) for hook, site_ids in by_hook.items()]
+    return [(hook, _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source, end)
+             if hook.endswith("hook_state") else make(site_ids)) for hook, site_ids in by_hook.items()]
+
+
+def _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source: Source, end: int) -> models.StatePatch:
+    """The patch of `_patch_hooks` on a hook_state as a declared StatePatch: one entry per (row,
+    site position), times counted from the pass's end (so full and resumed passes alike); its fn
+    computes the new states from the current ones as the hook function does (head, subspace)."""
+    rows, times, spans = [], [], []
+    for s in site_ids:
+        members = torch.nonzero(site_of_row == s)[:, 0]  # [m]
+        pos = target_pos[s][example_of_row[members]]  # [m, k]
+        rows.append(members[:, None].expand_as(pos).reshape(-1))
+        times.append((pos - end).reshape(-1))
+        spans.append((s, members, pos.shape))
+
+    def fn(current: torch.Tensor) -> torch.Tensor:  # [M, *S]
+        out, offset = current.clone(), 0
+        for s, members, (m, k) in spans:
+            site = sites[s]
+            block = out[offset : offset + m * k].view(m, k, *current.shape[1:])  # [m, k, *S], a view of out
+            every, pos = torch.arange(m, device=out.device), torch.arange(k, device=out.device).expand(m, k)
+            now = select_site(block, every, pos, site)  # [m, k, ...]
+            new = source(s, example_of_row[members], now).to(now)
+            if new.shape != now.shape:
+                raise ValueError(f"site {site.label}: the source has shape {tuple(new.shape)} but the target "
+                                 f"activation at the site has shape {tuple(now.shape)}")
+            _write(block, every, pos, site, _project(site, now, new))
+            offset += m * k
+        return out
+
+    return models.StatePatch(torch.cat(rows), torch.cat(times), fn=fn)
 
 
 def _device(model) -> torch.device:

@@ -89,7 +89,8 @@ def _check_complex(fn: str, mode: int, named: dict) -> None:
 
 def _to_planes(h: torch.Tensor) -> torch.Tensor:
     """complex [B, E, N] -> the C layout [B, 2, N, E] (re plane, im plane; a copy)."""
-    return torch.view_as_real(h.resolve_conj()).permute(0, 3, 2, 1).contiguous()
+    planes = torch.view_as_real(h.resolve_conj()).permute(0, 3, 2, 1)
+    return planes.new_empty(planes.shape).copy_(planes)  # never a view of h: the C code writes into it
 
 
 def _from_planes(h: torch.Tensor) -> torch.Tensor:
@@ -114,8 +115,9 @@ def complex_spacing(chunk: int, inner: int, n: int, element_size: int) -> int:
 
 
 def complex_forward(mode: int, tensors: dict, C, h0, every: int, checkpoints: bool):
-    """-> (y [B, T, E], checkpoints [B, ceil(T / every), 2, N, E] | None) of the mode's scan
-    (see rotation_scan, trapezoid_scan); tensors: its named inputs; h0 complex [B, E, N] or None."""
+    """-> (y [B, T, E], checkpoints [B, ceil(T / every), 2, N, E] | None, h_{T-1} complex [B, E, N])
+    of the mode's scan (see rotation_scan, trapezoid_scan); tensors: its named inputs; h0 complex
+    [B, E, N] or None."""
     dt = tensors["dt"]
     args, C = _c_inputs(mode, tensors), C.contiguous()
     (batch, length, inner), n = dt.shape, C.shape[-1]
@@ -127,7 +129,7 @@ def complex_forward(mode: int, tensors: dict, C, h0, every: int, checkpoints: bo
         mode, batch, length, length, inner, n, *map(ptr, args), ptr(C), ptr(h), ptr(y), every,
         ptr(ckpt), None, ptr(work),
     )
-    return y, ckpt
+    return y, ckpt, _from_planes(h)
 
 
 def complex_backward(mode: int, tensors: dict, C, ckpt, every: int, gy) -> dict:
@@ -163,7 +165,7 @@ class ComplexScan(torch.autograd.Function):
         C, h0 = inputs[len(names):]
         dt = tensors["dt"]
         every = complex_spacing(chunk, dt.shape[-1], C.shape[-1], dt.element_size())
-        y, ckpt = complex_forward(mode, tensors, C, h0, every, checkpoints=True)
+        y, ckpt, _ = complex_forward(mode, tensors, C, h0, every, checkpoints=True)
         ctx.save_for_backward(*inputs[:len(names)], C, ckpt)
         ctx.mode, ctx.every, ctx.names = mode, every, names
         return y
@@ -177,40 +179,46 @@ class ComplexScan(torch.autograd.Function):
         return (None, None, *(g if need else None for g, need in zip(ordered, ctx.needs_input_grad[2:])))
 
 
-def _complex_scan(fn: str, mode: int, tensors: dict, C, initial_state, chunk_size) -> torch.Tensor:
+def _complex_scan(fn: str, mode: int, tensors: dict, C, initial_state, chunk_size, output_final_state):
     _check_complex(fn, mode, {**tensors, "C": C, "initial_state": initial_state})
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{fn}: chunk_size must be a positive int; got {chunk_size!r}")
     names = [name for name in _CX_INPUTS[mode] if name is not None]
     inputs = [tensors[name] for name in names]
-    if needs_grad(*inputs, C, initial_state):
+    grad = needs_grad(*inputs, C, initial_state)
+    if output_final_state and grad:
+        raise ValueError(f"{fn} has no backward through its final state, but an input requires grad with grad "
+                         "mode on: run it under torch.no_grad() or without output_final_state")
+    if grad:
         return ComplexScan.apply(mode, chunk_size, *inputs, C, initial_state)
     dt = tensors["dt"]
     every = complex_spacing(chunk_size, dt.shape[-1], C.shape[-1], dt.element_size())
-    return complex_forward(mode, tensors, C, initial_state, every, checkpoints=False)[0]
+    y, _, final = complex_forward(mode, tensors, C, initial_state, every, checkpoints=False)
+    return (y, final) if output_final_state else y
 
 
-def rotation_scan(dt, omega, x, Bm, C, initial_state=None, chunk_size: int = 64) -> torch.Tensor:
+def rotation_scan(dt, omega, x, Bm, C, initial_state=None, chunk_size: int = 64, output_final_state: bool = False):
     """AUSSM's scan with the rotation formed in the C loop and the read-out fused:
     a_t = exp(i dt_t omega), h_t = a_t h_{t-1} + (dt_t x_t) Bm_t^T (complex), y_t = Re(h_t) C_t.
     dt [B, T, E] (> 0), omega [E, N], x [B, T, E], Bm, C [B, T, N] (one dtype in SELECTIVE_DTYPES,
     CPU), initial_state complex [B, E, N] of the matching complex dtype or None (zeros)
     -> y [B, T, E]. Differentiable in every input; chunk_size bounds the backward's checkpoint
-    spacing (no effect on results)."""
+    spacing (no effect on results). output_final_state: (y, h_{T-1} complex [B, E, N]), forward
+    only (ValueError when a gradient is wanted)."""
     return _complex_scan("rotation_scan", _ROTATION, {"dt": dt, "omega": omega, "x": x, "Bm": Bm},
-                         C, initial_state, chunk_size)
+                         C, initial_state, chunk_size, output_final_state)
 
 
 def trapezoid_scan(dt, A, theta, lam, x, Bm, x_prev, B_prev, C, initial_state=None,
-                   chunk_size: int = 64) -> torch.Tensor:
+                   chunk_size: int = 64, output_final_state: bool = False):
     """Mamba-3's scan with the transition and the trapezoid formed in the C loop and the read-out
     fused: a_t = exp(dt_t (A + i theta_t)), h_t = a_t h_{t-1} + lam_t dt_t x_t Bm_t^T
     + (1 - lam_t) dt_t a_t x_prev_t B_prev_t^T (complex), y_t = Re(h_t) C_t.
     dt, lam, x, x_prev [B, T, E], A [E, N], theta, Bm, B_prev, C [B, T, N] (one dtype in
     SELECTIVE_DTYPES, CPU), initial_state as in rotation_scan -> y [B, T, E]. Differentiable in
-    every input."""
+    every input; output_final_state as in rotation_scan."""
     tensors = {"dt": dt, "A": A, "theta": theta, "lam": lam, "x": x, "Bm": Bm, "x_prev": x_prev, "B_prev": B_prev}
-    return _complex_scan("trapezoid_scan", _TRAPEZOID, tensors, C, initial_state, chunk_size)
+    return _complex_scan("trapezoid_scan", _TRAPEZOID, tensors, C, initial_state, chunk_size, output_final_state)
 
 
 def _complex_states(fn: str, mode: int, tensors: dict, initial_state, pins) -> torch.Tensor:

@@ -84,21 +84,29 @@ def _check_scale(fn: str, scale) -> float:
     return float(scale)
 
 
-def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, scale: float = 1.0) -> torch.Tensor:
+def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, scale: float = 1.0,
+                   output_final_state: bool = False):
     """Mamba's selective scan (see the module docstring; no D x term): dt [B, T, E] (> 0, after
     softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
     None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
     input; chunk_size bounds the backward's checkpoint spacing (no effect on results); scale is
-    the transition's s, a_t = s exp(dt_t A) - (s - 1) (1: Mamba, 2: negative Mamba; 0 < s <= 2)."""
+    the transition's s, a_t = s exp(dt_t A) - (s - 1) (1: Mamba, 2: negative Mamba; 0 < s <= 2).
+    output_final_state: return (y, h_{T-1} [B, E, N]) instead, forward only (ValueError when a
+    gradient is wanted)."""
     _check_selective("selective_scan", {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C, "initial_state": initial_state})
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"selective_scan: chunk_size must be a positive int; got {chunk_size!r}")
     scale = _check_scale("selective_scan", scale)
     h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
     inputs = (dt, A, x, Bm, C, h0)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    grad = needs_grad(*inputs)
+    if output_final_state and grad:
+        raise ValueError("selective_scan has no backward through its final state, but an input requires grad "
+                         "with grad mode on: run it under torch.no_grad() or without output_final_state")
+    if grad:
         return SelectiveScan.apply(*inputs, chunk_size, scale)
-    return selective_forward(*inputs, chunk_size, checkpoints=False, scale=scale)[0]
+    y, _, final = selective_forward(*inputs, chunk_size, checkpoints=False, scale=scale)
+    return (y, final) if output_final_state else y
 
 
 def selective_spacing(chunk: int, A: torch.Tensor) -> int:
@@ -108,18 +116,18 @@ def selective_spacing(chunk: int, A: torch.Tensor) -> int:
 
 
 def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool, scale: float = 1.0):
-    """-> (y [B, T, E], checkpoints [B, ceil(T / every), N, E] | None); see selective_scan. The
-    C code keeps A and the states transposed ([N, E]: its inner loops run over E)."""
+    """-> (y [B, T, E], checkpoints [B, ceil(T / every), N, E] | None, h_{T-1} [B, E, N]); see
+    selective_scan. The C code keeps A and the states transposed ([N, E]: its inner loops run over E)."""
     dt, x, Bm, C, At = (t.contiguous() for t in (dt, x, Bm, C, A.t()))  # At [N, E]
     (batch, length, inner), n = dt.shape, A.shape[1]
-    h = h0.transpose(1, 2).contiguous()  # [B, N, E] (a copy), the final state on return
+    h = h0.new_empty(batch, n, inner).copy_(h0.transpose(1, 2))  # [B, N, E] (a copy), the final state on return
     y = dt.new_empty(batch, length, inner)
     ckpt = dt.new_empty(batch, -(-length // every), n, inner) if checkpoints else None
     function(f"selective_fwd_{SUFFIX[dt.dtype]}", _FWD)(
         batch, length, inner, n, ptr(dt), ptr(At), ptr(x), ptr(Bm), ptr(C),
         ptr(h), ptr(y), every, ptr(ckpt), scale,
     )
-    return y, ckpt
+    return y, ckpt, h.transpose(1, 2)
 
 
 def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy, scale: float = 1.0):
@@ -143,7 +151,7 @@ class SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dt, A, x, Bm, C, h0, chunk, scale):
         every = selective_spacing(chunk, A)
-        y, ckpt = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True, scale=scale)
+        y, ckpt, _ = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True, scale=scale)
         ctx.save_for_backward(dt, A, x, Bm, C, ckpt)
         ctx.every, ctx.scale = every, scale
         return y

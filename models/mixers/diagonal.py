@@ -1,0 +1,107 @@
+"""DiagonalScanMixer: the scan plumbing of the selective diagonal mixers (models.mixers.mamba and
+its variants, models.mixers.mamba2). They differ in their inputs and read-out and scan alike:
+
+    h_t = a_t * h_{t-1} + b_t       (a, b) = transition_terms(inputs), each [B, T, *S]
+    y_t = the read-out of h_t by C_t (readout_c: diag_scan's c), out = finish(y, inputs) [B, T, D]
+
+No mixer is registered here (each mixer has its own file, its recurrence in its docstring). A
+subclass defines transition_terms, readout_c, finish and readout, and where fused C kernels form
+a and b in their loop (so nothing [B, T, *S] is built on the fast path):
+
+    native_scan(inputs, initial, final)   -> (y, h_{T-1} or None), or None where it does not run
+    native_states(inputs, pins, initial)  -> every state [B, T, *S], or None where it does not run
+    native_states_supported(inputs, initial): whether native_states runs without pins
+
+Paths: fast (fast_scan: native_scan, else diag_scan with the read-out fused), instrumented (every
+state through hook_state: native_states, else diag_scan over a and b formed once for the first
+scan and the pinned re-run, models.hooks.scan_with_state_hook) and declared state patches
+(fast_segment: fast_scan with the final state, RecurrentMixer.declared_forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.hooks import scan_with_state_hook
+from models.kernels import diag_scan
+from models.mixers.base import RecurrentMixer
+
+
+class DiagonalScanMixer(RecurrentMixer):
+    is_affine = True
+    chunk_size = 64
+
+    def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) of h_t = a_t * h_{t-1} + b_t, both [B, (T,) *S], from [B, (T,) ...] inputs."""
+        raise NotImplementedError
+
+    def readout_c(self, inputs: dict[str, torch.Tensor], b: torch.Tensor) -> torch.Tensor:
+        """diag_scan's read-out c for these inputs: [B, T, N] (shared by the lead dims) or b's shape."""
+        raise NotImplementedError
+
+    def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The read-out y [B, T, *lead] -> the mixer output [B, T, d_model]."""
+        raise NotImplementedError
+
+    def native_scan(self, inputs, initial=None, final: bool = False):
+        return None
+
+    def native_states(self, inputs, pins=None, initial=None) -> torch.Tensor | None:
+        return None
+
+    def native_states_supported(self, inputs, initial=None) -> bool:
+        return False
+
+    def transition(self, inputs_t: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.transition_terms(inputs_t)[0]  # [B, *S]
+
+    def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        a, b = self.transition_terms(inputs_t)
+        return a * h + b  # [B, *S]
+
+    def scan(self, inputs, pins=None, initial=None, shift=None):
+        """The states [B, T, *S] (twice: the scan contract): native_states where it runs and there
+        is no shift, else scan_terms over transition_terms."""
+        states = None if shift is not None else self.native_states(inputs, pins, initial)
+        if states is not None:
+            return states, states
+        return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
+
+    def scan_terms(self, a, b, pins=None, initial=None, shift=None):
+        """The states [B, T, *S] of h_t = a_t h_{t-1} + b_t (+ shift_t) (twice: the scan contract)."""
+        b = b if shift is None else b + shift
+        states = diag_scan(a, b, pins=pins, initial_state=initial, chunk_size=self.chunk_size).output
+        return states, states
+
+    def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
+        """Both scans of a state patch (the first and the pinned re-run) through scan when the
+        first runs natively (a re-run with pins while a gradient is wanted then forms a and b in
+        torch), else a and b formed once for both."""
+        if self.native_states_supported(inputs, initial):
+            run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
+        else:
+            a, b = self.transition_terms(inputs)  # [B, T, *S] each
+            run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
+        return self.readout(u, states, inputs)
+
+    def fast_scan(self, inputs, initial=None, final: bool = False):
+        """(y [B, T, *lead], h_{T-1} [B, *S] when final else None), no per-step states: native_scan,
+        else diag_scan over transition_terms with the read-out fused."""
+        native = self.native_scan(inputs, initial, final)
+        if native is not None:
+            return native
+        a, b = self.transition_terms(inputs)
+        out = diag_scan(a, b, self.readout_c(inputs, b), initial_state=initial, output_final_state=final,
+                        chunk_size=self.chunk_size)
+        return out.output, out.final_state
+
+    def fast_forward(self, u: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        return self.fast_from(u, self.prepare(u))
+
+    def fast_from(self, u, inputs, initial=None) -> torch.Tensor:
+        return self.finish(self.fast_scan(inputs, initial)[0], inputs)
+
+    def fast_segment(self, u, inputs, initial=None):
+        y, final = self.fast_scan(inputs, initial, final=True)
+        return self.finish(y, inputs), final

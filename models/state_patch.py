@@ -1,0 +1,148 @@
+"""StatePatch: a hook_state patch that declares which states it changes and how.
+
+A patch hook function is opaque: a mixer must materialise every state [B, T, *S], hand it over,
+compare the result to find what changed (the pins) and re-run the recurrence from there
+(models.hooks.scan_with_state_hook). A StatePatch says where (example, step) and what (values,
+deltas, or a function of the state there), so a recurrent mixer can instead run its fast kernels
+up to each patched step, replace the state there and continue (RecurrentMixer.declared_forward),
+never forming the [B, T, *S] states. `StatePlan` turns the patches attached to one hook_state
+into that schedule with the semantics of the hook functions: each patch sees the unpatched run's
+states (after the patches attached before it), and a state is pinned where the result differs
+from the unpatched state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StatePatch:
+    """A declared hook_state patch: for each entry i the state of example rows[i] after step
+    times[i] becomes
+
+        values[i]              (values given: "set")
+        current + deltas[i]    (deltas given: "add")
+        fn(current)[i]         (fn given: "map"; fn(current [M, *S]) -> [M, *S])
+
+    where current [M, *S] is the state at the entries as the hook sees it: the unpatched run's
+    (after the patches attached before this one). rows, times: int64 [M] (or sequences of ints);
+    times count from the start of the states the hook sees, negative ones from their end (a
+    resumed call, `SequenceModel.resume_from`, sees the last positions only). Each (row, time)
+    at most once. `StatePatch.at(t, values=...)` patches every row at step t.
+
+    As a hook function (fwd_hooks=[(name, patch)]) it works on every path and every mixer; where
+    it can, a recurrent mixer runs it declared instead (the module docstring).
+    """
+
+    def __init__(self, rows, times, values=None, deltas=None, fn=None) -> None:
+        given = [name for name, v in (("values", values), ("deltas", deltas), ("fn", fn)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"StatePatch needs exactly one of values, deltas or fn; got {given or 'none'}")
+        self.rows, self.times = _entry_index("rows", rows), _entry_index("times", times)
+        if self.rows.shape != self.times.shape or not len(self.rows):
+            raise ValueError(f"StatePatch rows and times must be two nonempty [M] index lists of one length; got "
+                             f"{tuple(self.rows.shape)} and {tuple(self.times.shape)}")
+        self.mode = {"values": "set", "deltas": "add", "fn": "map"}[given[0]]
+        self.payload = fn if fn is not None else (values if values is not None else deltas)
+        if self.mode == "map" and not callable(fn):
+            raise TypeError(f"StatePatch fn must be callable as fn(current [M, *S]) -> [M, *S]; got {type(fn).__name__}")
+        if self.mode != "map" and (not isinstance(self.payload, torch.Tensor) or self.payload.shape[:1] != self.rows.shape):
+            raise ValueError(f"StatePatch {given[0]} must be a [M, *S] tensor with M = {len(self.rows)} entries; got "
+                             f"{tuple(getattr(self.payload, 'shape', ())) or type(self.payload).__name__}")
+
+    @classmethod
+    def at(cls, time: int, values: torch.Tensor | None = None, deltas: torch.Tensor | None = None) -> "StatePatch":
+        """Every row's state after step `time` set to values [B, *S] (or shifted by deltas [B, *S])."""
+        given = values if values is not None else deltas
+        if not isinstance(given, torch.Tensor) or given.dim() < 1:
+            raise ValueError(f"StatePatch.at needs values or deltas, a [B, *S] tensor; got {type(given).__name__}")
+        if isinstance(time, bool) or not isinstance(time, int):
+            raise TypeError(f"StatePatch.at: time must be an int step; got {time!r}")
+        rows = torch.arange(given.shape[0])
+        return cls(rows, torch.full_like(rows, time), values=values, deltas=deltas)
+
+    def entries(self, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, times) [M] checked against states [batch, length, ...], times made >= 0."""
+        if int(self.rows.min()) < 0 or int(self.rows.max()) >= batch:
+            raise ValueError(f"StatePatch rows must lie in [0, {batch}) (the batch); got {self.rows.tolist()[:8]}")
+        if int(self.times.min()) < -length or int(self.times.max()) >= length:
+            raise ValueError(f"StatePatch times must lie in [-T, T) = [{-length}, {length}) (the states' steps); "
+                             f"got {self.times.tolist()[:8]}")
+        times = self.times % length
+        if len(torch.unique(self.rows * length + times)) != len(times):
+            raise ValueError("StatePatch entries must name each (row, time) at most once")
+        return self.rows, times
+
+    def new_values(self, current: torch.Tensor | None) -> torch.Tensor:
+        """The patched states [M, *S] from the current ones [M, *S] at the entries (None: not
+        known, for a "set" patch only: its values as given)."""
+        if self.mode == "set":
+            new = self.payload
+            if current is None:
+                return new
+        elif self.mode == "add":
+            new = current + self.payload.to(current.dtype)
+        else:
+            new = self.payload(current)
+            if not isinstance(new, torch.Tensor):
+                raise TypeError(f"StatePatch fn must return a tensor; got {type(new).__name__}")
+        if new.shape != current.shape:
+            raise ValueError(f"StatePatch {self.mode} gives shape {tuple(new.shape)}; the states at its entries "
+                             f"have shape {tuple(current.shape)}")
+        return new.to(device=current.device, dtype=current.dtype)
+
+    def __call__(self, states: torch.Tensor, hook) -> torch.Tensor:
+        rows, times = self.entries(*states.shape[:2])
+        rows, times = rows.to(states.device), times.to(states.device)
+        out = states.clone()
+        out[rows, times] = self.new_values(states[rows, times])
+        return out
+
+    def __repr__(self) -> str:
+        return f"StatePatch({self.mode}, {len(self.rows)} entries at steps {sorted(set(self.times.tolist()))[:6]})"
+
+
+def _entry_index(name: str, value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"StatePatch {name} must be a 1-D integer tensor; got {value.dtype} {tuple(value.shape)}")
+        return value.long().cpu()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return torch.tensor(list(value), dtype=torch.long)
+    raise TypeError(f"StatePatch {name} must be a 1-D integer tensor or a list of ints; got {value!r}")
+
+
+class StatePlan:
+    """The patches [(StatePatch, allow_nonfinite)] of one hook_state over states [batch, length, *S]
+    as one schedule: entries rows, times [U] (the union, each (row, time) once), steps (the
+    distinct times, ascending) and needs_clean: whether the new values need the unpatched states
+    at the entries (a delta or fn patch; or a row patched at several steps, where only the
+    unpatched state tells whether a later entry changes anything). Without it every row is
+    patched at one step, where the running state is still the unpatched one."""
+
+    def __init__(self, patches, batch: int, length: int) -> None:
+        self.patches = patches
+        found = [patch.entries(batch, length) for patch, _ in patches]
+        keys = torch.cat([rows * length + times for rows, times in found])  # [sum M]
+        union, self._index = torch.unique(keys, return_inverse=True)  # union sorted by (row, time)
+        self.rows, self.times = union // length, union % length  # [U]
+        self.steps = torch.unique(self.times).tolist()
+        several = len(torch.unique(self.rows)) < len(self.rows)  # some row at more than one step
+        self.needs_clean = several or any(patch.mode != "set" for patch, _ in patches)
+        self._counts = [len(rows) for rows, _ in found]
+
+    def resolve(self, current: torch.Tensor | None) -> torch.Tensor:
+        """The patched states [U, *S] at the entries, from the unpatched ones (None when
+        needs_clean is False): each patch applied in order, as the hook functions are."""
+        values = None if current is None else current.clone()
+        for (patch, allow_nonfinite), index in zip(self.patches, self._index.split(self._counts)):
+            before = None if values is None else values[index]
+            new = patch.new_values(before)
+            if values is None:
+                values = new.new_zeros(len(self.rows), *new.shape[1:])
+            finite = before is None or bool(torch.isfinite(before).all())
+            if not allow_nonfinite and finite and not bool(torch.isfinite(new).all()):
+                raise ValueError(f"{patch!r} makes {int((~torch.isfinite(new)).sum())} state values NaN or Inf; pass "
+                                 "allow_nonfinite=True (run_with_hooks / run_with_cache / hooks) if that is intended")
+            values[index] = new.to(values.dtype)
+        return values
