@@ -6,9 +6,15 @@
 One table, one row per (kernel, T, implementation, export): the fastest of --repeats wall times
 of the forward and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels /
 heads, d_head = 64 state entries per channel, float32, 1 thread; "speed-up" is the naive/none
-row's time / this row's time at the same T. The rows of one (kernel, T) are timed round-robin
-(every row once per round, the minimum over rounds), so load drift on a shared machine hits them
-alike. Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
+row's time / this row's time at the same T. The rows of one (kernel, T) are timed in the
+interleaved rounds of benchmarks/timing.py (every row once per round, the order reversed every
+other round; minimum wall and thread CPU time, the load average before and after the forward
+rounds and the forward+backward rounds), so load drift on a shared machine hits them alike. The
+naive loop is the correctness baseline and what a torch user writes first; its ratio moves with
+the load (a loop of small ops suffers more from contention than one C call), so read the CPU-time
+columns and benchmarks/bandwidth.py's fractions of the copy bandwidth for where a kernel stands (the speed-up columns are
+CPU-time ratios).
+Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
 Implementations: naive, chunked and native (the plain-C CPU kernels of models/kernels/native/;
 the delta rule's is forward only, so its forward+backward cells read "-").
 
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from models.kernels import delta_rule, diag_scan
+from timing import interleaved  # benchmarks/timing.py
 
 CHUNK = 64
 
@@ -98,18 +104,12 @@ def no_backward() -> None:
     """Stands in for forward+backward where an implementation has no backward (timed as nan)."""
 
 
-def measure_interleaved(fns: list[Callable], repeats: int) -> list[float]:
-    """Fastest wall time of each fn over `repeats` rounds that run every fn once (round-robin), so
-    every row sees the same drift in machine load."""
-    for fn in fns:
-        fn()  # warm-up
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+def measure(fns: list[Callable], repeats: int) -> tuple[list[float], list[float], str]:
+    """(min wall times, min thread CPU times, load average) of each fn over `repeats` rounds of
+    benchmarks/timing.py's interleaved (every fn once per round, the order reversed every other
+    round), so every row sees the same drift in machine load."""
+    res = interleaved({i: fn for i, fn in enumerate(fns)}, rounds=repeats)
+    return [res[i].min for i in range(len(fns))], [res[i].cpu_min for i in range(len(fns))], res.load
 
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
@@ -139,9 +139,10 @@ def main() -> None:
         return
     print(f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread; "
           f"B={args.batch}, H={args.heads}, d_head={args.d_head}, chunk={CHUNK}, float32, "
-          f"min of {args.repeats}.\n")
-    print("| kernel | T | impl | export | fwd ms | fwd+bwd ms | fwd speed-up | fwd+bwd speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"min of {args.repeats} interleaved rounds (wall; thread CPU time beside it).\n")
+    print("| kernel | T | impl | export | fwd ms | fwd+bwd ms | fwd CPU ms | fwd+bwd CPU ms | fwd speed-up | "
+          "fwd+bwd speed-up | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.kernels:
         for length in args.lengths:
             rows = [(impl, export) for impl, export in ROWS
@@ -150,31 +151,36 @@ def main() -> None:
             fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
             has_bwd = [impl != "native" or NATIVE[name] for impl, _ in rows]
             repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
-            fwd = measure_interleaved([f for f, _ in fns], repeats)
-            fwd_bwd = measure_interleaved([fb if ok else no_backward for (_, fb), ok in zip(fns, has_bwd)], repeats)
-            for (impl, export), f, fb, ok in zip(rows, fwd, fwd_bwd, has_bwd):
-                both = f"{fb * 1e3:.1f} | " if ok else "- | "
-                ratio = f"{fwd_bwd[0] / fb:.1f}x" if ok else "- (forward only)"
-                print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | "
-                      f"{both}{fwd[0] / f:.1f}x | {ratio} |", flush=True)
+            fwd, fwd_cpu, load_f = measure([f for f, _ in fns], repeats)
+            fb_wall, fb_cpu, load_b = measure([fb for (_, fb), ok in zip(fns, has_bwd) if ok], repeats)
+            backward = iter(zip(fb_wall, fb_cpu))
+            for (impl, export), f, fc, ok in zip(rows, fwd, fwd_cpu, has_bwd):
+                fb, fbc = next(backward) if ok else (None, None)
+                both = f"{fb * 1e3:.1f} | {fc * 1e3:.1f} | {fbc * 1e3:.1f}" if ok else f"- | {fc * 1e3:.1f} | -"
+                ratio = f"{fb_cpu[0] / fbc:.1f}x" if ok else "- (forward only)"
+                print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | {both} | "
+                      f"{fwd_cpu[0] / fc:.1f}x | {ratio} | {load_f}, {load_b} |", flush=True)
+
 
 def width_sweep(args) -> None:
     """diag_scan naive / chunked / native at several state widths (B x H x N entries per step)."""
     print(f"Machine: {platform.machine()}, torch {torch.__version__}, 1 thread; diag_scan with read-out, "
-          f"B={args.batch}, chunk={CHUNK}, float32, export none, min of {args.repeats}.\n")
-    print("| T | H x N | entries per step | impl | fwd ms | fwd+bwd ms | fwd speed-up | fwd+bwd speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"B={args.batch}, chunk={CHUNK}, float32, export none, min of {args.repeats} interleaved rounds.\n")
+    print("| T | H x N | entries per step | impl | fwd ms | fwd+bwd ms | fwd CPU ms | fwd+bwd CPU ms | "
+          "fwd speed-up | fwd+bwd speed-up | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     impls = ["naive", "chunked", "native"]
     for length in args.lengths:
         for width in args.widths:
             heads, d_state = (int(x) for x in width.split("x"))
             shape = argparse.Namespace(batch=args.batch, heads=heads, d_head=d_state)
             fns = [runners(KERNELS["diag_scan"], length, impl, None, shape) for impl in impls]
-            fwd = measure_interleaved([f for f, _ in fns], args.repeats)
-            fwd_bwd = measure_interleaved([fb for _, fb in fns], args.repeats)
-            for impl, f, fb in zip(impls, fwd, fwd_bwd):
+            fwd, fwd_cpu, load_f = measure([f for f, _ in fns], args.repeats)
+            fwd_bwd, fb_cpu, load_b = measure([fb for _, fb in fns], args.repeats)
+            for impl, f, fb, fc, fbc in zip(impls, fwd, fwd_bwd, fwd_cpu, fb_cpu):
                 print(f"| {length} | {width} | {args.batch * heads * d_state} | {impl} | {f * 1e3:.1f} | "
-                      f"{fb * 1e3:.1f} | {fwd[0] / f:.1f}x | {fwd_bwd[0] / fb:.1f}x |", flush=True)
+                      f"{fb * 1e3:.1f} | {fc * 1e3:.1f} | {fbc * 1e3:.1f} | {fwd_cpu[0] / fc:.1f}x | "
+                      f"{fb_cpu[0] / fbc:.1f}x | {load_f}, {load_b} |", flush=True)
 
 
 if __name__ == "__main__":
