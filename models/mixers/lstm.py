@@ -13,12 +13,13 @@ Gates: hook_gate [B, T, 4, H] = (i, f, g, o) after their nonlinearities (PyTorch
 the scan re-runs with the patched gates pinned, before hook_state patches apply.
 
 Fast path: torch.nn.LSTM (cuDNN on GPU); it returns only the h sequence, which is all the readout
-needs. Instrumented path without patches (unpinned_scan): the same nn.LSTM call for h, then every
-gate at once from h_{t-1} (one batched product W_hh h) and c by the scan c_t = f_t c_{t-1} +
-i_t g_t (on the CPU the activations and the scan in one C loop, models.kernels.native.lstm;
-elsewhere torch and models.kernels.diag_scan); the readout's gradient takes nn.LSTM's backward,
-as on the fast path (CellStates: the gates' and c's graph is walked only when something reads
-them). With state or gate patches, and for fast_states, the step loop with the same weights.
+needs. Instrumented path without patches (unpinned_scan): on the CPU the recurrence in one C loop
+with every gate and state kept and its own C backward (models.kernels.native.lstm: cheaper than
+nn.LSTM plus recomputing the gates); elsewhere the same nn.LSTM call for h, then every gate at
+once from h_{t-1} (one batched product W_hh h) and c by the diagonal scan (models.kernels.diag_scan),
+the readout's gradient through nn.LSTM's backward (CellStates: the gates' and c's graph is walked
+only when something reads them). With state or gate patches, and for fast_states, the step loop
+with the same weights.
 No mixer_options.
 """
 
@@ -36,8 +37,7 @@ from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixe
 def cell_states(h, h0, c0, drive, w_hh):
     """Every gate and state from the h sequence h [B, T, H]: z_t = drive_t + W_hh h_{t-1} for all t
     at once (h_{-1} = h0) -> gates [B, T, 4, H] = (i, f, g, o) and states [B, T, 2, H] = (h, c), c
-    by the diagonal scan of (f_t, i_t g_t) from c0 [B, H]. In torch (differentiable); the CPU
-    forward takes models.kernels.native.lstm (see CellStates)."""
+    by the diagonal scan of (f_t, i_t g_t) from c0 [B, H]. In torch (differentiable)."""
     batch, length, hidden = h.shape
     h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
     z = torch.addmm(drive.flatten(0, 1), h_prev.flatten(0, 1), w_hh.T).view(batch, length, 4, hidden)
@@ -47,9 +47,8 @@ def cell_states(h, h0, c0, drive, w_hh):
 
 
 class CellStates(torch.autograd.Function):
-    """(gates [B, T, 4, H], states [B, T, 2, H]) for the instrumented path (cell_states' values;
-    on the CPU from one matmul h W_hh^T and the C loop of models.kernels.native.lstm). The
-    backward passes the states' h cotangent straight to h and walks the gates' and c's graph
+    """(gates [B, T, 4, H], states [B, T, 2, H]) for the instrumented path off the CPU
+    (cell_states' values from nn.LSTM's h). The backward passes the states' h cotangent straight to h and walks the gates' and c's graph
     (recomputed in torch) only when something read them (a nonzero cotangent): the readout reads
     h alone, and a zero cotangent is a zero gradient. Inputs x [B, T, D], h [B, T, H] (nn.LSTM's),
     h0, c0 [B, H], drive [B, T, 4H] (prepare's value, reused by the forward; recomputed from x in
@@ -59,8 +58,6 @@ class CellStates(torch.autograd.Function):
     def forward(ctx, x, h, h0, c0, drive, w_ih, w_hh, b):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, h, h0, c0, w_ih, w_hh, b)
-        if native_lstm.supported(h, h0, c0, drive, w_hh):
-            return native_lstm.lstm_cells(drive, h, h0, c0, w_hh)
         return cell_states(h, h0, c0, drive, w_hh)
 
     @staticmethod
@@ -109,13 +106,16 @@ class LSTM(GatedRecurrentMixer):
         return torch.stack([o * torch.tanh(c), c], dim=1)
 
     def unpinned_scan(self, x, inputs, initial=None):
-        """(gates [B, T, 4, H], states [B, T, 2, H]) from nn.LSTM's h sequence (CellStates: the
-        gates of every step at once from h_{t-1} and the cell scan)."""
+        """(gates [B, T, 4, H], states [B, T, 2, H]): on the CPU the C recurrence with its backward
+        (models.kernels.native.lstm), elsewhere nn.LSTM's h sequence and CellStates (the gates of
+        every step at once from h_{t-1} and the cell scan)."""
         if x.shape[1] == 0:
             return None
         lstm, batch = self.lstm, x.shape[0]
         h0 = x.new_zeros(batch, self.hidden) if initial is None else initial[:, 0]
         c0 = x.new_zeros(batch, self.hidden) if initial is None else initial[:, 1]
+        if native_lstm.supported(inputs["drive"], h0, c0, lstm.weight_hh_l0):
+            return native_lstm.lstm_scan(inputs["drive"], h0, c0, lstm.weight_hh_l0)
         h = lstm(x, (h0[None].contiguous(), c0[None].contiguous()))[0]  # [B, T, H]
         return CellStates.apply(x, h, h0, c0, inputs["drive"].detach(), lstm.weight_ih_l0, lstm.weight_hh_l0,
                                 lstm.bias_ih_l0 + lstm.bias_hh_l0)

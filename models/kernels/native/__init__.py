@@ -10,5 +10,5 @@ with the system compiler) and their Python faces, one module per op family:
                   and selective_states (every state), both differentiable; exp_f32
     complex.py    AUSSM's and Mamba-3's complex-transition scans: rotation_* / trapezoid_* scans
                   and states; sincos_f32
-    lstm.py       the LSTM's gates and cell states from its h sequence (its instrumented path)
+    lstm.py       the LSTM recurrence with every gate and state, differentiable (its instrumented path)
 """

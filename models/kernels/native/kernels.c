@@ -4,8 +4,8 @@
  * the delta-rule forward for float32 and float64 (delta_body.h), and Mamba's selective
  * scan for float32 and float64 (selective_body.h: the fused read-out with its backward, and
  * every state, forward only, for the instrumented path), and AUSSM's and Mamba-3's complex-transition
- * scans (complex_body.h, the same three kernels over complex states), and the LSTM's gates and
- * cell states from its h sequence (lstm_body.h).
+ * scans (complex_body.h, the same three kernels over complex states), and the LSTM recurrence
+ * with every gate and state, forward and backward (lstm_body.h).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <math.h>
@@ -232,7 +232,7 @@ static inline void sincos_f64(double x, double *s, double *c) {
 #undef SINCOS
 #undef SC_MAX
 
-/* the LSTM's gates and cell states (models/kernels/native/lstm.py). sigmoid(x) = 1 / (1 + exp(-x));
+/* the LSTM recurrence (models/kernels/native/lstm.py). sigmoid(x) = 1 / (1 + exp(-x));
  * float32 tanh(x) = 1 - 2 / (1 + exp(2x)) through exp_f32 (vectorised; absolute error about
  * 1e-7, relative error larger only where |tanh x| < 1e-2), float64 through libm. */
 static inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
