@@ -357,7 +357,7 @@ def select(done: list[Outcome], **info) -> list[Outcome]:
 def unfit_note(outcomes: list[Outcome]) -> str:
     """'; did not fit: a (length 8/40), diverged: b' for the outcomes that did not fit."""
     parts = [f"{o.run.label} did not fit (length {o.length_reached}/{o.run.train['train_length']}, "
-             f"in-dist acc {o.in_distribution:.2f})" for o in outcomes if o.status == "did not fit"]
+             f"in-dist acc {o.in_distribution:.3f})" for o in outcomes if o.status == "did not fit"]
     parts += [f"{o.run.label} diverged at every lr tried" for o in outcomes if o.status == "diverged"]
     return ("; " + "; ".join(parts)) if parts else ""
 
