@@ -20,7 +20,9 @@ every contender once per round, the order reversed every other round):
 Reported: the speed-ups of attribution over exact and exact-naive (target >= 50x), the Pearson r
 between attribution and exact restorations over every kept (site, example) pair, over the pairs
 where either is nonzero (a pair before the corrupted key is 0 in both), over the per-site means,
-and the median over sites of the per-site r across examples; incl_bwd / fwd+bwd (target <= 2x).
+and the median over sites of the per-site r across examples, for the answer probability and
+(metrics=["logit_diff"], run once outside the timed rounds) the logit difference; incl_bwd /
+fwd+bwd (target <= 2x). --scaling times exact vs attribution on longer documents.
 Times: minimum wall time over the rounds (median beside it) and the minimum CPU time of the
 calling thread (torch runs one thread here, so that is the work done; it stays meaningful when
 other processes load the machine), with the load average before and after the rounds.
@@ -40,6 +42,7 @@ from interp.analysis.interventions import Site, answer_positions, attribute, cor
 from interp.tasks import make_task
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, train
+from models.backbone import SequenceModel
 from models.registry import preset_config
 from timing import interleaved, load_average  # benchmarks/timing.py
 
@@ -47,10 +50,14 @@ PAIRS, KEYS, N = 4, 8, 256
 MODELS = ("mamba", "transformer")
 
 
+def config(name: str, vocab_size: int):
+    extra = {"mamba": dict(d_state=8, d_conv=4), "transformer": dict(positional="rope")}[name]
+    return preset_config(name, vocab_size=vocab_size, d_model=64, n_layers=2, **extra)
+
+
 def trained(name: str, task, steps: int, runs: str):
     """The benchmark's model, trained in (or reloaded from) the run directory runs/name."""
-    extra = {"mamba": dict(d_state=8, d_conv=4), "transformer": dict(positional="rope")}[name]
-    cfg = preset_config(name, vocab_size=task.vocab_size, d_model=64, n_layers=2, **extra)
+    cfg = config(name, task.vocab_size)
     lr = 1e-3 if name == "transformer" else 3e-3
     run = train(cfg, task, TrainConfig(steps=steps, batch_size=64, lr=lr, warmup=100, train_length=PAIRS,
                                        eval_every=500, eval_size=512, log_every=100, checkpoint_every=500),
@@ -70,14 +77,15 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
 
 
-def correlations(exact, estimate) -> dict[str, float]:
-    """Pearson r of attribution vs exact restoration: pairs, nonzero pairs, site means, per site."""
+def correlations(exact, estimate, of: str = "restoration") -> dict[str, float]:
+    """Pearson r of attribution vs exact `of` (restoration or logit_diff_restoration): pairs,
+    nonzero pairs, site means, median per site."""
     kept = exact.kept.numpy()
-    ex, at = exact.restoration[:, kept].numpy(), estimate.restoration[:, kept].numpy()
+    ex, at = getattr(exact, of)[:, kept].numpy(), getattr(estimate, of)[:, kept].numpy()
     nonzero = (ex != 0) | (at != 0)
     per_site = [pearson(e, a) for e, a in zip(ex, at)]
     return {"pairs": pearson(ex.ravel(), at.ravel()), "nonzero": pearson(ex[nonzero], at[nonzero]),
-            "means": pearson(exact.mean().numpy(), estimate.mean().numpy()),
+            "means": pearson(np.nanmean(ex, 1), np.nanmean(at, 1)),
             "per_site": float(np.nanmedian(per_site)) if not np.isnan(per_site).all() else float("nan"),
             "n_nonzero": int(nonzero.sum())}
 
@@ -128,6 +136,10 @@ def main() -> None:
                 corrupt.tokens, names=h, incl_bwd=True, metric=metric)),
         }
     rounds = interleaved(contenders, rounds=args.rounds)
+    for name, model in models.items():  # the logit difference too (untimed: one more fwd+bwd each)
+        sites = grid(model, clean.tokens.shape[1])
+        results[name, "exact-ld"] = interchange(model, clean, corrupt, sites, min_effect=0.01, metrics=["logit_diff"])
+        results[name, "attribution-ld"] = attribute(model, clean, corrupt, sites, min_effect=0.01, metrics=["logit_diff"])
     print(f"\n{args.rounds} rounds; load average {rounds.load} (2 cores); torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); times: min wall s (median) / min CPU s\n")
     print("| model | AR acc | sites x pairs (kept) | pairs run / skipped (passes) | exact | exact-naive | attribution "
@@ -141,25 +153,34 @@ def main() -> None:
         print(f"| {name} | {accuracy[name]:.3f} | {len(exact.sites)} x {N} ({exact.n_kept}) | {exact.n_run} / "
               f"{exact.n_skipped} ({exact.n_passes}) | {cell('exact')} | {cell('exact-naive')} | "
               f"{cell('attribution')} | {ratio('exact')} | {ratio('exact-naive')} |")
-    print("\n| model | r pairs | r nonzero pairs (n) | r site means | median per-site r | fwd+bwd ms | incl_bwd ms "
-          "| incl_bwd / fwd+bwd (CPU) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | restoration of | r pairs | r nonzero pairs (n) | r site means | median per-site r |")
+    print("|---|---|---|---|---|---|")
     for name in models:
-        r = correlations(results[name, "exact"], results[name, "attribution"])
+        for of, key in (("restoration", ""), ("logit_diff_restoration", "-ld")):
+            r = correlations(results[name, "exact" + key], results[name, "attribution" + key], of)
+            quantity = "logit(y) - logit(y')" if key else "p(y)"
+            print(f"| {name} | {quantity} | {r['pairs']:.3f} | "
+                  f"{r['nonzero']:.3f} ({r['n_nonzero']}) | {r['means']:.3f} | {r['per_site']:.3f} |")
+    print("\n| model | fwd+bwd ms | incl_bwd ms | incl_bwd / fwd+bwd (CPU) |")
+    print("|---|---|---|---|")
+    for name in models:
         fb, ib = rounds[f"{name} fwd+bwd"], rounds[f"{name} incl_bwd"]
-        print(f"| {name} | {r['pairs']:.3f} | {r['nonzero']:.3f} ({r['n_nonzero']}) | {r['means']:.3f} | "
-              f"{r['per_site']:.3f} | {1e3 * fb.min:.1f} | {1e3 * ib.min:.1f} | {ib.min / fb.min:.2f}x "
-              f"({ib.cpu_min / fb.cpu_min:.2f}x) |")
+        print(f"| {name} | {1e3 * fb.min:.1f} ({1e3 * fb.cpu_min:.1f} CPU) | {1e3 * ib.min:.1f} "
+              f"({1e3 * ib.cpu_min:.1f} CPU) | {ib.min / fb.min:.2f}x ({ib.cpu_min / fb.cpu_min:.2f}x) |")
     for pairs in [int(n) for n in args.scaling.split(",") if n]:
-        scaling(models, task, pairs, args.rounds)
+        scaling(pairs, args.rounds)
     print(f"\nload average at the end: {load_average():.1f}")
 
 
-def scaling(models, task, pairs: int, rounds: int) -> None:
-    """exact vs attribution on documents of `pairs` pairs (out of the training distribution when
-    pairs > PAIRS: the times, not the correlations, are the point)."""
+def scaling(pairs: int, rounds: int) -> None:
+    """exact vs attribution on documents of `pairs` pairs (keys and values from 2 x pairs each), on
+    untrained models of the same shapes: the work of both does not depend on the weights (exact
+    runs every pair that is not a no-op, whatever min_effect later drops), so these are timings only."""
+    task = make_task("AR", n_keys=2 * pairs, n_values=2 * pairs)
     clean = task.sample(N, pairs, seed=4)
     corrupt = corrupt_ar(clean, task, seed=5)
+    torch.manual_seed(0)
+    models = {name: SequenceModel(config(name, task.vocab_size)).eval() for name in MODELS}
     contenders = {}
     for name, model in models.items():
         sites = grid(model, clean.tokens.shape[1])

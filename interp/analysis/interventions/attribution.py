@@ -12,7 +12,9 @@ at once; for `hook_state` the total derivative through the recurrence, so the es
 the causal state patch). The estimates come back as an `InterchangeResult` over the same sites and
 examples as `interchange`, p_patched = p_corrupt + dp, restoration from it, so the two line up row
 by row. The runs take each mixer's own path (the fast one unless a hook needs per-step states),
-and the products are formed per hook over every position at once, not per site.
+and the products are formed per hook over every position at once, not per site. `metrics=`
+("logit_diff", "kl") estimates interchange's other per-pair numbers the same way, one more
+corrupted forward and backward each.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-from interp.analysis.interventions.interchange import InterchangeResult, restoration
+from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
 from interp.analysis.interventions.patching import time_first
-from interp.analysis.interventions.sites import Site, answer_positions, answer_probs, check_pair, check_sites, site_positions
+from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair, check_sites,
+                                                 rival_answers, site_positions)
 from interp.tasks.base import Batch
 
 
@@ -34,10 +37,20 @@ def attribute(
     sites: Sequence[Site],
     min_effect: float = 0.01,
     answer: str | None = None,
+    metrics: Sequence[str] = (),
 ) -> InterchangeResult:
-    """Attribution-patching estimates of interchange(model, clean, corrupt, sites) (module docstring)."""
+    """Attribution-patching estimates of interchange(model, clean, corrupt, sites) (module docstring).
+
+    metrics: also estimate interchange's "logit_diff" (logit(y) - logit(y'), y' as interchange
+    takes it) and / or "kl" (KL(p_clean || p_patched)) to first order the same way, each from
+    one more corrupted forward and backward (their gradients at the corrupted run). The logit
+    difference is nearer linear in the activations than a saturating probability, so its
+    estimates usually track the exact values more closely (benchmarks/RESULTS.md).
+    """
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
+    if isinstance(metrics, str) or any(m not in EXTRA_METRICS for m in metrics):
+        raise ValueError(f"metrics must be a list of {EXTRA_METRICS}; got {metrics!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
     hooks = sorted({s.hook for s in sites})
@@ -51,21 +64,50 @@ def attribute(
 
     with torch.no_grad():
         clean_logits, clean_cache = model.run_with_cache(clean.tokens, names=hooks)
-    corrupt_logits, cache = model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=answer_mass)
+    corrupt_logits, delta = _estimates(model, sites, hooks, clean, corrupt, clean_cache, answer_mass)
     p_clean = answer_probs(clean_logits, clean_ans, y)
     p_corrupt = answer_probs(corrupt_logits, corrupt_ans, y)
-    delta = torch.zeros(len(sites), len(clean), dtype=torch.float64)
-    groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
-    for i, site in enumerate(sites):
-        if site.hook + "_grad" in cache:  # else the answer does not depend on this activation: 0
-            groups.setdefault((site.hook, site.head, id(site.subspace)), []).append(i)
-    for ids in groups.values():
-        delta[ids] = _group_estimates([sites[i] for i in ids], clean_cache, cache, clean, corrupt)
     p_estimate = p_corrupt + delta
     values, kept = restoration(p_estimate, p_clean, p_corrupt, float(min_effect))
     identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction, as interchange
     values[:, identical], kept = 1.0, kept | identical
-    return InterchangeResult(sites, values, p_estimate, p_clean, p_corrupt, kept, float(min_effect))
+    result = InterchangeResult(sites, values, p_estimate, p_clean, p_corrupt, kept, float(min_effect))
+    clean_at, corrupt_at = clean_logits[rows, clean_ans].double(), corrupt_logits[rows, corrupt_ans].double()  # [N, V]
+    if "logit_diff" in metrics:
+        rival = rival_answers(corrupt, corrupt_at, y, corrupt_ans)  # [N]
+
+        def logit_diff(logits: torch.Tensor) -> torch.Tensor:  # sum_b logit(y_b) - logit(y'_b)
+            at = logits[rows, corrupt_ans]
+            return (at[rows, y] - at[rows, rival]).sum()
+
+        result.logit_diff_clean = (clean_at[rows, y] - clean_at[rows, rival]).cpu()
+        result.logit_diff_corrupt = (corrupt_at[rows, y] - corrupt_at[rows, rival]).cpu()
+        delta = _estimates(model, sites, hooks, clean, corrupt, clean_cache, logit_diff)[1]
+        result.logit_diff_patched = result.logit_diff_corrupt + delta
+    if "kl" in metrics:
+        clean_logp = clean_at.log_softmax(-1)  # [N, V]
+
+        def kl(logits: torch.Tensor) -> torch.Tensor:  # sum_b KL(p_clean,b || p_b)
+            logp = logits[rows, corrupt_ans].double().log_softmax(-1)
+            return (clean_logp.exp() * (clean_logp - logp)).sum()
+
+        result.kl_corrupt = (clean_logp.exp() * (clean_logp - corrupt_at.log_softmax(-1))).sum(-1).cpu()
+        result.kl_patched = result.kl_corrupt + _estimates(model, sites, hooks, clean, corrupt, clean_cache, kl)[1]
+    return result
+
+
+def _estimates(model, sites, hooks, clean: Batch, corrupt: Batch, clean_cache, metric) -> tuple[torch.Tensor, torch.Tensor]:
+    """(corrupt logits, the first-order change of metric [S, N] float64 per site and example):
+    one corrupted forward and backward (d metric / d a of every hook), products per group."""
+    corrupt_logits, cache = model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=metric)
+    delta = torch.zeros(len(sites), len(clean), dtype=torch.float64)
+    groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
+    for i, site in enumerate(sites):
+        if site.hook + "_grad" in cache:  # else the metric does not depend on this activation: 0
+            groups.setdefault((site.hook, site.head, id(site.subspace)), []).append(i)
+    for ids in groups.values():
+        delta[ids] = _group_estimates([sites[i] for i in ids], clean_cache, cache, clean, corrupt)
+    return corrupt_logits, delta
 
 
 def _features(act: torch.Tensor, site: Site) -> torch.Tensor:

@@ -28,7 +28,8 @@ import torch
 
 import models
 from interp.analysis.interventions.patching import patch_from, rows_per_pass
-from interp.analysis.interventions.sites import Site, answer_positions, answer_probs, check_pair, check_sites
+from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair, check_sites,
+                                                 rival_answers)
 from interp.tasks.base import Batch
 
 METRICS = ("restoration",)
@@ -223,11 +224,7 @@ def interchange(
     def score_from(clean_logits, corrupt_logits):
         """Per-pair scores [R, m]: logit(y) - logit(y') and KL(p_clean || p) at the answer."""
         at = corrupt_logits[rows, corrupt_ans].double()  # [N, V]
-        y_corrupt = corrupt.targets[rows, corrupt_ans].clone()
-        same = y_corrupt == y
-        others = at.clone()
-        others[rows, y] = -float("inf")
-        y_corrupt[same] = others.argmax(-1)[same]
+        y_corrupt = rival_answers(corrupt, at, y, corrupt_ans)
         clean_logp = clean_logits[rows, clean_ans].double().log_softmax(-1)  # [N, V]
 
         def score(logits_at, examples):  # [R, V], [R]

@@ -193,3 +193,16 @@ def answer_probs(logits: torch.Tensor, positions: torch.Tensor, tokens: torch.Te
     return probs[rows, tokens.to(logits.device)].cpu()
 
 
+
+
+def rival_answers(corrupt: Batch, corrupt_at: torch.Tensor, y: torch.Tensor, corrupt_ans: torch.Tensor) -> torch.Tensor:
+    """y' [N], the corrupted answer the logit difference logit(y) - logit(y') is taken against: the
+    corrupt batch's target at its answer position where it differs from y (a value corruption),
+    else the corrupted run's most likely token other than y. corrupt_at [N, V]: that run's logits there."""
+    rows = torch.arange(len(y))
+    rival = corrupt.targets[rows, corrupt_ans].clone()
+    same = rival == y
+    others = corrupt_at.detach().clone()
+    others[rows, y] = -float("inf")
+    rival[same] = others.argmax(-1).cpu()[same]
+    return rival
