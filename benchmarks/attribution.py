@@ -3,7 +3,7 @@
 Models: a 2-layer Mamba and a 2-layer Transformer (rotary positions), d_model 64, trained on AR
 (4 pairs, 8 keys, 8 values: T = 11) until they solve it in distribution; the run directories
 (--runs, default runs/bench-attribution/{mamba,transformer}) are reused by a rerun, so only the
-first run trains (about 2 min each on one idle core; train under nice). Grid: every position x
+first run trains (about 4 min Mamba, 2 min Transformer on one idle core; train under nice). Grid: every position x
 {hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both layers, N = 256
 clean / key-corrupted pairs. Timed side by side in one process (benchmarks/timing.interleaved:
 every contender once per round, the order reversed every other round):
