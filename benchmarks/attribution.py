@@ -1,10 +1,11 @@
 """Attribution patching vs exact interchange, and run_with_cache(incl_bwd=True) vs forward+backward.
 
 Models: a 2-layer Mamba and a 2-layer Transformer (rotary positions), d_model 64, trained on AR
-(4 pairs, 8 keys, 8 values: T = 11) until they solve it in distribution; the run directories
+(4 pairs, 8 keys, 8 values: T = 12) until they solve it in distribution; the run directories
 (--runs, default runs/bench-attribution/{mamba,transformer}) are reused by a rerun, so only the
-first run trains (about 4 min Mamba, 2 min Transformer on one idle core; train under nice). Grid: every position x
-{hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both layers, N = 256
+first run trains (about 4 min Mamba, 2 min Transformer on one idle core; train under nice).
+Grid: every position x {hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both
+layers, N = 256
 clean / key-corrupted pairs. Timed side by side in one process (benchmarks/timing.interleaved:
 every contender once per round, the order reversed every other round):
 
