@@ -330,6 +330,14 @@ class GatedRecurrentMixer(RecurrentMixer):
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)
 
+    def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
+        """RecurrentMixer.fast_segment from unpinned_scan's states where it has them (a fused
+        kernel), else from the step loop."""
+        clean = self.unpinned_scan(x, inputs, initial)
+        if clean is None:
+            return super().fast_segment(x, inputs, initial)
+        return self.readout(x, clean[1], inputs), clean[1][:, -1]
+
     def unpinned_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
         """(gates [B, T, *G], states [B, T, *S]) of the scan without pins from the mixer input x,
         computed without the step loop, or None (the loop runs). Override where a fused kernel's

@@ -38,5 +38,10 @@ class TanhRNN(RecurrentMixer):
     def fast_from(self, x, inputs, initial=None) -> torch.Tensor:
         return self.out_proj(self.rnn(x, None if initial is None else initial[None].contiguous())[0])
 
+    def fast_segment(self, x, inputs, initial=None):
+        """nn.RNN from `initial` and its final state [B, H] (declared state patches)."""
+        out, final = self.rnn(x, None if initial is None else initial[None].contiguous())
+        return self.out_proj(out), final[0]
+
     def readout(self, x, states, inputs) -> torch.Tensor:
         return self.out_proj(states)
