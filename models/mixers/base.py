@@ -192,7 +192,7 @@ class RecurrentMixer(Mixer):
             current = torch.empty(len(plan.rows), *h.shape[1:], dtype=h.dtype, device=h.device)
             for step, final in zip(plan.steps, finals):
                 at = plan.times == step
-                current[at] = final[plan.rows[at].to(h.device)]
+                current[at.to(h.device)] = final[plan.rows[at].to(h.device)]
             targets = plan.resolve(current)
         else:
             targets = plan.resolve(None)
