@@ -100,12 +100,8 @@ def main(argv=None) -> dict:
         base = model(clean)
         _, donor_cache = model.run_with_cache(donor, names=[hook])
         donor_state = donor_cache[hook][:, t]
-
-        def patch(state, hook):
-            state[:, t] = donor_state
-            return state
-
-        causal = model.run_with_hooks(clean, fwd_hooks=[(hook, patch)])
+        # declared (step t, the donor's state): the mixer runs it on its fast kernels
+        causal = model.run_with_hooks(clean, fwd_hooks=[(hook, models.StatePatch.at(t, values=donor_state))])
         readout = readout_only(model, clean, args.layer, t, donor_state)
     result = {"causal": effects(base, causal), "read-out only": effects(base, readout)}
     source = args.checkpoint.name
