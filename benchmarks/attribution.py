@@ -5,9 +5,9 @@ Models: a 2-layer Mamba and a 2-layer Transformer (rotary positions), d_model 64
 (--runs, default runs/bench-attribution/{mamba,transformer}) are reused by a rerun, so only the
 first run trains (about 4 min Mamba, 2 min Transformer on one idle core; train under nice).
 Grid: every position x {hook_resid_pre, mixer.hook_out, mixer.hook_state (Mamba only)} x both
-layers, N = 256
-clean / key-corrupted pairs. Timed side by side in one process (benchmarks/timing.interleaved:
-every contender once per round, the order reversed every other round):
+layers, N = 256 clean / key-corrupted pairs. Timed side by side in one process
+(benchmarks/timing.interleaved: every contender once per round, the order reversed every other
+round):
 
   exact        interp.analysis.interventions.interchange over the grid as shipped (no-op pairs
                skipped, each pair resumed from its site's block and position)

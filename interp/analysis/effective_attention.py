@@ -32,6 +32,11 @@ mixer's recurrence implements for the current input (from the zero initial state
       [B, T, T, n, n] (B T^2 n^2 float64 numbers: slice long inputs); `matrix` holds the blocks'
       Frobenius norms [B, 1, T, T] for the heatmap.
 
+Not covered: attention (its pattern is hook_pattern), the convolution mixers without a state
+(BaseConv, Hyena), and the recurrences that are not linear in their input given the run's
+coefficients (tanh RNN, state-gated RNN, LSTM, GRU, LayerNorm and sphere RNNs: their gates or
+normalisation depend on the state itself).
+
 `effective_attention(model, tokens, layer)` -> EffectiveAttention(matrix [B, C, T, T] float64,
 axis "channel", "head" or "block norm", value_name: what x is, output_name: what y is, blocks).
 M is computed in float64 by one loop over t with every s at once (a Toeplitz gather for the
