@@ -181,3 +181,19 @@ def test_sample_efficiency():
     assert [c.verdict for c in claims] == ["reproduces"] * 3
     plan.settings["study"]["kappa"] = [r | {"kappa": float("nan")} for r in rows]   # N* never converged
     assert [c.verdict for c in module.judge([], plan)[0]] == ["did not fit", "did not fit", "inconclusive"]
+
+
+def test_retrieval_reading_of_no_kept_pairs_is_none():
+    """A run where no interchange pair was kept has NaN restorations: no mechanism is read from them
+    (the Mamba d_conv = 1 AR run read as 'induction' from NaN), and the report draws no empty heatmap."""
+    from interp.reproduce.retrieval import reading
+    nan = float("nan")
+    rows = [{"layer": layer, "hook": hook, "role": role, "restoration": nan, "sem": nan}
+            for layer in (0, 1) for hook in ("hook_resid_pre", "hook_out") for role in ("key", "value", "query")]
+    assert reading(rows) == "none (no pairs kept)"
+    plan, done = outcomes("retrieval", lambda run: "fit", lambda run, status: dict(
+        retrieval_measures(run, status), **({"restoration": rows, "n_kept": 0, "reading": "induction"}
+                                            if run.info["model"] == "attention" else {})))
+    claims, sections = claim_module("retrieval").judge(done, plan)
+    assert all(o.measures["reading"] == "none (no pairs kept)" for o in done if o.run.info["model"] == "attention")
+    assert any(getattr(s, "heading", "") == "AR4-attention-s0: no restoration profile" for s in sections)

@@ -17,7 +17,7 @@ import numpy as np
 from interp.analysis.interventions import ablate_short_conv, corrupt_ar, corrupt_atr, interchange, short_convs, site_grid
 from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
 from interp.report.interventions import accuracy_vs_d_conv, restoration_heatmap
-from interp.report.html import Table
+from interp.report.html import Table, Text
 from interp.training.evaluate import final_state_accuracy
 
 NAME = "retrieval"
@@ -92,7 +92,8 @@ def plan(scale: str) -> Plan:
 
 def reading(rows: list[dict]) -> str:
     """The mechanism read at layer 1's block input (the module docstring)."""
-    at = {r["role"]: r["restoration"] for r in rows if r["layer"] == 1 and r["hook"] == "hook_resid_pre"}
+    at = {r["role"]: r["restoration"] for r in rows if r["layer"] == 1 and r["hook"] == "hook_resid_pre"
+          and np.isfinite(r["restoration"])}        # NaN: the mean over no kept pairs
     if not at:
         return "none (no pairs kept)"
     best = max(("value", "query", "key"), key=lambda role: at.get(role, float("-inf")))
@@ -123,7 +124,9 @@ def measure(outcome, plan: Plan) -> dict:
 
 
 def judge(done, plan: Plan):
-    largest = max((o.run.info["pairs"], o.run.info["keys"]) for o in done if o.run.info["task"] == "AR")
+    for o in done:   # the reading from the cached rows (measurements cached before a fix of `reading` stay valid)
+        if o.measures.get("restoration"):
+            o.measures["reading"] = reading(o.measures["restoration"])
     ar = [o for o in done if o.run.info["task"] == "AR"]
 
     def read(label, task="AR"):
@@ -208,8 +211,12 @@ def judge(done, plan: Plan):
                for o in done]
     sections = [Table(summary, heading="Accuracy and mechanism reading per run")]
     for o in done:
-        if o.measures.get("restoration"):
+        if o.measures.get("restoration") and o.measures.get("n_kept"):
             sections.append(restoration_figure(o))
+        elif o.measures.get("restoration"):
+            sections.append(Text(f"{o.run.label}: accuracy {o.measures['accuracy']:.2f}; no pair kept (the corrupted "
+                                 "input lowers the answer's probability in none of them), so there is no restoration "
+                                 "to draw.", heading=f"{o.run.label}: no restoration profile"))
     truncated = {o.run.label: {int(w): a for w, a in o.measures["truncated"].items()} for o in done
                  if "truncated" in o.measures}
     if truncated:
