@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint, only_read
+from models.kernels.native import softmax as native_softmax
 from models.kernels.native.library import empty
 from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
 
@@ -98,6 +99,17 @@ def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return causal_softmax(causal_scores(q, k))
 
 
+def scores_and_pattern(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(causal_scores, their causal_softmax) [B, H, Tq, Tk] without autograd: on the CPU one C pass
+    over the products q k^T (models.kernels.native.softmax: exp over the allowed keys only)."""
+    product = torch.matmul(q, k.transpose(-1, -2), out=fresh((*q.shape[:3], k.shape[2]), q))
+    if native_softmax.supported(product):
+        return product, native_softmax.causal_softmax_(product, q.shape[-1])
+    allowed = causal_mask(q.shape[2], k.shape[2], q.device)
+    scores = product.div_(math.sqrt(q.shape[-1])).masked_fill_(~allowed, float("-inf"))
+    return scores, causal_softmax(scores)
+
+
 @register_mixer(
     "attention",
     presets={"transformer": dict(mlp=True, positional="learned", n_layers=2, norm="layernorm")},
@@ -136,16 +148,26 @@ class Attention(Mixer):
         if (explicit and recording(q, k, v) and self.execution_path != "instrumented"
                 and only_read(self.hook_attn_scores, self.hook_pattern)):
             with torch.no_grad():  # for the readers
-                self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k))))
+                self.pattern(q, k)
             explicit = False  # nothing replaces them, no gradient is taken at them: z by SDPA, whose
             # backward is the saving (without a gradient pattern @ v is the cheaper way to z)
         if explicit:
-            z = self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k)))) @ v  # [B, H, Tq, d_head]
+            z = self.pattern(q, k) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], length, x.device))
         return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
+
+    def pattern(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The pattern [B, H, Tq, Tk] after hook_pattern, the scores passed through hook_attn_scores
+        on the way; while autograd does not record and the scores are only read, both from one
+        pass (scores_and_pattern)."""
+        if recording(q, k) or not only_read(self.hook_attn_scores):
+            return self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k))))
+        scores, pattern = scores_and_pattern(q, k)
+        self.hook_attn_scores(scores)
+        return self.hook_pattern(pattern)
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""

@@ -5,7 +5,8 @@
  * scan for float32 and float64 (selective_body.h: the fused read-out with its backward, and
  * every state, forward only, for the instrumented path), and AUSSM's and Mamba-3's complex-transition
  * scans (complex_body.h, the same three kernels over complex states), and the LSTM recurrence
- * with every gate and state, forward and backward (lstm_body.h).
+ * with every gate and state, forward and backward (lstm_body.h), and causal attention scores and
+ * pattern in one pass (softmax_body.h).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
 #include <math.h>
@@ -258,3 +259,20 @@ static inline double sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }
 #undef SFX
 #undef SIGMOID
 #undef TANH
+
+/* causal attention scores and pattern (models/kernels/native/softmax.py) */
+#define R float
+#define SFX f32
+#define EXP exp_f32
+#include "softmax_body.h"
+#undef R
+#undef SFX
+#undef EXP
+
+#define R double
+#define SFX f64
+#define EXP exp
+#include "softmax_body.h"
+#undef R
+#undef SFX
+#undef EXP
