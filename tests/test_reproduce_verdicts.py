@@ -112,8 +112,10 @@ def test_reveal_gap():
 
 
 def head_measures(run, status):
-    heads = [{"layer": layer, "head": head, "beta_mean": 1.9 if (layer, head) == (2, 1) else 0.6,
-              "frac_beta>1": 0.9 if (layer, head) == (2, 1) else 0.0,
+    heads = [{"layer": layer, "head": head, "beta_mean": 0.7 if (layer, head) == (2, 1) else 0.6,
+              "beta_max": 1.998 if (layer, head) == (2, 1) else 1.6,
+              "min_eig": -0.998 if (layer, head) == (2, 1) else -0.6,
+              "frac_beta>1": 0.3 if (layer, head) == (2, 1) else 0.0,
               "state_rank": 1.5 if (layer, head) == (2, 1) else 4.0,
               "acc_clamp01": 0.34 if (layer, head) == (2, 1) else 0.98} for layer in range(3) for head in range(4)]
     return {"baseline": 0.99, "heads": heads, "gaps": {"8": 0.97, "16": 0.95}, "histograms": {}}
@@ -127,6 +129,15 @@ def test_deltanet_heads():
         return out
     found, claims = verdicts("deltanet-heads", lambda run: "fit", two_heads)
     assert found[0] == "does not reproduce" and "2 heads collapse it" in claims[0].measured and found[2] == "premise fails"
+    # beta near 2 is read from the head's largest beta (a mean of 0.7 over tokens it mostly leaves alone does
+    # not hide it); no head past 1.95 does not reproduce
+    found, claims = verdicts("deltanet-heads", lambda run: "fit", head_measures)
+    assert "L2H1 (the state-carrying head): beta max 1.998" in claims[1].measured
+    def below_two(run, status):
+        out = head_measures(run, status)
+        out["heads"][9]["beta_max"] = 1.7
+        return out
+    assert verdicts("deltanet-heads", lambda run: "fit", below_two)[0][1] == "does not reproduce"
 
 
 def retrieval_measures(run, status):

@@ -9,6 +9,8 @@ while clamping any other head leaves it."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from interp.analysis import heads
 from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
 from interp.reproduce.reveal_gap import reveal_fit
@@ -23,6 +25,7 @@ SEED_004 = "004_1a3452556d29ba14.txt"
 MODELS = {"deltanet[-1,1]": "deltanet_neg", "deltanet[0,1]": "deltanet"}
 COLLAPSE = 0.5   # a head "collapses" accuracy when its clamp leaves at most this share of the above-chance baseline
 NO_EFFECT = 0.05  # other heads' clamps change accuracy by at most this
+NEAR_TWO = 1.95   # "sets beta to 2, producing the eigenvalue -1": the head's beta reaches this on some tokens
 EARLY_STOP = {"accuracy": 0.98, "evals": 8}   # our choice: 8 evaluations (200 steps) at the training length
 
 SCALE = {
@@ -96,6 +99,16 @@ def single_head(measures: dict, chance: float) -> tuple[dict | None, str]:
     return None, text + f" ({len(collapsing)} heads collapse it, {len(harmless)} leave it)"
 
 
+def share_above(measures: dict, row: dict, value: float) -> float:
+    """The share of the head's tokens with beta >= value, from its cached histogram (bins left of value
+    excluded; NaN without a histogram)."""
+    hist = measures.get("histograms", {}).get(str(row["layer"]))
+    if hist is None:
+        return float("nan")
+    edges, counts = np.asarray(hist[0]), np.asarray(hist[1])[row["head"]]
+    return float(counts[edges[:-1] >= value].sum() / max(1, counts.sum()))
+
+
 def judge(done, plan: Plan):
     s = plan.settings["s"]
     chance = 1 / s["n_vars"]
@@ -115,10 +128,21 @@ def judge(done, plan: Plan):
                         "헤드들을 조정하는 것은 아무런 영향을 미치지 않습니다.",
                         "; ".join(texts) + unfit_note(neg_all) if texts else "no DeltaNet[-1,1] run fit" + unfit_note(neg_all),
                         verdict))
-    beta_text = "; ".join(f"{o.run.label}: " + ", ".join(f"L{r['layer']}H{r['head']} mean {r['beta_mean']:.2f} "
-                                                         f"(>1: {r['frac_beta>1']:.2f})" for r in o.measures["heads"])
+    def at_two(o):   # heads whose beta reaches NEAR_TWO (a head writing only at some tokens has a low mean)
+        return [r for r in o.measures["heads"] if r["beta_max"] >= NEAR_TWO]
+
+    def head_text(o, r):
+        single = found.get(o.run.label)
+        tag = " (the state-carrying head)" if single is not None and (single["layer"], single["head"]) == (r["layer"], r["head"]) else ""
+        return (f"L{r['layer']}H{r['head']}{tag}: beta max {r['beta_max']:.3f} (eigenvalue {r['min_eig']:.3f}), "
+                f"share of tokens with beta >= 1.5 {share_above(o.measures, r, 1.5):.2f}, below 0.25 "
+                f"{1 - share_above(o.measures, r, 0.25):.2f}, mean {r['beta_mean']:.2f}")
+
+    beta_text = "; ".join(f"{o.run.label}: heads reaching beta >= {NEAR_TWO}: "
+                          + ("; ".join(head_text(o, r) for r in at_two(o)) or "none") + "; largest beta of the others "
+                          + f"{max((r['beta_max'] for r in o.measures['heads'] if r not in at_two(o)), default=float('nan')):.2f}"
                           for o in neg)
-    near_two = [o for o in neg if any(r["beta_mean"] > 1.5 for r in o.measures["heads"])]
+    near_two = [o for o in neg if at_two(o)]
     claims.append(Claim(SEED_004, "At least one attention head in a particular layer (e.g. Layer 12, Head 3) learns to "
                         "set the step parameter beta to 2, producing the eigenvalue -1.",
                         "특정 레이어(예: Layer 12, Head 3)의 최소 하나 이상의 어텐션 헤드가 감쇠 파라미터 β 를 2로 설정하여 "
