@@ -138,6 +138,14 @@ def test_deltanet_heads():
         out["heads"][9]["beta_max"] = 1.7
         return out
     assert verdicts("deltanet-heads", lambda run: "fit", below_two)[0][1] == "does not reproduce"
+    # the lowest rank but only just (6.6 vs others from 6.8, median 8) is not "markedly lower"
+    def barely_lower(run, status):
+        out = head_measures(run, status)
+        for index, r in enumerate(out["heads"]):
+            r["state_rank"] = 6.6 if index == 9 else 6.8 + 0.25 * index
+        return out
+    found, claims = verdicts("deltanet-heads", lambda run: "fit", barely_lower)
+    assert found[2] == "partly reproduces" and "markedly lower" in claims[2].measured
 
 
 def retrieval_measures(run, status):

@@ -25,6 +25,7 @@ SEED_004 = "004_1a3452556d29ba14.txt"
 MODELS = {"deltanet[-1,1]": "deltanet_neg", "deltanet[0,1]": "deltanet"}
 COLLAPSE = 0.5   # a head "collapses" accuracy when its clamp leaves at most this share of the above-chance baseline
 NO_EFFECT = 0.05  # other heads' clamps change accuracy by at most this
+MARKED = 0.75    # "markedly lower-dimensional": effective rank below this share of the other heads' median
 NEAR_TWO = 1.95   # "sets beta to 2, producing the eigenvalue -1": the head's beta reaches this on some tokens
 EARLY_STOP = {"accuracy": 0.98, "evals": 8}   # our choice: 8 evaluations (200 steps) at the training length
 
@@ -149,23 +150,28 @@ def judge(done, plan: Plan):
                         "고윳값 -1을 생성하는 법을 배웁니다.", f"per-head beta: {beta_text or 'no run fit'}",
                         "did not fit" if not neg else "reproduces" if len(near_two) == len(neg_all)
                         else "partly reproduces" if near_two else "does not reproduce"))
-    rank_text, low = [], []
+    rank_text, low, marked = [], [], []
     for o in neg:
         head = found.get(o.run.label)
         if head is None:
             continue
         others = [r["state_rank"] for r in o.measures["heads"] if r is not head and
                   (r["layer"], r["head"]) != (head["layer"], head["head"])]
-        rank_text.append(f"{o.run.label}: L{head['layer']}H{head['head']} rank {head['state_rank']:.2f} vs others "
-                         f"{min(others):.2f}-{max(others):.2f}")
+        median = float(np.median(others))
+        rank_text.append(f"{o.run.label}: L{head['layer']}H{head['head']} effective rank {head['state_rank']:.2f} vs the "
+                         f"others {min(others):.2f}-{max(others):.2f} (median {median:.2f}; 'markedly lower' read as < "
+                         f"{MARKED} x the median = {MARKED * median:.2f})")
         if head["state_rank"] < min(others):
             low.append(o)
+        if head["state_rank"] < MARKED * median:
+            marked.append(o)
     claims.append(Claim(SEED_004, "This particular head operates in a markedly lower-dimensional linear subspace than the "
                         "other heads, matching the theoretical requirement for tracking permutations.",
                         "이 특정 헤드는 다른 헤드들에 비해 현저히 낮은 차원의 선형 부분 공간에서 작동하며, 이는 치환 추적에 필요한 "
                         "이론적 요구 사항과 일치합니다.",
                         "; ".join(rank_text) or "no single state-carrying head to compare (see the intervention claim)",
-                        "did not fit" if not neg else "premise fails" if not singles else "reproduces" if len(low) == len(singles)
+                        "did not fit" if not neg else "premise fails" if not singles
+                        else "reproduces" if len(marked) == len(singles) and len(low) == len(singles)
                         else "partly reproduces" if low else "does not reproduce"))
     rows = [{"run": o.run.label, "status": o.status, "reveal acc (train gap)": o.in_distribution,
              **{f"acc gap {g}": a for g, a in o.measures.get("gaps", {}).items()}} for o in done]
