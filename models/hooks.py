@@ -50,7 +50,8 @@ Gradients (`run_with_cache(tokens, incl_bwd=True, metric=fn)`): the cache also h
 total derivative d metric / d h_t (the read-out at t and every later step, every later layer),
 obtained by adding a zero `shift` [B, T, *S] to the state after each step
 (h_t = step(h_{t-1}) + shift_t) and differentiating with respect to it, through the scan
-kernels' own backward. A patch whose hook returns a new tensor equal to its input where it did
+kernels' own backward (the native selective scans of the Mamba family take the shift in one
+fused kernel whose backward writes the adjoint out: `only_probed`, `state_probe`). A patch whose hook returns a new tensor equal to its input where it did
 not change it (`state + delta`, delta a zero leaf) gets the same derivative in `delta.grad`:
 its unchanged steps enter the re-run as such a shift (changed steps are pinned as before).
 """
@@ -419,14 +420,30 @@ def scan_with_state_hook(
             if pins is not None:
                 shift = torch.where(_expand(pins[0], shift), torch.zeros_like(shift), shift)
     if probing:
-        probe = torch.zeros_like(states, requires_grad=True)
-        for found in hook._probes:
-            found.append(probe)
+        probe = state_probe(hook, states.shape, states)
         shift = probe if shift is None else shift + probe
     if pins is not None or shift is not None:
         outputs, states = run_scan(pins, shift)
     hook.emit(states)
     return outputs, states
+
+
+def only_probed(hook: HookPoint) -> bool:
+    """Whether hook_state is probed for a gradient (run_with_cache(incl_bwd=True), grad mode on)
+    and nothing may patch it: a mixer may then serve the probe from a kernel that takes the zero
+    shift itself (state_probe) and returns the states beside the output, instead of
+    scan_with_state_hook's two scans."""
+    return bool(hook._probes) and torch.is_grad_enabled() and not hook.has_patches
+
+
+def state_probe(hook: HookPoint, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """A zero leaf shift of the states' shape [B, T, *S] and like's dtype and device (requires
+    grad), handed to every gradient probe of hook: its gradient is d metric / d h_t (the module
+    docstring)."""
+    probe = torch.zeros(tuple(shape), dtype=like.dtype, device=like.device, requires_grad=True)
+    for found in hook._probes:
+        found.append(probe)
+    return probe
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -147,3 +147,37 @@ def test_nnsight_grad_on_hook_state(tokens):
         with metric(nn_model.output).backward():
             grad = state.grad.save()
     torch.testing.assert_close(grad, cache[hook + "_grad"], atol=1e-9, rtol=1e-7)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("name,options", [("mamba", {}), ("negative_mamba", {}), ("mamba2", {}),
+                                          ("mamba2", {"n_groups": 2})])
+def test_selective_hook_state_gradient_runs_one_fused_kernel(monkeypatch, name, options, dtype, tol):
+    """The Mamba family's hook_state gradient comes from selective_states_shifted (the probe as its
+    shift, the adjoint from its C backward), once per layer and no diag_scan, and equals autograd
+    through the naive step loop at an odd T past the chunk size with Mamba's N = 16."""
+    from models.kernels.native import library, selective
+    from models.mixers import diagonal
+
+    if not library.available():
+        pytest.skip(f"native kernels unavailable: {library.unavailable_reason()}")
+    torch.manual_seed(0)
+    model = models.build(name, **{**SMALL, "d_state": 16, "n_heads": 4}, mixer_options=options).to(dtype)
+    tokens = torch.randint(0, VOCAB, (2, 67), generator=torch.Generator().manual_seed(2))
+    calls = []
+    shifted = selective.selective_states_shifted
+    monkeypatch.setattr(selective, "selective_states_shifted", lambda *a, **k: calls.append(1) or shifted(*a, **k))
+    monkeypatch.setattr(diagonal, "diag_scan", lambda *a, **k: pytest.fail("diag_scan ran"))
+    names = [f"blocks.{l}.mixer.hook_state" for l in (0, 1)]
+    _, cache = model.run_with_cache(tokens, names=names, incl_bwd=True, metric=metric)
+    assert len(calls) == 2 * (options.get("n_groups", 1))
+    monkeypatch.undo()
+    for layer in (0, 1):
+        expected = naive_state_grads(model, tokens, layer, dtype)
+        got = cache[f"blocks.{layer}.mixer.hook_state_grad"]
+        assert got.dtype == dtype and expected.abs().max() > 0
+        torch.testing.assert_close(got, expected, atol=tol * expected.abs().max().item(), rtol=tol)
+    with torch.no_grad():  # the states it reports are the scan's
+        states = model.run_with_cache(tokens, names=names)[1]
+    for n in names:
+        torch.testing.assert_close(cache[n], states[n], atol=tol * states[n].abs().max().item(), rtol=tol)

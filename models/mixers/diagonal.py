@@ -11,18 +11,25 @@ a and b in their loop (so nothing [B, T, *S] is built on the fast path):
     native_scan(inputs, initial, final)   -> (y, h_{T-1} or None), or None where it does not run
     native_states(inputs, pins, initial)  -> every state [B, T, *S], or None where it does not run
     native_states_supported(inputs, initial): whether native_states runs without pins
+    native_shifted(inputs, shift, initial) -> (y [B, T, *lead], every state [B, T, *S]) of
+        h_t = a_t h_{t-1} + b_t + shift_t, differentiable in shift (its gradient: the states'
+        adjoint, from the kernel's backward), or None where it does not run
+    native_shifted_supported(inputs, initial): whether native_shifted runs
 
 Paths: fast (fast_scan: native_scan, else diag_scan with the read-out fused), instrumented (every
 state through hook_state: native_states, else diag_scan over a and b formed once for the first
 scan and the pinned re-run, models.hooks.scan_with_state_hook) and declared state patches
-(fast_segment: fast_scan with the final state, RecurrentMixer.declared_forward).
+(fast_segment: fast_scan with the final state, RecurrentMixer.declared_forward). A gradient
+probe of hook_state with nothing patching it (run_with_cache(incl_bwd=True)) runs native_shifted
+once with the probe as its shift, read-out fused (no [B, T, *S] autograd graph in torch); a
+shift without pins (a hook's `state + delta`) runs it too, its states read out in torch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from models.hooks import scan_with_state_hook
+from models.hooks import only_probed, scan_with_state_hook, state_probe
 from models.kernels import diag_scan
 from models.mixers.base import RecurrentMixer
 
@@ -59,10 +66,21 @@ class DiagonalScanMixer(RecurrentMixer):
         a, b = self.transition_terms(inputs_t)
         return a * h + b  # [B, *S]
 
+    def native_shifted(self, inputs, shift, initial=None):
+        return None
+
+    def native_shifted_supported(self, inputs, initial=None) -> bool:
+        return False
+
     def scan(self, inputs, pins=None, initial=None, shift=None):
         """The states [B, T, *S] (twice: the scan contract): native_states where it runs and there
-        is no shift, else scan_terms over transition_terms."""
-        states = None if shift is not None else self.native_states(inputs, pins, initial)
+        is no shift, native_shifted where there is a shift and no pins, else scan_terms over
+        transition_terms."""
+        if shift is None:
+            states = self.native_states(inputs, pins, initial)
+        else:
+            states = None if pins is not None else self.native_shifted(inputs, shift, initial)
+            states = None if states is None else states[1]
         if states is not None:
             return states, states
         return self.scan_terms(*self.transition_terms(inputs), pins, initial, shift)
@@ -76,7 +94,14 @@ class DiagonalScanMixer(RecurrentMixer):
     def instrumented_forward(self, u, inputs, initial=None) -> torch.Tensor:
         """Both scans of a state patch (the first and the pinned re-run) through scan when the
         first runs natively (a re-run with pins while a gradient is wanted then forms a and b in
-        torch), else a and b formed once for both."""
+        torch), else a and b formed once for both. A gradient probe with nothing patching
+        hook_state runs native_shifted once with the probe as shift (the module docstring)."""
+        if only_probed(self.hook_state) and self.native_shifted_supported(inputs, initial):
+            dt = inputs["dt"]  # [B, T, ...]: the states' batch, length and dtype
+            probe = state_probe(self.hook_state, (*dt.shape[:2], *self.state_shape), dt)
+            y, states = self.native_shifted(inputs, probe, initial)
+            self.hook_state.emit(states)
+            return self.finish(y, inputs)
         if self.native_states_supported(inputs, initial):
             run = lambda pins, shift: self.scan(inputs, pins, initial, shift)  # noqa: E731
         else:

@@ -18,7 +18,9 @@ exists in the forward or the backward; elsewhere (and for transitions the C kern
 models.kernels.diag_scan with the read-out C fused. Instrumented path: every state through
 hook_state, from native.selective.selective_states (a and b formed in C; differentiable without pins)
 on the CPU, except a scan with pins while a gradient is wanted, which runs diag_scan over a and b;
-state patches are pins and the scan resumes from them. Declared state patches (models.StatePatch)
+state patches are pins and the scan resumes from them. A hook_state gradient probe
+(run_with_cache(incl_bwd=True)) and a shift without pins run native.selective.selective_states_shifted
+(every state and the read-out in one C call; its backward writes d metric / d h_t). Declared state patches (models.StatePatch)
 run on the fast path, the selective scan stopping at each patched step (its final state out) and
 resuming from the patched state. The scan plumbing is models.mixers.diagonal.DiagonalScanMixer's.
 
@@ -147,6 +149,19 @@ class Mamba(DiagonalScanMixer):
     def native_states_supported(self, inputs, initial=None) -> bool:
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         return self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial)
+
+    def native_shifted(self, inputs, shift, initial=None):
+        """(y [B, T, E], states [B, T, E, N]) with shift [B, T, E, N] added to each step's state from
+        native_selective.selective_states_shifted (differentiable in shift: the states' adjoint) for
+        a native transition on the CPU in float32/64, else None."""
+        if not self.native_shifted_supported(inputs, initial) or not native_selective.selective_supported(shift):
+            return None
+        return native_selective.selective_states_shifted(inputs["dt"], self.A(), inputs["x"], inputs["B"], inputs["C"],
+                                                         shift, initial_state=initial, scale=self.native_scale())
+
+    def native_shifted_supported(self, inputs, initial=None) -> bool:
+        return self.native_scale() is not None and native_selective.selective_supported(
+            inputs["dt"], self.A(), inputs["x"], inputs["B"], inputs["C"], initial)
 
     def native_scan(self, inputs, initial=None, final: bool = False):
         """(y [B, T, E], h_{T-1} or None) from native_selective.selective_scan (a and b formed in its

@@ -24,8 +24,10 @@ dh_t/dh_{t-1} = exp(dt_t A) on every (p, n) of head h; `transition` returns it a
 Paths: on the CPU (float32/64, the native library built) Mamba's fused selective kernels run it,
 one call per group: with dt repeated over each head's P channels and A over N, h_t is Mamba's
 recurrence on E channels sharing the group's B_t and C_t, so selective_scan (fast path, read-out
-fused, nothing [B, T, E, N] formed) and selective_states (instrumented: every state; a re-run
-with pins while a gradient is wanted, or with a shift, takes diag_scan) apply as they are.
+fused, nothing [B, T, E, N] formed), selective_states (instrumented: every state; a re-run
+with pins while a gradient is wanted takes diag_scan) and selective_states_shifted (a
+hook_state gradient probe or a shift without pins: every state and the read-out, its backward
+writing the states' adjoint) apply as they are.
 Elsewhere models.kernels.diag_scan (read-out fused on the fast path; every state on the
 instrumented one). hook_state patches are pinned and the scan re-run from them
 (models.hooks.scan_with_state_hook), so a patch at t changes every later step and nothing before t;
@@ -177,6 +179,22 @@ class Mamba2(DiagonalScanMixer):
     def native_states_supported(self, inputs, initial=None) -> bool:
         dt, A, x, B, _, h0, _ = self.selective_args(inputs, initial)[0]
         return native_selective.selective_states_supported(dt, A, x, B, h0)
+
+    def native_shifted(self, inputs, shift, initial=None):
+        """(y [B, T, H, P], states [B, T, H, P, N]) with shift [B, T, H, P, N] added to each step's
+        state from native selective_states_shifted, one call per group, or None where it does not run."""
+        groups = self.selective_args(inputs, initial)
+        if not native_selective.selective_supported(*groups[0][:-1], shift):
+            return None
+        batch, length = inputs["dt"].shape[:2]
+        shift = shift.reshape(batch, length, self.d_inner, self.d_state)
+        outs = [native_selective.selective_states_shifted(dt, A, x, B, C, shift[:, :, s], initial_state=h0)
+                for dt, A, x, B, C, h0, s in groups]
+        y, states = outs[0] if len(outs) == 1 else (torch.cat(parts, dim=2) for parts in zip(*outs))
+        return y.reshape(batch, length, self.heads, self.head_dim), states.reshape(batch, length, *self.state_shape)
+
+    def native_shifted_supported(self, inputs, initial=None) -> bool:
+        return native_selective.selective_supported(*self.selective_args(inputs, initial)[0][:-1])
 
     def native_scan(self, inputs, initial=None, final: bool = False):
         """(y [B, T, H, P], h_{T-1} [B, H, P, N] or None) from native selective_scan, one call per

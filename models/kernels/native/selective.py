@@ -19,6 +19,12 @@ differentiable (the C backward walks the adjoint back over the saved states,
 g_t = dL/dh_t + a_{t+1} g_{t+1}, reducing the gradients of dt, A, x, Bm and h0 inside the loop);
 with pins forward only.
 
+`selective_states_shifted` -> (y, every state) of h_t = a_t h_{t-1} + b_t + shift_t, the read-out
+fused: the forward of a hook_state gradient probe (models.hooks: shift is a zero leaf whose
+gradient is d L / d h_t). Its C backward walks the adjoint back over the saved states,
+g_t = dL/dh_t (given) + gy_t C_t + a_{t+1} g_{t+1}, and writes every g_t out as shift's gradient
+beside the others, so the states' total cotangents come from one kernel forward and backward.
+
 float32 exp is a vectorisable polynomial (exp_f32 in kernels.c, under 1 ulp from exp; torch's
 under 0.6), float64 exp is libm's.
 """
@@ -34,6 +40,8 @@ _FWD = [I, I, I, I, P, P, P, P, P, P, P, I, P, D]
 _BWD = [I, I, I, I, P, P, P, P, P, P, I, P, P, P, P, P, P, P, P, D]
 _STATES = [I, I, I, I, I, P, P, P, P, P, I, P, D]
 _STATES_BWD = [I, I, I, I, *[P] * 13, D]
+_SHIFTED = [I, I, I, I, *[P] * 9, D]
+_SHIFTED_BWD = [I, I, I, I, *[P] * 17, D]
 
 
 SELECTIVE_DTYPES = (torch.float32, torch.float64)
@@ -48,8 +56,8 @@ def selective_supported(*tensors: torch.Tensor | None) -> bool:
 
 
 def _check_selective(fn: str, named: dict) -> None:
-    """Argument checks of selective_scan / selective_states (fn): named maps dt, A, x, Bm and
-    optionally C, initial_state (None allowed) to the given values."""
+    """Argument checks of selective_scan / selective_states / selective_states_shifted (fn): named
+    maps dt, A, x, Bm and optionally C, shift, initial_state (None allowed) to the given values."""
     dt, A = named["dt"], named["A"]
     for name, value in named.items():
         if not (isinstance(value, torch.Tensor) or (value is None and name == "initial_state")):
@@ -60,7 +68,7 @@ def _check_selective(fn: str, named: dict) -> None:
                              f"got shape {tuple(named[name].shape)}")
     (batch, length, inner), n = dt.shape, A.shape[1]
     expected = {"A": (inner, n), "x": (batch, length, inner), "Bm": (batch, length, n),
-                "C": (batch, length, n), "initial_state": (batch, inner, n)}
+                "C": (batch, length, n), "initial_state": (batch, inner, n), "shift": (batch, length, inner, n)}
     for name, value in named.items():
         if value is not None and tuple(value.shape) != expected.get(name, tuple(value.shape)):
             raise ValueError(f"{fn}: {name} must have shape {expected[name]} (dt [B, T, E] = "
@@ -270,6 +278,71 @@ class SelectiveStates(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
     def backward(ctx, G):
         grads = selective_states_backward(*ctx.saved_tensors, G, ctx.scale)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+
+
+def selective_states_shifted(dt, A, x, Bm, C, shift, initial_state=None, scale: float = 1.0):
+    """Every state and the read-out of Mamba's selective scan with a shift: dt [B, T, E] (> 0),
+    A [E, N], x [B, T, E], Bm, C [B, T, N], shift [B, T, E, N], initial_state [B, E, N] or None
+    (zeros); one dtype in SELECTIVE_DTYPES, CPU -> (y [B, T, E], states [B, T, E, N]) with
+    h_t = a_t h_{t-1} + (b_t + shift_t), y_t = h_t C_t (a_t, b_t as in selective_states).
+    Differentiable in every input and in both outputs (SelectiveShifted: one C backward reads
+    h_{t-1} from the saved states; the gradient of shift_t is the adjoint dL/dh_t, the total
+    derivative of the state through the read-out and every later step)."""
+    _check_selective("selective_states_shifted", {"dt": dt, "A": A, "x": x, "Bm": Bm, "C": C,
+                                                  "shift": shift, "initial_state": initial_state})
+    scale = _check_scale("selective_states_shifted", scale)
+    h0 = dt.new_zeros(dt.shape[0], *A.shape) if initial_state is None else initial_state
+    if needs_grad(dt, A, x, Bm, C, shift, h0):
+        return SelectiveShifted.apply(dt, A, x, Bm, C, h0, shift, scale)
+    return selective_shifted_forward(dt, A, x, Bm, C, h0, shift, scale)
+
+
+def selective_shifted_forward(dt, A, x, Bm, C, h0, shift, scale: float):
+    """selective_states_shifted's C loop (no autograd; arguments checked) -> (y, states)."""
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    dt, A, x, Bm, C, h0, shift = (t.contiguous() for t in (dt, A, x, Bm, C, h0, shift))
+    states, y = empty((batch, length, inner, n), dt), dt.new_empty(batch, length, inner)
+    function(f"selective_shifted_{SUFFIX[dt.dtype]}", _SHIFTED)(
+        batch, length, inner, n, ptr(dt), ptr(A), ptr(x), ptr(Bm), ptr(C), ptr(h0), ptr(shift),
+        ptr(states), ptr(y), scale,
+    )
+    return y, states
+
+
+def selective_shifted_backward(dt, A, x, Bm, C, h0, states, gy, G, scale: float):
+    """Gradients (dt, A, x, Bm, C, h0, shift) of selective_shifted_forward given the cotangents
+    gy [B, T, E] of y and G [B, T, E, N] of the states (either None: zero); see selective_shifted_bwd."""
+    (batch, length, inner), n = dt.shape, A.shape[1]
+    dt, A, x, Bm, C, h0, states = (t.contiguous() for t in (dt, A, x, Bm, C, h0, states))
+    gy, G = (None if g is None else g.contiguous() for g in (gy, G))
+    grad_dt, grad_A, grad_x, grad_Bm, grad_C = (torch.empty_like(t) for t in (dt, A, x, Bm, C))
+    grad_h0, grad_shift, work = dt.new_empty(batch, inner, n), empty(states.shape, dt), dt.new_empty(3, inner, n)
+    function(f"selective_shifted_bwd_{SUFFIX[dt.dtype]}", _SHIFTED_BWD)(
+        batch, length, inner, n, ptr(dt), ptr(A), ptr(x), ptr(Bm), ptr(C), ptr(h0), ptr(states),
+        ptr(G), ptr(gy), ptr(grad_dt), ptr(grad_A), ptr(grad_x), ptr(grad_Bm), ptr(grad_C),
+        ptr(grad_h0), ptr(grad_shift), ptr(work), scale,
+    )
+    return grad_dt, grad_A, grad_x, grad_Bm, grad_C, grad_h0, grad_shift
+
+
+class SelectiveShifted(torch.autograd.Function):
+    """selective_states_shifted with the C backward over the saved states (no checkpoints)."""
+
+    @staticmethod
+    def forward(ctx, dt, A, x, Bm, C, h0, shift, scale):
+        y, states = selective_shifted_forward(dt, A, x, Bm, C, h0, shift, scale)
+        ctx.save_for_backward(dt, A, x, Bm, C, h0, states)
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)  # an unused output's cotangent stays None (NULL in C)
+        return y, states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not itself differentiable
+    def backward(ctx, gy, G):
+        if gy is None and G is None:
+            return (None,) * 8
+        grads = selective_shifted_backward(*ctx.saved_tensors, gy, G, ctx.scale)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
 
 

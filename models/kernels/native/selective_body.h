@@ -277,6 +277,105 @@ CLONES void FN(selective_states_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
     else FN(sel_states_bwd)(B, T, E, N, dt, A, x, Bm, h0, states, G, gdt, gA, gx, gBm, gh0, work, (R)scale);
 }
 
+/* Every state and the read-out with a shift (selective_states_shifted; forward of a hook_state
+ * gradient probe): h_t = a_t h_{t-1} + (b_t + shift_t), y_t[e] = sum_n C_t[n] h_t[e, n], states
+ * [B, T, E, N] in torch's layout (A [E, N] not transposed, the inner loops run over N) with h0
+ * [B, E, N] contiguous; shift [B, T, E, N]. The products of sel_states, the shift added to b. */
+SEL_CORE void FN(sel_shifted)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *A,
+                              const R *x, const R *Bm, const R *C, const R *h0, const R *shift,
+                              R *states, R *y, const R s) {
+    const int64_t M = E * N;
+    for (int64_t bi = 0; bi < B; bi++) {
+        const R *hp = h0 + bi * M;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t bt = bi * T + t;
+            const R *dtt = dt + bt * E, *xt = x + bt * E, *Bt = Bm + bt * N, *Ct = C + bt * N;
+            const R *sh = shift + bt * M;
+            R *h = states + bt * M, *yt = y + bt * E;
+            for (int64_t e = 0; e < E; e++) {
+                const R d = dtt[e], u = d * xt[e], *Ae = A + e * N, *hpe = hp + e * N, *she = sh + e * N;
+                R *he = h + e * N, acc = 0;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t n = 0; n < N; n++) {
+                    const R v = FN(sel_a)(EXP(d * Ae[n]), s) * hpe[n] + (u * Bt[n] + she[n]);
+                    he[n] = v;
+                    acc += Ct[n] * v;
+                }
+                yt[e] = acc;
+            }
+            hp = h;
+        }
+    }
+}
+
+CLONES void FN(selective_shifted)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt,
+                                      const R *A, const R *x, const R *Bm, const R *C, const R *h0,
+                                      const R *shift, R *states, R *y, double scale) {
+    if (scale == 1) FN(sel_shifted)(B, T, E, N, dt, A, x, Bm, C, h0, shift, states, y, (R)1);
+    else FN(sel_shifted)(B, T, E, N, dt, A, x, Bm, C, h0, shift, states, y, (R)scale);
+}
+
+/* Backward of sel_shifted given the cotangents G of the states [B, T, E, N] and gy of y
+ * [B, T, E] (either NULL: zero), reading h_{t-1} back from the states. The adjoint
+ *   g_t = G_t + gy_t[e] C_t[n] + a_{t+1} g_{t+1}   (= dL/dh_t, the total derivative of the state)
+ * is written to gshift [B, T, E, N] (dL/dshift_t = g_t); with z = dt A, grad z = g_t h_{t-1} s exp(z):
+ *   gdt [B, T, E] = sum_n grad z A[e, n] + x[e] sum_n g Bm[n]      gx = dt[e] sum_n g Bm[n]
+ *   gA [E, N] = sum over batch and time of grad z dt[e]            gBm [B, T, N] = sum_e g (dt x)[e]
+ *   gC [B, T, N] = sum_e gy[e] h_t[e, n]                           gh0 [B, E, N] = a_0 g_0
+ * work: 3 E N elements (one batch row's carry a_{t+1} g_{t+1}, its sum of grad A, and a zero
+ * row standing in for an absent G). */
+SEL_CORE void FN(sel_shifted_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *A,
+                                  const R *x, const R *Bm, const R *C, const R *h0, const R *states,
+                                  const R *G, const R *gy, R *gdt, R *gA, R *gx, R *gBm, R *gC, R *gh0,
+                                  R *gshift, R *work, const R s) {
+    const int64_t M = E * N;
+    R *carry = work, *gA_row = work + M, *zero = work + 2 * M;
+    for (int64_t i = 0; i < M; i++) gA[i] = zero[i] = 0;
+    for (int64_t bi = 0; bi < B; bi++) {
+        for (int64_t i = 0; i < M; i++) carry[i] = gA_row[i] = 0;
+        for (int64_t t = T - 1; t >= 0; t--) {
+            const int64_t bt = bi * T + t;
+            const R *dtt = dt + bt * E, *xt = x + bt * E, *Bt = Bm + bt * N, *Ct = C + bt * N;
+            const R *Gt = G ? G + bt * M : zero, *h = states + bt * M;
+            const R *hp = t ? states + (bt - 1) * M : h0 + bi * M;
+            R *gBt = gBm + bt * N, *gCt = gC + bt * N, *gst = gshift + bt * M;
+            for (int64_t n = 0; n < N; n++) gBt[n] = gCt[n] = 0;
+            for (int64_t e = 0; e < E; e++) {
+                const R d = dtt[e], u = d * xt[e], gye = gy ? gy[bt * E + e] : 0;
+                const R *Ae = A + e * N, *hpe = hp + e * N, *he = h + e * N, *Ge = Gt + e * N;
+                R *ce = carry + e * N, *gAe = gA_row + e * N, *gse = gst + e * N, s_z = 0, s_b = 0;
+#pragma omp simd reduction(+ : s_z, s_b)
+                for (int64_t n = 0; n < N; n++) {
+                    const R ez = EXP(d * Ae[n]);
+                    const R g = Ge[n] + gye * Ct[n] + ce[n];
+                    const R gz = g * hpe[n] * (s * ez);
+                    gse[n] = g;
+                    s_z += gz * Ae[n];
+                    s_b += g * Bt[n];
+                    gAe[n] += gz * d;
+                    gBt[n] += g * u;
+                    gCt[n] += gye * he[n];
+                    ce[n] = FN(sel_a)(ez, s) * g;
+                }
+                gdt[bt * E + e] = s_z + s_b * xt[e];
+                gx[bt * E + e] = s_b * d;
+            }
+        }
+        memcpy(gh0 + bi * M, carry, M * sizeof(R));
+        for (int64_t i = 0; i < M; i++) gA[i] += gA_row[i];
+    }
+}
+
+CLONES void FN(selective_shifted_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt,
+                                          const R *A, const R *x, const R *Bm, const R *C, const R *h0,
+                                          const R *states, const R *G, const R *gy, R *gdt, R *gA,
+                                          R *gx, R *gBm, R *gC, R *gh0, R *gshift, R *work, double scale) {
+    if (N == 16 && scale == 1) FN(sel_shifted_bwd)(B, T, E, 16, dt, A, x, Bm, C, h0, states, G, gy, gdt, gA, gx, gBm, gC, gh0, gshift, work, (R)1);
+    else if (N == 16) FN(sel_shifted_bwd)(B, T, E, 16, dt, A, x, Bm, C, h0, states, G, gy, gdt, gA, gx, gBm, gC, gh0, gshift, work, (R)scale);
+    else if (scale == 1) FN(sel_shifted_bwd)(B, T, E, N, dt, A, x, Bm, C, h0, states, G, gy, gdt, gA, gx, gBm, gC, gh0, gshift, work, (R)1);
+    else FN(sel_shifted_bwd)(B, T, E, N, dt, A, x, Bm, C, h0, states, G, gy, gdt, gA, gx, gBm, gC, gh0, gshift, work, (R)scale);
+}
+
 #undef FN
 #undef CAT
 #undef CAT_
