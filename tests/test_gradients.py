@@ -65,7 +65,7 @@ def test_hook_state_gradient_is_the_total_derivative_through_the_recurrence(name
     torch.testing.assert_close(logits, model(tokens).detach())
 
 
-@pytest.mark.parametrize("name", ["mamba", "deltanet", "mamba2", "tanh_rnn", "lstm", "s4d"])
+@pytest.mark.parametrize("name", ["mamba", "negative_mamba", "deltanet", "mamba2", "tanh_rnn", "lstm", "s4d"])
 def test_a_zero_delta_on_hook_state_gets_the_state_gradient(name, tokens):
     """The torch idiom: a hook returning state + delta, delta a zero leaf, gives delta.grad = d metric / d h_t."""
     model = small_model(name)
