@@ -40,7 +40,8 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint, only_read
 from models.kernels.native import softmax as native_softmax
-from models.kernels.native.library import empty
+from models.kernels.native.library import fresh  # huge-page advised on the CPU: first-touch page
+# faults of a fresh [B, H, T, T] tensor cost about as much as the op that fills it
 from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
 
 OPTIONS = {"rope_base": 10000.0}
@@ -71,12 +72,6 @@ def recording(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def fresh(shape, like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised output tensor; on the CPU advised as huge pages (native.library.empty):
-    first-touch page faults of a fresh [B, H, T, T] tensor cost about as much as the op filling it."""
-    return empty(shape, like) if like.device.type == "cpu" else like.new_empty(shape)
-
-
 def causal_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q [B, H, Tq, d] (the last Tq positions), k [B, H, Tk, d] -> scaled scores [B, H, Tq, Tk],
     -inf for keys after the query. One fresh [B, H, Tq, Tk] tensor (scaled and masked in place);
@@ -101,10 +96,10 @@ def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 def scores_and_pattern(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(causal_scores, their causal_softmax) [B, H, Tq, Tk] without autograd: on the CPU one C pass
-    over the products q k^T (models.kernels.native.softmax: exp over the allowed keys only)."""
+    (models.kernels.native.softmax: products, exp, over the allowed keys only)."""
+    if native_softmax.supported(q, k):
+        return native_softmax.causal_scores_and_pattern(q, k)
     product = torch.matmul(q, k.transpose(-1, -2), out=fresh((*q.shape[:3], k.shape[2]), q))
-    if native_softmax.supported(product):
-        return product, native_softmax.causal_softmax_(product, q.shape[-1])
     allowed = causal_mask(q.shape[2], k.shape[2], q.device)
     scores = product.div_(math.sqrt(q.shape[-1])).masked_fill_(~allowed, float("-inf"))
     return scores, causal_softmax(scores)

@@ -14,6 +14,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.kernels import diag_scan
+from models.kernels.native.library import fresh
 from models.hooks import (HookPoint, add_shift, apply_step_pin, declared_state_patches, only_read, scan_with_state_hook,
                           state_pins, step_pins, step_shifts)
 
@@ -398,8 +399,12 @@ def head_outputs(z: torch.Tensor, proj: nn.Linear, hook_z: HookPoint, hook_resul
     heads, d = z.shape[-2:]
     weight = proj.weight.view(proj.weight.shape[0], heads, d)  # [D, H, d]
     if only_read(hook_result):
-        with torch.no_grad():
-            hook_result(torch.einsum("bthd,ehd->bthe", z, weight))  # [B, T, H, D], for the readers
+        with torch.no_grad():  # for the readers: one bmm per head into a [H, B, T, D] buffer, seen as [B, T, H, D]
+            batch, length = z.shape[:2]
+            per_head = z.permute(2, 0, 1, 3).reshape(heads, batch * length, d)  # [H, B T, d]
+            out = fresh((heads, batch * length, weight.shape[0]), z)
+            torch.bmm(per_head, weight.permute(1, 2, 0), out=out)  # [H, B T, D]
+            hook_result(out.view(heads, batch, length, -1).permute(1, 2, 0, 3))
         return proj(z.flatten(2))
     result = hook_result(torch.einsum("bthd,ehd->bthe", z, weight))  # [B, T, H, D]
     out = result.sum(2)

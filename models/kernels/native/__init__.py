@@ -10,6 +10,6 @@ with the system compiler) and their Python faces, one module per op family:
                   and selective_states (every state), both differentiable; exp_f32
     complex.py    AUSSM's and Mamba-3's complex-transition scans: rotation_* / trapezoid_* scans
                   and states; sincos_f32
-    softmax.py    causal attention scores and pattern in one pass (the attention readers)
+    softmax.py    causal attention scores and pattern from q, k in one pass (the attention readers)
     lstm.py       the LSTM recurrence with every gate and state, differentiable (its instrumented path)
 """

@@ -149,3 +149,8 @@ def empty(shape, like: torch.Tensor) -> torch.Tensor:
             libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failure changes nothing
     return out
 
+
+def fresh(shape, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised output tensor like `like`: `empty` (huge-page advised) on the CPU,
+    new_empty elsewhere (for tensors that may live on another device)."""
+    return empty(shape, like) if like.device.type == "cpu" else like.new_empty(shape)
