@@ -23,8 +23,10 @@ softmax probabilities A), hook_z [B, T, H, d_head] (z_s per head), hook_result [
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
 (the output from the materialised pattern) runs when hook_attn_scores or hook_pattern is patched
 or probed for a gradient, or the instrumented path is forced, or no gradient is recorded; while
-they are only read (cached) under grad mode, scores and pattern are formed for the readers and
-the output still comes from SDPA (its backward, not the explicit one's). hook_result is formed only while it is read or patched.
+they are only read (cached) under grad mode, scores and pattern are formed for the readers
+without autograd (on the CPU by one C pass, models.kernels.native.softmax) and the output still
+comes from SDPA (its backward, not the explicit one's). hook_result is formed only while it is
+read or patched (models.mixers.base.head_outputs).
 
 mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
 cfg.attention_bias: biases in the qkv and output maps.
@@ -95,8 +97,10 @@ def causal_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def scores_and_pattern(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(causal_scores, their causal_softmax) [B, H, Tq, Tk] without autograd: on the CPU one C pass
-    (models.kernels.native.softmax: products, exp, over the allowed keys only)."""
+    """(causal_scores, their causal_softmax) [B, H, Tq, Tk] for readers, without autograd: on the
+    CPU one C pass (models.kernels.native.softmax: products and exp over the allowed keys only;
+    within 1e-6 of torch's values, not bit-equal, so the explicit path that computes z from the
+    pattern keeps torch's ops)."""
     if native_softmax.supported(q, k):
         return native_softmax.causal_scores_and_pattern(q, k)
     product = torch.matmul(q, k.transpose(-1, -2), out=fresh((*q.shape[:3], k.shape[2]), q))
@@ -143,26 +147,18 @@ class Attention(Mixer):
         if (explicit and recording(q, k, v) and self.execution_path != "instrumented"
                 and only_read(self.hook_attn_scores, self.hook_pattern)):
             with torch.no_grad():  # for the readers
-                self.pattern(q, k)
+                scores, pattern = scores_and_pattern(q, k)
+                self.hook_attn_scores(scores)
+                self.hook_pattern(pattern)
             explicit = False  # nothing replaces them, no gradient is taken at them: z by SDPA, whose
             # backward is the saving (without a gradient pattern @ v is the cheaper way to z)
         if explicit:
-            z = self.pattern(q, k) @ v  # [B, H, Tq, d_head]
+            z = self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k)))) @ v  # [B, H, Tq, d_head]
         elif queries_from == 0:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], length, x.device))
         return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
-
-    def pattern(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """The pattern [B, H, Tq, Tk] after hook_pattern, the scores passed through hook_attn_scores
-        on the way; while autograd does not record and the scores are only read, both from one
-        pass (scores_and_pattern)."""
-        if recording(q, k) or not only_read(self.hook_attn_scores):
-            return self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k))))
-        scores, pattern = scores_and_pattern(q, k)
-        self.hook_attn_scores(scores)
-        return self.hook_pattern(pattern)
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""
