@@ -16,7 +16,9 @@ columns and benchmarks/bandwidth.py's fractions of the copy bandwidth for where 
 CPU-time ratios).
 Export modes: "none", "chunks" (the state at every chunk end), "all" (every step's state).
 Implementations: naive, chunked and native (the plain-C CPU kernels of models/kernels/native/;
-the delta rule's is forward only, so its forward+backward cells read "-").
+the delta rule's is forward only, so its forward+backward cells read "-"); for the delta rule also
+fla-core's torch references where fla-core is installed (fla_recurrence, fla_chunkwise: what a
+CPU user of fla would run; export none).
 
 Each kernel contributes one `Bench` entry in KERNELS: setup(B, H, d_head, T, seed) -> inputs and
 call(inputs, impl, export_at) -> tensors to sum into the loss. The delta rule adds its own entry.
@@ -73,10 +75,26 @@ def delta_setup(batch: int, heads: int, d_head: int, length: int, seed: int) -> 
 
 
 def delta_call(inputs: dict, impl: str, export_at) -> list:
+    if impl in FLA:  # fla-core's torch references: [B, H, T, d] layout, q scaled by d^-1/2 inside
+        q, k, v = (inputs[n].transpose(1, 2) for n in "qkv")
+        return [FLA[impl](q, k, v, inputs["beta"].transpose(1, 2))[0]]
     res = delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], export_at=export_at,
                      impl=impl, chunk_size=CHUNK)
     return [x for x in (res.output, res.states_at) if x is not None]
 
+
+def fla_references() -> dict[str, Callable]:
+    """fla-core's CPU (torch) delta-rule references, what a user without our kernels would run,
+    where fla-core is installed: the step loop and the chunked WY form (chunk 32, T a multiple)."""
+    try:
+        from fla.ops.delta_rule.naive import delta_rule_chunkwise, delta_rule_recurrence
+    except ImportError:
+        return {}
+    return {"fla_recurrence": delta_rule_recurrence,
+            "fla_chunkwise": lambda q, k, v, beta: delta_rule_chunkwise(q, k, v, beta, chunk_size=32)}
+
+
+FLA = fla_references()
 
 KERNELS: dict[str, Bench] = {
     "diag_scan": Bench(diag_setup, diag_call),
@@ -113,7 +131,7 @@ def measure(fns: list[Callable], repeats: int) -> tuple[list[float], list[float]
 
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
-        ("native", None), ("native", "chunks"), ("native", "all")]
+        ("native", None), ("native", "chunks"), ("native", "all")] + [(impl, None) for impl in FLA]
 # kernels with a native CPU implementation (models/kernels/native/): has it a backward?
 NATIVE = {"diag_scan": True, "delta_rule": False}
 
@@ -147,7 +165,7 @@ def main() -> None:
         for length in args.lengths:
             rows = [(impl, export) for impl, export in ROWS
                     if ((impl, export) == ROWS[0] or (export or "none") in args.exports)
-                    and (impl != "native" or name in NATIVE)]
+                    and (impl != "native" or name in NATIVE) and (impl not in FLA or name == "delta_rule")]
             fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
             has_bwd = [impl != "native" or NATIVE[name] for impl, _ in rows]
             repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
