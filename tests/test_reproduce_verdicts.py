@@ -200,6 +200,13 @@ def test_sample_efficiency():
     assert [c.verdict for c in claims] == ["reproduces"] * 3
     plan.settings["study"]["kappa"] = [r | {"kappa": float("nan")} for r in rows]   # N* never converged
     assert [c.verdict for c in module.judge([], plan)[0]] == ["did not fit", "did not fit", "inconclusive"]
+    # a lower bound above the sharing threshold settles kappa > 1.5 (the cpu run: LSTM ACoT kappa >= 1.83, its
+    # length-3 N* capped by the 125 distinct sequences); one at or below it settles nothing
+    bounded = [r | {"kappa": float("nan"), "kappa_low": low} for r, low in zip(rows, (1.2, 1.9, 1.2, 1.83))]
+    plan.settings["study"]["kappa"] = bounded
+    claims = module.judge([], plan)[0]
+    assert [c.verdict for c in claims[:2]] == ["does not reproduce", "partly reproduces"]   # LSTM outcome unsettled
+    assert ">= 1.83: a lower bound" in claims[1].measured
 
 
 def test_retrieval_reading_of_no_kept_pairs_is_none():

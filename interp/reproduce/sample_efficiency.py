@@ -85,29 +85,47 @@ def _show(value) -> str:
         f"{value:.2f}" if isinstance(value, float) else str(value))
 
 
+def bound(row) -> float | None:
+    """kappa_low where kappa itself is unknown (NaN) and the bound is finite and positive, else None."""
+    low = row.get("kappa_low")
+    if isinstance(row["kappa"], float) and math.isfinite(row["kappa"]):
+        return None
+    return low if isinstance(low, (int, float)) and math.isfinite(low) and low > 0 else None
+
+
 def judge(done, plan: Plan):
     kappa = plan.settings["study"]["kappa"]
     def line(rows):
-        return "; ".join(f"{r['model']} {r['task']} {r['format']}: kappa {_show(r['kappa'])} (N*_joint "
-                         f"{_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])})" for r in rows) or "none"
+        return "; ".join(f"{r['model']} {r['task']} {r['format']}: kappa {_show(r['kappa'])}"
+                         + (f" (>= {_show(bound(r))}: a lower bound, N*_joint found and some N*_n not within the search)"
+                            if bound(r) is not None else "")
+                         + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])})" for r in rows) or "none"
     transformer = [r for r in kappa if r["model"] == "transformer"]
     rnn = [r for r in kappa if r["model"] in RNNS and r["format"] in ("outcome", "acot")]
     known = lambda rows: [r for r in rows if isinstance(r["kappa"], float) and math.isfinite(r["kappa"])]  # noqa: E731
 
-    def verdict(rows, ok):
-        rows = known(rows)
-        if not rows:
+    def verdict(rows, ok, bound_decides):
+        """ok(kappa) per row with a kappa; a row with only a lower bound counts where bound_decides(bound) is
+        "ok" or "not ok" (a bound above the sharing threshold settles kappa > SHARED), else it is left out."""
+        judged = [ok(r["kappa"]) for r in known(rows)]
+        judged += [bound_decides(bound(r)) == "ok" for r in rows if r not in known(rows) and bound(r) is not None
+                   and bound_decides(bound(r)) is not None]
+        if not judged:
             return "did not fit"   # some N* never converged within the search's bound
-        good = [r for r in rows if ok(r["kappa"])]
-        return "reproduces" if len(good) == len(rows) else "partly reproduces" if good else "does not reproduce"
+        settled_all = len(judged) == len(rows)
+        return ("reproduces" if all(judged) and settled_all else "partly reproduces" if any(judged)
+                else "does not reproduce")
+
+    above = lambda low: "ok" if low > SHARED else None          # noqa: E731  kappa >= low > SHARED
+    contradicts = lambda low: "not ok" if low > SHARED else None  # noqa: E731
 
     claims = [Claim(SEED_002, "Transformers show a low sharing coefficient (kappa ~ 1 or kappa < 1) in every task format, "
                     "meaning they learn length-specific solutions in isolation.",
                     "트랜스포머는 모든 작업 형식에서 낮은 공유 계수(κ ≈ 1 또는 κ < 1)를 보입니다. 이는 이들이 길이 특화된 "
-                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer), verdict(transformer, lambda k: k <= SHARED)),
+                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer), verdict(transformer, lambda k: k <= SHARED, contradicts)),
               Claim(SEED_002, "Recurrent models show a high sharing coefficient (kappa >> 1) in their preferred regimes "
                     "(Outcome and ACoT).", "순환 모델은 선호하는 체제(Outcome 및 ACoT)에서 높은 공유 계수(κ ≫ 1)를 "
-                    "나타냅니다.", line(rnn), verdict(rnn, lambda k: k > SHARED))]
+                    "나타냅니다.", line(rnn), verdict(rnn, lambda k: k > SHARED, above))]
     ood = [r for r in known(kappa) if any(k.startswith("ood_acc_") for k in r)]
     pairs = [(r["kappa"], max(v for k, v in r.items() if k.startswith("ood_acc_") and isinstance(v, float)
                               and math.isfinite(v)) if any(k.startswith("ood_acc_") and isinstance(v, float)
