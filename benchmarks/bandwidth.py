@@ -32,6 +32,7 @@ import torch
 
 from models.kernels import diag_scan
 from models.kernels.native import selective
+from models.kernels.native.library import retain_freed_memory
 from timing import interleaved  # benchmarks/timing.py
 
 MIB = 1 << 20
@@ -113,8 +114,13 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--kernels", nargs="+", default=["diag", "selective"], choices=["diag", "selective"])
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--retain-freed-memory", action="store_true",
+                        help="models.kernels.native.library.retain_freed_memory() first (opt-in: freed blocks "
+                             "reused instead of fresh, zeroed mappings)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.retain_freed_memory:
+        print(f"retain_freed_memory: {retain_freed_memory()}")
     print(f"# {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, 1 thread")
     rows = []
     for size in args.sizes:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 import models
+from models.kernels.native.library import retain_freed_memory
 from timing import interleaved  # benchmarks/timing.py
 
 VOCAB, D_MODEL, N_LAYERS = 16, 64, 2
@@ -98,8 +99,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=None, help="only these models in the zoo table")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: stable ratios on a shared machine)")
+    parser.add_argument("--retain-freed-memory", action="store_true",
+                        help="models.kernels.native.library.retain_freed_memory() first (opt-in: freed blocks "
+                             "reused instead of fresh, zeroed mappings)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.retain_freed_memory:
+        print(f"retain_freed_memory: {retain_freed_memory()}")
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (args.batch, args.length))
     n_tokens = tokens.numel()
