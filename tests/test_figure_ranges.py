@@ -110,7 +110,8 @@ CASES = {
         {"a": tcross(drift_result(np.linspace(0.05, 0.9, 120))), "b": tcross(drift_result(0.001 * np.arange(1, 121)))},
         train_length=60)],
     "dynamics.tcross_vs_mp": lambda: [fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": tc}
-                                                       for mp, tc in ((100, 90.0), (200, 150.0), (1000, 1500.0))])],
+                                                       for mp, tc in ((100, 90.0), (200, 150.0), (1000, 1500.0))]),
+                                      fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": 47.0} for mp in (100, 200)])],
     "dynamics.tcross_vs_mp_by_definition": lambda: [
         fd.tcross_vs_mp_by_definition(summary_rows(), ["pooled/fixed", "time/fixed", "time/calibrated"])],
     "dynamics.readability_curves": lambda: [fd.readability_curves({"m": calibration()})],
@@ -175,3 +176,11 @@ def test_the_range_check_sees_a_vline_label_on_a_log_axis():
     fixed = go.Figure(go.Bar(x=["a", "b"], y=[0.5, 1.3]))
     fixed.update_yaxes(range=[0, 1.05])
     assert any("its data span" in p for p in range_problems(fixed, "bars"))
+
+
+def test_a_single_valued_log_axis_is_drawn_half_a_decade_each_way():
+    """plotly.js pads a log axis whose data is one value by a decade each way (seen in Chromium on the
+    error-control report: Tcross 47 for both affine S3 runs drawn over 10^0.67..10^2.67)."""
+    fig = fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": 47.0} for mp in (100, 200)])
+    lo, hi = fig.layout.yaxis.range
+    assert hi - lo == pytest.approx(1.0) and lo < np.log10(47.0) < hi and fig.layout.xaxis.range is None

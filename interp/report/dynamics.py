@@ -120,13 +120,23 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
     if not fig.data:
         fig.add_annotation(text="no run has both an mp and a finite Tcross: nothing to place",
                            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font={"size": 14})
-    fig.update_xaxes(type="log", title="mp (max-passing length)")
-    fig.update_yaxes(type="log", title="Tcross (steps)")
+    fig.update_xaxes(type="log", title="mp (max-passing length)", **_single_value_range(mp))
+    fig.update_yaxes(type="log", title="Tcross (steps)", **_single_value_range(tc))
     suffix = f"Pearson r (log-log) = {r:.2f} over {count} runs" if np.isfinite(r) else f"r undefined ({count} runs)"
     if left_out:
         suffix += f"; {left_out} left out (no mp or infinite Tcross)"
     fig.update_layout(title=f"{title}: {suffix}", template="plotly_white", legend_title=color_by)
     return fig
+
+
+def _single_value_range(values: np.ndarray) -> dict[str, Any]:
+    """{"range": [log10 v - 0.5, log10 v + 0.5]} when every placeable value (finite, > 0) is one v: plotly.js
+    would pad a single value by a decade each way; else {} (autorange)."""
+    placed = values[np.isfinite(values) & (values > 0)]
+    if placed.size and np.all(placed == placed[0]):
+        center = float(np.log10(placed[0]))
+        return {"range": [center - 0.5, center + 0.5]}
+    return {}
 
 
 def _definition_rows(rows: Sequence[Mapping[str, Any]], definition: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from interp.reproduce.engine import Claim, Plan, size
+from interp.report import sample_efficiency as figures
 from interp.report.html import Table
 from interp.sweep.executors import make_executor
 from interp.sweep.run import run_spec
@@ -145,4 +146,9 @@ def judge(done, plan: Plan):
     sections = [Table(kappa or [{"note": "no kappa (the search found no joint N*)"}], heading="kappa per model, task, format"),
                 Table([{k: v for k, v in r.items() if k != "trials"} for r in plan.settings["study"]["n_star"]]
                       or [{"note": "no N*"}], heading="N* per condition")]
+    n_star = plan.settings["study"]["n_star"]
+    if any(r["n_star"] is not None for r in n_star):
+        sections.append(figures.n_star_vs_length(n_star))
+    if any(bound(r) is not None or r in known(kappa) for r in kappa):
+        sections += [figures.kappa_bars(kappa), figures.kappa_vs_ood(kappa)]
     return claims, sections
