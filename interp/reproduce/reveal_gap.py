@@ -93,13 +93,18 @@ def judge(done, plan: Plan):
     dense, sparse = min(gaps), max(gaps)
     dense_ok = all(a >= 0.9 for a in tr[dense]) and tr[dense]
     drop = tr[sparse] and tr[dense] and max(tr[sparse]) < min(tr[dense]) - 0.1
-    verdict = ("reproduces" if dense_ok and drop else "partly reproduces" if drop
-               else "did not fit" if not dense_ok else "does not reproduce")
+    # the drop is the Transformer's only where another model learned the sparse gap with the same budget
+    learned = [o for o in done if o.fit and o.run.info["gap"] == sparse and o.run.info["model"] != "transformer"]
+    verdict = ("did not fit" if not dense_ok else "inconclusive" if drop and not learned
+               else "reproduces" if drop else "does not reproduce")
     claims.append(Claim(SEED_004, "Transformers need dense state supervision to learn state tracking. As the gap "
                         "between print statements (reveals) widens, the Transformer's performance drops sharply.",
                         "Transformers: 상태 추적을 학습하기 위해 조밀한 상태 감독이 필요합니다. print 문(노출) 사이의 간격이 "
                         "넓어질수록 트랜스포머의 성능은 급격히 떨어집니다.",
-                        f"Transformer reveal accuracy at {length} statements by gap: {by_gap('transformer')}", verdict))
+                        f"Transformer reveal accuracy at {length} statements by gap: {by_gap('transformer')}; other models "
+                        f"that fit at gap {sparse} with the same budget: {', '.join(o.run.label for o in learned) or 'none'}"
+                        + ("" if learned else " (a drop there is the task's at this budget, not the Transformer's)"),
+                        verdict))
     neg = fitted(done, model="deltanet[-1,1]")
     neg_all = select(done, model="deltanet[-1,1]")
     sparse_fit = [o for o in neg if o.run.info["gap"] == sparse]
