@@ -101,32 +101,3 @@ def test_mixer_takes_the_native_recurrence_on_the_cpu(monkeypatch):
         gates, states = mixer.scan(mixer.prepare(cache[names[0]]))
     torch.testing.assert_close(cache[names[1]], gates, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache[names[2]], states, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("read", ["h", "all"])
-def test_torch_fallback_equals_the_step_loop(monkeypatch, read):
-    """Without the native library (or off the CPU) the instrumented path is nn.LSTM's h plus
-    CellStates (gates from h_{t-1}, c by diag_scan, whose backward walks only what was read):
-    its gates, states and gradients equal the step loop's."""
-    monkeypatch.setattr(native_lstm, "supported", lambda *tensors: False)
-    torch.manual_seed(0)
-    mixer = models.build("lstm", vocab_size=5, d_model=8, d_hidden=6).blocks[0].mixer
-    x = torch.randn(2, 13, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    h0 = torch.randn(2, 2, 6, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    leaves = [x, h0, *mixer.parameters()]
-    gen = torch.Generator().manual_seed(3)
-    results = []
-    for fused in (True, False):
-        inputs = mixer.prepare(x)
-        gates, states = mixer.unpinned_scan(x, inputs, h0) if fused else mixer.scan(inputs, initial=h0)
-        if fused:
-            weights = [torch.randn(t.shape, generator=gen) for t in (gates, states)]
-            if read == "h":
-                weights[0].zero_()
-                weights[1][:, :, 1] = 0
-        loss = (gates * weights[0]).sum() + (states * weights[1]).sum()
-        results.append([gates, states, *torch.autograd.grad(loss, leaves, allow_unused=True)])
-    for got, want in zip(*results):
-        assert (got is None) == (want is None)
-        if want is not None:
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

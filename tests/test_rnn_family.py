@@ -5,6 +5,7 @@ import torch
 from torch.func import jacrev
 
 import models
+from models.kernels.native import lstm as native_lstm
 from models.mixers.linear_rnn import chunked_linear_scan
 
 B, T, D = 2, 9, 8
@@ -46,12 +47,15 @@ def test_loop_equals_torch_module(name, module):
 
 @pytest.mark.parametrize("read", ["all", "h"])
 @pytest.mark.parametrize("initial", [False, True])
-@pytest.mark.parametrize("name", ["lstm", "gru"])
-def test_unpinned_scan_equals_the_step_loop_with_gradients(name, initial, read):
-    """The instrumented path without patches (nn.LSTM / nn.GRU states, every gate from h_{t-1}
-    at once, the LSTM's c by the diagonal scan) against the step loop: gates, states and the
-    gradients of a loss on both (read "all") or on h alone (the readout's case, where the LSTM's
-    gate and c graph is skipped) in x, every weight and the initial state."""
+@pytest.mark.parametrize("name, native", [("lstm", True), ("lstm", False), ("gru", True)])
+def test_unpinned_scan_equals_the_step_loop_with_gradients(name, native, initial, read, monkeypatch):
+    """The instrumented path without patches (the LSTM's C recurrence, or without the native
+    library / off the CPU nn.LSTM's h plus CellStates: gates from h_{t-1} at once, c by the
+    diagonal scan; nn.GRU's states) against the step loop: gates, states and the gradients of a
+    loss on both (read "all") or on h alone (the readout's case, where the LSTM's gate and c
+    graph is skipped) in x, every weight and the initial state."""
+    if not native:
+        monkeypatch.setattr(native_lstm, "supported", lambda *tensors: False)
     _, mixer = mixer_of(name, d_hidden=6)
     x = inputs_x(length=37)
     h0 = torch.randn(B, *mixer.state_shape, requires_grad=True) if initial else None
