@@ -13,6 +13,9 @@ top-k finds, and the seconds each method took.
 Reading: the screen is useful where it ranks sites as the exact method does (r over site means,
 top-k recall), even if per-pair values are off: a saturated probability is far from linear in
 the activations, the logit difference less so. Only a model that solves AR says anything.
+Measured (defaults, AR accuracy 1.00): r over site means 0.87 (p(y)) / 0.84 (logit difference),
+per pair 0.33 / 0.54; the screen's top 8 holds 4 / 3 of the exact top 8, because it overrates
+the recurrent-state sites against the block inputs at the key positions.
 
     python examples/attribution_screen.py [--model mamba] [--steps 3000] [--run DIR] [--quick] [--out DIR]
 """
