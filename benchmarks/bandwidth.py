@@ -1,10 +1,14 @@
 """The native scans against the memory bound: achieved GB/s and the fraction of the machine's copy
 bandwidth, both measured in the same interleaved rounds (so against the same machine state).
 
-    python benchmarks/bandwidth.py [--rounds 5] [--sizes small large] [--markdown]
+    python benchmarks/bandwidth.py [--rounds 5] [--sizes small large] [--threads 1 2] [--markdown]
 
-Copy bandwidth: numpy's copy of a 256 MiB float32 array into a preallocated, already touched one
-(memcpy; its large-size path streams the stores), counted as bytes read + bytes written. A
+Copy bandwidth: the faster of numpy's copy of a 256 MiB float32 array into a preallocated, already
+touched one (memcpy; its large-size path streams the stores) and torch's copy_ of the same,
+counted as bytes read + bytes written. With k threads (--threads: torch.set_num_threads(k), under
+which the diagonal scan shares its batch rows among k threads) both copies use k threads (numpy:
+k equal slices copied at once from a thread pool; torch: its own OpenMP threads), so each scan is
+held against the copy at its own thread count, measured in the same rounds. A
 scan's GB/s counts the least traffic it must move, each tensor once per pass:
   diag fwd          read a, b, c; write y                              (no grad: no checkpoints)
   diag fwd+bwd      the forward (+ its checkpoints), then read a, b, c, gy, checkpoints;
@@ -15,17 +19,20 @@ scan's GB/s counts the least traffic it must move, each tensor once per pass:
 Shapes: diag B 8, H 4 channels x N 64 states, the read-out c shared over channels (the Mamba
 layout of benchmarks/kernels.py), T 256 ("small": 4.5 MiB, inside the 32 MiB L3) or 16384
 ("large": 290 MiB); selective B 8, E 256 channels, N 16 states, T 256 or 16384 (large: 392 MiB of
-inputs and y). float32, one torch thread; every contender (the copy included) once per round, the
+inputs and y). float32, one torch thread unless --threads says otherwise (the selective scan runs on one thread:
+it is timed at one only); every contender (the copy included) once per round, the
 order reversed every other round (a small shape runs 20 times in a row per round, so that it is
 timed in cache, not cold after the copy); min and median wall time over rounds, the min of the thread's
 CPU time (see timing.py: under a load above the 2 cores the wall times mostly measure the
-waiting), GB/s and the fraction of the copy's for both, and the load average.
+waiting; one-thread rows only, as the calling thread's CPU time misses the others), GB/s and the
+fraction of the copy's for both, and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -40,12 +47,24 @@ SIZES = {"small": 256, "large": 16384}
 REPEATS = {"small": 20, "large": 1}  # runs per contender per round (see repeated)
 
 
-def copy_contender(nbytes: int = 256 * MIB):
-    """(fn, bytes moved): numpy copy of nbytes into a preallocated, touched destination."""
+def copy_contenders(threads: int = 1, nbytes: int = 256 * MIB) -> dict:
+    """{name: (fn, bytes moved)}: copies of nbytes into a preallocated, touched destination with
+    `threads` threads, two ways: numpy (memcpy; with k threads k equal slices copied at once from
+    a thread pool, numpy releasing the GIL) and torch's copy_ (its own k OpenMP threads). The
+    faster of the two is the copy bandwidth at that thread count."""
     src = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     dst[...] = 0  # touch every page: no page faults in the timed copies
-    return (lambda: np.copyto(dst, src)), 2 * nbytes
+    if threads == 1:
+        numpy_copy = lambda: np.copyto(dst, src)  # noqa: E731
+    else:
+        pool = ThreadPoolExecutor(threads)
+        cuts = [len(src) * k // threads for k in range(threads + 1)]
+        slices = [slice(lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+        numpy_copy = lambda: list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))  # noqa: E731
+    src_t, dst_t = torch.from_numpy(src), torch.from_numpy(dst)
+    return {f"copy 256 MiB numpy ({threads} thr)": (numpy_copy, 2 * nbytes),
+            f"copy 256 MiB torch ({threads} thr)": (lambda: dst_t.copy_(src_t), 2 * nbytes)}
 
 
 def nbytes(*tensors: torch.Tensor) -> int:
@@ -108,50 +127,66 @@ def selective_contenders(length: int, batch: int = 8, inner: int = 256, n: int =
             "selective fwd+bwd": (fwd_bwd, fwd_traffic + ckpt_bytes + inputs + nbytes(gy) + ckpt_bytes + inputs)}
 
 
+def at_threads(fn, threads: int):
+    """fn run with torch.set_num_threads(threads) (so contenders at different counts share rounds)."""
+    def run():
+        torch.set_num_threads(threads)
+        return fn()
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--kernels", nargs="+", default=["diag", "selective"], choices=["diag", "selective"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1],
+                        help="torch thread counts to time the diagonal scan (and the copy) at")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--retain-freed-memory", action="store_true",
                         help="models.kernels.native.library.retain_freed_memory() first (opt-in: freed blocks "
                              "reused instead of fresh, zeroed mappings)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if any(k < 1 for k in args.threads):
+        parser.error(f"--threads must be positive; got {args.threads}")
     if args.retain_freed_memory:
         print(f"retain_freed_memory: {retain_freed_memory()}")
-    print(f"# {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, 1 thread")
+    print(f"# {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, threads {args.threads}")
     rows = []
     for size in args.sizes:
-        copy_fn, copy_bytes = copy_contender()
-        contenders = {"copy 256 MiB": (copy_fn, copy_bytes)}
-        times = REPEATS[size]
-        if "diag" in args.kernels:
-            contenders.update({f"{k} T={SIZES[size]}": v
-                               for k, v in repeated(diag_contenders(SIZES[size]), times).items()})
-        if "selective" in args.kernels:
-            contenders.update({f"{k} T={SIZES[size]}": v
-                               for k, v in repeated(selective_contenders(SIZES[size]), times).items()})
-        res = interleaved({name: fn for name, (fn, _) in contenders.items()}, rounds=args.rounds)
-        copy = res["copy 256 MiB"]
-        for name, (_, moved) in contenders.items():
+        contenders, copies, times = {}, {}, REPEATS[size]  # contenders: name -> (fn, bytes, threads)
+        diag = repeated(diag_contenders(SIZES[size]), times) if "diag" in args.kernels else {}
+        for threads in args.threads:  # every thread count in the same rounds
+            copy = copy_contenders(threads)
+            copies[threads] = list(copy)
+            contenders.update({k: (at_threads(fn, threads), moved, threads) for k, (fn, moved) in copy.items()})
+            contenders.update({f"{k} T={SIZES[size]} ({threads} thr)": (at_threads(fn, threads), moved, threads)
+                               for k, (fn, moved) in diag.items()})
+        if "selective" in args.kernels and 1 in args.threads:
+            contenders.update({f"{k} T={SIZES[size]} (1 thr)": (at_threads(fn, 1), moved, 1)
+                               for k, (fn, moved) in repeated(selective_contenders(SIZES[size]), times).items()})
+        res = interleaved({name: fn for name, (fn, _, _) in contenders.items()}, rounds=args.rounds)
+        for name, (_, moved, threads) in contenders.items():
             t = res[name]
+            # the copy bandwidth at this thread count: the faster copy (wall), and in CPU time
+            copy_gbs = max(contenders[c][1] / res[c].min for c in copies[threads]) / 1e9
+            copy_cpu_gbs = max(contenders[c][1] / res[c].cpu_min for c in copies[threads]) / 1e9
             gbs, cpu_gbs = moved / t.min / 1e9, moved / t.cpu_min / 1e9
-            rows.append((name, moved / MIB, t.min * 1e3, t.median * 1e3, gbs, gbs / (copy_bytes / copy.min / 1e9),
-                         t.cpu_min * 1e3, cpu_gbs, cpu_gbs / (copy_bytes / copy.cpu_min / 1e9), res.load))
+            cpu = (t.cpu_min * 1e3, cpu_gbs, cpu_gbs / copy_cpu_gbs) if threads == 1 else None
+            rows.append((name, moved / MIB, t.min * 1e3, t.median * 1e3, gbs, gbs / copy_gbs, cpu, res.load))
+    torch.set_num_threads(1)
     if args.markdown:
         print("| contender | MiB moved | wall min ms | wall median ms | GB/s | of copy | CPU min ms | GB/s (CPU) "
               "| of copy (CPU) | load |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for name, mib, t_min, t_med, gbs, frac, c_min, c_gbs, c_frac, load in rows:
-            print(f"| {name} | {mib:.0f} | {t_min:.2f} | {t_med:.2f} | {gbs:.1f} | {frac:.2f} | {c_min:.2f} | "
-                  f"{c_gbs:.1f} | {c_frac:.2f} | {load} |")
+        for name, mib, t_min, t_med, gbs, frac, cpu, load in rows:
+            c = "{:.2f} | {:.1f} | {:.2f}".format(*cpu) if cpu else "- | - | -"
+            print(f"| {name} | {mib:.0f} | {t_min:.2f} | {t_med:.2f} | {gbs:.1f} | {frac:.2f} | {c} | {load} |")
     else:
-        for name, mib, t_min, t_med, gbs, frac, c_min, c_gbs, c_frac, load in rows:
-            print(f"{name:24s} {mib:6.0f} MiB  wall min {t_min:8.2f} med {t_med:8.2f} ms {gbs:5.1f} GB/s {frac:4.2f}"
-                  f"  | CPU min {c_min:8.2f} ms {c_gbs:5.1f} GB/s {c_frac:4.2f}  load {load}")
-
+        for name, mib, t_min, t_med, gbs, frac, cpu, load in rows:
+            c = "CPU min {:8.2f} ms {:5.1f} GB/s {:4.2f}".format(*cpu) if cpu else "CPU -"
+            print(f"{name:30s} {mib:6.0f} MiB  wall min {t_min:8.2f} med {t_med:8.2f} ms {gbs:5.1f} GB/s {frac:4.2f}"
+                  f"  | {c}  load {load}")
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,7 @@ from interp.cli import build_parser, main
 from tests.browser import assert_renders
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"],
-                                  ["patch", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"]])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

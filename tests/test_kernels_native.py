@@ -108,6 +108,47 @@ def test_checkpoint_spacing_changes_no_bits():
 
 
 @needs_native
+@pytest.mark.parametrize("kind,batch,length,state,readout", [
+    ("decay", 2, 301, (4, 512), "shared"),  # 2 rows for 3 / 5 threads: the forward splits channels
+    ("negative", 1, 257, (3, 7), "full"),   # one row: blocks of 1-2 channels, unaligned streamed rows
+    ("complex", 3, 199, (2, 300), "full"),  # 3 rows, 2 threads: 2 channel blocks a row
+    ("decay", 5, 129, (5, 33), None),       # every state out, T = 2 spans + 1
+    ("negative", 4, 37, (3, 4), "shared"),  # rows split evenly (2 threads), unevenly (3, 5)
+])
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_native_threads_give_the_single_thread_bits(monkeypatch, kind, batch, length, state, readout, threads):
+    """Batch rows and blocks of channels shared among threads (threads.h) change no bit of any
+    output or gradient, over several backward spans, odd lengths and more threads than rows."""
+    a, b, c, h0 = make_problem(kind, batch, length, state, seed=length, readout=readout)
+    export_at = [length - 1, 0, length // 2, 17, 17]
+    monkeypatch.setattr(library, "THREAD_MIN_BYTES", 1)  # threads even for these small inputs
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ref_out, ref_grads = run("native", a, b, c, h0, export_at, chunk=64)
+        torch.set_num_threads(threads)
+        assert library.threads_for(1 << 30) == threads
+        got_out, got_grads = run("native", a, b, c, h0, export_at, chunk=64)
+    finally:
+        torch.set_num_threads(previous)
+    for got, ref in zip(got_out + got_grads, ref_out + ref_grads):
+        assert torch.equal(got, ref)
+
+
+def test_threads_for_follows_torch_and_the_work_size(monkeypatch):
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert library.threads_for(64 * library.THREAD_MIN_BYTES) == 2
+        assert library.threads_for(library.THREAD_MIN_BYTES + 1) == 1  # too little for a second
+        assert library.threads_for(0) == 1
+        torch.set_num_threads(1)
+        assert library.threads_for(64 * library.THREAD_MIN_BYTES) == 1
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_native
 def test_native_non_contiguous_inputs():
     a, b, c, h0 = make_problem("negative", 2, 9, (3, 4), seed=5, readout="full")
     permuted = lambda x: x.movedim(1, -1).contiguous().movedim(-1, 1)  # noqa: E731

@@ -2,16 +2,19 @@
 
     h_t = a_t * h_{t-1} + b_t,   y_t[l] = sum_n c_t[l, n] h_t[l, n]     (see diag_scan.py)
 
-The C code (diag_body.h: no torch headers, no threads) walks each batch row through time over
-contiguous [T, M] memory, updating the state in place in cache; with a read-out it writes only y.
+The C code (diag_body.h: no torch headers) walks each batch row through time over contiguous
+[T, M] memory, updating the state in place in cache; with a read-out it writes only y. The rows
+(or, where the thread count does not divide them, blocks of channels; not in a backward that
+sums grad c over the lead rows) are shared among library.threads_for(...) threads:
+torch.get_num_threads() for inputs of a few MiB and more. The results are bit-equal for any count.
 When a gradient can flow the forward also keeps the state entering every s-th step (checkpoints,
 [B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer steps where s states and
 adjoints exceed SPAN_BYTES). The backward recomputes the states of one checkpoint span at a time
 into that cache-sized buffer, walks the adjoint back over them
 (g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, kept in cache too, grad c_t = gy_t conj(h_t) beside it,
-while the next span's inputs are prefetched), then copies grad b_t = g_t, grad a_t =
+while the next span's a and c are prefetched), then copies grad b_t = g_t, grad a_t =
 g_t conj(h_{t-1}) and grad c_t out in ascending order with streaming stores (the fresh gradient
-tensors are not read for ownership); grad h_{-1} = conj(a_0) g_0. Its memory traffic is one read
+tensors are not read for ownership) while the next span's b is prefetched; grad h_{-1} = conj(a_0) g_0. Its memory traffic is one read
 of a, b, c, gy and the checkpoints and one write of the gradients (benchmarks/bandwidth.py). Same association order as the naive loop (results agree to rounding
 of the read-out sums). Dtypes: float32, float64, complex64, complex128 (complex as interleaved
 (re, im) pairs, torch's layout).
@@ -23,11 +26,11 @@ import math
 
 import torch
 
-from models.kernels.native.library import SPAN_BYTES, SUFFIX, I, P, empty, function, ptr
+from models.kernels.native.library import SPAN_BYTES, SUFFIX, I, P, empty, function, ptr, threads_for
 
 DTYPES = tuple(SUFFIX)
-_FWD = [I, I, I, I, P, P, P, I, P, P, P, P, P, I, I, P]
-_BWD = [I, I, I, I, P, P, P, I, P, I, P, P, P, P, I, P, P, P, P, P]
+_FWD = [I, I, I, I, P, P, P, I, P, P, P, P, P, I, I, P, I]
+_BWD = [I, I, I, I, P, P, P, I, P, I, P, P, P, P, I, P, P, P, P, P, I]
 
 
 def _geometry(a: torch.Tensor, c: torch.Tensor | None) -> tuple[int, int, int, int, int]:
@@ -49,10 +52,16 @@ def _slots(export_idx: torch.Tensor | None, length: int):
     return slot, steps, None if torch.equal(where, torch.arange(len(where))) else where
 
 
-def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints: bool = True):
+def _threads(threads: int | None, a: torch.Tensor) -> int:
+    """The thread count for a call on inputs like a (a and b: the bulk of the traffic)."""
+    return threads_for(2 * a.numel() * a.element_size()) if threads is None else threads
+
+
+def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints: bool = True,
+            threads: int | None = None):
     """a, b [B, T, *S], c None | [B, T, N] | [B, T, *S], h0 [B, *S] (one dtype in DTYPES, CPU)
     -> (y [B, T, *lead] | None, hs [B, T, *S] | None, final [B, *S], exported [B, K, *S] | None,
-    checkpoints [B, ceil(T / chunk), *S] | None)."""
+    checkpoints [B, ceil(T / chunk), *S] | None). threads: None = threads_for(the inputs' bytes)."""
     a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
     batch, length, lead, n, c_stride = _geometry(a, c)
     state = a.shape[2:]
@@ -65,13 +74,16 @@ def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints
     function(f"scan_fwd_{SUFFIX[a.dtype]}", _FWD)(
         batch, length, lead, n, ptr(a), ptr(b), ptr(c), c_stride, ptr(final), ptr(y), ptr(hs),
         ptr(slot), ptr(unique), 0 if steps is None else len(steps), chunk, ptr(ckpt),
+        _threads(threads, a),
     )
     exported = unique if where is None else unique.index_select(1, where)
     return y, hs, final, exported, ckpt
 
 
-def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_c: bool):
-    """Gradients (a, b, c | None, h0) of forward's outputs given their cotangents (None: zero)."""
+def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_c: bool,
+             threads: int | None = None):
+    """Gradients (a, b, c | None, h0) of forward's outputs given their cotangents (None: zero);
+    threads as in forward."""
     a, b, c = a.contiguous(), b.contiguous(), None if c is None else c.contiguous()
     batch, length, lead, n, c_stride = _geometry(a, c)
     grad_a, grad_b = empty(a.shape, a), empty(a.shape, a)
@@ -84,11 +96,12 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
             a.new_zeros(batch, len(steps), *a.shape[2:]).index_add_(1, where, g_exported))
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
-    work = a.new_empty(3 * min(chunk, length), *a.shape[2:])  # see scan_bwd in the C code
+    threads = _threads(threads, a)
+    work = a.new_empty(threads, 3 * min(chunk, length), *a.shape[2:])  # see scan_bwd in the C code
     function(f"scan_bwd_{SUFFIX[a.dtype]}", _BWD)(
         batch, length, lead, n, ptr(a), ptr(b), ptr(c), c_stride, ptr(ckpt), chunk,
         ptr(g_out), ptr(g_final), ptr(slot), ptr(g_unique), 0 if steps is None else len(steps),
-        ptr(grad_a), ptr(grad_b), ptr(grad_c), ptr(grad_h0), ptr(work),
+        ptr(grad_a), ptr(grad_b), ptr(grad_c), ptr(grad_h0), ptr(work), threads,
     )
     return grad_a, grad_b, grad_c, grad_h0
 

@@ -8,7 +8,8 @@
  * with every gate and state, forward and backward (lstm_body.h), and causal attention scores and
  * pattern in one pass (softmax_body.h).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
- * every input is read once, so the scan runs at memory bandwidth. No torch headers, no threads. */
+ * every input is read once, so the scan runs at memory bandwidth. No torch headers; the diagonal
+ * scan shares its batch rows (or blocks of channels) among threads (threads.h). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -75,6 +76,17 @@ static inline void prefetch_bytes(const void *p, size_t n) {
 #else
 static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
 #endif
+
+/* A helper a cloned kernel calls runs in that clone's instruction set only when it is inlined
+ * into it; an out-of-line static helper is compiled once, for the baseline (SSE2). Helpers too
+ * large for the compiler to inline on its own are marked INLINE. */
+#if defined(__GNUC__)
+#define INLINE inline __attribute__((always_inline))
+#else
+#define INLINE inline
+#endif
+
+#include "threads.h"
 
 /* the diagonal scan (models/kernels/native/diag.py), real types (complex below) */
 #define R float

@@ -1,7 +1,7 @@
 """Building and loading the native CPU kernels' C library (kernels.c and its *_body.h files).
 
 Build: compiled once per machine with the system C compiler ($CC, else cc, gcc or clang;
--O3 -fopenmp-simd -fno-trapping-math, no -ffast-math, no -march; libm linked) into a cache directory
+-O3 -fopenmp-simd -fno-trapping-math, no -ffast-math, no -march; libm and POSIX threads linked) into a cache directory
 ($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
 keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
 into place atomically, so parallel processes do not race. On x86-64 with glibc every kernel is
@@ -13,7 +13,8 @@ chunked, and impl="native" raises).
 
 Large outputs are advised as transparent huge pages (`empty`): on the shared VM this was measured
 on, first-touch page faults of fresh gradient tensors cost about as much as the backward itself.
-SPAN_BYTES is the cache budget the checkpointed backwards size their recomputed spans to.
+SPAN_BYTES is the cache budget the checkpointed backwards size their recomputed spans to;
+threads_for(nbytes) how many threads a kernel that can share its work (threads.h) may use.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "kernels.c", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
+SOURCES = (HERE / "kernels.c", HERE / "threads.h", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
            HERE / "complex_body.h", HERE / "lstm_body.h", HERE / "softmax_body.h")
 # -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value
 FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-math"]
-LIBS = ["-lm"]
+LIBS = ["-lm", "-pthread"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
 SPAN_BYTES = 256 * 1024  # a backward's span of states and adjoints stays within this (L2-sized)
+THREAD_MIN_BYTES = 1 << 20  # a kernel's thread gets at least this much traffic (threads_for)
 
 P, I, D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double  # the C arguments: pointer, int64_t, double
 
@@ -119,6 +121,13 @@ def function(name: str, argtypes: list) -> ctypes._CFuncPtr:
 
 def ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
+
+
+def threads_for(nbytes: int) -> int:
+    """Threads for a kernel call that moves nbytes: torch.get_num_threads() (so a process set to
+    one thread stays on one), fewer where a thread would get under THREAD_MIN_BYTES (starting and
+    joining one costs tens of microseconds). The kernel uses at most as many as it has units."""
+    return max(1, min(torch.get_num_threads(), nbytes // THREAD_MIN_BYTES))
 
 
 HUGE = 2 << 20  # transparent huge page size on x86-64 / most arm64 Linux
