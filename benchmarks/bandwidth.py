@@ -8,7 +8,8 @@ touched one (memcpy; its large-size path streams the stores) and torch's copy_ o
 counted as bytes read + bytes written. With k threads (--threads: torch.set_num_threads(k), under
 which the diagonal scan shares its batch rows among k threads) both copies use k threads (numpy:
 k equal slices copied at once from a thread pool; torch: its own OpenMP threads), so each scan is
-held against the copy at its own thread count, measured in the same rounds. A
+held against the copy at its own thread count, measured in the same rounds (one set of rounds
+per thread count: a one-thread contender right after a two-thread one ran slower in cache). A
 scan's GB/s counts the least traffic it must move, each tensor once per pass:
   diag fwd          read a, b, c; write y                              (no grad: no checkpoints)
   diag fwd+bwd      the forward (+ its checkpoints), then read a, b, c, gy, checkpoints;
@@ -127,14 +128,6 @@ def selective_contenders(length: int, batch: int = 8, inner: int = 256, n: int =
             "selective fwd+bwd": (fwd_bwd, fwd_traffic + ckpt_bytes + inputs + nbytes(gy) + ckpt_bytes + inputs)}
 
 
-def at_threads(fn, threads: int):
-    """fn run with torch.set_num_threads(threads) (so contenders at different counts share rounds)."""
-    def run():
-        torch.set_num_threads(threads)
-        return fn()
-    return run
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -154,26 +147,24 @@ def main() -> None:
     print(f"# {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, threads {args.threads}")
     rows = []
     for size in args.sizes:
-        contenders, copies, times = {}, {}, REPEATS[size]  # contenders: name -> (fn, bytes, threads)
-        diag = repeated(diag_contenders(SIZES[size]), times) if "diag" in args.kernels else {}
-        for threads in args.threads:  # every thread count in the same rounds
-            copy = copy_contenders(threads)
-            copies[threads] = list(copy)
-            contenders.update({k: (at_threads(fn, threads), moved, threads) for k, (fn, moved) in copy.items()})
-            contenders.update({f"{k} T={SIZES[size]} ({threads} thr)": (at_threads(fn, threads), moved, threads)
-                               for k, (fn, moved) in diag.items()})
-        if "selective" in args.kernels and 1 in args.threads:
-            contenders.update({f"{k} T={SIZES[size]} (1 thr)": (at_threads(fn, 1), moved, 1)
-                               for k, (fn, moved) in repeated(selective_contenders(SIZES[size]), times).items()})
-        res = interleaved({name: fn for name, (fn, _, _) in contenders.items()}, rounds=args.rounds)
-        for name, (_, moved, threads) in contenders.items():
-            t = res[name]
+        diag = repeated(diag_contenders(SIZES[size]), REPEATS[size]) if "diag" in args.kernels else {}
+        for threads in args.threads:  # one set of rounds per thread count, its copies in them
+            copies = copy_contenders(threads)
+            contenders = dict(copies)
+            contenders.update({f"{k} T={SIZES[size]} ({threads} thr)": v for k, v in diag.items()})
+            if "selective" in args.kernels and threads == 1:
+                contenders.update({f"{k} T={SIZES[size]} (1 thr)": v for k, v in
+                                   repeated(selective_contenders(SIZES[size]), REPEATS[size]).items()})
+            torch.set_num_threads(threads)
+            res = interleaved({name: fn for name, (fn, _) in contenders.items()}, rounds=args.rounds)
             # the copy bandwidth at this thread count: the faster copy (wall), and in CPU time
-            copy_gbs = max(contenders[c][1] / res[c].min for c in copies[threads]) / 1e9
-            copy_cpu_gbs = max(contenders[c][1] / res[c].cpu_min for c in copies[threads]) / 1e9
-            gbs, cpu_gbs = moved / t.min / 1e9, moved / t.cpu_min / 1e9
-            cpu = (t.cpu_min * 1e3, cpu_gbs, cpu_gbs / copy_cpu_gbs) if threads == 1 else None
-            rows.append((name, moved / MIB, t.min * 1e3, t.median * 1e3, gbs, gbs / copy_gbs, cpu, res.load))
+            copy_gbs = max(moved / res[c].min for c, (_, moved) in copies.items()) / 1e9
+            copy_cpu_gbs = max(moved / res[c].cpu_min for c, (_, moved) in copies.items()) / 1e9
+            for name, (_, moved) in contenders.items():
+                t = res[name]
+                gbs, cpu_gbs = moved / t.min / 1e9, moved / t.cpu_min / 1e9
+                cpu = (t.cpu_min * 1e3, cpu_gbs, cpu_gbs / copy_cpu_gbs) if threads == 1 else None
+                rows.append((name, moved / MIB, t.min * 1e3, t.median * 1e3, gbs, gbs / copy_gbs, cpu, res.load))
     torch.set_num_threads(1)
     if args.markdown:
         print("| contender | MiB moved | wall min ms | wall median ms | GB/s | of copy | CPU min ms | GB/s (CPU) "

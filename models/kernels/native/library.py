@@ -39,7 +39,7 @@ FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-
 LIBS = ["-lm", "-pthread"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}
 SPAN_BYTES = 256 * 1024  # a backward's span of states and adjoints stays within this (L2-sized)
-THREAD_MIN_BYTES = 1 << 20  # a kernel's thread gets at least this much traffic (threads_for)
+THREAD_MIN_BYTES = 4 << 20  # a kernel's thread gets at least this much traffic (threads_for)
 
 P, I, D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double  # the C arguments: pointer, int64_t, double
 
@@ -126,7 +126,9 @@ def ptr(x: torch.Tensor | None) -> int | None:
 def threads_for(nbytes: int) -> int:
     """Threads for a kernel call that moves nbytes: torch.get_num_threads() (so a process set to
     one thread stays on one), fewer where a thread would get under THREAD_MIN_BYTES (starting and
-    joining one costs tens of microseconds). The kernel uses at most as many as it has units."""
+    joining one cost about 80 microseconds here, what moving 2 MiB takes: with 2 MiB a thread the
+    diagonal scan's forward ran slower on two threads than on one). The kernel uses at most as
+    many as it has units."""
     return max(1, min(torch.get_num_threads(), nbytes // THREAD_MIN_BYTES))
 
 
