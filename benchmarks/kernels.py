@@ -1,6 +1,6 @@
 """Scan kernels on the CPU: naive, chunked and native, forward and forward+backward, state export.
 
-    python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown]
+    python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown] [--skip-loop-backward]
     python benchmarks/kernels.py --widths 4x64 64x16 512x16 1024x16 --lengths 256   (width sweep)
 
 One table, one row per (kernel, T, implementation, export): the fastest of --repeats wall times
@@ -132,6 +132,7 @@ def measure(fns: list[Callable], repeats: int) -> tuple[list[float], list[float]
 
 ROWS = [("naive", None), ("chunked", None), ("chunked", "chunks"), ("chunked", "all"), ("naive", "all"),
         ("native", None), ("native", "chunks"), ("native", "all")] + [(impl, None) for impl in FLA]
+LOOPS = ("naive", "fla_recurrence")  # step loops in torch ops (--skip-loop-backward)
 # kernels with a native CPU implementation (models/kernels/native/): has it a backward?
 NATIVE = {"diag_scan": True, "delta_rule": False}
 
@@ -147,6 +148,10 @@ def main() -> None:
     parser.add_argument("--exports", nargs="+", default=["none", "chunks", "all"],
                         choices=["none", "chunks", "all"], help="export modes to run (naive/none always)")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--skip-loop-backward", action="store_true",
+                        help="no forward+backward for the step loops (naive, fla_recurrence), whose autograd "
+                             "graph holds every step's state (minutes and GiB at T 4096); the fwd+bwd speed-ups "
+                             "then read '-'")
     parser.add_argument("--widths", nargs="+", default=[], metavar="HxN",
                         help="instead of the main table: a diag_scan width sweep, H channels x N state "
                              "entries (e.g. 512x16: Mamba's d_inner x d_state), export none")
@@ -167,7 +172,8 @@ def main() -> None:
                     if ((impl, export) == ROWS[0] or (export or "none") in args.exports)
                     and (impl != "native" or name in NATIVE) and (impl not in FLA or name == "delta_rule")]
             fns = [runners(KERNELS[name], length, impl, export, args) for impl, export in rows]
-            has_bwd = [impl != "native" or NATIVE[name] for impl, _ in rows]
+            has_bwd = [(impl != "native" or NATIVE[name]) and not (args.skip_loop_backward and impl in LOOPS)
+                       for impl, _ in rows]
             repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
             fwd, fwd_cpu, load_f = measure([f for f, _ in fns], repeats)
             fb_wall, fb_cpu, load_b = measure([fb for (_, fb), ok in zip(fns, has_bwd) if ok], repeats)
@@ -175,7 +181,8 @@ def main() -> None:
             for (impl, export), f, fc, ok in zip(rows, fwd, fwd_cpu, has_bwd):
                 fb, fbc = next(backward) if ok else (None, None)
                 both = f"{fb * 1e3:.1f} | {fc * 1e3:.1f} | {fbc * 1e3:.1f}" if ok else f"- | {fc * 1e3:.1f} | -"
-                ratio = f"{fb_cpu[0] / fbc:.1f}x" if ok else "- (forward only)"
+                ratio = (f"{fb_cpu[0] / fbc:.1f}x" if has_bwd[0] else "-") if ok else (
+                    "- (not timed)" if impl in LOOPS else "- (forward only)")
                 print(f"| {name} | {length} | {impl} | {export or 'none'} | {f * 1e3:.1f} | {both} | "
                       f"{fwd_cpu[0] / fc:.1f}x | {ratio} | {load_f}, {load_b} |", flush=True)
 
