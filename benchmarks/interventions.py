@@ -19,6 +19,7 @@ method sees the same drift in machine load), each with its own copy of the model
             (SequenceModel.resume_from)
   pyvene    pyvene.IntervenableModel with one VanillaIntervention per site ("pos" unit), one call
             (a source and a base pass) per site; same model, sites and positions
+            (benchmarks/pyvene_peer.py; hook_state shown to pyvene flattened to [B, T, prod(S)])
 
 Every method except loop-auto runs inside models.instrumented(); interchange's resumed passes
 (batched) lift it and take the default path per mixer, like loop-auto, so they agree with the
@@ -56,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import models  # noqa: E402
 from interp.analysis.interventions import answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
 from interp.tasks.recall import AssociativeRecall  # noqa: E402
+from pyvene_peer import PyveneGrid  # noqa: E402  (benchmarks/pyvene_peer.py)
 
 ROLES = ["key", "value", "query", "answer"]
 MODELS = {
@@ -99,46 +101,6 @@ def setup(name: str, n: int, pairs: int, device: str = "cpu"):
     return model, clean.to(device), corrupt.to(device), sites
 
 
-def pyvene_probs(model, clean, corrupt, sites, passes: list[int]) -> torch.Tensor:
-    """p_patched [S, N] via pyvene: one IntervenableModel and one call per site (passes counted)."""
-    import pyvene as pv
-    from pyvene.models.modeling_utils import type_to_dimension_mapping
-    from torch import nn
-
-    class Adapter(nn.Module):
-        """What pyvene expects of a model: `.config`, `.device`, keyword inputs."""
-
-        def __init__(self, inner) -> None:
-            super().__init__()
-            self.inner, self.config = inner, None
-
-        @property
-        def device(self):
-            return next(self.parameters()).device
-
-        def forward(self, tokens):
-            passes[0] += 1
-            return self.inner(tokens)
-
-    type_to_dimension_mapping[Adapter] = {}  # unknown architecture: no dimension lookup
-    adapter = Adapter(model)
-    rows = torch.arange(len(clean))
-    query = clean.roles["query"]
-    y = clean.targets[rows, query]
-    out = []
-    for site in sites:
-        config = pv.IntervenableConfig([{"component": f"inner.{site.hook}.output", "unit": "pos",
-                                         "intervention_type": pv.VanillaIntervention}])
-        intervenable = pv.IntervenableModel(config, adapter)
-        intervenable.disable_model_gradients()
-        source = clean.roles[site.position][None, :, None].tolist()
-        base = corrupt.roles[site.position][None, :, None].tolist()
-        _, logits = intervenable({"tokens": corrupt.tokens}, [{"tokens": clean.tokens}],
-                                 {"sources->base": (source, base)})
-        out.append(answer_probs(logits, query, y))
-    return torch.stack(out)
-
-
 def loop_probs(model, clean, corrupt, sites) -> torch.Tensor:
     """p_patched [S, N]: the clean run cached once, then one patched pass per site."""
     rows = torch.arange(len(clean))
@@ -161,10 +123,9 @@ def loop_probs(model, clean, corrupt, sites) -> torch.Tensor:
 def runner(name: str, method: str, rows: int | None, n: int, pairs: int, device: str = "cpu"):
     """(run() -> p_patched [S, N], passes counter) for one method on its own copy of the model."""
     model, clean, corrupt, sites = setup(name, n, pairs, device)
-    if method == "pyvene":
-        import pyvene  # noqa: F401  (import cost outside the timing)
+    grid = PyveneGrid(model) if method == "pyvene" else None  # ImportError where pyvene is missing
     passes = [0, 0]  # unembedding calls, row-positions computed summed over blocks
-    if method != "pyvene":  # pyvene removes the model's forward hooks; its adapter counts instead
+    if method != "pyvene":  # pyvene runs on its own copy of the model; its adapter counts instead
         model.unembed.register_forward_hook(lambda *args: passes.__setitem__(0, passes[0] + 1))
         for block in model.blocks:  # hook_resid_mid sees [rows, positions, D] in whole and resumed passes
             block.hook_resid_mid.register_forward_hook(
@@ -173,7 +134,9 @@ def runner(name: str, method: str, rows: int | None, n: int, pairs: int, device:
     def run() -> torch.Tensor:
         with torch.no_grad(), models.instrumented(method != "loop-auto"):
             if method == "pyvene":
-                return pyvene_probs(model, clean, corrupt, sites, passes)
+                probs = grid(clean, corrupt, sites)
+                passes[0] = grid.adapter.calls
+                return probs
             if method in ("loop", "loop-auto"):
                 return loop_probs(model, clean, corrupt, sites)
             return interchange(model, clean, corrupt, sites, batch_size=rows, min_effect=0.0,
@@ -223,7 +186,7 @@ def time_side_by_side(runs: dict, repeats: int) -> tuple[dict, dict]:
     for key, run in runs.items():
         try:
             results[key] = run()
-        except Exception as error:  # noqa: BLE001  (pyvene fails on 4-D states: reported in the table)
+        except Exception as error:  # noqa: BLE001  (a failing contender is reported in the table)
             results[key] = error
     for _ in range(repeats):
         for key, run in runs.items():

@@ -7,7 +7,10 @@
 `cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`.
 
 The analyses have TransformerLens' names and meaning; they need the model (`cache.model`, set by
-run_with_cache) and a residual model (cfg.residual):
+run_with_cache), and the decompositions (decompose_resid, get_full_resid_decomposition, a
+remainder) a residual model (cfg.residual). In a model without residual connections (the
+stacked RNNs) the stream before a block is the previous block's output: accumulated_resid,
+logit_lens, logit_attrs and apply_ln_to_stack read it the same way.
 
     accumulated_resid(layer, incl_mid, apply_ln, pos_slice)   [L + 1, B, T, D] the residual before
                                                   each block (and the final one): the logit lens
@@ -149,13 +152,15 @@ class Cache(Mapping):
 
     # ------------------------------------------------------------------ residual analyses
 
-    def _model(self) -> nn.Module:
+    def _model(self, additive: bool = False) -> nn.Module:
+        """The model; additive: the analysis sums components to the stream, so it needs a residual one."""
         if self.model is None:
             raise ValueError("this analysis needs the model: use the Cache from model.run_with_cache "
                              "(or Cache(store, model=model))")
-        if not self.model.cfg.residual:
-            raise ValueError("residual decompositions need a residual model (cfg.residual=True); "
-                             "this one has residual=False")
+        if additive and not self.model.cfg.residual:
+            raise ValueError("residual decompositions need a residual model (cfg.residual=True); this one has "
+                             "residual=False, so a block's output replaces its input and no components sum to it "
+                             "(accumulated_resid, logit_lens and logit_attrs still apply)")
         return self.model
 
     def _layer(self, layer: int | None) -> int:
@@ -199,7 +204,7 @@ class Cache(Mapping):
         `layer`'s mixer output. With mode "all" and incl_embeds the components sum to the residual."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-        model = self._model()
+        model = self._model(additive=True)
         layer = self._layer(layer)
         components, labels = [], []
         if incl_embeds:
@@ -263,7 +268,7 @@ class Cache(Mapping):
         each mixer output (its output bias: "{l}_mixer_bias"), every neuron ("L{l}N{n}", or
         "{l}_mlp_out" without expand_neurons) and each MLP's output bias ("{l}_mlp_bias"): the
         components sum to the residual (mlp_input: before block `layer`'s MLP)."""
-        model = self._model()
+        model = self._model(additive=True)
         layer = self._layer(layer)
         components, labels = [self["hook_embed"]], ["embed"]
         for l in range(min(layer + 1, len(model.blocks))):
@@ -297,6 +302,7 @@ class Cache(Mapping):
         apply the norm before `layer`; with their labels when return_labels."""
         stack = torch.stack(components)
         if incl_remainder:
+            self._model(additive=True)
             stack = torch.cat([stack, (self._resid(layer) - stack.sum(0))[None]])
             labels = labels + ["remainder"]
         stack = _pos(stack, pos_slice)

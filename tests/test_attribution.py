@@ -85,3 +85,23 @@ def test_attribution_checks_its_arguments(pair):
         attribute(model, clean, corrupt, [Site("blocks.0.mixer.hook_ot", "key")])
     with pytest.raises(ValueError, match="metrics"):
         attribute(model, clean, corrupt, [Site("blocks.0.mixer.hook_out", "key")], metrics=["restoration"])
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_every_model_of_the_zoo_attributes_its_derivative(name, pair):
+    """On every model: the estimate at a block input, a mixer output and (where the mixer has
+    one) the recurrent state is the finite-difference slope of the patched answer probability."""
+    clean, corrupt = pair
+    torch.manual_seed(0)
+    model = models.build(name, vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2).double()
+    sites = [Site("blocks.1.hook_resid_pre", "key"), Site("blocks.0.mixer.hook_out", "value")]
+    sites += [Site("blocks.0.mixer.hook_state", "key")] if "blocks.0.mixer.hook_state" in model.hook_names() else []
+    estimate = attribute(model, clean, corrupt, sites, min_effect=0.0)
+    exact = interchange(model, clean, corrupt, sites, min_effect=0.0)
+    torch.testing.assert_close(estimate.p_corrupt, exact.p_corrupt, atol=1e-12, rtol=0)
+    eps = 1e-6
+    at_eps = partial_patch_logits(model, clean, corrupt, sites, eps).softmax(-1)[:, torch.arange(len(clean)),
+                                                                                 clean.targets[:, -1]]
+    finite, slope = (at_eps - exact.p_corrupt) / eps, estimate.p_patched - exact.p_corrupt
+    torch.testing.assert_close(slope, finite, atol=1e-6 + 1e-4 * finite.abs().max().item(), rtol=1e-3)
+    assert slope.abs().max() > 1e-6

@@ -127,3 +127,32 @@ def test_shorthand_batch_dim_and_errors(tokens):
     plain = model64("tanh_rnn", residual=False)
     with pytest.raises(ValueError, match="residual"):
         plain.run_with_cache(tokens)[1].decompose_resid()
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_every_model_of_the_zoo_decomposes_and_lenses(name, tokens):
+    """Residual models: the decompositions sum to the final residual and their direct logit
+    attributions to the logit; every model: the last logit-lens layer is the model's logits and
+    each lens layer decodes the stream entering that block."""
+    model = model64(name)
+    logits, cache = model.run_with_cache(tokens)
+    lens = cache.logit_lens()
+    assert lens.shape == (3, B, T, VOCAB)
+    torch.testing.assert_close(lens[-1], logits, atol=1e-12, rtol=0)
+    torch.testing.assert_close(lens[1], model.unembed(model.norm_final(cache["blocks.1.hook_resid_pre"])))
+    if not model.cfg.residual:
+        with pytest.raises(ValueError, match="residual=False, so a block's output replaces its input"):
+            cache.decompose_resid()
+        with pytest.raises(ValueError, match="need a residual model"):
+            cache.stack_head_results(incl_remainder=True)
+        return
+    final = cache["blocks.1.hook_resid_post"]
+    for stack in (cache.decompose_resid(), cache.get_full_resid_decomposition(),
+                  cache.stack_head_results(incl_remainder=True)):
+        torch.testing.assert_close(stack.sum(0), final, atol=1e-12, rtol=0)
+    target = tokens[:, -1]
+    dla = cache.logit_attrs(cache.decompose_resid(apply_ln=True), target)  # [C, B, T]
+    bias = getattr(model.norm_final, "bias", None)
+    bias_logit = model.unembed(bias)[target][:, None] if bias is not None else 0.0
+    torch.testing.assert_close(dla.sum(0), logits.gather(-1, target[:, None, None].expand(B, T, 1))[..., 0] - bias_logit,
+                               atol=1e-10, rtol=0)

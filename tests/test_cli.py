@@ -12,7 +12,8 @@ from interp.cli import build_parser, main
 from tests.browser import assert_renders
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["demo", "--help"],
+                                  ["patch", "--help"]])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

@@ -96,6 +96,9 @@ CASES = {
                                   fe.curves({"r2": np.linspace(0, 1, 10)}, "t", "R^2", "probe", x=np.arange(5, 15))],
     "interventions.restoration_heatmap": lambda: [fi.restoration_heatmap(interchange([[-2.0, 0.5, 1.0],
                                                                                       [-1.25, 1.6, 0.0]]))],
+    "interventions.attribution_scatter": lambda: [
+        fi.attribution_scatter(interchange([[0.0, 0.5, 1.0], [-0.2, 0.9, 0.1]]),
+                               interchange([[0.0, 1.5, 4.2], [-0.1, 0.4, 0.0]]), quantities=["restoration"])],
     "interventions.accuracy_vs_d_conv": lambda: [fi.accuracy_vs_d_conv({"mamba": {4: 1.0, 2: 0.4, 1: 0.1}})],
     "heads.beta_histograms": lambda: [fh.beta_histograms({"L0": (np.linspace(0, 2, 11), np.arange(20).reshape(2, 10)),
                                                           "L1": (np.linspace(0, 2, 11), np.ones((2, 10)))})],

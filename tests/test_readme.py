@@ -45,7 +45,8 @@ def test_readme_python_block_runs_on_its_own(index, tmp_path):
 
 
 TINY = {"train": ["--batch-size", "4", "--d-model", "8", "--eval-every", "2", "--no-progress"],
-        "eval": ["--n", "16"], "drift": ["--n", "16", "--n-fit", "32", "--n-drift", "8"], "heads": ["--n", "16"]}
+        "eval": ["--n", "16"], "drift": ["--n", "16", "--n-fit", "32", "--n-drift", "8"], "heads": ["--n", "16"],
+        "patch": ["--n", "16"]}
 
 
 def tiny(argv: list[str]) -> list[str]:

@@ -5,6 +5,7 @@
     interp eval runs/x --lengths 60,100,200,500,1000
     interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
     interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
+    interp patch runs/ar [--method both|exact|attribution] [--hooks ...] [--positions all|key,value,query]
     interp sweep spec.yaml --out sweeps/x [--executor local|ray] [--workers N]   grid or N* study, resumable
     interp sample-efficiency --models lstm,transformer --tasks Z5 --max-length 6 --out sweeps/se
     interp reproduce NAME [--scale cpu|paper] [--device D] [--out DIR] [--quick]   one report per seed claim
@@ -15,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import demo, drift, eval as eval_command, heads, reproduce, sample_efficiency, sweep, train
+from interp.cli import demo, drift, eval as eval_command, heads, patch, reproduce, sample_efficiency, sweep, train
 from interp.cli.args import HelpFormatter, Parser
 
-SUBCOMMANDS = (demo, train, eval_command, heads, drift, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
+SUBCOMMANDS = (demo, train, eval_command, heads, drift, patch, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
     restoration_heatmap(InterchangeResult)           layers x roles per hook
     accuracy_vs_d_conv({model: {width: accuracy}})   short-conv ablation bars
+    attribution_scatter(exact, estimate)             per-site means: attribution vs interchange
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from interp.report.style import check_mapping
+from interp.report.style import check_mapping, palette_color
+
+MAX_SIDE_BY_SIDE_ROLES = 6  # more roles (positions) than this: one heatmap per row
 
 
 def restoration_grid(result) -> tuple[list[str], list[int], list[str], np.ndarray]:
@@ -31,27 +34,36 @@ def restoration_grid(result) -> tuple[list[str], list[int], list[str], np.ndarra
     return components, layers, roles, grid
 
 
-def restoration_heatmap(result, title: str = "Restoration") -> go.Figure:
+def restoration_heatmap(result, title: str = "Restoration", bound: float | None = None) -> go.Figure:
     """One heatmap per hook component (layers x roles) of the mean restoration of an
     InterchangeResult; cells show the value. The colour scale diverges around 0 (no restoration,
-    white): positive blue, negative red, symmetric to max(1, largest |restoration|), so a full
-    restoration (1), an overshoot (> 1) and a reversal (< 0) all have their own colour."""
+    white): positive blue, negative red, symmetric to `bound` (default max(1, largest |restoration|);
+    give two figures one bound to compare them by colour), so a full restoration (1), an overshoot
+    (> 1) and a reversal (< 0) all have their own colour. Panels sit side by side for a few roles
+    and one above the other for a grid of many positions, so every cell's value stays legible."""
     components, layers, roles, grid = restoration_grid(result)
     finite = np.abs(grid[np.isfinite(grid)])
-    bound = max(1.0, float(finite.max())) if finite.size else 1.0
-    fig = make_subplots(rows=1, cols=len(components), subplot_titles=components, horizontal_spacing=0.12)
+    if bound is None:
+        bound = max(1.0, float(finite.max())) if finite.size else 1.0
+    elif isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+        raise ValueError(f"bound must be a number > 0 (the colour scale's |restoration| limit) or None; got {bound!r}")
+    stacked = len(roles) > MAX_SIDE_BY_SIDE_ROLES and len(components) > 1
+    shape = dict(rows=len(components), cols=1, vertical_spacing=0.5 / len(components)) if stacked else \
+        dict(rows=1, cols=len(components), horizontal_spacing=0.12)
+    fig = make_subplots(**shape, subplot_titles=components)
     for index, component in enumerate(components):
+        cell = dict(row=index + 1, col=1) if stacked else dict(row=1, col=index + 1)
         text = [["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in grid[index]]
         fig.add_trace(go.Heatmap(
             z=grid[index], x=roles, y=[f"layer {layer}" for layer in layers], zmin=-bound, zmax=bound, zmid=0.0,
             colorscale="RdBu", text=text, texttemplate="%{text}", name=component,
             showscale=index == len(components) - 1, colorbar={"title": "restoration"},
-            hovertemplate="%{y}, %{x}<br>restoration %{z:.3f}<extra>" + component + "</extra>"),
-            row=1, col=index + 1)
-        fig.update_xaxes(title="patched position", row=1, col=index + 1)
+            hovertemplate="%{y}, %{x}<br>restoration %{z:.3f}<extra>" + component + "</extra>"), **cell)
+        fig.update_xaxes(title="patched position", type="category", **cell)
     fig.update_yaxes(autorange="reversed")
+    height = 120 + len(components) * (90 + 45 * len(layers)) if stacked else 320
     fig.update_layout(title=f"{title} ({result.n_kept} of {len(result.kept)} pairs kept)",
-                      template="plotly_white", height=320)
+                      template="plotly_white", height=height)
     return fig
 
 
@@ -68,4 +80,41 @@ def accuracy_vs_d_conv(results: Mapping[str, Mapping[int, float]],
     fig.update_xaxes(title="short-conv width kept (d_conv)", type="category")
     fig.update_yaxes(range=[0, 1.1], title="accuracy")
     fig.update_layout(title=title, template="plotly_white", barmode="group", legend_title="model")
+    return fig
+
+
+QUANTITY_TITLES = {"restoration": "restoration of p(y)", "logit_diff_restoration": "restoration of logit(y) - logit(y')"}
+
+
+def attribution_scatter(exact, estimate, quantities=("restoration", "logit_diff_restoration"),
+                        title: str = "Attribution estimate vs exact interchange, per site") -> go.Figure:
+    """One panel per quantity (an InterchangeResult attribute, e.g. "restoration"): each site's mean
+    over the examples both results keep, exact (interchange) on x against the estimate (attribute)
+    on y, coloured by hook component, with the line y = x (a perfect estimate lies on it)."""
+    if [s.label for s in exact.sites] != [s.label for s in estimate.sites]:
+        raise ValueError("exact and estimate must cover the same sites")
+    unknown = [q for q in quantities if q not in QUANTITY_TITLES]
+    if isinstance(quantities, str) or unknown or not quantities:
+        raise ValueError(f"quantities must be a non-empty list of {list(QUANTITY_TITLES)}; got {quantities!r}")
+    kept = exact.kept & estimate.kept
+    components = list(dict.fromkeys(s.component for s in exact.sites))
+    fig = make_subplots(rows=1, cols=len(quantities), subplot_titles=[QUANTITY_TITLES[q] for q in quantities],
+                        horizontal_spacing=0.1)
+    for col, quantity in enumerate(quantities, start=1):
+        means = [getattr(r, quantity)[:, kept].nanmean(1).numpy() for r in (exact, estimate)]  # [S] each
+        finite = np.concatenate([m[np.isfinite(m)] for m in means])
+        low, high = (min(0.0, float(finite.min())), max(1.0, float(finite.max()))) if finite.size else (0.0, 1.0)
+        fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", line={"color": "#999", "dash": "dot"},
+                                 name="y = x", showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+        for index, component in enumerate(components):
+            rows = [i for i, s in enumerate(exact.sites) if s.component == component]
+            fig.add_trace(go.Scatter(
+                x=means[0][rows], y=means[1][rows], mode="markers", name=component, legendgroup=component,
+                showlegend=col == 1, marker={"color": palette_color(index), "size": 8},
+                text=[exact.sites[i].label for i in rows],
+                hovertemplate="%{text}<br>exact %{x:.3f}<br>estimate %{y:.3f}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(title="exact (interchange)", row=1, col=col)
+        fig.update_yaxes(title="estimate (attribution)", row=1, col=col)
+    fig.update_layout(title=f"{title} ({int(kept.sum())} of {len(kept)} pairs kept)", template="plotly_white",
+                      height=460, legend_title="hook")
     return fig

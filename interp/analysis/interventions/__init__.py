@@ -5,7 +5,7 @@ roles as positions, one head, a subspace).
 
 Modules: `sites` (Site, grids, positions), `patching` (the patch engine), `interchange`,
 `attribution` (attribution patching: every interchange's first-order estimate from one forward
-and backward), `ablation`, `corruption`; the public names are re-exported here.
+and backward; `agreement` scores it against interchange), `ablation`, `corruption`; the public names are re-exported here.
 
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
 and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1.
@@ -40,7 +40,7 @@ in context by a key absent from the example, so the query no longer matches; `co
 
 from interp.analysis.interventions.ablation import (ABLATION_MODES, SHORT_CONV_MODES, AblationResult, ablate,
                                                     ablate_short_conv, short_convs, site_means)
-from interp.analysis.interventions.attribution import attribute
+from interp.analysis.interventions.attribution import agreement, attribute
 from interp.analysis.interventions.corruption import (corrupt_ar, corrupt_ar_value, corrupt_atr, corrupt_key,
                                                       corrupt_value)
 from interp.analysis.interventions.interchange import (EXTRA_METRICS, METRICS, InterchangeResult, interchange,
@@ -51,7 +51,7 @@ from interp.analysis.interventions.sites import (Site, answer_positions, answer_
 
 __all__ = [
     "ABLATION_MODES", "AblationResult", "EXTRA_METRICS", "InterchangeResult", "METRICS", "SHORT_CONV_MODES",
-    "Site", "ablate", "ablate_short_conv", "answer_positions", "answer_probs", "attribute", "check_pair",
+    "Site", "ablate", "ablate_short_conv", "agreement", "answer_positions", "answer_probs", "attribute", "check_pair",
     "check_sites", "check_subspace", "corrupt_ar", "corrupt_ar_value", "corrupt_atr", "corrupt_key",
     "corrupt_value", "interchange", "patched_answer_probs", "patched_probs", "restoration", "run_cached",
     "short_convs", "site_grid", "site_means", "site_positions",

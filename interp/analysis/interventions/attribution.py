@@ -14,13 +14,15 @@ examples as `interchange`, p_patched = p_corrupt + dp, restoration from it, so t
 by row. The runs take each mixer's own path (the fast one unless a hook needs per-step states),
 and the products are formed per hook over every position at once, not per site. `metrics=`
 ("logit_diff", "kl") estimates interchange's other per-pair numbers the same way, one more
-corrupted forward and backward each.
+corrupted forward and backward each. `agreement(exact, estimate)` scores the estimates against
+interchange's exact values on the same grid (Pearson r over pairs and over site means, top-k recall).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
@@ -154,3 +156,49 @@ def _group_estimates(group: list[Site], clean_cache, cache, clean: Batch, corrup
         terms[n, j] = _dot(source[n, src[n, j]] - target[n, t], grad[n, t])
     out = torch.zeros(len(group), len(clean), dtype=torch.float64, device=own.device)
     return out.index_add_(0, owner, terms.T.double()).cpu()
+
+
+def agreement(exact: InterchangeResult, estimate: InterchangeResult, of: str = "restoration",
+              top: int | None = None) -> dict:
+    """How well `estimate` (attribute) tracks `exact` (interchange) on the same sites and examples.
+
+    of: "restoration" (of p(y)) or "logit_diff_restoration". Over the pairs both keep: r_pairs,
+    the Pearson r over every (site, example) pair; r_nonzero, over the pairs where either value is
+    nonzero (a site before the corruption is 0 in both), n_nonzero of them; r_site_means, over the
+    per-site means; recall_top, the fraction of the `top` sites of largest exact mean that are
+    among the `top` of largest estimated mean (what a screen that keeps `top` sites finds; default
+    min(8, number of sites)).
+    NaN where a correlation is undefined (fewer than 3 values or a constant) and recall_top NaN
+    where fewer than `top` sites have a mean (no kept example).
+    """
+    if [s.label for s in exact.sites] != [s.label for s in estimate.sites] or len(exact.kept) != len(estimate.kept):
+        raise ValueError("exact and estimate must cover the same sites and examples (attribute and interchange "
+                         "called with the same sites, clean and corrupt)")
+    if of not in ("restoration", "logit_diff_restoration"):
+        raise ValueError(f"of must be 'restoration' or 'logit_diff_restoration'; got {of!r}")
+    top = min(8, len(exact.sites)) if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= len(exact.sites):
+        raise ValueError(f"top must be an int in [1, {len(exact.sites)}] (the number of sites); got {top!r}")
+    kept = (exact.kept & estimate.kept).numpy()
+    ex, at = getattr(exact, of)[:, kept].numpy(), getattr(estimate, of)[:, kept].numpy()  # [S, kept]
+    nonzero = (ex != 0) | (at != 0)
+    ex_means, at_means = _nanmean(ex), _nanmean(at)  # [S]
+    ranked = [set(np.argsort(-np.nan_to_num(m, nan=-np.inf), kind="stable")[:top]) for m in (ex_means, at_means)]
+    defined = min(np.isfinite(ex_means).sum(), np.isfinite(at_means).sum()) >= top  # else the tops are arbitrary
+    return {"r_pairs": _pearson(ex.ravel(), at.ravel()), "r_nonzero": _pearson(ex[nonzero], at[nonzero]),
+            "n_nonzero": int(nonzero.sum()), "r_site_means": _pearson(ex_means, at_means),
+            "recall_top": len(ranked[0] & ranked[1]) / top if defined else float("nan")}
+
+
+def _nanmean(values: np.ndarray) -> np.ndarray:
+    """Row means over the finite entries [S] (NaN for a row with none), without numpy's warning."""
+    finite = np.isfinite(values)
+    counts = finite.sum(1)
+    sums = np.where(finite, values, 0.0).sum(1)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
