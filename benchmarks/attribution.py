@@ -16,14 +16,16 @@ the order reversed every other round):
   pyvene       the peer library on the same model and sites (benchmarks/pyvene_peer.py: one
                IntervenableModel and one call, a source and a base pass, per site); skipped,
                saying so, where pyvene is not installed
+  pyvene-cached  the same with the clean activations collected once and handed to pyvene as
+               source_representations: one base pass per site (pyvene at its most frugal)
   attribution  interp.analysis.interventions.attribute over the same grid (one clean forward,
                one corrupted forward and one backward with every grid hook's gradient)
   fwd+bwd      a plain forward and backward (parameter gradients) of the summed answer probability
   incl_bwd     run_with_cache(tokens, incl_bwd=True, metric=...) of every grid hook
 
-Reported: the speed-ups of attribution over exact, exact-naive and pyvene (target >= 50x), the
-max abs difference of pyvene's patched probabilities from exact interchange's (the same
-computation), the Pearson r between attribution and exact restorations over every kept (site,
+Reported: the speed-ups of attribution over exact, exact-naive and both pyvene runs (target
+>= 50x), the max abs difference of pyvene's patched probabilities from exact interchange's (the
+same computation), the Pearson r between attribution and exact restorations over every kept (site,
 example) pair, over the pairs where either is nonzero (a pair before the corrupted key is 0 in
 both), over the per-site means, and the median over sites of the per-site r across examples, for
 the answer probability and (metrics=["logit_diff"], run once outside the timed rounds) the logit
@@ -34,7 +36,7 @@ the work done; it stays meaningful when other processes load the machine), with 
 before and after the rounds.
 
     python benchmarks/attribution.py [--runs DIR] [--pairs 4] [--steps 4000] [--rounds 5] [--models mamba,transformer]
-                                     [--scaling 8,16] [--scaling-rounds R] [--no-table] [--train-only]
+                                     [--scaling 8,16] [--scaling-rounds R] [--warmup 1] [--no-table] [--train-only]
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from timing import interleaved, load_average  # benchmarks/timing.py
 
 N = 256
 MODELS = ("mamba", "transformer")
-METHODS = ("exact", "exact-naive", "pyvene", "attribution")
+METHODS = ("exact", "exact-naive", "pyvene", "pyvene-cached", "attribution")
 
 
 def config(name: str, vocab_size: int):
@@ -116,8 +118,9 @@ def speed_contenders(name: str, model, clean, corrupt, results: dict, peer: str 
         f"{name} attribution": run("attribution", lambda: attribute(model, clean, corrupt, sites, min_effect=0.01)),
     }
     if peer is None:
-        pyvene_grid = PyveneGrid(model)  # built once, outside the timing
-        out[f"{name} pyvene"] = run("pyvene", lambda: pyvene_grid(clean, corrupt, sites))
+        per_site, cached = PyveneGrid(model), PyveneGrid(model, cached_sources=True)  # built outside the timing
+        out[f"{name} pyvene"] = run("pyvene", lambda: per_site(clean, corrupt, sites))
+        out[f"{name} pyvene-cached"] = run("pyvene-cached", lambda: cached(clean, corrupt, sites))
     return out
 
 
@@ -126,16 +129,17 @@ def speed_table(models: dict, clean, rounds, results: dict, accuracy: dict, peer
     (wall (CPU)) and how far pyvene's patched probabilities are from exact interchange's."""
     length = clean.tokens.shape[1]
     print("| model | T | AR acc | sites x pairs (kept) | exact pairs run / skipped (passes) | exact | exact-naive | "
-          "pyvene | attribution | vs exact | vs exact-naive | vs pyvene | max abs diff p pyvene vs exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "pyvene | pyvene-cached | attribution | vs exact | vs exact-naive | vs pyvene | vs pyvene-cached "
+          "| max abs diff p pyvene (-cached) vs exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in models:
         t = {k: rounds[f"{name} {k}"] for k in METHODS if f"{name} {k}" in rounds.timings}
         exact = results[name, "exact"]
         cell = " | ".join(f"{t[k].min:.3f} ({t[k].median:.3f}) / {t[k].cpu_min:.3f}" if k in t else "-" for k in METHODS)
         ratio = " | ".join(f"{t[k].min / t['attribution'].min:.1f}x ({t[k].cpu_min / t['attribution'].cpu_min:.1f}x)"
-                           if k in t else "-" for k in METHODS[:3])
-        agree = (f"{(results[name, 'pyvene'] - exact.p_patched).abs().max().item():.1e}" if "pyvene" in t
-                 else f"not run: {peer}")
+                           if k in t else "-" for k in METHODS[:4])
+        agree = (" ".join(f"{(results[name, k] - exact.p_patched).abs().max().item():.1e}"
+                          for k in ("pyvene", "pyvene-cached")) if "pyvene" in t else f"not run: {peer}")
         acc = f"{accuracy[name]:.3f}" if name in accuracy else "untrained"
         print(f"| {name} | {length} | {acc} | {len(exact.sites)} x {len(clean)} ({exact.n_kept}) | {exact.n_run} / "
               f"{exact.n_skipped} ({exact.n_passes}) | {cell} | {ratio} | {agree} |")
@@ -153,6 +157,7 @@ def main() -> None:
     p.add_argument("--scaling", default="", help="also time the grid at these numbers of pairs on untrained "
                    "models (comma-separated; longer documents, every position: timing and agreement only)")
     p.add_argument("--scaling-rounds", type=int, default=None, help="rounds of the --scaling rows (default --rounds)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones")
     p.add_argument("--no-table", action="store_true", help="skip the trained models (only the --scaling rows)")
     p.add_argument("--train-only", action="store_true", help="train (or reload) the models and stop")
     args = p.parse_args()
@@ -166,7 +171,7 @@ def main() -> None:
     if not args.no_table:
         table(names, args, peer)
     for pairs in [int(n) for n in args.scaling.split(",") if n]:
-        scaling(names, pairs, args.scaling_rounds or args.rounds, peer)
+        scaling(names, pairs, args.scaling_rounds or args.rounds, args.warmup, peer)
     print(f"\nload average at the end: {load_average():.1f}")
 
 
@@ -196,12 +201,12 @@ def table(names: list[str], args, peer: str | None) -> None:
             f"{name} incl_bwd": lambda m=model, h=hooks: m.run_with_cache(
                 corrupt.tokens, names=h, incl_bwd=True, metric=metric),
         }
-    rounds = interleaved(contenders, rounds=args.rounds)
+    rounds = interleaved(contenders, rounds=args.rounds, warmup=args.warmup)
     for name, model in models.items():  # the logit difference too (untimed: one more fwd+bwd each)
         sites = grid(model, clean.tokens.shape[1])
         results[name, "exact-ld"] = interchange(model, clean, corrupt, sites, min_effect=0.01, metrics=["logit_diff"])
         results[name, "attribution-ld"] = attribute(model, clean, corrupt, sites, min_effect=0.01, metrics=["logit_diff"])
-    print(f"\ntrained models, {args.pairs} pairs: {args.rounds} rounds; load average {rounds.load} (2 cores); "
+    print(f"\ntrained models, {args.pairs} pairs: {args.rounds} rounds after {args.warmup} untimed; load average {rounds.load} (2 cores); "
           "times: min wall s (median) / min CPU s; speed-ups of attribution: wall (CPU)\n")
     speed_table(models, clean, rounds, results, accuracy, peer)
     print("\n| model | restoration of | r pairs | r nonzero pairs (n) | r site means | median per-site r |")
@@ -220,7 +225,7 @@ def table(names: list[str], args, peer: str | None) -> None:
               f"({1e3 * ib.cpu_min:.1f} CPU) | {ib.min / fb.min:.2f}x ({ib.cpu_min / fb.cpu_min:.2f}x) |")
 
 
-def scaling(names: list[str], pairs: int, rounds: int, peer: str | None) -> None:
+def scaling(names: list[str], pairs: int, rounds: int, warmup: int, peer: str | None) -> None:
     """The speed table on documents of `pairs` pairs (keys and values from 2 x pairs each), on
     untrained models of the same shapes: the work of every method does not depend on the weights
     (exact runs every pair that is not a no-op, whatever min_effect later drops), so these are
@@ -233,8 +238,8 @@ def scaling(names: list[str], pairs: int, rounds: int, peer: str | None) -> None
     results, contenders = {}, {}
     for name, model in models.items():
         contenders |= speed_contenders(name, model, clean, corrupt, results, peer)
-    result = interleaved(contenders, rounds=rounds)
-    print(f"\nuntrained models, {pairs} pairs: {rounds} rounds; load average {result.load} (2 cores)\n")
+    result = interleaved(contenders, rounds=rounds, warmup=warmup)
+    print(f"\nuntrained models, {pairs} pairs: {rounds} rounds after {warmup} untimed; load average {result.load} (2 cores)\n")
     speed_table(models, clean, result, results, {}, peer)
 
 

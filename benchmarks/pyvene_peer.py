@@ -1,7 +1,8 @@
 """pyvene as a benchmark contender: the interchange grid the way a pyvene user runs it.
 
 One pyvene.IntervenableModel with one VanillaIntervention ("pos" unit) per site, one call per site
-(a source pass of the clean tokens and a base pass of the corrupted ones), through a small adapter
+(a source pass of the clean tokens and a base pass of the corrupted ones; with cached_sources the
+clean activations once, then a base pass per site), through a small adapter
 (what pyvene expects of a model: `.config`, `.device`, keyword inputs). The adapter wraps a copy of
 the model (pyvene removes every forward hook of the model it wraps; the runs take each mixer's
 default path, instrumented where pyvene hooks its hook_state) in which every `hook_state`
@@ -66,9 +67,13 @@ class Adapter(nn.Module):
 
 
 class PyveneGrid:
-    """p_patched [S, N] of an interchange grid via pyvene (module docstring); build once, call per run."""
+    """p_patched [S, N] of an interchange grid via pyvene (module docstring); build once, call per run.
 
-    def __init__(self, model) -> None:
+    cached_sources: instead of a source pass per site, the clean run's activations at every grid
+    hook are collected once (model.run_with_cache, standing in for pyvene's CollectIntervention)
+    and handed to each call as `source_representations`: one base pass per site."""
+
+    def __init__(self, model, cached_sources: bool = False) -> None:
         import pyvene  # ImportError where pyvene is missing
         from pyvene.models.modeling_utils import type_to_dimension_mapping
 
@@ -79,7 +84,7 @@ class PyveneGrid:
             if name.endswith("hook_state"):
                 parent, attr = name.rsplit(".", 1)
                 setattr(inner.get_submodule(parent), attr, FlatState(module.name))
-        self.adapter = Adapter(inner)
+        self.adapter, self.model, self.cached_sources = Adapter(inner), model, cached_sources
 
     def component(self, hook: str) -> str:
         return f"inner.{hook}.flat.output" if hook.endswith("hook_state") else f"inner.{hook}.output"
@@ -90,6 +95,8 @@ class PyveneGrid:
         y = clean.targets[torch.arange(len(clean)), clean_ans]
         out = []
         with torch.no_grad():  # each mixer on its own path (instrumented where pyvene hooks hook_state)
+            if self.cached_sources:
+                _, cache = self.model.run_with_cache(clean.tokens, names=sorted({s.hook for s in sites}))
             for site in sites:
                 config = pv.IntervenableConfig([{"component": self.component(site.hook), "unit": "pos",
                                                  "intervention_type": pv.VanillaIntervention}])
@@ -97,7 +104,13 @@ class PyveneGrid:
                 intervenable.disable_model_gradients()
                 source = site_positions(clean, site.position, "clean")[None].tolist()  # [1, N, k]
                 base = site_positions(corrupt, site.position, "corrupt")[None].tolist()
-                _, logits = intervenable({"tokens": corrupt.tokens}, [{"tokens": clean.tokens}],
-                                         {"sources->base": (source, base)})
+                if self.cached_sources:
+                    at = site_positions(clean, site.position, "clean")  # [N, k]
+                    rep = cache[site.hook][torch.arange(len(clean))[:, None], at].flatten(2)  # [N, k, d]
+                    _, logits = intervenable({"tokens": corrupt.tokens}, unit_locations={"sources->base": (None, base)},
+                                             source_representations=rep)
+                else:
+                    _, logits = intervenable({"tokens": corrupt.tokens}, [{"tokens": clean.tokens}],
+                                             {"sources->base": (source, base)})
                 out.append(answer_probs(logits, answer_positions(corrupt, answer, "corrupt"), y))
         return torch.stack(out)

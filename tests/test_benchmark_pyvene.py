@@ -1,6 +1,7 @@
 """benchmarks/pyvene_peer.py (the pyvene contender of the interchange benchmarks): pyvene's patched
 answer probabilities on a tiny float64 Mamba, hook_state [B, T, E, N] included, agree with
-interchange's whole passes to rounding, and every state patch changes them (an untrained model's
+interchange's whole passes to rounding (a source pass per site, or the clean activations handed
+over as source_representations), and every state patch changes them (an untrained model's
 changes are ~1e-6: float64 keeps them far above the rounding; a no-op adapter would fail)."""
 
 import sys
@@ -29,12 +30,13 @@ def test_pyvene_grid_matches_interchange(monkeypatch):
     sites = [Site(f"blocks.{l}.{h}", t) for l in (0, 1) for h in ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")
              for t in (1, 4)] + [Site("blocks.0.mixer.hook_state", "key")]
     exact = interchange(model, clean, corrupt, sites, min_effect=0.0, skip_noops=False, resume=False)
-    peer = PyveneGrid(model)
-    p = peer(clean, corrupt, sites)
-    assert p.shape == exact.p_patched.shape
-    assert (p - exact.p_patched).abs().max().item() < 1e-12  # float64: rounding only
     state = [i for i, s in enumerate(sites) if s.hook.endswith("hook_state")]
-    assert (p[state] - exact.p_corrupt).abs().amax(1).min().item() > 1e-8  # every state patch took effect
-    assert peer.adapter.calls == 2 * len(sites)  # a source and a base pass per site
+    for cached, calls in ((False, 2 * len(sites)), (True, len(sites))):  # source + base pass / base pass per site
+        peer = PyveneGrid(model, cached_sources=cached)
+        p = peer(clean, corrupt, sites)
+        assert p.shape == exact.p_patched.shape
+        assert (p - exact.p_patched).abs().max().item() < 1e-12  # float64: rounding only
+        assert (p[state] - exact.p_corrupt).abs().amax(1).min().item() > 1e-8  # every state patch took effect
+        assert peer.adapter.calls == calls
     assert type(model.blocks[0].mixer.hook_state) is models.hooks.HookPoint  # the model itself is untouched
     sys.modules.pop("pyvene_peer", None)
