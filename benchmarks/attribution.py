@@ -44,10 +44,9 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
 import torch
 
-from interp.analysis.interventions import Site, answer_positions, attribute, corrupt_ar, interchange
+from interp.analysis.interventions import Site, agreement, answer_positions, attribute, corrupt_ar, interchange
 from interp.tasks import make_task
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, train
@@ -80,25 +79,6 @@ def grid(model, length: int) -> list[Site]:
     hooks = ["hook_resid_pre", "mixer.hook_out", "mixer.hook_state"]
     return [Site(f"blocks.{l}.{h}", t) for l in range(2) for h in hooks
             if f"blocks.{l}.{h}" in model.hook_names() for t in range(length)]
-
-
-def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    keep = np.isfinite(a) & np.isfinite(b)
-    a, b = a[keep], b[keep]
-    return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
-
-
-def correlations(exact, estimate, of: str = "restoration") -> dict[str, float]:
-    """Pearson r of attribution vs exact `of` (restoration or logit_diff_restoration): pairs,
-    nonzero pairs, site means, median per site."""
-    kept = exact.kept.numpy()
-    ex, at = getattr(exact, of)[:, kept].numpy(), getattr(estimate, of)[:, kept].numpy()
-    nonzero = (ex != 0) | (at != 0)
-    per_site = [pearson(e, a) for e, a in zip(ex, at)]
-    return {"pairs": pearson(ex.ravel(), at.ravel()), "nonzero": pearson(ex[nonzero], at[nonzero]),
-            "means": pearson(np.nanmean(ex, 1), np.nanmean(at, 1)),
-            "per_site": float(np.nanmedian(per_site)) if not np.isnan(per_site).all() else float("nan"),
-            "n_nonzero": int(nonzero.sum())}
 
 
 def speed_contenders(name: str, model, clean, corrupt, results: dict, peer: str | None) -> dict:
@@ -213,10 +193,10 @@ def table(names: list[str], args, peer: str | None) -> None:
     print("|---|---|---|---|---|---|")
     for name in models:
         for of, key in (("restoration", ""), ("logit_diff_restoration", "-ld")):
-            r = correlations(results[name, "exact" + key], results[name, "attribution" + key], of)
+            r = agreement(results[name, "exact" + key], results[name, "attribution" + key], of)
             quantity = "logit(y) - logit(y')" if key else "p(y)"
-            print(f"| {name} | {quantity} | {r['pairs']:.3f} | "
-                  f"{r['nonzero']:.3f} ({r['n_nonzero']}) | {r['means']:.3f} | {r['per_site']:.3f} |")
+            print(f"| {name} | {quantity} | {r['r_pairs']:.3f} | "
+                  f"{r['r_nonzero']:.3f} ({r['n_nonzero']}) | {r['r_site_means']:.3f} | {r['r_site_median']:.3f} |")
     print("\n| model | fwd+bwd ms | incl_bwd ms | incl_bwd / fwd+bwd (CPU) |")
     print("|---|---|---|---|")
     for name in models:

@@ -39,6 +39,7 @@ def test_agreement_of_a_result_with_itself_and_with_a_rescaled_copy():
     for estimate in (exact, result(2 * exact.restoration + 0.5)):  # Pearson r is affine-invariant
         score = agreement(exact, estimate, top=3)
         assert score["r_pairs"] == pytest.approx(1.0) and score["r_site_means"] == pytest.approx(1.0)
+        assert score["r_site_median"] == pytest.approx(1.0)
         assert score["recall_top"] == 1.0 and score["n_nonzero"] == 40
 
 

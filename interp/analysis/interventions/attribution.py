@@ -165,7 +165,7 @@ def agreement(exact: InterchangeResult, estimate: InterchangeResult, of: str = "
     of: "restoration" (of p(y)) or "logit_diff_restoration". Over the pairs both keep: r_pairs,
     the Pearson r over every (site, example) pair; r_nonzero, over the pairs where either value is
     nonzero (a site before the corruption is 0 in both), n_nonzero of them; r_site_means, over the
-    per-site means; recall_top, the fraction of the `top` sites of largest exact mean that are
+    per-site means; r_site_median, the median over sites of each site's r across examples; recall_top, the fraction of the `top` sites of largest exact mean that are
     among the `top` of largest estimated mean (what a screen that keeps `top` sites finds; default
     min(8, number of sites)).
     NaN where a correlation is undefined (fewer than 3 values or a constant) and recall_top NaN
@@ -185,8 +185,11 @@ def agreement(exact: InterchangeResult, estimate: InterchangeResult, of: str = "
     ex_means, at_means = _nanmean(ex), _nanmean(at)  # [S]
     ranked = [set(np.argsort(-np.nan_to_num(m, nan=-np.inf), kind="stable")[:top]) for m in (ex_means, at_means)]
     defined = min(np.isfinite(ex_means).sum(), np.isfinite(at_means).sum()) >= top  # else the tops are arbitrary
+    per_site = np.array([_pearson(e, a) for e, a in zip(ex, at)])  # [S]
     return {"r_pairs": _pearson(ex.ravel(), at.ravel()), "r_nonzero": _pearson(ex[nonzero], at[nonzero]),
             "n_nonzero": int(nonzero.sum()), "r_site_means": _pearson(ex_means, at_means),
+            "r_site_median": float(np.median(per_site[np.isfinite(per_site)])) if np.isfinite(per_site).any()
+            else float("nan"),
             "recall_top": len(ranked[0] & ranked[1]) / top if defined else float("nan")}
 
 
