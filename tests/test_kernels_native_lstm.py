@@ -36,7 +36,7 @@ def reference(drive, h0, c0, w_hh):
     return torch.stack(gates, dim=1), torch.stack(states, dim=1)
 
 
-SHAPES = [(3, 33, 37), (2, 1, 8), (2, 17, 130)]  # odd T, T = 1, H past the 64-wide mat-vec block
+SHAPES = [(6, 33, 37), (2, 1, 8), (5, 17, 130)]  # rows in a block of 4 and alone, odd T, T = 1, H past 64
 
 
 @needs_native
@@ -61,6 +61,23 @@ def test_lstm_scan_equals_the_step_loop(batch, length, hidden, dtype, tol, read)
     for g, w in zip(*results):
         assert g.shape == w.shape and g.dtype == dtype
         torch.testing.assert_close(g, w, atol=tol * max(1.0, float(w.detach().abs().max())), rtol=tol)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lstm_scan_rows_do_not_depend_on_their_batch(dtype):
+    """The C code advances rows in blocks of 4 (one mat-vec shares each load of W_hh), the rest
+    one at a time; each output adds its products in the same order either way, so every gate,
+    state and gradient of a row is bit-equal whether it ran in a block of 7 rows or alone."""
+    leaves = lstm_problem(7, 19, 37, 4, dtype)
+    got = native_lstm.lstm_scan(*leaves)
+    grads = torch.autograd.grad(got[1][:, :, 0].square().sum() + got[0].sum(), leaves)
+    for row in (0, 5):
+        alone = [t[row:row + 1].detach().requires_grad_() for t in leaves[:3]] + [leaves[3]]
+        one = native_lstm.lstm_scan(*alone)
+        one_grads = torch.autograd.grad(one[1][:, :, 0].square().sum() + one[0].sum(), alone[:3])
+        for a, b in zip([*one, *one_grads], [*got, *grads[:3]]):
+            assert torch.equal(a[0], b[row])
 
 
 @needs_native

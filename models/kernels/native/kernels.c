@@ -14,21 +14,46 @@
 #include <stdint.h>
 #include <string.h>
 
-/* every kernel gets an AVX2 clone beside the baseline (SSE2) one where the toolchain can dispatch
- * at load time (ifunc: glibc on x86-64). Without FMA contraction (-std=c99 turns it off) both
- * give the same bits for every elementwise result (states, gradients of a, b, c, the delta rule);
- * the sums vectorised with `omp simd reduction` (the read-out y, the selective scan's sums over
- * channels) add in partial sums as wide as the vector, so there the two may differ in the last
- * bits, as two BLAS builds do. -DCLONES= builds the baseline alone. */
+/* every kernel gets clones for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 and FMA) beside the
+ * baseline (SSE2) one where the toolchain can dispatch at load time (ifunc: glibc on x86-64;
+ * gcc 11 and later know these levels, older gcc and clang get an AVX2 clone without FMA); the
+ * real diagonal scan only the x86-64-v3 one (CLONES_NO512: its in-cache forward measured 15-20%
+ * slower with AVX-512, benchmarks/RESULTS.md). Where nothing is contracted (below) the clones
+ * give the same bits for every elementwise result; the sums vectorised with `omp simd
+ * reduction` (the read-out y, the selective scan's sums over channels) add in partial sums as
+ * wide as the vector, so there they may differ in the last bits, as two BLAS builds do.
+ * -DCLONES= builds the baseline alone. */
 #ifndef CLONES
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
+#if __has_attribute(target_clones) && !defined(__clang__) && __GNUC__ >= 11
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define CLONES_NO512 __attribute__((target_clones("arch=x86-64-v3", "default")))
+#elif __has_attribute(target_clones)
 #define CLONES __attribute__((target_clones("avx2", "default")))
+#define CLONES_NO512 __attribute__((target_clones("avx2", "default")))
 #endif
 #endif
 #endif
 #ifndef CLONES
 #define CLONES
+#endif
+#ifndef CLONES_NO512
+#define CLONES_NO512
+#endif
+
+/* Contraction of a*b + c into one fused multiply-add (one rounding instead of two, half the
+ * instructions) is off in the build (-std=c99, library.py) and on between CONTRACT_BEGIN and
+ * CONTRACT_END: the LSTM (its mat-vecs) and the complex-transition scans, in the clones with FMA
+ * (so those clones differ from the baseline in the last bits of any result). It stays off for
+ * the selective scan, whose fused read-out must equal the sum torch forms from its states bit
+ * for bit (a hooked Mamba reads its states out in torch), for the memory-bound diagonal scan,
+ * and for the delta rule and the attention pass (no gain measured). gcc only (the pragma). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CONTRACT_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize (\"fp-contract=fast\")")
+#define CONTRACT_END _Pragma("GCC pop_options")
+#else
+#define CONTRACT_BEGIN
+#define CONTRACT_END
 #endif
 
 /* Streaming (non-temporal) stores for outputs written once and not read back by the kernel
@@ -89,6 +114,9 @@ static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
 #include "threads.h"
 
 /* the diagonal scan (models/kernels/native/diag.py), real types (complex below) */
+#pragma push_macro("CLONES")
+#undef CLONES
+#define CLONES CLONES_NO512
 #define R float
 #define CPLX 0
 #define SFX f32
@@ -104,6 +132,7 @@ static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
 #undef R
 #undef CPLX
 #undef SFX
+#pragma pop_macro("CLONES")
 
 /* the delta-rule forward (models/kernels/native/delta.py; delta_rule's impl="native"), real types only */
 #define R float
@@ -220,6 +249,7 @@ static inline void sincos_f64(double x, double *s, double *c) {
 }
 
 /* AUSSM's and Mamba-3's complex-transition scans (models/kernels/native/complex.py) */
+CONTRACT_BEGIN
 
 #define R float
 #define SFX f32
@@ -244,6 +274,7 @@ static inline void sincos_f64(double x, double *s, double *c) {
 #undef EXP
 #undef SINCOS
 #undef SC_MAX
+CONTRACT_END
 
 /* the LSTM recurrence (models/kernels/native/lstm.py). sigmoid(x) = 1 / (1 + exp(-x));
  * float32 tanh(x) = 1 - 2 / (1 + exp(2x)) through exp_f32 (vectorised; absolute error about
@@ -252,6 +283,7 @@ static inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 static inline float tanh_f32(float x) { return 1.0f - 2.0f / (1.0f + exp_f32(2.0f * x)); }
 static inline double sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+CONTRACT_BEGIN
 #define R float
 #define SFX f32
 #define SIGMOID sigmoid_f32
@@ -271,6 +303,7 @@ static inline double sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }
 #undef SFX
 #undef SIGMOID
 #undef TANH
+CONTRACT_END
 
 /* causal attention scores and pattern (models/kernels/native/softmax.py) */
 #define R float

@@ -5,8 +5,8 @@ Build: compiled once per machine with the system C compiler ($CC, else cc, gcc o
 ($INTERP_SEQ_CACHE, else $XDG_CACHE_HOME/interp-seq, else ~/.cache/interp-seq), the file name
 keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
 into place atomically, so parallel processes do not race. On x86-64 with glibc every kernel is
-also compiled for AVX2 and the clone is picked at load time by the dynamic loader (ifunc; CLONES
-in kernels.c). Loaded with ctypes; `function(name, argtypes)` returns one of its entry points,
+also compiled for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 and FMA) and the clone is picked at load
+time by the dynamic loader (ifunc; CLONES and CONTRACT in kernels.c). Loaded with ctypes; `function(name, argtypes)` returns one of its entry points,
 called on contiguous CPU tensors through `ptr(tensor)` (their data_ptr()). `available()` says
 whether it built; `unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to
 chunked, and impl="native" raises).
@@ -34,7 +34,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "kernels.c", HERE / "threads.h", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
            HERE / "complex_body.h", HERE / "lstm_body.h", HERE / "softmax_body.h")
-# -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value
+# -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value. -std=c99 turns
+# contraction into fused multiply-adds off (kernels.c turns it on for the kernels that gain: CONTRACT)
 FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-math"]
 LIBS = ["-lm", "-pthread"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128"}

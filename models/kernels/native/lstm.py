@@ -23,6 +23,7 @@ from models.kernels.native.library import I, P, available, empty, function, ptr
 DTYPES = (torch.float32, torch.float64)
 _FWD = [I, I, I, P, P, P, P, P, P, P]
 _BWD = [I, I, I, P, P, P, P, P, P, P, I, P, P, P, P]
+ROWS = 4  # batch rows the C code advances together (LSTM_ROWS in lstm_body.h): its work buffers
 
 
 def supported(*tensors: torch.Tensor) -> bool:
@@ -49,7 +50,7 @@ class LSTMScan(torch.autograd.Function):
         batch, length, hidden = drive.shape[0], drive.shape[1], h0.shape[-1]
         gates = empty((batch, length, 4, hidden), drive)
         states = empty((batch, length, 2, hidden), drive)
-        w_t, work = w_hh.T.contiguous(), drive.new_empty(4 * hidden)  # held: the C code reads them
+        w_t, work = w_hh.T.contiguous(), drive.new_empty(ROWS * 4 * hidden)  # held: the C code reads them
         function(f"lstm_fwd_{_suffix(drive)}", _FWD)(
             batch, length, hidden, ptr(drive), ptr(w_t), ptr(h0), ptr(c0), ptr(gates), ptr(states), ptr(work))
         ctx.set_materialize_grads(False)
@@ -70,7 +71,7 @@ class LSTMScan(torch.autograd.Function):
             g_c = g_h.new_zeros(g_h.shape) if g_c is None else g_c.contiguous()
         dz = empty((batch, length, 4 * hidden), gates)
         dh0, dc0 = h0.new_empty(h0.shape), c0.new_empty(c0.shape)
-        w, work = w_hh.contiguous(), gates.new_empty(2 * hidden)  # held: the C code reads them
+        w, work = w_hh.contiguous(), gates.new_empty(ROWS * 2 * hidden)  # held: the C code reads them
         function(f"lstm_bwd_{_suffix(gates)}", _BWD)(
             batch, length, hidden, ptr(w), ptr(c0), ptr(gates), ptr(states), ptr(g_h),
             ptr(g_gates) if extra else None, ptr(g_c) if extra else None, int(extra), ptr(dz), ptr(dh0), ptr(dc0),
