@@ -1,8 +1,8 @@
 """The native CPU kernels: plain C (kernels.c and one *_body.h per family, compiled on first use
 with the system compiler) and their Python faces, one module per op family:
 
-    library.py    compiler discovery, the build into $INTERP_SEQ_CACHE, the ctypes load (AVX2
-                  clones picked by the loader), available() / unavailable_reason(), empty()
+    library.py    compiler discovery, the build into $INTERP_SEQ_CACHE, the ctypes load (AVX-512
+                  and AVX2 clones picked by the loader), available() / unavailable_reason(), empty()
                   (huge-page-advised outputs), function() / ptr() for calling the C code
     diag.py       the diagonal scan, forward and checkpointed backward (diag_scan's impl="native")
     delta.py      the delta-rule forward (delta_rule's impl="native")

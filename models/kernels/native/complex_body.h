@@ -39,7 +39,7 @@
 #define FN(name) CAT(name, SFX)
 
 /* cores called with constant mode / store from the exported kernels: inlined there, so each
- * combination compiles without the other's operations (and inside the AVX2 clone) */
+ * combination compiles without the other's operations (and inside each vector clone) */
 #ifndef CX_CORE
 #if defined(__has_attribute)
 #if __has_attribute(always_inline)

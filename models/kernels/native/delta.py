@@ -4,7 +4,7 @@
     alpha_t = exp(g_t), 1 without g)
 
 The C code (delta_body.h) makes one pass over the [V, K] state per step per head, kept transposed
-in cache so every product is an axpy; it is compute-bound, so its AVX2 clone matters (library.py).
+in cache so every product is an axpy; it is compute-bound, so its vector clones matter (library.py).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@
  * The loop keeps the transpose St [K, V] in work so that every product is an axpy along V (no
  * horizontal sums): per key index i, St[i] += k_t[i] d_t; o_t += q_t[i] St[i]; and the next
  * step's recall r_{t+1} += k_{t+1}[i] St[i], all in one pass over the state per step.
- * The loop is compute-bound, so on x86-64 with glibc it is also compiled for AVX2 and picked at
- * load time (CLONES, kernels.c); every lane does the same operations in the same order,
- * so both versions give the same bits. */
+ * The loop is compute-bound, so on x86-64 with glibc it is also compiled for AVX-512 and AVX2 and
+ * picked at load time (CLONES, kernels.c); every lane does the same operations in the same order
+ * (no contraction into fused multiply-adds here), so all versions give the same bits. */
 
 #define DCAT_(x, y) x##_##y
 #define DCAT(x, y) DCAT_(x, y)

@@ -6,10 +6,11 @@ Build: compiled once per machine with the system C compiler ($CC, else cc, gcc o
 keyed by a hash of the sources, flags and machine type; built under a temporary name and renamed
 into place atomically, so parallel processes do not race. On x86-64 with glibc every kernel is
 also compiled for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 and FMA) and the clone is picked at load
-time by the dynamic loader (ifunc; CLONES and CONTRACT in kernels.c). Loaded with ctypes; `function(name, argtypes)` returns one of its entry points,
-called on contiguous CPU tensors through `ptr(tensor)` (their data_ptr()). `available()` says
-whether it built; `unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to
-chunked, and impl="native" raises).
+time by the dynamic loader (ifunc; CLONES and CONTRACT in kernels.c). Loaded with ctypes;
+`function(name, argtypes)` returns one of its entry points, called on contiguous CPU tensors
+through `ptr(tensor)` (their data_ptr()). `available()` says whether it built;
+`unavailable_reason()` says why not (diag_scan's impl="auto" then falls back to chunked, and
+impl="native" raises).
 
 Large outputs are advised as transparent huge pages (`empty`): on the shared VM this was measured
 on, first-touch page faults of fresh gradient tensors cost about as much as the backward itself.

@@ -5,8 +5,9 @@ state kept (the LSTM mixer's instrumented path).
     i, f, o = sigmoid(z_i, z_f, z_o),  g = tanh(z_g),  c_t = f c_{t-1} + i g,  h_t = o tanh(c_t)
 
 lstm_scan(drive, h0, c0, w_hh) -> (gates [B, T, 4, H], states [B, T, 2, H] = (h_t, c_t)), an
-autograd Function. The C code (lstm_body.h) runs each batch row through time with the W_hh
-products as register-blocked mat-vecs (W_hh stays in cache) and the activations vectorised
+autograd Function. The C code (lstm_body.h) runs the batch rows through time ROWS at a time, the
+W_hh products of a step one register-blocked product for those rows (each load of W_hh, in cache,
+serves all of them; multiply-adds fused where the CPU has FMA) and the activations vectorised
 (float32 sigmoid / tanh through exp_f32 of kernels.c, float64 through libm). Its backward walks
 the adjoint back over the stored gates and states, from the cotangents of h, c and the gates
 (those of c and the gates only when nonzero: the readout reads h alone), and returns the drive's

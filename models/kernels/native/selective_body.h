@@ -29,7 +29,7 @@
 #define FN(name) CAT(name, SFX)
 
 /* the cores that each exported kernel calls twice (s = 1 and any s) must be inlined into it: a
- * core left out of line would be compiled once, for the baseline target, not in the AVX2 clone */
+ * core left out of line would be compiled once, for the baseline target, not in the vector clones */
 #ifndef SEL_CORE
 #if defined(__has_attribute)
 #if __has_attribute(always_inline)
