@@ -56,8 +56,8 @@ static inline void DFN(rows1)(R *restrict row, R a, R ki, R qi, R ni, const R *r
 
 /* One step of one head (r = S_{t-1} k_t on entry): d = beta (v - a r); St = a St + k d^T;
  * o = St^T q; r = St^T k_next. */
-static void DFN(head_step)(R *restrict St, R *restrict r, R *restrict d, const R *kt, const R *qt,
-                           const R *vt, const R *kn, R at, R bt, R *restrict ot, int64_t K, int64_t V) {
+static INLINE void DFN(head_step)(R *restrict St, R *restrict r, R *restrict d, const R *kt, const R *qt,
+                                  const R *vt, const R *kn, R at, R bt, R *restrict ot, int64_t K, int64_t V) {
     for (int64_t j = 0; j < V; j++) {
         d[j] = bt * (vt[j] - at * r[j]);
         ot[j] = 0;
