@@ -29,7 +29,7 @@ from pathlib import Path
 import models
 from interp.analysis.interventions import agreement, attribute, corrupt_ar, interchange, site_grid
 from interp.report.html import Table, Text, write_report
-from interp.report.interventions import attribution_scatter, restoration_heatmap
+from interp.report.interventions import attribution_scatter, restoration_bound, restoration_heatmap
 from interp.tasks import make_task
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, train
@@ -100,7 +100,7 @@ def run(args) -> dict:
     print(summary, flush=True)
     for label, score in scores.items():
         print(f"  {label}: {score}", flush=True)
-    bound = max(1.0, *(float(r.mean().abs().nan_to_num().max()) for r in (exact, estimate)))  # one colour scale
+    bound = restoration_bound(exact, estimate)  # one colour scale for both heatmaps
     caveat = "" if accuracy >= LEARNED else (
         f" The model does NOT solve AR (accuracy {accuracy:.3f} < {LEARNED}): the comparison says little.")
     sections = [

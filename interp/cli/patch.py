@@ -124,7 +124,7 @@ def report(args: argparse.Namespace, setup: dict, results: dict) -> Path:
 
     from interp.analysis.interventions import agreement
     from interp.report.html import Table, Text, write_report
-    from interp.report.interventions import attribution_scatter, restoration_heatmap
+    from interp.report.interventions import attribution_scatter, restoration_bound, restoration_heatmap
 
     sections = [Text(f"{setup['mixer']} ({args.run_dir}) on {setup['task']} with {setup['pairs']} key-value pairs; "
                      f"{args.n} clean examples (seed {args.seed}), the queried {args.corrupt} corrupted, kept where "
@@ -135,7 +135,7 @@ def report(args: argparse.Namespace, setup: dict, results: dict) -> Path:
                   for of, label in QUANTITIES]
         sections += [Table(scores, heading=f"Agreement (r over pairs and site means; recall of the exact top {setup['top']})"),
                      attribution_scatter(results["exact"], results["attribution"])]
-    bound = max(1.0, *(float(r.mean().abs().nan_to_num().max()) for r in results.values()))  # one colour scale
+    bound = restoration_bound(*results.values())  # one colour scale
     sections += [restoration_heatmap(r, title=f"{m}: mean restoration of p(y)", bound=bound) for m, r in results.items()]
     path = write_report(args.out or args.run_dir / "patch.html", f"Interchange grid: {args.run_dir.name}", sections)
     pd.concat([r.to_dataframe().assign(method=m) for m, r in results.items()]).to_csv(path.with_suffix(".csv"),

@@ -3,6 +3,7 @@
     restoration_heatmap(InterchangeResult)           layers x roles per hook
     accuracy_vs_d_conv({model: {width: accuracy}})   short-conv ablation bars
     attribution_scatter(exact, estimate)             per-site means: attribution vs interchange
+    restoration_bound(*results)                      one colour scale for several heatmaps
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def restoration_grid(result) -> tuple[list[str], list[int], list[str], np.ndarra
     return components, layers, roles, grid
 
 
+def restoration_bound(*results) -> float:
+    """The colour scale's |restoration| limit that shows every result's site means:
+    max(1, largest |mean restoration|) over them (pass it as `bound` to compare heatmaps)."""
+    means = [r.mean() for r in results]
+    return max(1.0, *(float(m.abs().nan_to_num().max()) if m.numel() else 0.0 for m in means))
+
+
 def restoration_heatmap(result, title: str = "Restoration", bound: float | None = None) -> go.Figure:
     """One heatmap per hook component (layers x roles) of the mean restoration of an
     InterchangeResult; cells show the value. The colour scale diverges around 0 (no restoration,
@@ -42,9 +50,8 @@ def restoration_heatmap(result, title: str = "Restoration", bound: float | None 
     (> 1) and a reversal (< 0) all have their own colour. Panels sit side by side for a few roles
     and one above the other for a grid of many positions, so every cell's value stays legible."""
     components, layers, roles, grid = restoration_grid(result)
-    finite = np.abs(grid[np.isfinite(grid)])
     if bound is None:
-        bound = max(1.0, float(finite.max())) if finite.size else 1.0
+        bound = restoration_bound(result)
     elif isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
         raise ValueError(f"bound must be a number > 0 (the colour scale's |restoration| limit) or None; got {bound!r}")
     stacked = len(roles) > MAX_SIDE_BY_SIDE_ROLES and len(components) > 1
