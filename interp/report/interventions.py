@@ -38,8 +38,9 @@ def restoration_grid(result) -> tuple[list[str], list[int], list[str], np.ndarra
 def restoration_bound(*results) -> float:
     """The colour scale's |restoration| limit that shows every result's site means:
     max(1, largest |mean restoration|) over them (pass it as `bound` to compare heatmaps)."""
-    means = [r.mean() for r in results]
-    return max(1.0, *(float(m.abs().nan_to_num().max()) if m.numel() else 0.0 for m in means))
+    means = np.abs(np.concatenate([np.asarray(r.mean(), dtype=float).ravel() for r in results]))
+    finite = means[np.isfinite(means)]
+    return max(1.0, float(finite.max())) if finite.size else 1.0
 
 
 def restoration_heatmap(result, title: str = "Restoration", bound: float | None = None) -> go.Figure:
