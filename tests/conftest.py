@@ -13,6 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 torch.set_num_threads(1)
+os.environ["INTERP_PROGRESS"] = "0"  # no progress bars in test output (models.memory.progress_bar)
 
 
 @pytest.fixture(autouse=True)
