@@ -122,10 +122,34 @@ class Block(nn.Module):
         return self.hook_resid_post(x)
 
 
+class StatesAt:
+    """A run's recurrent states [N, T, *S] kept at some positions only: values [N, P, *S] at the
+    sorted int positions [P]. Indexed like the full tensor at one position: states[examples, t]
+    -> [R, *S] (KeyError for a position not kept), which is how `resume_from` reads a carry."""
+
+    def __init__(self, values: torch.Tensor, positions: list[int]) -> None:
+        if values.shape[1] != len(positions):
+            raise ValueError(f"values must have one entry per position on axis 1; got shape {tuple(values.shape)} "
+                             f"for {len(positions)} positions")
+        self.values, self.positions = values, list(positions)
+        self._index = {t: i for i, t in enumerate(self.positions)}
+
+    def __getitem__(self, key: tuple) -> torch.Tensor:
+        examples, t = key
+        if t not in self._index:
+            raise KeyError(f"states kept at positions {self.positions}, not at {t}")
+        return self.values[examples, self._index[t]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.numel() * self.values.element_size()
+
+
 class SequenceModel(HookedMixin, nn.Module):
     """A stack of mixer blocks over a token embedding, with named hook points everywhere.
 
-    forward(tokens [B, T] int) -> logits [B, T, vocab_size].
+    forward(tokens [B, T] int) -> logits [B, T, vocab_size]; forward(tokens, at=positions [B])
+    -> logits [B, vocab_size] at one position per row (`read_out`).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -150,7 +174,7 @@ class SequenceModel(HookedMixin, nn.Module):
         self.hook_logits = HookPoint()
         self.setup_hooks()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         self.check_tokens(tokens)
         x = self.embed(tokens)
         if hasattr(self, "pos_embed"):
@@ -158,8 +182,21 @@ class SequenceModel(HookedMixin, nn.Module):
         x = self.hook_embed(x)
         for block in self.blocks:
             x = block(x)
-        x = self.hook_final(self.norm_final(x))
-        return self.hook_logits(self.unembed(x))
+        return self.read_out(x, at)
+
+    def read_out(self, x: torch.Tensor, at: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        """The logits of the last block's output x [B, n, D] (positions offset, ..., offset + n - 1):
+        [B, n, V], or with `at` [B] (absolute positions) [B, V] at one position per row, the final
+        norm and unembedding applied there only, so no [B, n, V] tensor is formed (hook_final and
+        hook_logits then see [B, 1, D] and [B, 1, V])."""
+        if at is not None:
+            at = torch.as_tensor(at, device=x.device)
+            if at.shape != (x.shape[0],) or bool(((at < offset) | (at >= offset + x.shape[1])).any()):
+                raise ValueError(f"at must hold one position per row, shape ({x.shape[0]},), each within "
+                                 f"[{offset}, {offset + x.shape[1]}); got {at.tolist()}")
+            x = x[torch.arange(x.shape[0], device=x.device), at - offset][:, None]  # [B, 1, D]
+        logits = self.hook_logits(self.unembed(self.hook_final(self.norm_final(x))))
+        return logits if at is None else logits[:, 0]
 
     def resume_hooks(self, layer: int = 0) -> dict[str, list[str]]:
         """The cached activations `resume_from` reads for runs resumed at block >= layer:
@@ -174,14 +211,17 @@ class SequenceModel(HookedMixin, nn.Module):
         mixer = self.blocks[layer].mixer
         return hasattr(mixer, "hook_state") and mixer.resume_context is not None
 
-    def resume_from(self, cache, examples: torch.Tensor, layer: int, start: int, end: int) -> torch.Tensor:
-        """Logits [R, end - start, V] at positions start, ..., end - 1 of the cached run's
+    def resume_from(self, cache, examples: torch.Tensor, layer: int, start: int, end: int,
+                    at: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [R, end - start, V] at positions start, ..., end - 1 (with `at` [R], absolute
+        positions in [start, end): logits [R, V] at those only, see read_out) of the cached run's
         examples [R], recomputed from block `layer` on. `cache` ({hook name: [N, T, ...]}, with
         the `resume_hooks(layer)`) is of a run that agrees with this one at every position before
         `start` and at blocks before `layer` (by causality, a run patched only at positions >=
         start in blocks >= layer): hooks patched during this call change the result as in a full
         run, with positions counted from the end (see Mixer.resume). The block inputs before
-        `start` and the recurrent states after start - 1 come from the cache."""
+        `start` and the recurrent states after start - 1 come from the cache: cache[state hook] may
+        be a `StatesAt` holding the states at the resume positions only."""
         if not 0 <= layer < len(self.blocks) or not 0 <= start < end:
             raise ValueError(f"resume_from needs 0 <= layer < {len(self.blocks)} and 0 <= start < end; "
                              f"got layer={layer}, start={start}, end={end}")
@@ -197,7 +237,7 @@ class SequenceModel(HookedMixin, nn.Module):
             before = cache[f"blocks.{j}.hook_resid_pre"][examples, lo:start]  # [R, w, D]
             carry = cache[f"blocks.{j}.mixer.hook_state"][examples, start - 1] if start and self._carries(j) else None
             x = self.blocks[j].resume(x, before, carry)
-        return self.hook_logits(self.unembed(self.hook_final(self.norm_final(x))))
+        return self.read_out(x, at, offset=start)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if not isinstance(tokens, torch.Tensor):

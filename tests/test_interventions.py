@@ -209,9 +209,9 @@ def test_state_site_is_a_causal_state_patch(pair):
 
 
 def count_rows_and_positions(model):
-    """A forward hook on the unembedding adding up rows x positions of every pass."""
+    """A forward hook on the last block's output adding up rows x positions of every pass."""
     counted = [0]
-    model.unembed.register_forward_hook(lambda mod, args, out: counted.__setitem__(0, counted[0] + out.shape[0] * out.shape[1]))
+    model.blocks[-1].hook_resid_post.register_forward_hook(lambda mod, args, out: counted.__setitem__(0, counted[0] + out.shape[0] * out.shape[1]))
     return counted
 
 

@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 import models
-from interp.analysis.interventions.patching import patch_from, rows_per_pass
-from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair, check_sites,
-                                                 rival_answers)
+from interp.analysis.interventions.patching import patch_from, probs_at, rows_per_pass
+from interp.analysis.interventions.sites import Site, answer_positions, check_pair, check_sites, rival_answers
 from interp.tasks.base import Batch
 
 METRICS = ("restoration",)
@@ -181,6 +180,8 @@ def interchange(
     skip_noops: bool = True,
     resume: bool = True,
     metrics: Sequence[str] = (),
+    max_memory: int | float | str | None = None,
+    progress: bool = True,
 ) -> InterchangeResult:
     """Patch each site of the corrupted run from the clean run; restoration per site and example.
 
@@ -202,6 +203,15 @@ def interchange(
     recompute their prefix). The values agree with whole passes up to float rounding (1e-6
     measured, tests/test_interventions.py); False runs whole passes.
     metrics: more per-pair numbers, any of "logit_diff", "kl" (module docstring).
+    max_memory: the memory budget (models.memory.budget_bytes; default half the memory available
+    now). Every run reads its logits at the answer position only ([rows, V], never [rows, T, V]),
+    and recurrent states are never cached whole: a state site's clean states are recomputed per
+    block from the cached block input, and a resumed pass reads the corrupt run's states at the
+    positions passes resume from only (interventions.planning). The planner estimates the caches
+    and a row of each pass up front and picks the rows per pass (at most batch_size) and how
+    coarse the resume positions are to fit; models.memory.MemoryRefused, one line naming the
+    hooks, the estimate and the budget, before any work when not even one row fits.
+    progress: a bar (counts, ETA) over the pairs run (off with INTERP_PROGRESS=0).
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
@@ -209,7 +219,7 @@ def interchange(
         raise ValueError(f"metrics must be a list of {EXTRA_METRICS}; got {metrics!r}")
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
-    for name, flag in (("skip_noops", skip_noops), ("resume", resume)):
+    for name, flag in (("skip_noops", skip_noops), ("resume", resume), ("progress", progress)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool; got {flag!r}")
     check_pair(clean, corrupt)
@@ -221,11 +231,11 @@ def interchange(
     rows = torch.arange(len(clean))
     extras: dict = {}
 
-    def score_from(clean_logits, corrupt_logits):
+    def score_from(clean_at, corrupt_at):  # logits [N, V] at the clean / corrupt answer positions
         """Per-pair scores [R, m]: logit(y) - logit(y') and KL(p_clean || p) at the answer."""
-        at = corrupt_logits[rows, corrupt_ans].double()  # [N, V]
+        at = corrupt_at.double()  # [N, V]
         y_corrupt = rival_answers(corrupt, at, y, corrupt_ans)
-        clean_logp = clean_logits[rows, clean_ans].double().log_softmax(-1)  # [N, V]
+        clean_logp = clean_at.double().log_softmax(-1)  # [N, V]
 
         def score(logits_at, examples):  # [R, V], [R]
             logits_at = logits_at.double()
@@ -234,16 +244,17 @@ def interchange(
             kl = (logp.exp() * (logp - logits_at.log_softmax(-1))).sum(-1, keepdim=True)
             return torch.cat([ld, kl], 1)
 
-        clean_at = clean_logits[rows, clean_ans].double()
+        clean_at = clean_at.double()
         extras.update(ld_clean=clean_at[rows, y] - clean_at[rows, y_corrupt], corrupt=score(at, rows))
         return score
 
     with models.instrumented():
-        clean_logits, _, p_corrupt, p_patched, scores, stats = patch_from(
+        clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
             model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
-            score_from=score_from if metrics else None,
+            score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
+            progress=progress,
         )
-    p_clean = answer_probs(clean_logits, clean_ans, y)
+    p_clean = probs_at(clean_at, y)
     values, kept = restoration(p_patched, p_clean, p_corrupt, float(min_effect))
     identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction
     values[:, identical], kept = 1.0, kept | identical

@@ -18,9 +18,12 @@ import numpy as np
 import torch
 
 import models
+from interp.analysis.interventions.planning import (LazyStates, Planner, is_state, logits_at, resume_states,
+                                                    takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair,
                                                  check_sites, site_positions)
 from interp.tasks.base import Batch
+from models.memory import progress_bar
 
 HEAD_FIRST = ("hook_pattern", "hook_attn_scores")  # [B, H, T, T]: time (the query) at axis 2
 
@@ -166,6 +169,8 @@ def patched_answer_probs(
     resume_cache=None,
     score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     stats: dict | None = None,
+    plan: tuple[list, list[int]] | None = None,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run `target` with each site patched: (p(answer_tokens) [S, N] float64, argmax ==
     answer_tokens [S, N] bool, scores [S, N, m] float64 or None) at answer_pos.
@@ -177,10 +182,14 @@ def patched_answer_probs(
     The (site, example) pairs are packed into forward passes of up to batch_size rows (row r:
     example b patched at site s), sites of one hook sharing one hook. skip [S, N] bool marks
     pairs whose patch is known to change nothing; they take `unpatched` = (p [N], correct [N]).
-    resume_cache: the target run's `model.resume_hooks()` activations; with it a pair at a block
-    site runs from its block and first position on (`SequenceModel.resume_from`), up to its
-    last site or answer position; pairs are grouped into passes by (block, hook, first position).
-    Pairs whose site lies after the answer must then be in `skip` (they cannot be resumed).
+    resume_cache: the target run's `model.resume_hooks()` activations (the states may be
+    `StatesAt`, see planning.resume_states); with it a pair at a block site runs from its block
+    and first position on (`SequenceModel.resume_from`), up to its last site or answer
+    position; pairs are grouped into passes by (block, hook, first position). Pairs whose site
+    lies after the answer must then be in `skip` (they cannot be resumed). plan: (groups, rows
+    per pass of each group) as `_resume_groups` gives them, chosen by the caller (patch_from's
+    planner); default the groups with batch_size rows. Every pass reads the logits at the
+    answer position only ([R, V], `SequenceModel.read_out`). progress: a bar over the pairs.
     """
     batch_size = rows_per_pass(batch_size, len(target))
     n_sites, n_total = len(sites), len(target)
@@ -198,49 +207,60 @@ def patched_answer_probs(
     passes = 0
     todo = torch.ones(n_sites, n_total, dtype=torch.bool) if skip is None else ~skip
     pairs = torch.nonzero(todo)  # [P, 2] (site, example), site-major
-    groups = _resume_groups(pairs, sites, target_pos, answer_pos) if resume_cache is not None else [(None, 0, pairs)]
+    if plan is None:
+        groups = _resume_groups(pairs, sites, target_pos, answer_pos) if resume_cache is not None else [(None, 0, pairs)]
+        plan = (groups, [batch_size] * len(groups))
     length = target.tokens.shape[1]
-    with torch.no_grad():
-        for layer, start, group in groups:
-            for first in range(0, len(group), batch_size):
-                site_of_row, example_of_row = group[first : first + batch_size].unbind(1)
+    with torch.no_grad(), progress_bar(len(pairs), progress, desc="interchange", unit="pair") as bar:
+        for (layer, start, group), size in zip(*plan):
+            for first in range(0, len(group), size):
+                site_of_row, example_of_row = group[first : first + size].unbind(1)
                 end = length if layer is None else _pass_end(site_of_row, example_of_row, target_pos, answer_pos)
+                for hook in {sites[s].hook for s in torch.unique(site_of_row).tolist()}:
+                    getattr(source, "prefetch", lambda _: None)(hook)  # a lazy source computes outside the pass
                 hooks = _patch_hooks(sites, site_of_row, example_of_row, target_pos, source, end)
+                at = answer_pos[example_of_row].to(device)
                 if layer is None:
-                    logits = model.run_with_hooks(target.tokens[example_of_row].to(device), fwd_hooks=hooks)
+                    at_answer = logits_at(model, target.tokens[example_of_row].to(device), at, model.run_with_hooks,
+                                          fwd_hooks=hooks)
                 else:  # only the mixers whose per-step hooks are patched take the instrumented path
                     with models.instrumented(False), model.hooks(hooks):
-                        logits = model.resume_from(resume_cache, example_of_row.to(device), layer, start, end)
+                        at_answer = model.resume_from(resume_cache, example_of_row.to(device), layer, start, end, at=at)
                 passes += 1
-                at, want = answer_pos[example_of_row] - start, answer_tokens[example_of_row]
-                probs[site_of_row, example_of_row] = answer_probs(logits, at, want)
-                rows = torch.arange(logits.shape[0], device=logits.device)
-                at_answer = logits[rows, at.to(logits.device)]  # [R, V]
+                want = answer_tokens[example_of_row]
+                probs[site_of_row, example_of_row] = probs_at(at_answer, want)  # at_answer [R, V]
                 correct[site_of_row, example_of_row] = at_answer.argmax(-1).cpu() == want
                 if score is not None:
                     scores[site_of_row, example_of_row] = score(at_answer, example_of_row).double().cpu()
+                bar.update(len(site_of_row))
     if stats is not None:
         stats.update(run=len(pairs), passes=passes)
     return probs, correct, scores
 
 
-# A resumed group joins the one before it (same block and hook, earlier start) when that adds
-# fewer than this many row x position steps (its rows times the start difference): a few more
-# positions computed, one pass fewer (a pass has a fixed cost of its own).
+def probs_at(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """p(tokens[r]) from logits [R, V] at one position per row -> [R] float64."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    return logits.double().softmax(-1)[rows, tokens.to(logits.device)].cpu()
+
+
 MERGE_ROW_POSITIONS = 256
 
 
-def _resume_groups(pairs, sites, target_pos, answer_pos) -> list[tuple[int | None, int, torch.Tensor]]:
+def _resume_groups(pairs, sites, target_pos, answer_pos, stride: int = 1) -> list[tuple[int | None, int, torch.Tensor]]:
     """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block, hook and
     first site position (small groups merged, see MERGE_ROW_POSITIONS). One hook per pass keeps
     the per-step (instrumented) path to the passes that patch hook_state and the like. Sites
-    outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0)."""
+    outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0).
+    stride: starts are snapped down to multiples of it (fewer resume positions whose states a
+    resumed pass reads; the positions between are recomputed, unpatched)."""
     first_pos = torch.stack([pos.min(dim=1).values for pos in target_pos])[pairs[:, 0], pairs[:, 1]]  # [P]
+    if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
+        raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
+    first_pos = first_pos // stride * stride
     hook_ids = {hook: i for i, hook in enumerate(sorted({s.hook for s in sites}))}
     layer = torch.tensor([-1 if s.layer is None else s.layer for s in sites])[pairs[:, 0]]  # [P]
     hook = torch.tensor([hook_ids[s.hook] for s in sites])[pairs[:, 0]]  # [P]
-    if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
-        raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
     outside = layer < 0
     groups: list[tuple[int | None, int, torch.Tensor]] = [(None, 0, pairs[outside])] if outside.any() else []
     keys, inside = torch.stack([layer, hook, first_pos], dim=1)[~outside], pairs[~outside]  # [P', 3], [P', 2]
@@ -265,15 +285,19 @@ def _pass_end(site_of_row, example_of_row, target_pos, answer_pos) -> int:
     return int(last) + 1
 
 
-def run_cached(model, batch: Batch, hooks: Sequence[str], batch_size: int):
-    """logits [N, T, V] and {hook: activation [N, ...]} of `batch`, in chunks of batch_size."""
+def run_cached(model, batch: Batch, hooks: Sequence[str], batch_size: int, at: torch.Tensor | None = None):
+    """logits and {hook: activation [N, ...]} of `batch`, in chunks of batch_size rows. at [N]:
+    the logits [N, V] at one position per example (no [N, T, V] is formed); None: [N, T, V]."""
     device = _device(model)
     logits, store = [], {h: [] for h in hooks}
     with torch.no_grad():
         for start in range(0, len(batch), batch_size):
-            chunk_logits, cache = model.run_with_cache(
-                batch.tokens[start : start + batch_size].to(device), names=list(hooks)
-            )
+            tokens = batch.tokens[start : start + batch_size].to(device)
+            where = None if at is None else at[start : start + batch_size].to(device)
+            read_there = where is not None and takes_at(model)
+            chunk_logits, cache = model.run_with_cache(tokens, names=list(hooks), **({"at": where} if read_there else {}))
+            if where is not None and not read_there:
+                chunk_logits = chunk_logits[torch.arange(len(where), device=where.device), where]
             logits.append(chunk_logits)
             for h in hooks:
                 store[h].append(cache[h])
@@ -293,6 +317,7 @@ def _source_from_cache(sites, cache, source_pos) -> Source:
             )
         return select_site(view, examples.to(act.device), pos, site)
 
+    source.prefetch = cache.__getitem__  # type: ignore[attr-defined]  # before a pass's hooks are attached
     return source
 
 
@@ -305,19 +330,26 @@ def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor
     """[S, N] bool: the source equals the target's own value at the site (a no-op patch)."""
     examples = torch.arange(len(target_pos[0]))  # sites are never empty (check_sites)
     same = torch.zeros(len(sites), len(examples), dtype=torch.bool)
-    for s, site in enumerate(sites):
+    for s in sorted(range(len(sites)), key=lambda i: sites[i].hook):  # one hook after another (LazyStates)
+        site = sites[s]
         current = select_site(time_first(target_cache[site.hook], site.hook), examples, target_pos[s], site)  # [N, k, ...]
         same[s] = (source(s, examples, current) == current).flatten(1).all(1).cpu()
     return same
 
 
 def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
-               names: tuple[str, str] = ("source", "target"), resume: bool = False, score_from=None):
+               names: tuple[str, str] = ("source", "target"), resume: bool = False, score_from=None,
+               source_ans: torch.Tensor | None = None, max_memory=None, progress: bool = False):
     """Cache `source` (and `target`), then run `target` patched at each site from `source`.
-    Returns (source logits, target logits, p_target(y) [N], p_patched(y) [S, N], scores [S, N, m]
-    or None, stats {"run", "skipped", "passes"}). Runs on the current path. resume: patched runs
-    start at the site's block and first position (`patched_answer_probs`). score_from(source
-    logits, target logits) -> a `score` function of patched_answer_probs (None: no scores)."""
+    Returns (source logits [N, V] at source_ans (default: the last position), target logits
+    [N, V] at target_ans, p_target(y) [N], p_patched(y) [S, N], scores [S, N, m] or None, stats
+    {"run", "skipped", "passes"}). Runs on the current path. resume: patched runs start at the
+    site's block and first position (`patched_answer_probs`). score_from(source logits, target
+    logits, both [N, V]) -> a `score` function of patched_answer_probs (None: no scores).
+    max_memory: the budget (models.memory) the planner (planning.Planner) fits the caches and
+    the rows per pass to; MemoryRefused before any work when one row does not fit. progress: a
+    bar over the pairs.
+    """
     hooks = sorted({s.hook for s in sites})
     source_pos = [site_positions(source, s.position, names[0]) for s in sites]
     target_pos = [site_positions(target, s.position, names[1]) for s in sites]
@@ -326,28 +358,37 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
             raise ValueError(f"site {site.label}: {names[0]} and {names[1]} roles give different shapes "
                              f"{tuple(src.shape)} and {tuple(dst.shape)}")
     resume = resume and hasattr(model, "resume_from")
-    resume_hooks = resume_hook_names(model, sites) if resume else []
-    source_logits, source_cache = run_cached(model, source, hooks, batch_size)
-    target_logits, target_cache = run_cached(
-        model, target, sorted(set(hooks if skip_noops else []) | set(resume_hooks)), batch_size
-    )
-    p_target = answer_probs(target_logits, target_ans, y)
-    rows = torch.arange(len(target))
-    target_at = target_logits[rows, target_ans.to(target_logits.device)]  # [N, V]
-    correct_target = target_at.argmax(-1).cpu() == y
+    resid = resume_hook_names(model, sites) if resume else []
+    resid = [h for h in resid if not is_state(h)]  # the states are kept at the resume positions only
+    planner = Planner(model, target.tokens, hooks, resid, skip_noops, max_memory, batch_size, lazy=resume)
+    if source_ans is None:
+        source_ans = torch.full((len(source),), source.tokens.shape[1] - 1)
+    source_logits, source_cache = run_cached(model, source, planner.source_names, planner.chunk, at=source_ans)
+    target_logits, target_cache = run_cached(model, target, planner.target_names, planner.chunk, at=target_ans)
+    source_cache = LazyStates(model, source_cache, planner.chunk, planner.lazy)
+    target_cache = LazyStates(model, target_cache, planner.chunk, planner.lazy)
+    p_target = probs_at(target_logits, y)
+    correct_target = target_logits.argmax(-1).cpu() == y
     score = None if score_from is None else score_from(source_logits, target_logits)
-    unpatched = (p_target, correct_target) + (() if score is None else (score(target_at, rows).double().cpu(),))
+    rows = torch.arange(len(target))
+    unpatched = (p_target, correct_target) + (() if score is None else (score(target_logits, rows).double().cpu(),))
     from_source = _source_from_cache(sites, source_cache, source_pos)
     skip = None
     if skip_noops or resume:  # a resumed pass cannot start after its answer: those pairs are no-ops
         skip = after_answer(target_pos, target_ans)
     if skip_noops:
         skip |= _same_value(sites, from_source, target_cache, target_pos)
+    pairs = torch.nonzero(torch.ones(len(sites), len(target), dtype=torch.bool) if skip is None else ~skip)  # [P, 2]
+    if resume:
+        groups, sizes = planner.passes(lambda stride: _resume_groups(pairs, sites, target_pos, target_ans, stride))
+        resume_cache = resume_states(model, {h: target_cache.cache[h] for h in resid}, groups, planner.chunk)
+    else:
+        groups, sizes, resume_cache = *planner.passes(lambda stride: [(None, 0, pairs)]), None
+    target_cache = None  # only the resume cache is read from here on
     stats: dict = {}
     p_patched, _, scores = patched_answer_probs(model, target, sites, from_source, y, target_ans, batch_size,
-                                                skip=skip, unpatched=unpatched,
-                                                resume_cache=target_cache if resume else None, score=score,
-                                                stats=stats)
+                                                skip=skip, unpatched=unpatched, resume_cache=resume_cache,
+                                                score=score, stats=stats, plan=(groups, sizes), progress=progress)
     stats["skipped"] = 0 if skip is None else int(skip.sum())
     return source_logits, target_logits, p_target, p_patched, scores, stats
 
