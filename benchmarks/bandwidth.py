@@ -112,7 +112,7 @@ def selective_contenders(length: int, batch: int = 8, inner: int = 256, n: int =
     Bm, C = torch.randn(batch, length, n, generator=gen), torch.randn(batch, length, n, generator=gen)
     leaves = [t.clone().requires_grad_() for t in (dt, A, x, Bm, C)]
     gy = torch.randn(batch, length, inner, generator=gen)
-    spacing = selective.selective_spacing(64, A)
+    spacing = selective.selective_spacing(64, A, batch, length)
     ckpt_bytes = batch * -(-length // spacing) * nbytes(A)
 
     def fwd():

@@ -13,13 +13,20 @@ diagonal scan's scheme giving the gradient of every input (the initial state's c
 `rotation_states` / `trapezoid_states` -> every state, complex in torch's layout (hook_state's),
 with pins (forward only) or without (differentiable: the C backward reads h_{t-1} from the saved
 states).
+
+Memory (library.py's model; S = 2 E N element bytes, one step's complex state): the scans keep
+from forward to backward their inputs (nothing [B, T, E, N]) and B ceil(T / k) S bytes of
+checkpoints, k = complex_spacing (chunk_size where the span's 2 k S of states and transitions
+fits SPAN_BYTES, else about sqrt(B T / 2)): at most (sqrt(2 B T) + B) S; the backward adds a
+(2 k + 1/2) S span buffer. The *_states kernels return every state by definition (inherent);
+their backward reads h_{t-1} from those states and adds 5 E N reals of work.
 """
 
 from __future__ import annotations
 
 import torch
 
-from models.kernels.native.library import SPAN_BYTES, SUFFIX, I, P, available, empty, function, ptr, \
+from models.kernels.native.library import SUFFIX, I, P, available, empty, function, ptr, span_spacing, \
     unavailable_reason
 from models.kernels.native.selective import SELECTIVE_DTYPES, check_pins, needs_grad, selective_supported
 
@@ -108,10 +115,12 @@ def _c_inputs(mode: int, tensors: dict) -> list:
     return out
 
 
-def complex_spacing(chunk: int, inner: int, n: int, element_size: int) -> int:
-    """Steps between checkpoints: chunk, or fewer where chunk steps of complex states and
-    transitions (the backward's recomputed span, 4 E N reals a step) exceed SPAN_BYTES."""
-    return max(1, min(chunk, SPAN_BYTES // max(1, 4 * inner * n * element_size)))
+def complex_spacing(chunk: int, inner: int, n: int, element_size: int, batch: int, length: int) -> int:
+    """Steps between checkpoints (library.span_spacing with one step's complex state, 2 E N reals,
+    and the backward's 2 of them a step: h_t and a_t): chunk where that span fits SPAN_BYTES, else
+    the fewest steps that keep the checkpoints within (sqrt(2 B T) + B) 2 E N reals, the span
+    within (4 k + 1) E N."""
+    return span_spacing(chunk, 2 * inner * n * element_size, 2, batch, length)
 
 
 def complex_forward(mode: int, tensors: dict, C, h0, every: int, checkpoints: bool):
@@ -164,7 +173,7 @@ class ComplexScan(torch.autograd.Function):
         tensors = dict(zip(names, inputs))
         C, h0 = inputs[len(names):]
         dt = tensors["dt"]
-        every = complex_spacing(chunk, dt.shape[-1], C.shape[-1], dt.element_size())
+        every = complex_spacing(chunk, dt.shape[-1], C.shape[-1], dt.element_size(), *dt.shape[:2])
         y, ckpt, _ = complex_forward(mode, tensors, C, h0, every, checkpoints=True)
         ctx.save_for_backward(*inputs[:len(names)], C, ckpt)
         ctx.mode, ctx.every, ctx.names = mode, every, names
@@ -192,7 +201,7 @@ def _complex_scan(fn: str, mode: int, tensors: dict, C, initial_state, chunk_siz
     if grad:
         return ComplexScan.apply(mode, chunk_size, *inputs, C, initial_state)
     dt = tensors["dt"]
-    every = complex_spacing(chunk_size, dt.shape[-1], C.shape[-1], dt.element_size())
+    every = complex_spacing(chunk_size, dt.shape[-1], C.shape[-1], dt.element_size(), *dt.shape[:2])
     y, _, final = complex_forward(mode, tensors, C, initial_state, every, checkpoints=False)
     return (y, final) if output_final_state else y
 

@@ -8,9 +8,9 @@ The C code (diag_body.h: no torch headers) walks each batch row through time ove
 sums grad c over the lead rows) are shared among library.threads_for(...) threads:
 torch.get_num_threads() for inputs of a few MiB and more. The results are bit-equal for any count.
 When a gradient can flow the forward also keeps the state entering every s-th step (checkpoints,
-[B, ceil(T / s), *S], 1/s of the inputs' size; s = chunk_size, or fewer steps where s states and
-adjoints exceed SPAN_BYTES). The backward recomputes the states of one checkpoint span at a time
-into that cache-sized buffer, walks the adjoint back over them
+[B, ceil(T / s), *S], 1/s of the inputs' size; s = checkpoint_spacing: chunk_size where s states
+and adjoints fit SPAN_BYTES, else about sqrt(B T / (2 threads)) steps). The backward recomputes
+the states of one checkpoint span at a time into a span buffer per thread, walks the adjoint back over them
 (g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, kept in cache too, grad c_t = gy_t conj(h_t) beside it,
 while the next span's a and c are prefetched), then copies grad b_t = g_t, grad a_t =
 g_t conj(h_{t-1}) and grad c_t out in ascending order with streaming stores (the fresh gradient
@@ -18,6 +18,12 @@ tensors are not read for ownership) while the next span's b is prefetched; grad 
 of a, b, c, gy and the checkpoints and one write of the gradients (benchmarks/bandwidth.py). Same association order as the naive loop (results agree to rounding
 of the read-out sums). Dtypes: float32, float64, complex64, complex128 (complex as interleaved
 (re, im) pairs, torch's layout).
+
+Memory (library.py's model, span factor 2, one step's state S = prod(*S) element bytes): the
+checkpoints kept from forward to backward take at most (sqrt(2 B T threads) + B) S bytes (the old
+cache-only spacing kept all B T states once S passed SPAN_BYTES / 2), the backward's span buffers
+threads 3 k S, at most about threads SPAN_BYTES + 1.5 sqrt(2 B T threads) S. What is inherent:
+a, b (and c) are [B, T, *S] inputs and the backward writes grad a and grad b of their size.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import math
 
 import torch
 
-from models.kernels.native.library import SPAN_BYTES, SUFFIX, I, P, empty, function, ptr, threads_for
+from models.kernels.native.library import SUFFIX, I, P, empty, function, ptr, span_spacing, threads_for
 
 DTYPES = tuple(SUFFIX)
 _FWD = [I, I, I, I, P, P, P, I, P, P, P, P, P, I, I, P, I]
@@ -106,10 +112,14 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
     return grad_a, grad_b, grad_c, grad_h0
 
 
-def checkpoint_spacing(chunk: int, a: torch.Tensor) -> int:
-    """Steps between checkpoints: chunk, or fewer where chunk steps of state and of adjoint
-    exceed SPAN_BYTES."""
-    return max(1, min(chunk, SPAN_BYTES // max(1, 2 * math.prod(a.shape[2:]) * a.element_size())))
+def checkpoint_spacing(chunk: int, a: torch.Tensor, threads: int | None = None) -> int:
+    """Steps between checkpoints (library.span_spacing with one step's state *S and the backward's
+    states and adjoints, 2 a step per thread; the work buffer holds a third, grad c's rows): chunk
+    where that span fits SPAN_BYTES, else the fewest steps that keep the checkpoints within
+    (sqrt(2 B T threads) + B) states and the span buffers within threads (3 k) states.
+    threads: the backward's (None: as backward picks them for a)."""
+    step = math.prod(a.shape[2:]) * a.element_size()
+    return span_spacing(chunk, max(1, step), 2, a.shape[0], a.shape[1], _threads(threads, a))
 
 
 def segment(a, b, c, h0, export_idx, chunk):

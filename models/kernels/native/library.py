@@ -14,8 +14,25 @@ impl="native" raises).
 
 Large outputs are advised as transparent huge pages (`empty`): on the shared VM this was measured
 on, first-touch page faults of fresh gradient tensors cost about as much as the backward itself.
-SPAN_BYTES is the cache budget the checkpointed backwards size their recomputed spans to;
 threads_for(nbytes) how many threads a kernel that can share its work (threads.h) may use.
+
+Memory model of the checkpointed backwards (diag.py, selective.py, complex.py). With S the bytes
+of one step's state, w the states a backward keeps per recomputed step (its "span factor": 3 for
+the diagonal scan's states, adjoints and grad c, 2 for the selective scan's states and
+exponentials, 4 for the complex kernels' complex states and transitions, each counted in S) and
+k the steps between checkpoints, a forward that a gradient can flow through keeps
+B ceil(T / k) S bytes of checkpoints until the backward, and the backward adds one span buffer
+of about w k S bytes per thread. `span_spacing` picks
+
+    k = max(min(chunk, SPAN_BYTES // (w S)),  ceil(sqrt(B T / (w threads))))   (at most T)
+
+the first term the cache-sized span (SPAN_BYTES, L2-sized: what makes the small-state kernels
+fast), the second the k that minimises the sum B T S / k + threads w k S. So for any state
+size the checkpoints stay within (sqrt(B T w threads) + B) S bytes, and the span buffers within
+threads (w k + 1) S, which is at most the larger of about threads SPAN_BYTES and
+(sqrt(B T w threads) + threads (w + 1)) S: O(sqrt(B T)) states, never all T of them (the old
+cache-only rule gave k = 1, every state kept, for a state over SPAN_BYTES / w). The recomputation
+is the same for any k (each step is recomputed once), and the results are bit-equal for any k.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -119,6 +137,23 @@ def function(name: str, argtypes: list) -> ctypes._CFuncPtr:
     if fn.argtypes is None:
         fn.argtypes = argtypes
     return fn
+
+
+def span_spacing(chunk: int, step_bytes: int, span_factor: int, batch: int, length: int,
+                 threads: int = 1) -> int:
+    """Steps between a checkpointed backward's checkpoints (the module docstring's memory model):
+    the cache-sized span min(chunk, SPAN_BYTES // (span_factor step_bytes)) or, where more
+    checkpoints than that would be kept, ceil(sqrt(batch length / (span_factor threads))), the
+    spacing that minimises checkpoints plus span buffers; at least 1, at most max(length, 1)
+    beyond the cache-sized span. step_bytes: one step's state (one batch row); span_factor: the
+    states the backward keeps per recomputed step; threads: span buffers live at once."""
+    for name, value, least in (("chunk", chunk, 1), ("step_bytes", step_bytes, 1), ("span_factor", span_factor, 1),
+                               ("batch", batch, 0), ("length", length, 0), ("threads", threads, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"span_spacing: {name} must be an int >= {least}; got {value!r}")
+    cache = max(1, min(chunk, SPAN_BYTES // (span_factor * step_bytes)))
+    balanced = math.ceil(math.sqrt(batch * length / (span_factor * threads)))
+    return max(cache, min(balanced, max(length, 1)))
 
 
 def ptr(x: torch.Tensor | None) -> int | None:

@@ -10,8 +10,8 @@ results are exactly the plain exp's) and s = 2 for negative Mamba (a = 2 exp(dt 
 `selective_scan` -> y: a and b are formed per step inside the loop (selective_body.h), so nothing
 [B, T, E, N] is materialised, forward or backward (the unfused path builds both in torch and keeps
 them for autograd). Its backward follows the diagonal scan's checkpointed scheme (diag.py): states
-recomputed one cache-sized span at a time from checkpoints, the gradients of dt, A, x, Bm, C and
-h0 reduced from the adjoint inside the loop.
+recomputed one span at a time from checkpoints, the gradients of dt, A, x, Bm, C and h0 reduced
+from the adjoint inside the loop.
 
 `selective_states` -> every state [B, T, E, N]: the same arithmetic, no read-out, no checkpoints,
 with state pins applied between C calls split at the pinned steps. Without pins it is
@@ -25,6 +25,19 @@ gradient is d L / d h_t). Its C backward walks the adjoint back over the saved s
 g_t = dL/dh_t (given) + gy_t C_t + a_{t+1} g_{t+1}, and writes every g_t out as shift's gradient
 beside the others, so the states' total cotangents come from one kernel forward and backward.
 
+Memory (library.py's model; S = E N element bytes, one step's state): selective_scan keeps from
+forward to backward its inputs (dt, x [B, T, E], Bm, C [B, T, N]: nothing [B, T, E, N]) and
+B ceil(T / k) S bytes of checkpoints, k = selective_spacing (chunk_size where 2 k S fits
+SPAN_BYTES, else about sqrt(B T / 2)): at most (sqrt(2 B T) + B) S, where the old cache-only
+rule kept every state for S > SPAN_BYTES / 2 (Mamba-130m's 96 KiB, Mamba-2 130M's 768 KiB);
+its backward adds a (2 k + 1) S span buffer. At B = 1, T = 2048: 64 checkpoints and a 65-state
+span for Mamba-2 (50 + 51 MB a layer) instead of 2048 states (1.6 GB a layer).
+selective_states and selective_states_shifted return every state [B, T, E, N] by definition, and
+the shifted one's backward writes every state's adjoint (shift's gradient, [B, T, E, N]) by
+definition: those, the shift input and the cotangent of the states are inherent. Their
+backwards read h_{t-1} from the states they returned (saved, not copied) and add only
+2 or 3 E N elements of work: no checkpoints, nothing recomputed but exp(dt A).
+
 float32 exp is a vectorisable polynomial (exp_f32 in kernels.c, under 1 ulp from exp; torch's
 under 0.6), float64 exp is libm's.
 """
@@ -33,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-from models.kernels.native.library import SPAN_BYTES, SUFFIX, D, I, P, available, empty, function, ptr, \
+from models.kernels.native.library import SUFFIX, D, I, P, available, empty, function, ptr, span_spacing, \
     unavailable_reason
 
 _FWD = [I, I, I, I, P, P, P, P, P, P, P, I, P, D]
@@ -97,7 +110,8 @@ def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, sc
     """Mamba's selective scan (see the module docstring; no D x term): dt [B, T, E] (> 0, after
     softplus), A [E, N] (negative), x [B, T, E], Bm, C [B, T, N], initial_state [B, E, N] or
     None (zeros); one dtype in SELECTIVE_DTYPES, CPU -> y [B, T, E]. Differentiable in every
-    input; chunk_size bounds the backward's checkpoint spacing (no effect on results); scale is
+    input; chunk_size is the backward's checkpoint spacing for small states (selective_spacing;
+    no effect on results); scale is
     the transition's s, a_t = s exp(dt_t A) - (s - 1) (1: Mamba, 2: negative Mamba; 0 < s <= 2).
     output_final_state: return (y, h_{T-1} [B, E, N]) instead, forward only (ValueError when a
     gradient is wanted)."""
@@ -117,10 +131,11 @@ def selective_scan(dt, A, x, Bm, C, initial_state=None, chunk_size: int = 64, sc
     return (y, final) if output_final_state else y
 
 
-def selective_spacing(chunk: int, A: torch.Tensor) -> int:
-    """Steps between checkpoints: chunk, or fewer where chunk steps of states and transitions
-    (the backward's recomputed span) exceed SPAN_BYTES."""
-    return max(1, min(chunk, SPAN_BYTES // max(1, 2 * A.numel() * A.element_size())))
+def selective_spacing(chunk: int, A: torch.Tensor, batch: int, length: int) -> int:
+    """Steps between checkpoints (library.span_spacing with the backward's 2 states a step: h_t and
+    exp(dt_t A), [E, N] each): chunk where that span fits SPAN_BYTES, else the fewest steps that
+    keep the checkpoints within (sqrt(2 B T) + B) E N elements, the span within (2 k + 1) E N."""
+    return span_spacing(chunk, A.numel() * A.element_size(), 2, batch, length)
 
 
 def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool, scale: float = 1.0):
@@ -158,7 +173,7 @@ class SelectiveScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dt, A, x, Bm, C, h0, chunk, scale):
-        every = selective_spacing(chunk, A)
+        every = selective_spacing(chunk, A, dt.shape[0], dt.shape[1])
         y, ckpt, _ = selective_forward(dt, A, x, Bm, C, h0, every, checkpoints=True, scale=scale)
         ctx.save_for_backward(dt, A, x, Bm, C, ckpt)
         ctx.every, ctx.scale = every, scale
