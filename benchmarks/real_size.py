@@ -1,0 +1,343 @@
+"""Real size: our instrumented models against the transformers model at the published 124M-130M
+configurations (random weights, benchmarks/real_configs.py; nothing is downloaded).
+
+    python benchmarks/real_size.py [--sections fwd,cache,patch,interchange,attribution]
+                                   [--models gpt2,llama,mamba,mamba2] [--lengths 512,2048]
+                                   [--rounds 2] [--threads 1] [--markdown]
+
+Each (section, model) runs in a fresh subprocess (one thread), so a contender that runs out of
+memory is recorded as killed instead of ending the run, and each starts from the same memory.
+Within it the contenders are timed in interleaved rounds (benchmarks/timing.py; the minimum over
+rounds) and each call's peak memory is read as the rise of the process's peak RSS over its RSS
+just before the call (/proc/self/clear_refs resets the peak; malloc_trim first returns freed heap
+to the system), the largest over the rounds. Ratios are ours / the source's: below 1 is better.
+
+Sections:
+  fwd          forward (no gradient) and forward+backward (cross-entropy on the next token,
+               every parameter's gradient) at B = 1 and each length, ours against the source.
+  cache        run_with_cache at T = 512: every hook, hook_state only, and streamed to disk,
+               against a plain forward of ours (time ratio, peak).
+  patch        a state patch of the middle layer at t = T / 2, T = 1024: declared
+               (models.StatePatch) and as a hook function, against a plain forward.
+  interchange  the exact interchange grid (each position x {hook_resid_pre, mixer.hook_out,
+               mixer.hook_state} x layer) at N = 8, T = 64 and 512: sites per second and peak.
+               At T = 512 a sample of positions (every 64th) is timed: the rate per site is
+               what is reported, the whole grid's time is its extrapolation.
+  attribution  attribution patching of the same grid at N = 8, T = 512 (all positions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from real_configs import REAL_SIZES, build_source, tokens  # noqa: E402
+from timing import interleaved, load_average  # noqa: E402
+
+SECTIONS = ("fwd", "cache", "patch", "interchange", "attribution")
+RECURRENT = ("mamba", "mamba2")
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def with_peak(fn, peaks: list):
+    """fn wrapped so each call appends its peak RSS rise (bytes) to peaks."""
+
+    def run():
+        _trim()
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # resets VmHWM to the current RSS
+        before = _status("VmRSS:")
+        out = fn()
+        peaks.append(_status("VmHWM:") - before)
+        return out
+
+    return run
+
+
+def measure(contenders: dict, rounds: int, warmup: int = 1) -> dict:
+    """{name: {"s": min wall s, "cpu": min CPU s, "peak": bytes, "load": "a-b"}} of interleaved rounds."""
+    peaks = {name: [] for name in contenders}
+    wrapped = {name: with_peak(fn, peaks[name]) for name, fn in contenders.items()}
+    timing = interleaved(wrapped, rounds=rounds, warmup=warmup)
+    return {name: {"s": timing[name].min, "cpu": timing[name].cpu_min, "peak": max(peaks[name]),
+                   "load": timing.load} for name in contenders}
+
+
+# ---- the sections (run in a worker subprocess) -------------------------------------------
+
+def _pair(name: str):
+    import models
+
+    source = build_source(name)
+    return source, models.from_pretrained(source)
+
+
+def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def section_fwd(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    source, ours = _pair(name)
+    rows = []
+    for length in lengths:
+        ids = tokens(name, 1, length)
+
+        def backward(model, logits_of):
+            def run():
+                model.zero_grad(set_to_none=True)
+                _loss(logits_of(model), ids).backward()
+                model.zero_grad(set_to_none=True)
+            return run
+
+        ours_logits = lambda m: m(ids)  # noqa: E731
+        source_logits = lambda m: m(ids, use_cache=False).logits  # noqa: E731
+        for what, group in (
+            ("forward", {"ours": torch.no_grad()(lambda: ours(ids)),
+                         "source": torch.no_grad()(lambda: source(ids, use_cache=False).logits)}),
+            ("forward+backward", {"ours": backward(ours, ours_logits), "source": backward(source, source_logits)}),
+        ):
+            result = measure(group, rounds, warmup=1 if length <= 512 else 0)
+            rows.append({"model": name, "T": length, "what": what, **_versus(result)})
+    return rows
+
+
+def _versus(result: dict, ours: str = "ours", source: str = "source") -> dict:
+    a, b = result[ours], result[source]
+    return {"ours_s": a["s"], "source_s": b["s"], "time_ratio": a["s"] / b["s"], "ours_peak": a["peak"],
+            "source_peak": b["peak"], "peak_ratio": a["peak"] / max(b["peak"], 1), "load": a["load"]}
+
+
+def section_cache(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    import tempfile
+
+    _, ours = _pair(name)
+    length = 512
+    ids = tokens(name, 1, length)
+    states = [n for n in ours.hook_names() if n.endswith("hook_state")]
+    directory = Path(tempfile.mkdtemp(prefix="real-size-cache-"))
+    counter = iter(range(10**6))
+    group = {"forward": torch.no_grad()(lambda: ours(ids)),
+             "run_with_cache, every hook": lambda: ours.run_with_cache(ids),
+             "run_with_cache, streamed to disk": lambda: ours.run_with_cache(
+                 ids, to_disk=directory / f"run-{next(counter)}")}
+    if states:
+        group["run_with_cache, hook_state only"] = lambda: ours.run_with_cache(ids, names=states)
+    rows = []
+    for what, fn in group.items():  # one at a time: a refusal or a failure is a result of its own
+        try:
+            result = measure({"forward": group["forward"], what: fn}, rounds)
+        except Exception as error:  # noqa: BLE001 - the refusal is the row
+            rows.append({"model": name, "T": length, "what": what, "error": f"{type(error).__name__}: {error}"})
+            continue
+        rows.append({"model": name, "T": length, "what": what, "s": result[what]["s"],
+                     "vs_forward": result[what]["s"] / result["forward"]["s"], "peak": result[what]["peak"],
+                     "forward_peak": result["forward"]["peak"], "load": result[what]["load"]})
+    return rows
+
+
+def section_patch(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    import models
+
+    if name not in RECURRENT:
+        return []
+    _, ours = _pair(name)
+    length, layer = 1024, None
+    ids, donor = tokens(name, 1, length, seed=0), tokens(name, 1, length, seed=1)
+    layer = len(ours.blocks) // 2
+    hook, t = f"blocks.{layer}.mixer.hook_state", length // 2
+    with torch.no_grad():
+        _, donor_cache = ours.run_with_cache(donor, names=[hook])
+    state = donor_cache[hook][:, t].clone()
+    del donor_cache
+
+    def hook_fn(s, hook):
+        s[:, t] = state
+        return s
+
+    group = {"forward": torch.no_grad()(lambda: ours(ids)),
+             "declared StatePatch": torch.no_grad()(
+                 lambda: ours.run_with_hooks(ids, fwd_hooks=[(hook, models.StatePatch.at(t, values=state))])),
+             "hook-function patch": torch.no_grad()(lambda: ours.run_with_hooks(ids, fwd_hooks=[(hook, hook_fn)]))}
+    result = measure(group, rounds)
+    return [{"model": name, "T": length, "what": what, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+             "peak": r["peak"], "forward_peak": result["forward"]["peak"], "load": r["load"]}
+            for what, r in result.items()]
+
+
+def _grid_batches(name: str, length: int, n: int = 8):
+    """Clean and corrupt batches of random tokens: the corrupt run differs at the first position;
+    the answer is the clean run's most likely last token (so p_clean is not tiny)."""
+    from interp.tasks.base import Batch
+
+    clean_tokens, corrupt_tokens = tokens(name, n, length, seed=2), tokens(name, n, length, seed=2).clone()
+    corrupt_tokens[:, 0] = tokens(name, n, 1, seed=3)[:, 0]
+    targets = torch.zeros_like(clean_tokens)
+    mask = torch.zeros_like(clean_tokens, dtype=torch.bool)
+    mask[:, -1] = True
+    states = torch.zeros(n, length)
+    return (lambda tk: Batch(tk, targets.clone(), mask, states))(clean_tokens), \
+        Batch(corrupt_tokens, targets.clone(), mask, states)
+
+
+def _grid(ours, name: str, positions):
+    from interp.analysis.interventions import site_grid
+
+    hooks = ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_out"]
+    if name in RECURRENT:
+        hooks.append("blocks.{l}.mixer.hook_state")
+    return site_grid(ours, hooks, list(positions))
+
+
+def section_interchange(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    from interp.analysis.interventions import interchange
+
+    _, ours = _pair(name)
+    rows = []
+    for length in (64, 512):
+        clean, corrupt = _grid_batches(name, length)
+        with torch.no_grad():
+            clean.targets[:, -1] = ours(clean.tokens)[:, -1].argmax(-1)
+        step = 1 if length <= 64 else 64
+        sites = _grid(ours, name, range(0, length, step))
+        full = len(_grid(ours, name, range(length)))
+        result = measure({"interchange": lambda: interchange(ours, clean, corrupt, sites)}, 1, warmup=0)["interchange"]
+        rows.append({"model": name, "T": length, "what": f"interchange, N 8, {len(sites)} of {full} sites",
+                     "s": result["s"], "sites_per_s": len(sites) / result["s"],
+                     "grid_s": full / (len(sites) / result["s"]), "peak": result["peak"], "load": result["load"]})
+    return rows
+
+
+def section_attribution(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    from interp.analysis.interventions import attribute
+
+    _, ours = _pair(name)
+    length = 512
+    clean, corrupt = _grid_batches(name, length)
+    with torch.no_grad():
+        clean.targets[:, -1] = ours(clean.tokens)[:, -1].argmax(-1)
+    sites = _grid(ours, name, range(length))
+    result = measure({"attribution": lambda: attribute(ours, clean, corrupt, sites)}, 1, warmup=0)["attribution"]
+    return [{"model": name, "T": length, "what": f"attribution, N 8, {len(sites)} sites", "s": result["s"],
+             "sites_per_s": len(sites) / result["s"], "peak": result["peak"], "load": result["load"]}]
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+def worker(section: str, name: str, lengths: list[int], rounds: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    os.environ.setdefault("INTERP_PROGRESS", "0")
+    rows = globals()[f"section_{section}"](name, lengths, rounds)
+    print("ROWS " + json.dumps(rows))
+
+
+def run_worker(section: str, name: str, args) -> list[dict]:
+    command = [sys.executable, __file__, "--worker", section, "--models", name,
+               "--lengths", ",".join(map(str, args.lengths)), "--rounds", str(args.rounds),
+               "--threads", str(args.threads)]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("ROWS "):
+            return json.loads(line[5:])
+    reason = "killed (out of memory?)" if done.returncode in (-9, 137) else f"exit {done.returncode}"
+    tail = done.stderr.strip().splitlines()[-1:] or [""]
+    return [{"model": name, "what": section, "error": f"{reason} after {time.perf_counter() - start:.0f} s: {tail[0]}"}]
+
+
+def gb(n) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f}"
+
+
+def table(section: str, rows: list[dict]) -> list[str]:
+    """Markdown lines of one section's rows."""
+    if section == "fwd":
+        lines = ["| model | T | pass | ours s | source s | time ours / source | ours peak GB | source peak GB | "
+                 "peak ours / source | load |", "|" + "---|" * 10]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 6)
+                continue
+            lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {r['source_s']:.2f} | "
+                         f"{r['time_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
+                         f"{r['peak_ratio']:.2f} | {r['load']} |")
+        return lines
+    lines = ["| model | T | what | s | vs our forward | sites/s | whole grid s (extrapolated) | peak GB | load |",
+             "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r.get('T', '-')} | {r['what']} | {r['error']} |" + " |" * 5)
+            continue
+        ratio = f"{r['vs_forward']:.2f}" if "vs_forward" in r else "-"
+        rate = f"{r['sites_per_s']:.2f}" if "sites_per_s" in r else "-"
+        grid = f"{r['grid_s']:.0f}" if "grid_s" in r else "-"
+        lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.2f} | {ratio} | {rate} | {grid} | "
+                     f"{gb(r['peak'])} | {r['load']} |")
+    return lines
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--models", default=",".join(REAL_SIZES))
+    p.add_argument("--lengths", default="512,2048")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--json", help="also write every row to this JSON file")
+    p.add_argument("--worker", choices=SECTIONS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    names = args.models.split(",")
+    for name in names:
+        if name not in REAL_SIZES:
+            p.error(f"--models: {name!r} is not one of {REAL_SIZES}")
+    if args.worker:
+        worker(args.worker, names[0], args.lengths, args.rounds, args.threads)
+        return {}
+    sections = args.sections.split(",")
+    for section in sections:
+        if section not in SECTIONS:
+            p.error(f"--sections: {section!r} is not one of {SECTIONS}")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), rounds {args.rounds}, load at start "
+          f"{load_average():.1f}; peak = rise of peak RSS over RSS before the call")
+    results = {}
+    for section in sections:
+        rows = [row for name in names for row in run_worker(section, name, args)]
+        results[section] = rows
+        print(f"\n### {section}\n")
+        print("\n".join(table(section, rows)), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
