@@ -174,7 +174,8 @@ class Mamba2(DiagonalScanMixer):
         states = [native_selective.selective_states(dt, A, x, B, initial_state=h0, pins=None if pins is None else
                                                     (pins[0], values[:, :, s].contiguous()))
                   for dt, A, x, B, _, h0, s in groups]
-        return torch.cat(states, dim=2).reshape(batch, length, *self.state_shape)
+        states = states[0] if len(states) == 1 else torch.cat(states, dim=2)  # [B, T, E, N]
+        return states.reshape(batch, length, *self.state_shape)
 
     def native_states_supported(self, inputs, initial=None) -> bool:
         dt, A, x, B, _, h0, _ = self.selective_args(inputs, initial)[0]
