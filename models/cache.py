@@ -44,6 +44,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from models.cache_store import DiskStore, create_store, open_store
+
 # TransformerLens' short names -> our path inside blocks.{l}
 ALIASES = {
     "attn_out": "mixer.hook_out", "mixer_out": "mixer.hook_out", "mlp_out": "mlp.hook_out",
@@ -63,13 +65,56 @@ def _natural_key(name: str) -> list:
 
 
 class Cache(Mapping):
-    """Activations by hook name (see the module docstring for the analyses)."""
+    """Activations by hook name (see the module docstring for the analyses).
 
-    def __init__(self, store: dict[str, torch.Tensor] | None = None, model: nn.Module | None = None,
-                 has_batch_dim: bool = True) -> None:
-        self._store: dict[str, torch.Tensor] = dict(store or {})
+    store: {name: tensor} (copied), or a models.cache_store.DiskStore (kept: a disk-backed cache,
+    tensors read on access). positions: {name: [t, ...]} for entries that keep only those
+    positions on their time axis (run_with_cache(positions=...)); entries not named keep all."""
+
+    def __init__(self, store: Mapping[str, torch.Tensor] | None = None, model: nn.Module | None = None,
+                 has_batch_dim: bool = True, positions: Mapping[str, Sequence[int]] | None = None) -> None:
+        self._store = store if isinstance(store, DiskStore) else dict(store or {})
         self.model = model
         self.has_batch_dim = has_batch_dim
+        self.positions: dict[str, list[int]] = {n: list(p) for n, p in (positions or {}).items()}
+
+    @classmethod
+    def open(cls, directory, model: nn.Module | None = None) -> "Cache":
+        """Reopen a cache written by run_with_cache(to_disk=directory) (or Cache.save): read-only,
+        each tensor read from its file on access. model: the model it was run on (the analyses
+        need it); its config must equal the one recorded."""
+        store, index = open_store(directory)
+        recorded = index.get("model")
+        config = getattr(getattr(model, "cfg", None), "to_dict", None)
+        if model is not None and recorded is not None and config is not None and config() != recorded:
+            differ = sorted(k for k in set(recorded) | set(config()) if recorded.get(k) != config().get(k))
+            raise ValueError(f"the cache in {str(directory)!r} was written by a model whose config differs from "
+                             f"this one's in {differ[:6]}")
+        return cls(store, model, index.get("has_batch_dim", True), index.get("positions"))
+
+    def save(self, directory, overwrite: bool = False) -> "Cache":
+        """Write every entry to `directory` (the run_with_cache(to_disk=...) layout, docs/caches.md;
+        the same checks on the target) and return the disk-backed Cache reopened from it."""
+        store = create_store(directory, overwrite, argument="directory")
+        try:
+            for name, value in self.items():
+                store[name] = value
+        except BaseException:
+            store.abandon()
+            raise
+        store.finish(**self.index_info())
+        return Cache.open(directory, self.model)
+
+    def index_info(self) -> dict:
+        """What a disk cache's index records beside its entries (positions, batch axis, model config)."""
+        config = getattr(getattr(self.model, "cfg", None), "to_dict", None)
+        return {"positions": self.positions, "has_batch_dim": self.has_batch_dim,
+                "model": config() if config is not None else None}
+
+    @property
+    def directory(self):
+        """The directory of a disk-backed cache (None: in memory)."""
+        return self._store.directory if isinstance(self._store, DiskStore) else None
 
     # ------------------------------------------------------------------ the mapping
 
@@ -140,15 +185,17 @@ class Cache(Mapping):
         wrong = {n: s for n, s in sizes.items() if s != 1}
         if wrong:
             raise ValueError(f"remove_batch_dim needs batch size 1; got sizes {dict(list(wrong.items())[:4])}")
-        return Cache({n: v[0] if v.dim() else v for n, v in self._store.items()}, self.model, has_batch_dim=False)
+        return Cache({n: v[0] if v.dim() else v for n, v in self._store.items()}, self.model, has_batch_dim=False,
+                     positions=self.positions)
 
     def to(self, device) -> "Cache":
-        """Move every tensor to `device` (in place); returns self."""
+        """Move every tensor to `device` (in place; a disk-backed cache is read into memory); returns self."""
         self._store = {n: v.to(device) for n, v in self._store.items()}
         return self
 
     def __repr__(self) -> str:
-        return f"Cache({len(self)} entries: {list(self._store)[:6]}{'...' if len(self) > 6 else ''})"
+        where = f" on disk in {str(self.directory)!r}" if self.directory is not None else ""
+        return f"Cache({len(self)} entries{where}: {list(self._store)[:6]}{'...' if len(self) > 6 else ''})"
 
     # ------------------------------------------------------------------ residual analyses
 

@@ -65,6 +65,9 @@ import torch
 from torch import nn
 
 from models.cache import Cache, unknown_name_message
+from models.cache_plan import CachePlan, plan_cache
+from models.cache_store import create_store
+from models.memory import budget_bytes
 from models.state_patch import StatePatch, StatePlan
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
@@ -79,6 +82,9 @@ class HookPoint(nn.Module):
         super().__init__()
         self.name: str = "<unnamed>"
         self._readers: list[Reader] = []
+        # while emit(x, positions) runs: the steps x holds on its time axis, when a mixer formed
+        # only the steps its readers want (selected_steps); None: every step
+        self.emitted_positions: list[int] | None = None
         # gradient probes of a hook_state (run_with_cache(incl_bwd=True)): lists that
         # scan_with_state_hook appends its zero shift [B, T, *S] (requires grad) to
         self._probes: list[list[torch.Tensor]] = []
@@ -92,10 +98,15 @@ class HookPoint(nn.Module):
             self.emit(out)
         return out
 
-    def emit(self, x: torch.Tensor) -> None:
-        """Hand the final value to every reader (cache)."""
-        for reader in self._readers:
-            reader(x, self)
+    def emit(self, x: torch.Tensor, positions: list[int] | None = None) -> None:
+        """Hand the final value to every reader (cache); positions: the steps x holds on its time
+        axis when it is not every step (selected_steps), seen by readers as emitted_positions."""
+        self.emitted_positions = positions
+        try:
+            for reader in self._readers:
+                reader(x, self)
+        finally:
+            self.emitted_positions = None
 
     @property
     def has_patches(self) -> bool:
@@ -116,6 +127,17 @@ def only_read(*hooks: HookPoint) -> bool:
     (run_with_cache(incl_bwd=True)): the values they see may then be formed beside the computation
     (without autograd) instead of being the ones the output is computed from."""
     return not any(h.has_patches or h._probes for h in hooks)
+
+
+def selected_steps(hook: HookPoint) -> list[int] | None:
+    """The steps (ascending, distinct) that hook's readers keep, when every reader keeps only
+    some (run_with_cache(positions=...): the reader's `positions`) and nothing patches or probes
+    it: a mixer may then form the activation at those steps only and emit it with them
+    (HookPoint.emit(x, positions)). Else None."""
+    if not hook._readers or hook.has_patches or hook._probes:
+        return None
+    wanted = [getattr(reader, "positions", None) for reader in hook._readers]
+    return None if any(w is None for w in wanted) else sorted(set().union(*wanted))
 
 
 # A global switch used by tests and nnsight: treat every hook point as active so mixers take their
@@ -283,6 +305,13 @@ class HookedMixin:
         with self.hooks(fwd_hooks, allow_nonfinite=allow_nonfinite):
             return self(tokens, **kwargs)  # type: ignore[operator]
 
+    def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
+                   incl_bwd: bool = False, **kwargs) -> CachePlan:
+        """What run_with_cache(tokens, names, positions=positions, incl_bwd=incl_bwd) would cache,
+        before running it: per hook its shape and bytes (models.cache_plan; two dry runs of
+        length <= 3 on one example). plan.total, plan.entries, plan.summary()."""
+        return plan_cache(self, tokens, self.resolve_hook_names(names), positions, incl_bwd, **kwargs)
+
     def run_with_cache(
         self,
         tokens: torch.Tensor,
@@ -292,9 +321,25 @@ class HookedMixin:
         allow_nonfinite: bool = False,
         incl_bwd: bool = False,
         metric: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        max_memory: int | float | str | None = None,
+        to_disk=None,
+        overwrite: bool = False,
+        positions=None,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
         """Forward pass returning (logits, Cache) of the named activations (after any patches).
+
+        Memory (docs/caches.md): the cache's bytes are planned before the run (cache_plan) and
+        the call refuses up front (models.memory.MemoryRefused, one line naming the largest
+        hooks, the estimate and the budget) when they exceed max_memory (models.memory
+        budget_bytes: None is half the memory available now). to_disk: a directory to stream
+        the activations to as each hook fires (one safetensors file per hook); the Cache
+        returned reads them back on access (Cache.open(to_disk, model) reopens it later); the
+        budget then bounds the largest single activation, and the target must be new or empty
+        (overwrite=True replaces a cache there; never a symlink). positions: keep only these
+        steps on each hook's time axis ([t, ...] for every hook, or {name: [t, ...]}; recorded
+        in cache.positions); a recurrent mixer whose hook_state is only read at some steps, with
+        no gradient wanted, forms the states at those steps only (its fast kernels run to each).
 
         incl_bwd: also cache `name + "_grad"` = d metric(logits) / d activation for every named
         hook (one backward pass, torch.autograd.grad: parameters' .grad are left alone; the
@@ -306,28 +351,55 @@ class HookedMixin:
         """
         if incl_bwd and not callable(metric):
             raise TypeError(f"incl_bwd=True needs metric, a function logits -> scalar tensor; got {metric!r}")
-        cache = Cache(model=self)  # type: ignore[arg-type]
+        if to_disk is not None and (incl_bwd or not detach):
+            raise ValueError(f"to_disk={to_disk!r} streams detached activations; incl_bwd=True and detach=False need "
+                             f"them in memory (got incl_bwd={incl_bwd}, detach={detach})")
+        selected = self.resolve_hook_names(names)
+        plan = plan_cache(self, tokens, selected, positions, incl_bwd, **kwargs)
+        plan.check(budget_bytes(max_memory), streaming=to_disk is not None)
+        store = None
+        if to_disk is not None:
+            plan.check_disk(to_disk)
+            store = create_store(to_disk, overwrite)
+        cache = Cache(store, model=self, positions=plan.positions)  # type: ignore[arg-type]
+        try:
+            logits = self._cached_forward(tokens, cache, plan, selected, fwd_hooks, detach, allow_nonfinite,
+                                          incl_bwd, metric, kwargs)
+        except BaseException:
+            if store is not None:
+                store.abandon()
+            raise
+        if store is not None:
+            store.finish(**cache.index_info(), batch=plan.batch, length=plan.length)
+        return logits, cache
+
+    def _cached_forward(self, tokens, cache: Cache, plan: CachePlan, selected: list[str], fwd_hooks, detach: bool,
+                        allow_nonfinite: bool, incl_bwd: bool, metric, kwargs) -> torch.Tensor:
+        """run_with_cache's forward (and backward, incl_bwd): fills cache, returns the logits."""
         live: dict[str, torch.Tensor] = {}
 
-        def store(x: torch.Tensor, hook: HookPoint) -> None:
-            cache[hook.name] = x.detach() if detach else x
-            if incl_bwd:
-                live[hook.name] = x
+        def reader(name: str) -> Reader:
+            def store(x: torch.Tensor, hook: HookPoint) -> None:
+                cache[hook.name] = plan.select(hook.name, x.detach() if detach else x, hook.emitted_positions)
+                if incl_bwd:
+                    live[hook.name] = x
 
-        selected = self.resolve_hook_names(names)
+            store.positions = None if incl_bwd else plan.positions.get(name)  # read by selected_steps
+            return store
+
         probes = {n: [] for n in selected} if incl_bwd else {}
         for name, found in probes.items():
             self.hook_dict[name]._probes.append(found)
         grad_mode = torch.enable_grad() if incl_bwd else contextlib.nullcontext()
         try:
-            with self.hooks(fwd_hooks, readers=[(n, store) for n in selected], allow_nonfinite=allow_nonfinite), \
+            with self.hooks(fwd_hooks, readers=[(n, reader(n)) for n in selected], allow_nonfinite=allow_nonfinite), \
                     grad_mode:
                 logits = self(tokens, **kwargs)  # type: ignore[operator]
         finally:
             for name, found in probes.items():
                 self.hook_dict[name]._probes.remove(found)
         if not incl_bwd:
-            return logits, cache
+            return logits
         value = metric(logits)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise ValueError(f"metric must return a scalar tensor; got {getattr(value, 'shape', type(value).__name__)}")
@@ -336,8 +408,8 @@ class HookedMixin:
         grads = torch.autograd.grad(value, list(differentiable.values()), allow_unused=True) if differentiable else []
         for name, grad in zip(differentiable, grads):
             if grad is not None:
-                cache[name + "_grad"] = grad
-        return logits.detach(), cache
+                cache[name + "_grad"] = plan.select(name, grad)
+        return logits.detach()
 
 
 def _checked_pairs(pairs, argument: str) -> list[tuple]:

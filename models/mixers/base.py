@@ -16,7 +16,7 @@ from models.config import ModelConfig
 from models.kernels import diag_scan
 from models.kernels.native.library import fresh
 from models.hooks import (HookPoint, add_shift, apply_step_pin, declared_state_patches, only_read, scan_with_state_hook,
-                          state_pins, step_pins, step_shifts)
+                          selected_steps, state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -155,22 +155,42 @@ class RecurrentMixer(Mixer):
         plan = self.declared_plan(x)
         if plan is not None:
             return self.declared_forward(x, self.prepare(x), plan)
+        steps = selected_steps(self.hook_state) if self.segments_allowed(x) else None
+        if steps is not None:
+            return self.selected_forward(x, self.prepare(x), steps)
         if not self.wants_instrumented():
             return self.fast_forward(x)
         return self.instrumented_forward(x, self.prepare(x))
 
-    def declared_plan(self, x: torch.Tensor):
-        """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
-        input x [B, T, D], or None: the path is "auto", they are all that uses hook_state
-        (models.hooks.declared_state_patches), no whole_sequence_hooks is in use, and no gradient
-        is wanted (under grad they run as hook functions: instrumented_forward, whose pinned re-run
-        differentiates through the kernels)."""
+    def segments_allowed(self, x: torch.Tensor) -> bool:
+        """Whether this call may run in fast_segment pieces (declared patches, selected steps): the
+        path is "auto", no whole_sequence_hooks is in use, and no gradient is wanted (under grad
+        the per-step path runs, which differentiates through the kernels)."""
         if self.execution_path != "auto" or any(
                 getattr(self, n).is_active for n in self.whole_sequence_hooks if hasattr(self, n)):
-            return None
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+
+    def declared_plan(self, x: torch.Tensor):
+        """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
+        input x [B, T, D], or None: segments_allowed, and they are all that uses hook_state
+        (models.hooks.declared_state_patches)."""
+        if not self.segments_allowed(x):
             return None
         return declared_state_patches(self.hook_state, *x.shape[:2])
+
+    def selected_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], steps: list[int]) -> torch.Tensor:
+        """The output [B, T, D] with hook_state emitted at `steps` only (ascending; the readers of
+        run_with_cache(positions=...), models.hooks.selected_steps): fast_segment up to each step,
+        its final state kept, so the states [B, K, *S] are formed and no [B, T, *S]."""
+        pieces = list(zip([0] + [t + 1 for t in steps], [t + 1 for t in steps] + [x.shape[1]]))
+        outs, finals, h = [], [], None
+        for lo, hi in pieces if pieces[-1][0] < pieces[-1][1] else pieces[:-1]:
+            out, h = self.fast_segment(x[:, lo:hi], {k: v[:, lo:hi] for k, v in inputs.items()}, h)
+            outs.append(out)
+            finals.append(h)
+        self.hook_state.emit(torch.stack(finals[: len(steps)], dim=1), positions=steps)
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
     def declared_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None) -> torch.Tensor:
         """The output [B, T, D] with the declared state patches of `plan` (models.state_patch.StatePlan):

@@ -1,0 +1,253 @@
+"""Cache planning: the shape and bytes of every hook's cached activation, known before the run.
+
+`plan_cache(model, tokens, names, positions)` runs the model twice on a tiny prefix of one
+example (lengths 2 and 3, or the length itself when shorter) with a shape-recording reader on
+every selected hook and no patches, under no_grad and a forked RNG. Each activation's shape is an
+affine function of the length on each axis after the first (slope 1 on a time axis, 2 axes for
+attention's [B, H, T, T]), and its first axis is the batch; two lengths give that function
+exactly, so the planned shape at (B, T) is what the full run caches. The dtype is the dry run's.
+(Why not the config: 25 mixers lay out their hooks differently; the dry run reads them all the
+same way, costs two forwards of length 3, and the test suite checks it against the real sizes on
+every model of the zoo.) The plan is memoised on the model for the same hooks, token device and
+dtype, parameter dtypes and execution paths.
+
+A hook's *time axis* is its first axis after the batch that grows with T (the query axis of
+hook_attn_scores / hook_pattern, the step axis of hook_state). `positions` keeps some steps of it:
+
+    positions=None               every position
+    positions=[3, -1]            those positions of every selected hook that has a time axis
+    positions={name: [...]}      per hook (names not listed: every position)
+
+Positions are ints in [-T, T), distinct, kept in the order given (negative ones count from the
+end and are stored as t % T). The cache then holds [B, K, ...] on the time axis
+(`Cache.positions[name]` lists the K steps), and its bytes are planned as such.
+
+`CachePlan.check(budget, streaming)` refuses (models.memory.MemoryRefused, one line) when the
+cache (or, streamed to disk, its largest single activation) exceeds the budget: it names the
+largest hooks and kinds, the estimate and the budget, and the ways out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from models.memory import MemoryRefused, format_bytes
+
+DRY_LENGTHS = (2, 3)
+
+
+@dataclass(frozen=True)
+class HookLayout:
+    """One hook's activation shape as a function of (B, T): axis 0 is B times base[0]; axis i > 0
+    is base[i] + slope[i] * (T - length) (base: the shape of the dry run at batch 1, `length`)."""
+
+    base: tuple[int, ...]
+    slope: tuple[int, ...]
+    length: int
+    dtype: torch.dtype
+
+    @property
+    def time_axis(self) -> int | None:
+        """The first axis after the batch that grows with T (None: the activation has none)."""
+        return next((i for i, s in enumerate(self.slope) if i and s), None)
+
+    def shape(self, batch: int, length: int, kept: int | None = None) -> tuple[int, ...]:
+        """The shape at (batch, length); kept: the time axis holds that many positions."""
+        dims = [b + s * (length - self.length) for b, s in zip(self.base, self.slope)]
+        dims[0] = batch * self.base[0]
+        if kept is not None and self.time_axis is not None:
+            dims[self.time_axis] = kept
+        return tuple(dims)
+
+    def nbytes(self, batch: int, length: int, kept: int | None = None) -> int:
+        return math.prod(self.shape(batch, length, kept)) * _itemsize(self.dtype)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class CachePlan:
+    """What a run_with_cache call will hold: per hook its shape and bytes at (batch, length), the
+    positions kept per hook, and whether `name + "_grad"` entries come too (incl_bwd: as many
+    bytes again, an upper bound since a hook off the metric's graph has none)."""
+
+    batch: int
+    length: int
+    layouts: dict[str, HookLayout]
+    positions: dict[str, list[int]]
+    grads: bool = False
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        kept = self.positions.get(name)
+        return self.layouts[name].shape(self.batch, self.length, None if kept is None else len(kept))
+
+    def bytes(self, name: str) -> int:
+        """Bytes of `name`'s cached activation (without its gradient)."""
+        return math.prod(self.shape(name)) * _itemsize(self.layouts[name].dtype)
+
+    @property
+    def entries(self) -> dict[str, int]:
+        """Bytes of every cache entry, the `_grad` ones included."""
+        sizes = {name: self.bytes(name) for name in self.layouts}
+        if self.grads:
+            sizes.update({name + "_grad": size for name, size in list(sizes.items())})
+        return sizes
+
+    @property
+    def total(self) -> int:
+        return sum(self.entries.values())
+
+    @property
+    def largest_entry(self) -> int:
+        return max(self.entries.values(), default=0)
+
+    def summary(self, top: int = 3) -> str:
+        """'largest: a 403 MB, b 403 MB, ...; by kind: mixer.hook_state 9.66 GB (24), ...'."""
+        entries = sorted(self.entries.items(), key=lambda kv: -kv[1])
+        kinds: dict[str, list[int]] = {}
+        for name, size in entries:
+            kinds.setdefault(re.sub(r"^blocks\.\d+\.", "", name), []).append(size)
+        ranked = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))[:top]
+        return ("largest: " + ", ".join(f"{n} {format_bytes(s)}" for n, s in entries[:top])
+                + "; by kind: " + ", ".join(f"{k} {format_bytes(sum(v))} ({len(v)})" for k, v in ranked))
+
+    def check(self, budget: int, streaming: bool = False) -> None:
+        """Raise MemoryRefused (one line) when the cache does not fit `budget` bytes: the whole
+        cache in memory, or with streaming (to_disk) its largest single activation."""
+        need = self.largest_entry if streaming else self.total
+        if need <= budget:
+            return
+        what = (f"run_with_cache of {len(self.entries)} entries at B={self.batch}, T={self.length}"
+                + (" streamed to disk (one activation at a time)" if streaming else ""))
+        ways = ("keep some positions (positions=[...]) or fewer names" if streaming else
+                "select fewer names, keep some positions (positions=[...]), stream to disk (to_disk='dir')")
+        raise MemoryRefused(f"{what} needs about {format_bytes(need)}, over the memory budget of "
+                            f"{format_bytes(budget)}; {self.summary()}; {ways} or raise max_memory "
+                            f"(docs/caches.md)")
+
+    def check_disk(self, directory) -> None:
+        """Raise MemoryRefused when the cache's bytes exceed the free space where `directory`
+        is (or would be) created."""
+        path = Path(directory)
+        where = path if path.is_dir() else path.parent
+        if not where.is_dir():
+            return  # create_store refuses a target whose parent does not exist
+        free = shutil.disk_usage(where).free
+        if self.total > free:
+            raise MemoryRefused(f"run_with_cache to_disk={str(directory)!r} needs about {format_bytes(self.total)} "
+                                f"on disk, more than the {format_bytes(free)} free there; {self.summary()}; keep some "
+                                "positions (positions=[...]) or fewer names (docs/caches.md)")
+
+    def select(self, name: str, x: torch.Tensor, emitted: Sequence[int] | None = None) -> torch.Tensor:
+        """x restricted to `name`'s kept positions (x itself when it keeps every position).
+        emitted: the (ascending, distinct) steps x already holds on its time axis, when the mixer
+        formed only those (models.hooks.selected_steps)."""
+        kept = self.positions.get(name)
+        axis = self.layouts[name].time_axis if name in self.layouts else None
+        if kept is None or axis is None:
+            return x
+        if emitted is not None:
+            where = {t: i for i, t in enumerate(emitted)}
+            index = [where[t] for t in kept]
+            return x if index == list(range(x.shape[axis])) else x.index_select(axis, _long(index, x))
+        if x.shape[axis] != self.length:
+            raise ValueError(f"{name!r} fired with {x.shape[axis]} steps on its time axis (axis {axis}); positions "
+                             f"were planned for T={self.length}")
+        return x.index_select(axis, _long(kept, x))
+
+
+def _long(index: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(list(index), dtype=torch.long, device=like.device)
+
+
+def plan_cache(model, tokens: torch.Tensor, names: Sequence[str], positions=None, grads: bool = False,
+               **kwargs) -> CachePlan:
+    """The CachePlan of model.run_with_cache(tokens, names, positions=positions) (module docstring);
+    kwargs go to the model's forward as in the run."""
+    batch, length = int(tokens.shape[0]), int(tokens.shape[1])
+    layouts = hook_layouts(model, tokens, names, **kwargs)
+    return CachePlan(batch, length, layouts, normalise_positions(positions, layouts, length), grads)
+
+
+def hook_layouts(model, tokens: torch.Tensor, names: Sequence[str], **kwargs) -> dict[str, HookLayout]:
+    """{name: HookLayout} of the hooks among `names` that fire (module docstring: two dry runs)."""
+    if hasattr(model, "check_tokens"):
+        model.check_tokens(tokens)
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(f"tokens must be a [B, T] tensor of token ids; got {getattr(tokens, 'shape', tokens)!r}")
+    lengths = sorted({min(tokens.shape[1], t) for t in DRY_LENGTHS})
+    key = (tuple(names), tuple(lengths), tokens.device, tokens.dtype, tuple(sorted(kwargs)),
+           tuple(p.dtype for p in model.parameters()), tuple(getattr(m, "execution_path", "") for m in model.modules()))
+    memo = getattr(model, "_layout_memo", None)
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    runs = [_dry_shapes(model, tokens[:1, :t], names, kwargs) for t in lengths]
+    layouts = {}
+    for name, (shape, dtype) in runs[0].items():
+        later = runs[-1][name][0]
+        if len(later) != len(shape):
+            raise ValueError(f"{name!r} changes rank with the length ({shape} at T={lengths[0]}, {later} at "
+                             f"T={lengths[-1]}): its bytes cannot be planned")
+        slope = tuple((b - a) // max(lengths[-1] - lengths[0], 1) for a, b in zip(shape, later))
+        layouts[name] = HookLayout(tuple(shape), slope, lengths[0], dtype)
+    model._layout_memo = (key, layouts)
+    return layouts
+
+
+def _dry_shapes(model, tokens: torch.Tensor, names: Sequence[str], kwargs) -> dict:
+    """{name: (shape, dtype)} of every hook among names that fires on tokens [1, t]."""
+    seen: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+
+    def record(x: torch.Tensor, hook) -> None:
+        seen[hook.name] = (tuple(x.shape), x.dtype)
+
+    devices = [tokens.device] if tokens.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), model.hooks(readers=[(n, record) for n in names]):
+        model(tokens, **kwargs)
+    return seen
+
+
+def normalise_positions(positions, layouts: Mapping[str, HookLayout], length: int) -> dict[str, list[int]]:
+    """positions (None, a list / 1-D integer tensor for every hook with a time axis, or {name: list})
+    -> {name: [t % length, ...]} (module docstring); ValueError / TypeError on anything else."""
+    if positions is None:
+        return {}
+    if isinstance(positions, Mapping):
+        out = {}
+        for name, steps in positions.items():
+            if name not in layouts:
+                raise ValueError(f"positions names {name!r}, which is not a cached hook; cached: {list(layouts)[:8]}")
+            if layouts[name].time_axis is None:
+                raise ValueError(f"positions names {name!r}, whose activation {layouts[name].base} has no time axis")
+            out[name] = _steps(steps, length, f"positions[{name!r}]")
+        return out
+    steps = _steps(positions, length, "positions")
+    return {name: steps for name, layout in layouts.items() if layout.time_axis is not None}
+
+
+def _steps(steps, length: int, argument: str) -> list[int]:
+    """A nonempty list of distinct positions in [-length, length) -> the list of t % length."""
+    if isinstance(steps, torch.Tensor):
+        if steps.dim() != 1 or steps.dtype.is_floating_point or steps.is_complex() or steps.dtype == torch.bool:
+            raise TypeError(f"{argument} must be a list or 1-D integer tensor of positions; got {steps.dtype} "
+                            f"{tuple(steps.shape)}")
+        steps = steps.tolist()
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not steps or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in steps):
+        raise TypeError(f"{argument} must be a nonempty list of int positions; got {steps!r}")
+    bad = [t for t in steps if not -length <= t < length]
+    if bad:
+        raise ValueError(f"{argument} must lie in [-T, T) = [{-length}, {length}); got {bad[:6]}")
+    kept = [t % length for t in steps]
+    if len(set(kept)) != len(kept):
+        raise ValueError(f"{argument} must name each position once; got {list(steps)[:12]} (mod T={length})")
+    return kept
