@@ -4,7 +4,10 @@
 (TransformerLens' shorthand: `cache["resid_pre", 0]` is `blocks.0.hook_resid_pre`,
 `cache["pattern", 1]` is `blocks.1.mixer.hook_pattern`, `cache["post", 0]` is
 `blocks.0.mlp.hook_post`, `cache["scale", 0, "norm_mlp"]` is `blocks.0.norm_mlp.hook_scale`), and
-`cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`.
+`cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`. A cache may live on disk
+(`run_with_cache(to_disk=dir)`, `Cache.open(dir, model)`, `cache.save(dir)`: each tensor read from its
+file on access) and may hold some positions only (`cache.positions[name]`: the steps an entry keeps on
+its time axis); docs/caches.md.
 
 The analyses have TransformerLens' names and meaning; they need the model (`cache.model`, set by
 run_with_cache), and the decompositions (decompose_resid, get_full_resid_decomposition, a

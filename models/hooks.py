@@ -10,7 +10,12 @@ attach to a hook point:
   makes a finite activation NaN or Inf raises ValueError naming the hook (a bug, usually);
   `allow_nonfinite=True` (run_with_hooks, run_with_cache, hooks) lets such values through.
   A name predicate must match at least one hook name.
-* readers (`run_with_cache`): observe the final value after all patches; never modify.
+* readers (`run_with_cache`, `hooks(readers=[(name, fn)])`): observe the final value after all
+  patches as each hook fires; never modify.
+
+run_with_cache plans the cache's bytes before running (`cache_plan`, models.cache_plan) and
+refuses up front over `max_memory`; `to_disk` streams each activation to a file as its hook fires
+(models.cache_store); `positions` keeps some steps of each hook's time axis (docs/caches.md).
 
 `hook_state` is special: the mixer scans once, passes the per-step states through the hook point,
 and every (example, step) whose state the patches changed is *pinned* to the patched value; the
