@@ -52,6 +52,9 @@ def test_exact_matches_the_python_api(ar_run, tmp_path):
     (["--corrupt", "value", "--hooks", "mixer.hook_nothing"], "mixer.hook_nothing"),
     (["--top", "999"], "--top must be at most the number of sites (60); got 999"),
     (["--positions", "keys,3"], "--positions: unknown role(s) ['keys']; the task's roles are ['answer', 'bos'"),
+    (["--max-memory", "2kB", "--no-progress"], "interchange at hooks blocks.{l}.hook_resid_pre, blocks.{l}.mixer.hook_out, "
+                                               "blocks.{l}.mixer.hook_state (layers 0-1) over N=4, T=10"),
+    (["--max-memory", "lots"], "max_memory must be a number of bytes or a size"),
 ])
 def test_bad_arguments_are_one_line_errors(ar_run, argv, message, capsys):
     assert main(["patch", str(ar_run), "--n", "4", *argv]) == 2

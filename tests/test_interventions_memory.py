@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import models
-from interp.analysis.interventions import Site, interchange, planning, site_grid
+from interp.analysis.interventions import Site, attribute, interchange, planning, site_grid
+from interp.analysis.interventions.attribution import plan_groups
 from interp.analysis.interventions.patching import _resume_groups
 from models.backbone import StatesAt
 from models.memory import MemoryRefused
@@ -134,3 +135,28 @@ def test_hooks_of_the_whole_grid_name_every_template():
     hooks = [f"blocks.{l}.{h}" for l in range(3) for h in ("hook_resid_pre", "mixer.hook_state")] + ["hook_embed"]
     assert planning.describe(hooks) == ("hooks blocks.{l}.hook_resid_pre, blocks.{l}.mixer.hook_state, "
                                         "hook_embed (layers 0-2)")
+
+
+def test_attribution_in_planned_groups_and_chunks_equals_one_run(pair):
+    clean, corrupt = pair
+    model = build().double()
+    sites = site_grid(model, GRID_HOOKS, ["key", "value", "query"])
+    whole = attribute(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff", "kl"])
+    hooks = sorted({s.hook for s in sites})
+    assert len(plan_groups(model, clean.tokens, hooks, 10**12)) == 1
+    small = int(10**12)
+    while len(plan_groups(model, clean.tokens, hooks, small // 2)) < 8:  # several hook groups and example chunks
+        small //= 2
+    plan = plan_groups(model, clean.tokens, hooks, small // 2)
+    assert len({p[0].start for p in plan}) > 1 and len({tuple(p[1]) for p in plan}) > 1
+    split = attribute(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff", "kl"], max_memory=small // 2)
+    for field in ("p_patched", "logit_diff_patched", "kl_patched", "p_clean", "p_corrupt"):
+        torch.testing.assert_close(getattr(split, field), getattr(whole, field), atol=1e-12, rtol=0)
+
+
+def test_attribution_refuses_up_front_naming_hooks_estimate_and_budget(pair):
+    clean, corrupt = pair
+    model = build()
+    with pytest.raises(MemoryRefused, match=r"^attribution at hooks blocks\.\{l\}\.mixer\.hook_state \(layers 0-1\) "
+                                            r"over N=8, T=11 \(one row .*\) needs about .*budget of 1 kB"):
+        attribute(model, clean, corrupt, site_grid(model, ["blocks.{l}.mixer.hook_state"], ["key"]), max_memory=1000)

@@ -56,6 +56,10 @@ def add_parser(sub) -> None:
                        help="sites printed, and the k of the screen's top-k recall (default: 8 or every site if fewer)")
     patch.add_argument("--device", type=device_name, default="cpu", help="torch device")
     patch.add_argument("--out", type=Path, default=None, help="HTML report (default RUN_DIR/patch.html)")
+    patch.add_argument("--max-memory", default=None,
+                       help="memory budget such as 8GB or 512MiB (default: half the memory available); the grid is "
+                            "planned to fit it and refused up front when it cannot")
+    patch.add_argument("--no-progress", action="store_true", help="no progress bar")
     patch.set_defaults(func=run)
 
 
@@ -111,7 +115,8 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict]:
         raise ValueError(f"--top must be at most the number of sites ({len(sites)}); got {top}")
     methods = {"exact": interchange, "attribution": attribute}
     chosen = list(methods) if args.method == "both" else [args.method]
-    results = {m: methods[m](model, clean, corrupt, sites, min_effect=args.min_effect, metrics=["logit_diff"])
+    results = {m: methods[m](model, clean, corrupt, sites, min_effect=args.min_effect, metrics=["logit_diff"],
+                             max_memory=args.max_memory, progress=not args.no_progress)
                for m in chosen}
     setup = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
              "sites": len(sites), "top": top}
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         setup, results = measure(args)
         path = report(args, setup, results)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError) as error:
         return fail("patch", error)
     first = next(iter(results.values()))
     print(f"{setup['mixer']} on {setup['task']} ({setup['pairs']} pairs, T {setup['T']}): {setup['sites']} sites x "

@@ -26,10 +26,15 @@ import numpy as np
 import torch
 
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
-from interp.analysis.interventions.patching import time_first
-from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair, check_sites,
-                                                 rival_answers, site_positions)
+from interp.analysis.interventions.patching import probs_at, time_first
+from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, describe, footprint, is_state, logits_at,
+                                                    takes_at)
+from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
+                                                 site_positions)
 from interp.tasks.base import Batch
+from models.memory import budget_bytes, progress_bar, rows_that_fit
+
+GRAPH_FACTOR = 2.0  # a forward's graph for the backward: its activations and the kernels' saved tensors
 
 
 def attribute(
@@ -40,6 +45,8 @@ def attribute(
     min_effect: float = 0.01,
     answer: str | None = None,
     metrics: Sequence[str] = (),
+    max_memory: int | float | str | None = None,
+    progress: bool = True,
 ) -> InterchangeResult:
     """Attribution-patching estimates of interchange(model, clean, corrupt, sites) (module docstring).
 
@@ -48,11 +55,19 @@ def attribute(
     one more corrupted forward and backward (their gradients at the corrupted run). The logit
     difference is nearer linear in the activations than a saturating probability, so its
     estimates usually track the exact values more closely (benchmarks/RESULTS.md).
+    max_memory: the budget (models.memory.budget_bytes; default half the memory available now).
+    Every run reads its logits at the answer position only ([N, V]); the planner (`plan_groups`)
+    splits the hooks into groups, and the examples into chunks where one example's run does not
+    fit beside a hook, so that each group's clean forward and corrupted forward and backward fit;
+    models.memory.MemoryRefused, one line naming the hooks, the estimate and the budget, before
+    any work when one example with one hook does not fit. progress: a bar over the groups.
     """
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
     if isinstance(metrics, str) or any(m not in EXTRA_METRICS for m in metrics):
         raise ValueError(f"metrics must be a list of {EXTRA_METRICS}; got {metrics!r}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool; got {progress!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
     hooks = sorted({s.hook for s in sites})
@@ -60,56 +75,105 @@ def attribute(
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
     rows = torch.arange(len(clean))
     y = clean.targets[rows, clean_ans]  # [N] the clean answer tokens
-
-    def answer_mass(logits: torch.Tensor) -> torch.Tensor:  # sum_b p_b(y_b) at the corrupt answer
-        return logits[rows, corrupt_ans].softmax(-1)[rows, y].sum()
-
+    chunks = plan_groups(model, clean.tokens, hooks, budget_bytes(max_memory))
     with torch.no_grad():
-        clean_logits, clean_cache = model.run_with_cache(clean.tokens, names=hooks)
-    corrupt_logits, delta = _estimates(model, sites, hooks, clean, corrupt, clean_cache, answer_mass)
-    p_clean = answer_probs(clean_logits, clean_ans, y)
-    p_corrupt = answer_probs(corrupt_logits, corrupt_ans, y)
-    p_estimate = p_corrupt + delta
+        clean_at = _answer_logits(model, clean.tokens, clean_ans, chunks)  # [N, V]
+        corrupt_at = _answer_logits(model, corrupt.tokens, corrupt_ans, chunks)
+
+    def answer_mass(logits: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:  # sum_b p_b(y_b), logits [R, V]
+        return logits.softmax(-1)[torch.arange(len(ex)), y[ex]].sum()
+
+    runs = [answer_mass]
+    clean_at, corrupt_at = clean_at.double(), corrupt_at.double()
+    rival = rival_answers(corrupt, corrupt_at, y, corrupt_ans)  # [N]
+    clean_logp = clean_at.log_softmax(-1)  # [N, V]
+
+    def logit_diff(logits: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:  # sum_b logit(y_b) - logit(y'_b)
+        at = torch.arange(len(ex))
+        return (logits[at, y[ex]] - logits[at, rival[ex]]).sum()
+
+    def kl(logits: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:  # sum_b KL(p_clean,b || p_b)
+        logp = logits.double().log_softmax(-1)
+        return (clean_logp[ex].exp() * (clean_logp[ex] - logp)).sum()
+
+    runs += [{"logit_diff": logit_diff, "kl": kl}[m] for m in EXTRA_METRICS if m in metrics]
+    with progress_bar(len(chunks) * len(runs), progress, desc="attribution", unit="group") as bar:
+        deltas = [_estimates(model, sites, chunks, clean, corrupt, (clean_ans, corrupt_ans), metric, bar)
+                  for metric in runs]
+    p_clean, p_corrupt = probs_at(clean_at, y), probs_at(corrupt_at, y)
+    p_estimate = p_corrupt + deltas.pop(0)
     values, kept = restoration(p_estimate, p_clean, p_corrupt, float(min_effect))
     identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction, as interchange
     values[:, identical], kept = 1.0, kept | identical
     result = InterchangeResult(sites, values, p_estimate, p_clean, p_corrupt, kept, float(min_effect))
-    clean_at, corrupt_at = clean_logits[rows, clean_ans].double(), corrupt_logits[rows, corrupt_ans].double()  # [N, V]
     if "logit_diff" in metrics:
-        rival = rival_answers(corrupt, corrupt_at, y, corrupt_ans)  # [N]
-
-        def logit_diff(logits: torch.Tensor) -> torch.Tensor:  # sum_b logit(y_b) - logit(y'_b)
-            at = logits[rows, corrupt_ans]
-            return (at[rows, y] - at[rows, rival]).sum()
-
         result.logit_diff_clean = (clean_at[rows, y] - clean_at[rows, rival]).cpu()
         result.logit_diff_corrupt = (corrupt_at[rows, y] - corrupt_at[rows, rival]).cpu()
-        delta = _estimates(model, sites, hooks, clean, corrupt, clean_cache, logit_diff)[1]
-        result.logit_diff_patched = result.logit_diff_corrupt + delta
+        result.logit_diff_patched = result.logit_diff_corrupt + deltas.pop(0)
     if "kl" in metrics:
-        clean_logp = clean_at.log_softmax(-1)  # [N, V]
-
-        def kl(logits: torch.Tensor) -> torch.Tensor:  # sum_b KL(p_clean,b || p_b)
-            logp = logits[rows, corrupt_ans].double().log_softmax(-1)
-            return (clean_logp.exp() * (clean_logp - logp)).sum()
-
         result.kl_corrupt = (clean_logp.exp() * (clean_logp - corrupt_at.log_softmax(-1))).sum(-1).cpu()
-        result.kl_patched = result.kl_corrupt + _estimates(model, sites, hooks, clean, corrupt, clean_cache, kl)[1]
+        result.kl_patched = result.kl_corrupt + deltas.pop(0)
     return result
 
 
-def _estimates(model, sites, hooks, clean: Batch, corrupt: Batch, clean_cache, metric) -> tuple[torch.Tensor, torch.Tensor]:
-    """(corrupt logits, the first-order change of metric [S, N] float64 per site and example):
-    one corrupted forward and backward (d metric / d a of every hook), products per group."""
-    corrupt_logits, cache = model.run_with_cache(corrupt.tokens, names=hooks, incl_bwd=True, metric=metric)
+def plan_groups(model, tokens: torch.Tensor, hooks: list[str], budget: int) -> list[tuple[slice, list[str]]]:
+    """[(examples, hooks)]: the runs of one estimate, each a clean forward and a corrupted forward
+    and backward of those examples caching those hooks, sized to `budget`. One example of a run
+    holds its graph (GRAPH_FACTOR x a row of a forward, planning.Footprint.row) and per hook its
+    clean and corrupted activations and gradient (3 x [T, ...]; a recurrent state also its
+    per-step graph, 2 x more). All examples per run where one hook fits beside them, else as many
+    as fit; hooks packed greedily in name order."""
+    fp = footprint(model, tokens)
+    n, length = tokens.shape
+    graph = GRAPH_FACTOR * fp.row(length, read_out=False) + READ_OUT_FLOATS * 8.0 * fp.vocab
+    per_hook = {h: length * fp.per_position[h] * (5.0 if is_state(h) else 3.0) for h in hooks}
+    what = f"attribution at {describe(hooks)} over N={n}, T={length}"
+    rows = rows_that_fit(graph + max(per_hook.values()), budget, n, what, hint=HINT)
+    room = budget / rows - graph
+    groups: list[list[str]] = [[]]
+    for hook in hooks:
+        if groups[-1] and sum(per_hook[h] for h in groups[-1]) + per_hook[hook] > room:
+            groups.append([])
+        groups[-1].append(hook)
+    return [(slice(first, first + rows), group) for first in range(0, n, rows) for group in groups]
+
+
+def _answer_logits(model, tokens: torch.Tensor, at: torch.Tensor, chunks) -> torch.Tensor:
+    """logits [N, V] at positions at [N], in the plan's chunks of examples."""
+    spans = list(dict.fromkeys((c.start, c.stop) for c, _ in chunks))
+    return torch.cat([logits_at(model, tokens[a:b], at[a:b]) for a, b in spans])
+
+
+def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metric, bar) -> torch.Tensor:
+    """The first-order change of metric [S, N] float64 per site and example: per planned run,
+    one clean forward and one corrupted forward and backward (d metric / d a of its hooks)."""
     delta = torch.zeros(len(sites), len(clean), dtype=torch.float64)
-    groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
-    for i, site in enumerate(sites):
-        if site.hook + "_grad" in cache:  # else the metric does not depend on this activation: 0
-            groups.setdefault((site.hook, site.head, id(site.subspace)), []).append(i)
-    for ids in groups.values():
-        delta[ids] = _group_estimates([sites[i] for i in ids], clean_cache, cache, clean, corrupt)
-    return corrupt_logits, delta
+    for examples, hooks in chunks:
+        ex = torch.arange(len(clean))[examples]
+        part_clean, part_corrupt = clean.select(examples), corrupt.select(examples)
+        with torch.no_grad():
+            _, clean_cache = model.run_with_cache(part_clean.tokens, names=hooks, **_at(model, answers[0][examples]))
+        _, cache = model.run_with_cache(part_corrupt.tokens, names=hooks, incl_bwd=True,
+                                        metric=lambda logits: metric(_read(model, logits, answers[1][examples]), ex),
+                                        **_at(model, answers[1][examples]))
+        groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
+        for i, site in enumerate(sites):
+            if site.hook in hooks and site.hook + "_grad" in cache:  # else the metric does not depend on it: 0
+                groups.setdefault((site.hook, site.head, id(site.subspace)), []).append(i)
+        for ids in groups.values():
+            delta[ids, examples] = _group_estimates([sites[i] for i in ids], clean_cache, cache, part_clean, part_corrupt)
+        bar.update(1)
+    return delta
+
+
+def _at(model, positions: torch.Tensor) -> dict:
+    """{"at": positions} where the model reads its logits there only (planning.takes_at)."""
+    return {"at": positions} if takes_at(model) else {}
+
+
+def _read(model, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """logits [R, V] at the answer: as they come where the model read them there, else picked."""
+    return logits if takes_at(model) else logits[torch.arange(len(positions)), positions]
 
 
 def _features(act: torch.Tensor, site: Site) -> torch.Tensor:
