@@ -3,7 +3,9 @@
 A `Site(hook, position, head=None, subspace=None)` names one activation (interventions.sites:
 roles as positions, one head, a subspace).
 
-Modules: `sites` (Site, grids, positions), `patching` (the patch engine), `interchange`,
+Modules: `sites` (Site, grids, positions), `patching` (the patch engine), `planning` (memory:
+what runs, caches and passes hold, estimated up front against `max_memory`; recurrent states
+recomputed per block and kept only at resume positions), `interchange`,
 `attribution` (attribution patching: every interchange's first-order estimate from one forward
 and backward; `agreement` scores it against interchange), `ablation`, `corruption`; the public names are re-exported here.
 
@@ -25,7 +27,8 @@ where y_b is the clean answer token: the clean target at the answer-prediction p
 default the last loss_mask position of each example; `answer=<role>` names a role instead).
 Examples with p_clean - p_corrupt <= min_effect are dropped (restoration NaN) and counted.
 
-Every forward pass of one call runs on the instrumented path (`models.instrumented()`), so clean,
+Every run reads its logits at the answer position only ([rows, V]): memory does not grow with
+vocab x positions. Every forward pass of one call runs on the instrumented path (`models.instrumented()`), so clean,
 corrupt and patched runs are computed alike: patching a run with its own values gives back its
 probabilities bit for bit.
 

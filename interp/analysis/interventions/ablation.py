@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import torch
 
 import models
-from interp.analysis.interventions.patching import (after_answer, patched_answer_probs, resume_hook_names,
+from interp.analysis.interventions.patching import (after_answer, patched_answer_probs, probs_at, resume_hook_names,
                                                     rows_per_pass, run_cached, select_site, time_first)
-from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_batch, check_sites,
-                                                 site_positions)
+from interp.analysis.interventions.sites import Site, answer_positions, check_batch, check_sites, site_positions
 from interp.tasks.base import Batch
 
 ABLATION_MODES = ("zero", "mean")
@@ -110,9 +109,10 @@ def ablate(
 
     resume = resume and hasattr(model, "resume_from")
     with models.instrumented():
-        logits, cache = run_cached(model, batch, resume_hook_names(model, sites) if resume else [], batch_size)
-        baseline_p = answer_probs(logits, ans, y)
-        baseline_correct = logits[torch.arange(len(batch)), ans].argmax(-1).cpu() == y
+        logits, cache = run_cached(model, batch, resume_hook_names(model, sites) if resume else [], batch_size,
+                                   at=ans)  # logits [N, V] at the answer
+        baseline_p = probs_at(logits, y)
+        baseline_correct = logits.argmax(-1).cpu() == y
         skip = after_answer([site_positions(batch, s.position) for s in sites], ans) if resume else None
         p_answer, correct, _ = patched_answer_probs(model, batch, sites, source, y, ans, batch_size, skip=skip,
                                                  unpatched=(baseline_p, baseline_correct),
