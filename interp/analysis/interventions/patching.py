@@ -208,7 +208,7 @@ def patched_answer_probs(
     todo = torch.ones(n_sites, n_total, dtype=torch.bool) if skip is None else ~skip
     pairs = torch.nonzero(todo)  # [P, 2] (site, example), site-major
     if plan is None:
-        groups = _resume_groups(pairs, sites, target_pos, answer_pos) if resume_cache is not None else [(None, 0, pairs)]
+        groups = _resume_groups(pairs, sites, target_pos, answer_pos, merge=merge_row_positions(model)) if resume_cache is not None else [(None, 0, pairs)]
         plan = (groups, [batch_size] * len(groups))
     length = target.tokens.shape[1]
     with torch.no_grad(), progress_bar(len(pairs), progress, desc="interchange", unit="pair") as bar:
@@ -245,20 +245,41 @@ def probs_at(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 MERGE_ROW_POSITIONS = 256
+# ... for models up to this d_model; a row x position costs about d_model^2 while a pass's fixed
+# cost (Python, hooks, reading the weights once) grows more slowly, so wider models merge less:
+# at d_model 768 (GPT-2 small, Mamba-130m) merging 256 row x positions to save one pass was 1/3
+# of a grid's work (every position, N = 8, T = 64).
+MERGE_REFERENCE_WIDTH = 64
 
 
-def _resume_groups(pairs, sites, target_pos, answer_pos, stride: int = 1) -> list[tuple[int | None, int, torch.Tensor]]:
+def merge_row_positions(model) -> float:
+    """The merge threshold of `_resume_groups` for this model: MERGE_ROW_POSITIONS up to
+    MERGE_REFERENCE_WIDTH, then falling with (MERGE_REFERENCE_WIDTH / d_model)^2."""
+    width = getattr(getattr(model, "cfg", None), "d_model", 0) or MERGE_REFERENCE_WIDTH
+    return MERGE_ROW_POSITIONS * min(1.0, (MERGE_REFERENCE_WIDTH / width) ** 2)
+
+
+SHARED_PASS_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "mixer.hook_out", "mixer.hook_state")
+
+
+def _resume_groups(pairs, sites, target_pos, answer_pos, stride: int = 1,
+                   merge: float | None = None) -> list[tuple[int | None, int, torch.Tensor]]:
     """Split (site, example) pairs [P, 2] into (block, start, pairs) groups, by block, hook and
     first site position (small groups merged, see MERGE_ROW_POSITIONS). One hook per pass keeps
-    the per-step (instrumented) path to the passes that patch hook_state and the like. Sites
+    the per-step (instrumented) path to the passes that patch such hooks (hook_conv, hook_k,
+    ...); the hooks of SHARED_PASS_HOOKS, whose patches keep every mixer on its fast path
+    (hook_state: a declared StatePatch), share passes, so that a pass has more rows. Sites
     outside the blocks (hook_embed, hook_final, ...) form one group of whole passes (None, 0).
     stride: starts are snapped down to multiples of it (fewer resume positions whose states a
-    resumed pass reads; the positions between are recomputed, unpatched)."""
+    resumed pass reads; the positions between are recomputed, unpatched). merge: the threshold
+    (default MERGE_ROW_POSITIONS; patch_from passes merge_row_positions(model))."""
+    merge = MERGE_ROW_POSITIONS if merge is None else merge
     first_pos = torch.stack([pos.min(dim=1).values for pos in target_pos])[pairs[:, 0], pairs[:, 1]]  # [P]
     if bool((first_pos > answer_pos[pairs[:, 1]]).any()):
         raise RuntimeError("a pair whose site lies after the answer reached a resumed pass (internal error)")
     first_pos = first_pos // stride * stride
-    hook_ids = {hook: i for i, hook in enumerate(sorted({s.hook for s in sites}))}
+    hook_ids = {hook: 0 if hook.endswith(SHARED_PASS_HOOKS) else i + 1
+                for i, hook in enumerate(sorted({s.hook for s in sites}))}
     layer = torch.tensor([-1 if s.layer is None else s.layer for s in sites])[pairs[:, 0]]  # [P]
     hook = torch.tensor([hook_ids[s.hook] for s in sites])[pairs[:, 0]]  # [P]
     outside = layer < 0
@@ -269,7 +290,7 @@ def _resume_groups(pairs, sites, target_pos, answer_pos, stride: int = 1) -> lis
     distinct, counts = torch.unique_consecutive(keys, dim=0, return_counts=True)
     previous = None
     for (block, hook_id, start), members in zip(distinct.tolist(), inside.split(counts.tolist())):
-        if previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < MERGE_ROW_POSITIONS:
+        if previous == (block, hook_id) and len(members) * (start - groups[-1][1]) < merge:
             groups[-1] = (block, groups[-1][1], torch.cat([groups[-1][2], members]))
         else:
             groups.append((block, start, members))
@@ -380,7 +401,8 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
         skip |= _same_value(sites, from_source, target_cache, target_pos)
     pairs = torch.nonzero(torch.ones(len(sites), len(target), dtype=torch.bool) if skip is None else ~skip)  # [P, 2]
     if resume:
-        groups, sizes = planner.passes(lambda stride: _resume_groups(pairs, sites, target_pos, target_ans, stride))
+        merge = merge_row_positions(model)
+        groups, sizes = planner.passes(lambda stride: _resume_groups(pairs, sites, target_pos, target_ans, stride, merge))
         resume_cache = resume_states(model, {h: target_cache.cache[h] for h in resid}, groups, planner.chunk)
     else:
         groups, sizes, resume_cache = *planner.passes(lambda stride: [(None, 0, pairs)]), None
