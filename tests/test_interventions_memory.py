@@ -9,6 +9,7 @@ from interp.analysis.interventions import Site, attribute, interchange, planning
 from interp.analysis.interventions.attribution import plan_groups
 from interp.analysis.interventions.patching import _resume_groups
 from models.backbone import StatesAt
+from models.cache_plan import DRY_LENGTHS
 from models.memory import MemoryRefused
 from tests.test_interventions import HOOKS as GRID_HOOKS
 from tests.test_interventions import TASK, VOCAB, ar_batch, corrupt_ar
@@ -60,7 +61,9 @@ def test_no_run_forms_logits_beyond_one_position_per_row_at_either_vocabulary(pa
         shapes = []
         model.unembed.register_forward_hook(lambda mod, args, out: shapes.append(tuple(out.shape)))
         interchange(model, clean, corrupt, site_grid(model, GRID_HOOKS, ["key", "value", "query"]), min_effect=0.0)
-        assert shapes and all(shape[1:] == (1, vocab) for shape in shapes), shapes[:4]
+        # run_with_cache's planner dry-runs one example over DRY_LENGTHS positions: [1, <= 3, V]
+        dry = [shape for shape in shapes if shape[0] == 1 and shape[1] <= max(DRY_LENGTHS)]
+        assert shapes and all(shape[1:] == (1, vocab) for shape in shapes if shape not in dry), shapes[:4]
 
 
 def test_resumed_passes_read_states_only_at_their_resume_positions(pair, monkeypatch):

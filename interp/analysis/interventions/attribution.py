@@ -28,7 +28,7 @@ import torch
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
 from interp.analysis.interventions.patching import probs_at, time_first
 from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, describe, footprint, is_state, logits_at,
-                                                    takes_at)
+                                                    reading_at, takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
                                                  site_positions)
 from interp.tasks.base import Batch
@@ -151,11 +151,11 @@ def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metr
     for examples, hooks in chunks:
         ex = torch.arange(len(clean))[examples]
         part_clean, part_corrupt = clean.select(examples), corrupt.select(examples)
-        with torch.no_grad():
-            _, clean_cache = model.run_with_cache(part_clean.tokens, names=hooks, **_at(model, answers[0][examples]))
-        _, cache = model.run_with_cache(part_corrupt.tokens, names=hooks, incl_bwd=True,
-                                        metric=lambda logits: metric(_read(model, logits, answers[1][examples]), ex),
-                                        **_at(model, answers[1][examples]))
+        with torch.no_grad(), reading_at(model, part_clean.tokens, answers[0][examples]):
+            _, clean_cache = model.run_with_cache(part_clean.tokens, names=hooks)
+        with reading_at(model, part_corrupt.tokens, answers[1][examples]):
+            _, cache = model.run_with_cache(part_corrupt.tokens, names=hooks, incl_bwd=True,
+                                            metric=lambda logits: metric(_read(model, logits, answers[1][examples]), ex))
         groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook
         for i, site in enumerate(sites):
             if site.hook in hooks and site.hook + "_grad" in cache:  # else the metric does not depend on it: 0
@@ -164,11 +164,6 @@ def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metr
             delta[ids, examples] = _group_estimates([sites[i] for i in ids], clean_cache, cache, part_clean, part_corrupt)
         bar.update(1)
     return delta
-
-
-def _at(model, positions: torch.Tensor) -> dict:
-    """{"at": positions} where the model reads its logits there only (planning.takes_at)."""
-    return {"at": positions} if takes_at(model) else {}
 
 
 def _read(model, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

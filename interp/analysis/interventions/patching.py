@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 import models
-from interp.analysis.interventions.planning import (LazyStates, Planner, is_state, logits_at, resume_states,
-                                                    takes_at)
+from interp.analysis.interventions.planning import (LazyStates, Planner, is_state, logits_at, reading_at,
+                                                    resume_states, takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair,
                                                  check_sites, site_positions)
 from interp.tasks.base import Batch
@@ -315,9 +315,9 @@ def run_cached(model, batch: Batch, hooks: Sequence[str], batch_size: int, at: t
         for start in range(0, len(batch), batch_size):
             tokens = batch.tokens[start : start + batch_size].to(device)
             where = None if at is None else at[start : start + batch_size].to(device)
-            read_there = where is not None and takes_at(model)
-            chunk_logits, cache = model.run_with_cache(tokens, names=list(hooks), **({"at": where} if read_there else {}))
-            if where is not None and not read_there:
+            with reading_at(model, tokens, where):
+                chunk_logits, cache = model.run_with_cache(tokens, names=list(hooks))
+            if where is not None and not takes_at(model):
                 chunk_logits = chunk_logits[torch.arange(len(where), device=where.device), where]
             logits.append(chunk_logits)
             for h in hooks:

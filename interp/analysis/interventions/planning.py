@@ -20,6 +20,7 @@ recomputed) until they fit the budget.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 from dataclasses import dataclass
@@ -89,6 +90,27 @@ def logits_at(model, tokens: torch.Tensor, at: torch.Tensor, run=None, **options
         return run(tokens, at=at, **options)
     out = run(tokens, **options)
     return out[torch.arange(len(at), device=out.device), at.to(out.device)]
+
+
+@contextlib.contextmanager
+def reading_at(model, tokens: torch.Tensor, at: torch.Tensor | None):
+    """Within the context, a forward of exactly tokens' shape reads its logits at `at` [B] only
+    (where takes_at; a forward pre-hook adds at=). Not a run_with_cache keyword, which its cache
+    planner would also pass to its dry runs on one example's first few positions."""
+    if at is None or not takes_at(model):
+        yield
+        return
+
+    def add_at(module, args, kwargs):
+        if args and isinstance(args[0], torch.Tensor) and args[0].shape == tokens.shape and "at" not in kwargs:
+            return args, {**kwargs, "at": at}
+        return None
+
+    handle = model.register_forward_pre_hook(add_at, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def footprint(model, tokens: torch.Tensor) -> Footprint:
