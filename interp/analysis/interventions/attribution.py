@@ -27,8 +27,8 @@ import torch
 
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
 from interp.analysis.interventions.patching import probs_at, time_first
-from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, describe, footprint, is_state, logits_at,
-                                                    reading_at, takes_at)
+from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyStates, block_input, describe,
+                                                    footprint, is_state, logits_at, reading_at, takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
                                                  site_positions)
 from interp.tasks.base import Batch
@@ -117,15 +117,19 @@ def attribute(
 
 
 def plan_groups(model, tokens: torch.Tensor, hooks: list[str], budget: int) -> list[tuple[slice, list[str]]]:
-    """[(examples, hooks)]: the runs of one estimate, each a clean forward and a corrupted forward
-    and backward of those examples caching those hooks, sized to `budget`. One example of a run
-    holds its graph (GRAPH_FACTOR x a row of a forward, planning.Footprint.row) and per hook its
+    """[(examples, hooks)]: the runs of one estimate, each a corrupted forward and backward of
+    those examples caching those hooks (beside one clean forward per chunk of examples), sized to
+    `budget`. One example of a run holds its graph (GRAPH_FACTOR x a row of a forward,
+    planning.Footprint.row), its clean cache (every hook but the states, which are recomputed
+    per block, planning.LazyStates) and per hook its
     clean and corrupted activations and gradient (3 x [T, ...]; a recurrent state also its
     per-step graph, 2 x more). All examples per run where one hook fits beside them, else as many
     as fit; hooks packed greedily in name order."""
     fp = footprint(model, tokens)
     n, length = tokens.shape
-    graph = GRAPH_FACTOR * fp.row(length, read_out=False) + READ_OUT_FLOATS * 8.0 * fp.vocab
+    light = {h for h in hooks if not is_state(h)} | {block_input(h) for h in hooks if is_state(h)}
+    clean = fp.cache(light, 1)  # one example's clean cache, held through every run of its chunk
+    graph = GRAPH_FACTOR * fp.row(length, read_out=False) + READ_OUT_FLOATS * 8.0 * fp.vocab + clean
     per_hook = {h: length * fp.per_position[h] * (5.0 if is_state(h) else 3.0) for h in hooks}
     what = f"attribution at {describe(hooks)} over N={n}, T={length}"
     rows = rows_that_fit(graph + max(per_hook.values()), budget, n, what, hint=HINT)
@@ -146,13 +150,16 @@ def _answer_logits(model, tokens: torch.Tensor, at: torch.Tensor, chunks) -> tor
 
 def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metric, bar) -> torch.Tensor:
     """The first-order change of metric [S, N] float64 per site and example: per planned run,
-    one clean forward and one corrupted forward and backward (d metric / d a of its hooks)."""
+    one corrupted forward and backward (d metric / d a of its hooks); one clean forward per chunk
+    of examples (`_clean_cache`)."""
     delta = torch.zeros(len(sites), len(clean), dtype=torch.float64)
+    clean_cache, cached_for = None, None
     for examples, hooks in chunks:
         ex = torch.arange(len(clean))[examples]
         part_clean, part_corrupt = clean.select(examples), corrupt.select(examples)
-        with torch.no_grad(), reading_at(model, part_clean.tokens, answers[0][examples]):
-            _, clean_cache = model.run_with_cache(part_clean.tokens, names=hooks)
+        if cached_for != (examples.start, examples.stop):  # one clean run per chunk of examples
+            clean_cache, cached_for = None, (examples.start, examples.stop)
+            clean_cache = _clean_cache(model, part_clean, sorted({h for e, hs in chunks if e == examples for h in hs}))
         with reading_at(model, part_corrupt.tokens, answers[1][examples]):
             _, cache = model.run_with_cache(part_corrupt.tokens, names=hooks, incl_bwd=True,
                                             metric=lambda logits: metric(_read(model, logits, answers[1][examples]), ex))
@@ -164,6 +171,17 @@ def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metr
             delta[ids, examples] = _group_estimates([sites[i] for i in ids], clean_cache, cache, part_clean, part_corrupt)
         bar.update(1)
     return delta
+
+
+def _clean_cache(model, clean: Batch, hooks: list[str]) -> LazyStates:
+    """The clean activations of every hook of one chunk of examples from one forward: the states
+    of a SequenceModel recomputed per block from the cached block input when asked for
+    (planning.LazyStates), the others cached."""
+    lazy = [h for h in hooks if is_state(h) and hasattr(model, "resume_from")]
+    names = sorted({h for h in hooks if h not in lazy} | {block_input(h) for h in lazy})
+    with torch.no_grad():
+        cache = model.run_with_cache(clean.tokens, names=names)[1] if names else {}
+    return LazyStates(model, cache, len(clean), lazy)
 
 
 def _read(model, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
