@@ -58,7 +58,9 @@ def attribute(
     max_memory: the budget (models.memory.budget_bytes; default half the memory available now).
     Every run reads its logits at the answer position only ([N, V]); the planner (`plan_groups`)
     splits the hooks into groups, and the examples into chunks where one example's run does not
-    fit beside a hook, so that each group's clean forward and corrupted forward and backward fit;
+    fit beside a hook, so that each group's corrupted forward and backward fit beside the clean
+    activations of its examples (one clean forward per chunk of examples, the states recomputed
+    per block on demand);
     models.memory.MemoryRefused, one line naming the hooks, the estimate and the budget, before
     any work when one example with one hook does not fit. progress: a bar over the groups.
     """
