@@ -29,83 +29,184 @@ mixer's recurrence implements for the current input (from the zero initial state
     Dense linear RNNs (linear_rnn, token_gated_rnn, dense_ssm): h_t = A_t h_{t-1} + u_t, x the
       scanned input u (B x_t + b) and y the state h (what out_proj reads); every (t, s) is an
       n x n block, M[t, s] = A_t A_{t-1} ... A_{s+1} (the identity at s = t), in `blocks`
-      [B, T, T, n, n] (B T^2 n^2 float64 numbers: slice long inputs); `matrix` holds the blocks'
-      Frobenius norms [B, 1, T, T] for the heatmap.
+      [B, T', S', n, n]; `matrix` holds the blocks' Frobenius norms [B, 1, T', S'] for the heatmap.
 
 Not covered: attention (its pattern is hook_pattern), the convolution mixers without a state
 (BaseConv, Hyena), and the recurrences that are not linear in their input given the run's
 coefficients (tanh RNN, state-gated RNN, LSTM, GRU, LayerNorm and sphere RNNs: their gates or
 normalisation depend on the state itself).
 
-`effective_attention(model, tokens, layer)` -> EffectiveAttention(matrix [B, C, T, T] float64,
-axis "channel", "head" or "block norm", value_name: what x is, output_name: what y is, blocks).
-M is computed in float64 by one loop over t with every s at once (a Toeplitz gather for the
-time-invariant SSMs).
+    effective_attention(model, tokens, layer, index=None, window=None, sources=None,
+                        dtype=torch.float32, max_memory=None, progress=True) -> EffectiveAttention
+    effective_attention_layers(model, tokens, layers, **the same options) -> {layer: EffectiveAttention}
+
+Selection: `index` picks channels or heads (the result's axis: an int, a slice, a sequence of
+ints; all by default; dense mixers have none), `window=(start, stop)` the output positions t and
+`sources=(start, stop)` the input positions s (the window by default; (0, stop) for everything a
+window's rows read). The result is exactly full[:, index, start:stop, s_start:s_stop] of the
+unselected computation, and only the selection is computed: the recurrences run from the first
+source over the selected channels, their coefficients are formed CHUNK steps at a time, and each
+output row t is written as the scan reaches it (the linear attention's in blocks of CHUNK rows), so
+the memory is the result plus one row's working set. Mamba-130m, one layer, T = 1024, 64 channels:
+a [1, 64, 1024, 1024] float32 result of 268 MB.
+dtype float32 (default) or float64 is the arithmetic and the result's type (complex64 / complex128
+for complex states). The bytes are estimated up front and MemoryRefused raised when they exceed the
+budget (models.memory: max_memory bytes or a size such as '2GB'; a share of the available memory
+by default); a progress bar runs over the steps (progress=False turns it off).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from models.memory import budget_bytes, progress_bar, refuse
 from models.mixers.based import taylor_features
 
 DIAGONAL = ("mamba", "negative_mamba", "mamba2", "aussm", "mamba3")
+COMPLEX = ("aussm", "mamba3")
 INVARIANT = ("s4d", "h3")
 DELTA = ("deltanet", "gated_deltanet")
 LINEAR = ("based",)
 DENSE = ("linear_rnn", "token_gated_rnn", "dense_ssm")
 COVERED = DIAGONAL + INVARIANT + DELTA + LINEAR + DENSE
+DTYPES = (torch.float32, torch.float64)
+CHUNK = 32  # steps of coefficients formed at once; rows of linear attention per block
+HINT = "select fewer channels or heads (index=), a shorter window (window=, sources=) or dtype=torch.float32"
 
 
 @dataclass
 class EffectiveAttention:
-    """matrix [B, C, T, T]: y_t[c] = sum_s matrix[b, c, t, s] x_s[c] (C channels or heads); for a
-    dense transition blocks [B, T, T, n, n] with y_t = sum_s blocks[b, t, s] @ x_s, and matrix
-    their Frobenius norms [B, 1, T, T]."""
+    """matrix [B, C, T', S']: y_t[c] = sum_s matrix[b, c, t - start, s - source_start] x_s[c] over the
+    selected channels or heads `index` (C of them; None: all), output positions start .. start + T'
+    and input positions source_start .. source_start + S'; for a dense transition blocks
+    [B, T', S', n, n] with y_t = sum_s blocks[b, t, s] @ x_s, and matrix their Frobenius norms
+    [B, 1, T', S']."""
 
     matrix: torch.Tensor
     axis: str
     value_name: str
     output_name: str
     blocks: torch.Tensor | None = None
+    index: tuple[int, ...] | None = None
+    start: int = 0
+    source_start: int = 0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to compute: channels / heads `index` (a LongTensor [C], or None for a dense mixer),
+    output rows [t0, t1), source columns [s0, s1), the arithmetic dtype."""
+
+    index: torch.Tensor | None
+    t0: int
+    t1: int
+    s0: int
+    s1: int
+    dtype: torch.dtype
+
+    @property
+    def rows(self) -> int:
+        return self.t1 - self.t0
+
+    @property
+    def cols(self) -> int:
+        return self.s1 - self.s0
+
+    def live(self, t: int) -> int:
+        """How many sources s0 .. min(t, s1 - 1) are inputs of y_t."""
+        return max(0, min(t, self.s1 - 1) - self.s0 + 1)
 
 
 def supported(model, layer: int) -> bool:
     return model.blocks[layer].mixer.mixer_name in COVERED
 
 
-def effective_attention(model, tokens: torch.Tensor, layer: int) -> EffectiveAttention:
-    """The effective attention of block `layer`'s mixer on `tokens` [B, T] (module docstring)."""
-    if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < len(model.blocks):
-        raise ValueError(f"layer must be an int in [0, {len(model.blocks)}); got {layer!r}")
-    mixer = model.blocks[layer].mixer
-    if not supported(model, layer):
-        raise ValueError(f"effective attention covers the mixers {COVERED}; block {layer} has {mixer.mixer_name!r}")
+def effective_attention(model, tokens: torch.Tensor, layer: int, index=None, window=None, sources=None,
+                        dtype: torch.dtype = torch.float32, max_memory=None, progress: bool = True) -> EffectiveAttention:
+    """The effective attention of block `layer`'s mixer on `tokens` [B, T], restricted to the
+    selection (module docstring)."""
+    return effective_attention_layers(model, tokens, [layer], index=index, window=window, sources=sources, dtype=dtype,
+                                      max_memory=max_memory, progress=progress)[layer]
+
+
+def effective_attention_layers(model, tokens: torch.Tensor, layers: Sequence[int], index=None, window=None,
+                               sources=None, dtype: torch.dtype = torch.float32, max_memory=None,
+                               progress: bool = True) -> dict[int, EffectiveAttention]:
+    """{layer: EffectiveAttention} for each of `layers` from one forward pass, the same selection in
+    each; refused up front (MemoryRefused) when all the results and the largest working set
+    exceed the budget."""
+    layers = _checked_layers(model, layers)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+    budget = budget_bytes(max_memory)
     with torch.no_grad():
-        inputs = _prepared(model, tokens, layer)
-        if mixer.mixer_name in DIAGONAL:
-            return _diagonal(mixer, inputs)
-        if mixer.mixer_name in INVARIANT:
-            return _invariant(mixer, inputs)
-        if mixer.mixer_name in DELTA:
-            return _delta(mixer, inputs)
-        if mixer.mixer_name in DENSE:
-            return _dense(mixer, inputs)
-        return _linear(inputs)
+        prepared = _prepared(model, tokens, layers)
+        plans = {layer: _selection(model.blocks[layer].mixer, prepared[layer], index, window, sources, dtype)
+                 for layer in layers}
+        sizes = {layer: _estimate(model.blocks[layer].mixer, prepared[layer], plans[layer]) for layer in layers}
+        needed = sum(result for result, _ in sizes.values()) + max(working for _, working in sizes.values())
+        if needed > budget:
+            raise refuse(f"effective attention of layers {layers} (selection {_describe(plans[layers[0]])})",
+                         needed, budget, HINT)
+        bar = progress_bar(len(layers), progress and len(layers) > 1, "effective attention", "layer", iterable=layers)
+        return {layer: _compute(model.blocks[layer].mixer, prepared[layer], plans[layer], progress) for layer in bar}
 
 
-def _prepared(model, tokens: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
-    """Block `layer`'s mixer's prepared inputs on tokens (H3's also its values v and shifted keys
-    kbar [B, T, C], read from hook_v and hook_conv)."""
-    mixer, prefix = model.blocks[layer].mixer, f"blocks.{layer}.mixer."
-    extra = ["hook_v", "hook_conv"] if mixer.mixer_name == "h3" else []
-    _, cache = model.run_with_cache(tokens, names=[prefix + n for n in ["hook_in", *extra]])
-    inputs = mixer.prepare(cache[prefix + "hook_in"])
-    if extra:
-        inputs |= {"v": cache[prefix + "hook_v"].flatten(2), "kbar": cache[prefix + "hook_conv"]}
-    return inputs
+def _checked_layers(model, layers) -> list[int]:
+    if isinstance(layers, int) or not isinstance(layers, Sequence) or not layers:
+        raise ValueError(f"layers must be a non-empty sequence of block indices; got {layers!r}")
+    for layer in layers:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < len(model.blocks):
+            raise ValueError(f"layer must be an int in [0, {len(model.blocks)}); got {layer!r}")
+        if not supported(model, layer):
+            raise ValueError(f"effective attention covers the mixers {COVERED}; block {layer} has "
+                             f"{model.blocks[layer].mixer.mixer_name!r}")
+    return list(dict.fromkeys(layers))
+
+
+def _prepared(model, tokens: torch.Tensor, layers: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+    """Each layer's mixer's prepared inputs on tokens (H3's also its values v and shifted keys
+    kbar [B, T, C], read from hook_v and hook_conv), from one forward pass that stops once the
+    last of them is read (no later block, no logits)."""
+    names = {}
+    for layer in layers:
+        extra = ["hook_v", "hook_conv"] if model.blocks[layer].mixer.mixer_name == "h3" else []
+        names[layer] = [f"blocks.{layer}.mixer.{n}" for n in ["hook_in", *extra]]
+    found = _read(model, tokens, [n for group in names.values() for n in group])
+    prepared = {}
+    for layer in layers:
+        inputs = model.blocks[layer].mixer.prepare(found[names[layer][0]])
+        if len(names[layer]) > 1:
+            inputs |= {"v": found[names[layer][1]].flatten(2), "kbar": found[names[layer][2]]}
+        prepared[layer] = inputs
+    return prepared
+
+
+class _Read(Exception):
+    """Every wanted activation is read: the forward pass stops here."""
+
+
+def _read(model, tokens: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    """{name: activation} of the named hooks, the forward pass stopped after the last of them."""
+    found = {}
+
+    def read(x: torch.Tensor, hook) -> None:
+        found[hook.name] = x.detach()
+        if len(found) == len(names):
+            raise _Read
+
+    try:
+        with model.hooks(readers=[(name, read) for name in names]):
+            model(tokens)
+    except _Read:
+        pass
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise RuntimeError(f"the forward pass never reached the hooks {missing}")
+    return found
 
 
 def mixer_output(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +214,7 @@ def mixer_output(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor,
     x [B, T, C] or [B, T, C, d] (heads), y likewise; for checking M (y = M x)."""
     mixer = model.blocks[layer].mixer
     with torch.no_grad():
-        inputs = _prepared(model, tokens, layer)
+        inputs = _prepared(model, tokens, [layer])[layer]
         if mixer.mixer_name in DELTA:
             return inputs["v"], mixer.scan(inputs)[0]  # [B, T, H, d] each
         states = mixer.scan(inputs)[1]
@@ -131,91 +232,253 @@ def mixer_output(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor,
         return inputs["x"], y.real if y.is_complex() else y
 
 
-def _diagonal(mixer, inputs) -> EffectiveAttention:
-    ones, zeros = torch.ones_like(inputs["x"]), torch.zeros_like(inputs["x"])
-    unit = {**inputs, "x": ones} if "x_prev" not in inputs else {**inputs, "x": ones, "x_prev": zeros}
-    a, b_coef = (v.to(_wide(v)) for v in mixer.transition_terms(unit))  # b = x * b_coef (+ the previous x's)
-    b_prev = None  # Mamba-3: the coefficient of x_{t-1} in step t's input
-    if "x_prev" in inputs:
-        b_prev = mixer.transition_terms({**inputs, "x": zeros, "x_prev": ones})[1].to(_wide(a))
-    if mixer.mixer_name == "mamba2":  # [B, T, H, P, N]: shared across P
-        a, b_coef = a[:, :, :, 0], b_coef[:, :, :, 0]
-        C = mixer.per_head(inputs["C"]).double()  # [B, T, H, N]
+# --- selection and estimate -------------------------------------------------------------------
+
+def _units(mixer, inputs) -> tuple[int, str]:
+    """(how many channels / heads M has, the axis' name) of a mixer on its prepared inputs."""
+    name = mixer.mixer_name
+    if name in DENSE:
+        return 1, "block norm"
+    value = inputs["x"] if name in DIAGONAL or name == "s4d" else inputs["v"]
+    return value.shape[2], ("head" if name == "mamba2" or name in DELTA + LINEAR else "channel")
+
+
+def _selection(mixer, inputs, index, window, sources, dtype) -> Selection:
+    """The checked selection of one layer (ValueError naming the argument otherwise)."""
+    length = next(iter(inputs.values())).shape[1]
+    units, axis = _units(mixer, inputs)
+    t0, t1 = _span(window, length, "window")
+    s0, s1 = (t0, t1) if sources is None else _span(sources, length, "sources")
+    if mixer.mixer_name in DENSE:
+        if index is not None:
+            raise ValueError(f"index must be None for the dense mixer {mixer.mixer_name!r} (its M is n x n blocks, "
+                             f"no channel or head axis); got {index!r}")
+        return Selection(None, t0, t1, s0, s1, dtype)
+    return Selection(_index(index, units, axis), t0, t1, s0, s1, dtype)
+
+
+def _span(span, length: int, argument: str) -> tuple[int, int]:
+    if span is None:
+        return 0, length
+    ok = isinstance(span, (tuple, list)) and len(span) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in span)
+    if not ok or not 0 <= span[0] < span[1] <= length:
+        raise ValueError(f"{argument} must be (start, stop) with 0 <= start < stop <= {length} (the length); "
+                         f"got {span!r}")
+    return span[0], span[1]
+
+
+def _index(index, units: int, axis: str) -> torch.Tensor:
+    """index (None, an int, a slice, a sequence or 1-D tensor of ints) -> LongTensor [C]."""
+    if index is None:
+        return torch.arange(units)
+    if isinstance(index, slice):
+        chosen = list(range(units))[index]
+    elif isinstance(index, int) and not isinstance(index, bool):
+        chosen = [index]
+    elif isinstance(index, torch.Tensor) and index.dim() == 1 and not index.is_floating_point():
+        chosen = index.tolist()
+    elif isinstance(index, Sequence) and not isinstance(index, str) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in index):
+        chosen = list(index)
     else:
-        C = inputs["C"].double()[:, :, None, :]  # [B, T, 1, N]
-    batch, length, channels, _ = a.shape
-    matrix = torch.zeros(batch, channels, length, length, dtype=torch.float64, device=a.device)
-    decay = torch.zeros_like(a)  # [B, s, C, N]: the coefficient of x_s in h_t
-    for t in range(length):
-        decay = decay * a[:, t, None]
-        decay[:, t] = b_coef[:, t]
-        if b_prev is not None and t > 0:
-            decay[:, t - 1] += b_prev[:, t]
-        weights = torch.einsum("bcn,bscn->bcs", C[:, t].expand(batch, channels, -1).to(decay.dtype), decay)
-        matrix[:, :, t] = weights.real if weights.is_complex() else weights  # the output is Re(C h)
+        raise ValueError(f"index must be None, an int, a slice or a sequence of ints ({axis}s); got {index!r}")
+    bad = [i for i in chosen if not 0 <= i < units]
+    if not chosen or bad:
+        raise ValueError(f"index must pick at least one {axis} in [0, {units}); got {index!r}"
+                         + (f" (out of range: {bad[:5]})" if bad else " (empty)"))
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+def _describe(plan: Selection) -> str:
+    units = "" if plan.index is None else f"{len(plan.index)} channels / heads, "
+    return f"{units}rows {plan.t0}:{plan.t1}, sources {plan.s0}:{plan.s1}, {str(plan.dtype).split('.')[-1]}"
+
+
+def _estimate(mixer, inputs, plan: Selection) -> tuple[float, float]:
+    """(bytes of the result, bytes of the working set) of one layer's computation."""
+    item = torch.finfo(plan.dtype).bits // 8
+    batch = next(iter(inputs.values())).shape[0]
+    name, units = mixer.mixer_name, 1 if plan.index is None else len(plan.index)
+    result = batch * units * plan.rows * plan.cols * item
+    if name in DIAGONAL:
+        wide = item * (2 if name in COMPLEX else 1)
+        n = inputs["C"].shape[-1]
+        steps = plan.t1 - plan.s0
+        full = inputs["x"].shape[2] * n  # a chunk's terms over every channel (Mamba-2: head)
+        return result, batch * n * units * wide * (4 * steps + 2 * plan.cols) + 3 * batch * CHUNK * full * wide * 2
+    if name in INVARIANT:
+        modes = (mixer.C if name == "s4d" else mixer.c).numel()  # the kernel's powers [every channel, N, T]
+        return result, (2 * units + 2) * plan.rows * plan.cols * 8 + modes * plan.t1 * 16
+    if name in DELTA:
+        d = inputs["k"].shape[-1]
+        return result, batch * units * d * item * (4 * (plan.t1 - plan.s0) + 3 * plan.cols)
+    if name in LINEAR:
+        features = taylor_features(inputs["q"][:1, :1, :1]).shape[-1]
+        return result, batch * units * item * (2 * plan.t1 * features + 3 * CHUNK * plan.t1)
+    n = inputs["u"].shape[-1]
+    return result * (1 + n * n), batch * item * n * n * (2 * plan.cols + plan.t1)
+
+
+# --- the computations ---------------------------------------------------------------------------
+
+def _compute(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttention:
+    name = mixer.mixer_name
+    if name in DIAGONAL:
+        result = _diagonal(mixer, inputs, plan, progress)
+    elif name in INVARIANT:
+        result = _invariant(mixer, inputs, plan)
+    elif name in DELTA:
+        result = _delta(mixer, inputs, plan, progress)
+    elif name in LINEAR:
+        result = _linear(inputs, plan, progress)
+    else:
+        result = _dense(mixer, inputs, plan, progress)
+    result.index = None if plan.index is None else tuple(plan.index.tolist())
+    result.start, result.source_start = plan.t0, plan.s0
+    return result
+
+
+def _steps(plan: Selection, progress: bool, what: str):
+    """The steps t = s0 .. t1 - 1 the recurrences run, under a progress bar."""
+    steps = range(plan.s0, plan.t1)
+    return progress_bar(len(steps), progress, what, "step", iterable=steps)
+
+
+def _complex(dtype: torch.dtype) -> torch.dtype:
+    return torch.complex64 if dtype == torch.float32 else torch.complex128
+
+
+def _diagonal_terms(mixer, inputs, plan: Selection):
+    """(a, b, b_prev, C) over steps s0 .. t1 - 1 and the selected channels, each [B, W, C, N]
+    (C [B, W, 1, N] where shared): h_t = a_t h_{t-1} + b_t x_t (+ b_prev_t x_{t-1}, Mamba-3);
+    formed CHUNK steps at a time from transition_terms with a unit input."""
+    wide = _complex(plan.dtype) if mixer.mixer_name in COMPLEX else plan.dtype
+    heads = mixer.mixer_name == "mamba2"
+    parts = {"a": [], "b": [], "b_prev": []}
+    stop = max(plan.t1, plan.s0 + 1)  # at least one step, for the shapes when every source follows every row
+    for start in range(plan.s0, stop, CHUNK):
+        chunk = {k: v[:, start:min(start + CHUNK, stop)] for k, v in inputs.items()}
+        x = chunk["x"][..., :1] if heads else chunk["x"]  # Mamba-2: one of a head's P channels
+        ones, zeros = torch.ones_like(x), torch.zeros_like(x)
+        unit = {**chunk, "x": ones} | ({"x_prev": zeros} if "x_prev" in chunk else {})
+        a, b = mixer.transition_terms(unit)
+        terms = {"a": a, "b": b}
+        if "x_prev" in chunk:
+            terms["b_prev"] = mixer.transition_terms({**chunk, "x": zeros, "x_prev": ones})[1]
+        for key, value in terms.items():
+            value = value[:, :, :, 0] if heads else value  # [B, w, H, 1, N] -> [B, w, H, N]
+            parts[key].append(value[:, :, plan.index].to(wide))
+    C = mixer.per_head(inputs["C"])[:, :, plan.index] if heads else inputs["C"][:, :, None]
+    joined = {key: torch.cat(value, dim=1) if value else None for key, value in parts.items()}
+    return joined["a"], joined["b"], joined["b_prev"], C[:, plan.s0:stop].to(wide)
+
+
+def _diagonal(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttention:
+    """Row by row: decay[:, s] is the coefficient of x_s in h_t (sources s0 .. s1 - 1); y_t's row
+    is C_t . decay."""
+    a, b, b_prev, C = _diagonal_terms(mixer, inputs, plan)
+    batch, _, units, n = a.shape
+    matrix = torch.zeros(batch, units, plan.rows, plan.cols, dtype=plan.dtype, device=a.device)
+    decay = torch.zeros(batch, plan.cols, units, n, dtype=a.dtype, device=a.device)  # [B, S, C, N]
+    for t in _steps(plan, progress, f"effective attention ({mixer.mixer_name})"):
+        i, live = t - plan.s0, plan.live(t)
+        decay[:, :live] *= a[:, i, None]
+        if t < plan.s1:
+            decay[:, i] = b[:, i]
+        if b_prev is not None and plan.s0 < t <= plan.s1:
+            decay[:, i - 1] += b_prev[:, i]
+        if t >= plan.t0:
+            weights = torch.einsum("bcn,bscn->bcs", C[:, i].expand(batch, units, n), decay[:, :live])
+            matrix[:, :, t - plan.t0, :live] = weights.real if weights.is_complex() else weights  # Re(C h)
     axis = "head" if mixer.mixer_name == "mamba2" else "channel"
     return EffectiveAttention(matrix, axis, "x (the scanned input)", "C h (before D x and the gate)")
 
 
-def _wide(v: torch.Tensor) -> torch.dtype:
-    return torch.complex128 if v.is_complex() else torch.float64
-
-
-def _invariant(mixer, inputs) -> EffectiveAttention:
+def _invariant(mixer, inputs, plan: Selection) -> EffectiveAttention:
     """s4d / h3: the convolution kernel K [C, T] as a Toeplitz matrix (times h3's q and kbar)."""
     x = inputs["x"] if mixer.mixer_name == "s4d" else inputs["v"]
-    batch, length, channels = x.shape
+    batch, length = x.shape[:2]
     if mixer.mixer_name == "s4d":
-        kernel = mixer.convolution_kernel(length)  # [D, T] float64
+        kernel = mixer.convolution_kernel(plan.t1)[plan.index]  # [C, T] float64
     else:
-        dt_a, _, bbar = (v.double() for v in mixer.discretised())  # [C, N]
-        powers = (dt_a[:, :, None] * torch.arange(length, dtype=torch.float64, device=dt_a.device)).exp()
-        kernel = torch.einsum("cn,cnl->cl", mixer.c.double() * bbar, powers)  # [C, T]
-    lag = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # t - s
-    toeplitz = torch.where(lag >= 0, kernel[:, lag.clamp(min=0)], torch.zeros((), dtype=kernel.dtype))  # [C, T, T]
-    matrix = toeplitz.expand(batch, channels, length, length).clone()
+        dt_a, _, bbar = (v.double()[plan.index] for v in mixer.discretised())  # [C, N]
+        powers = (dt_a[:, :, None] * torch.arange(plan.t1, dtype=torch.float64, device=dt_a.device)).exp()
+        kernel = torch.einsum("cn,cnl->cl", mixer.c.double()[plan.index] * bbar, powers)  # [C, T]
+    lag = torch.arange(plan.t0, plan.t1)[:, None] - torch.arange(plan.s0, plan.s1)[None, :]  # t - s
+    toeplitz = torch.where(lag >= 0, kernel[:, lag.clamp(min=0)], torch.zeros((), dtype=kernel.dtype))
+    matrix = toeplitz.to(plan.dtype).expand(batch, *toeplitz.shape).clone()  # [B, C, T', S']
     if mixer.mixer_name == "s4d":
         return EffectiveAttention(matrix, "channel", "x (the mixer input)", "2 Re(C h) (before D x and the GELU)")
-    q, kbar = inputs["q"].double().transpose(1, 2), inputs["kbar"].double().transpose(1, 2)  # [B, C, T]
-    return EffectiveAttention(matrix * q[..., :, None] * kbar[..., None, :], "channel", "v (the values)",
-                              "q * (C h) (before the skip Dskip u and out_proj)")
+    q = inputs["q"][:, plan.t0:plan.t1, plan.index].to(plan.dtype).transpose(1, 2)  # [B, C, T']
+    kbar = inputs["kbar"][:, plan.s0:plan.s1, plan.index].to(plan.dtype).transpose(1, 2)  # [B, C, S']
+    matrix.mul_(q[..., :, None]).mul_(kbar[..., None, :])
+    return EffectiveAttention(matrix, "channel", "v (the values)", "q * (C h) (before the skip Dskip u and out_proj)")
 
 
-def _dense(mixer, inputs) -> EffectiveAttention:
-    """Products of the dense transitions: blocks[:, t, s] = A_t ... A_{s+1} [n, n]."""
-    steps = [{name: value[:, t] for name, value in inputs.items()} for t in range(inputs["u"].shape[1])]
-    transitions = [mixer.transition(step).double() for step in steps]  # T x [B, n, n]
-    batch, n = transitions[0].shape[:2]
-    length = len(steps)
-    blocks = torch.zeros(batch, length, length, n, n, dtype=torch.float64, device=transitions[0].device)
-    eye = torch.eye(n, dtype=torch.float64, device=blocks.device)
-    for t in range(length):
-        if t:
-            blocks[:, t, :t] = transitions[t][:, None] @ blocks[:, t - 1, :t]
-        blocks[:, t, t] = eye
-    norms = blocks.flatten(3).norm(dim=-1)[:, None]  # [B, 1, T, T]
+def _dense(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttention:
+    """Products of the dense transitions, row by row: row[:, s] = A_t ... A_{s+1} [n, n]."""
+    batch, n = inputs["u"].shape[0], inputs["u"].shape[-1]
+    device = inputs["u"].device
+    blocks = torch.zeros(batch, plan.rows, plan.cols, n, n, dtype=plan.dtype, device=device)
+    row = torch.zeros(batch, plan.cols, n, n, dtype=plan.dtype, device=device)
+    eye = torch.eye(n, dtype=plan.dtype, device=device)
+    for t in _steps(plan, progress, f"effective attention ({mixer.mixer_name})"):
+        before = plan.live(t - 1)  # sources s < t
+        if before:
+            transition = mixer.transition({name: value[:, t] for name, value in inputs.items()}).to(plan.dtype)
+            row[:, :before] = transition[:, None] @ row[:, :before]
+        if t < plan.s1:
+            row[:, t - plan.s0] = eye
+        if t >= plan.t0:
+            blocks[:, t - plan.t0] = row
+    norms = blocks.flatten(3).norm(dim=-1)[:, None]  # [B, 1, T', S']
     return EffectiveAttention(norms, "block norm", "u (the scanned input B x + b)", "h (the state out_proj reads)",
                               blocks)
 
 
-def _delta(mixer, inputs) -> EffectiveAttention:
-    q, k = inputs["q"].double(), inputs["k"].double()  # [B, T, H, d]
-    beta = (mixer._beta(inputs["beta"]) if hasattr(mixer, "_beta") else inputs["beta"]).double()  # [B, T, H]
-    alpha = torch.exp(inputs["g"].double()) if "g" in inputs else torch.ones_like(beta)
-    batch, length, heads, d = k.shape
-    matrix = q.new_zeros(batch, heads, length, length)
-    rows = q.new_zeros(batch, length, heads, d)  # r_s(t) = beta_s k_s^T A_{s+1} ... A_t
-    for t in range(length):
-        kt = k[:, t, None]  # [B, 1, H, d]
-        rows = alpha[:, t, None, :, None] * (rows - beta[:, t, None, :, None] * (rows * kt).sum(-1, keepdim=True) * kt)
-        rows[:, t] = beta[:, t, :, None] * k[:, t]
-        matrix[:, :, t] = torch.einsum("bshd,bhd->bhs", rows, q[:, t])
+def _delta(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttention:
+    """Row by row: rows[:, s] = beta_s k_s^T A_{s+1} ... A_t (sources s0 .. s1 - 1), y_t's row
+    rows . q_t."""
+    steps = slice(plan.s0, plan.t1)
+    q, k = (inputs[n][:, steps, plan.index].to(plan.dtype) for n in ("q", "k"))  # [B, W, H, d]
+    beta = mixer._beta(inputs["beta"]) if hasattr(mixer, "_beta") else inputs["beta"]
+    beta = beta[:, steps, plan.index].to(plan.dtype)  # [B, W, H]
+    alpha = torch.exp(inputs["g"][:, steps, plan.index].to(plan.dtype)) if "g" in inputs else None
+    batch, _, heads, d = k.shape
+    matrix = q.new_zeros(batch, heads, plan.rows, plan.cols)
+    rows = q.new_zeros(batch, plan.cols, heads, d)
+    for t in _steps(plan, progress, f"effective attention ({mixer.mixer_name})"):
+        i, live = t - plan.s0, plan.live(t)
+        kt, current = k[:, i, None], rows[:, :live]  # [B, 1, H, d], [B, s, H, d]
+        current -= beta[:, i, None, :, None] * (current * kt).sum(-1, keepdim=True) * kt
+        if alpha is not None:
+            current *= alpha[:, i, None, :, None]
+        if t < plan.s1:
+            rows[:, i] = beta[:, i, :, None] * k[:, i]
+        if t >= plan.t0:
+            matrix[:, :, t - plan.t0, :live] = torch.einsum("bshd,bhd->bhs", rows[:, :live], q[:, i])
     return EffectiveAttention(matrix, "head", "v (the values)", "o = S q (before the output norm and gate)")
 
 
-def _linear(inputs) -> EffectiveAttention:
-    fq, fk = (taylor_features(inputs[n].double()).transpose(1, 2) for n in ("q", "k"))  # [B, H, T, F]
-    kernel = (fq @ fk.transpose(-1, -2)).tril()  # [B, H, T, T]
-    return EffectiveAttention(kernel / kernel.sum(-1, keepdim=True), "head", "v (the values)",
+def _linear(inputs, plan: Selection, progress: bool) -> EffectiveAttention:
+    """Blocks of CHUNK rows: phi(q_t) . phi(k_s) over every s <= t (the normaliser), then the
+    selected sources."""
+    fq, fk = (taylor_features(inputs[n][:, :plan.t1, plan.index].to(plan.dtype)).transpose(1, 2)
+              for n in ("q", "k"))  # [B, H, T, F]
+    batch, heads = fq.shape[:2]
+    matrix = fq.new_zeros(batch, heads, plan.rows, plan.cols)
+    starts = range(plan.t0, plan.t1, CHUNK)
+    bar = progress_bar(len(starts), progress and len(starts) > 1, "effective attention (based)", "block")
+    for r0 in starts:
+        r1 = min(r0 + CHUNK, plan.t1)
+        kernel = fq[:, :, r0:r1] @ fk[:, :, :r1].transpose(-1, -2)  # [B, H, rows, r1]
+        kernel = kernel.tril(r0)  # s <= t
+        kernel /= kernel.sum(-1, keepdim=True)
+        stop = min(plan.s1, r1)
+        if stop > plan.s0:
+            matrix[:, :, r0 - plan.t0:r1 - plan.t0, :stop - plan.s0] = kernel[..., plan.s0:stop]
+        bar.update()
+    bar.close()
+    return EffectiveAttention(matrix, "head", "v (the values)",
                               "the normalised linear attention (before out_proj and the window branch)")
-
