@@ -127,6 +127,12 @@ class Cache(Mapping):
             raise KeyError(unknown_name_message("cache key", name, list(self._store)))
         return self._store[name]
 
+    def __contains__(self, key) -> bool:  # without reading a disk-backed entry
+        try:
+            return self.resolve(key) in self._store
+        except TypeError:
+            return False
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._store)
 

@@ -71,6 +71,9 @@ class DiskStore(MutableMapping):
             raise ValueError(f"the cache in {self.directory} is read-only (opened from disk)")
         (self.directory / self.entries.pop(name)["file"]).unlink(missing_ok=True)
 
+    def __contains__(self, name) -> bool:  # from the index, without reading the file
+        return name in self.entries
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries)
 

@@ -101,6 +101,7 @@ def test_disk_cache_reads_on_access_and_is_read_only_when_reopened(tokens, tmp_p
     reopened = Cache.open(tmp_path / "c")
     assert reopened._store.nbytes() == sum(v.nbytes for v in cache.values())
     os.remove(tmp_path / "c" / "blocks.1.hook_resid_pre.safetensors")  # read on access, not at open
+    assert names[1] in reopened and ("resid_pre", 1) in reopened and "hook_embed" not in reopened
     assert torch.equal(reopened[names[0]], cache[names[0]])
     with pytest.raises(FileNotFoundError):
         reopened[names[1]]
