@@ -190,7 +190,12 @@ def hook_layouts(model, tokens: torch.Tensor, names: Sequence[str], **kwargs) ->
     memo = getattr(model, "_layout_memo", None)
     if memo is not None and memo[0] == key:
         return memo[1]
-    runs = [_dry_shapes(model, tokens[:1, :t], names, kwargs) for t in lengths]
+    try:
+        runs = [_dry_shapes(model, tokens[:1, :t], names, kwargs) for t in lengths]
+    except Exception as error:
+        error.add_note(f"(raised in run_with_cache's cache planner: a dry run on one example of length <= "
+                       f"{max(DRY_LENGTHS)}, with the forward keywords {sorted(kwargs)}; docs/caches.md)")
+        raise
     layouts = {}
     for name, (shape, dtype) in runs[0].items():
         later = runs[-1][name][0]

@@ -196,3 +196,31 @@ def test_positions_are_checked(tokens):
                        ({"hook_embed": [0], "nope": [1]}, ValueError)]:
         with pytest.raises(error, match="positions"):
             model.run_with_cache(tokens, positions=bad)
+
+
+def test_streaming_keeps_no_activation_in_memory(tokens, tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from models import cache_store
+
+    written, write = [], cache_store.write_tensor
+
+    def spy(path, name, value):
+        written.append(weakref.ref(value))
+        write(path, name, value)
+
+    monkeypatch.setattr(cache_store, "write_tensor", spy)
+    model = build("mamba2")
+    with torch.no_grad():
+        logits, disk = model.run_with_cache(tokens, to_disk=tmp_path / "c")
+    gc.collect()
+    assert len(written) == len(disk) > 20
+    assert [ref for ref in written if ref() is not None] == []  # every activation freed once written
+
+
+def test_a_failing_dry_run_says_it_is_the_planner(tokens):
+    model = build("transformer")
+    with pytest.raises(TypeError) as raised:
+        model.run_with_cache(tokens, at=[5])  # a forward keyword the model does not take
+    assert "cache planner" in "".join(getattr(raised.value, "__notes__", []))
