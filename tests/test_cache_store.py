@@ -222,5 +222,5 @@ def test_streaming_keeps_no_activation_in_memory(tokens, tmp_path, monkeypatch):
 def test_a_failing_dry_run_says_it_is_the_planner(tokens):
     model = build("transformer")
     with pytest.raises(TypeError) as raised:
-        model.run_with_cache(tokens, at=[5])  # a forward keyword the model does not take
+        model.run_with_cache(tokens, no_such_keyword=5)  # a forward keyword the model does not take
     assert "cache planner" in "".join(getattr(raised.value, "__notes__", []))
