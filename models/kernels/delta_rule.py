@@ -54,6 +54,15 @@ Implementations:
            agree bit for bit, and steps before a pin keep their bits (both measured faster than
            the loop, benchmarks/RESULTS.md)
 
+Backward memory (S = H V K state elements a batch row): `chunked` differentiates through torch
+ops, so autograd keeps each chunk's entering state (B ceil(T / C) S elements: checkpoints every
+C = chunk_size steps, the states inside a chunk recomputed from them as partial sums) beside
+per-chunk tensors of the inputs' order (A, QK [B, H, C, C] and W, U, the corrected values per
+chunk: B T H (2 C + K + 2 V) elements), never a state per step; at C = 64 the chunk states are
+as many as library.span_spacing's sqrt(B T / 2) checkpoints up to T = 2 C^2 = 8192 (B = 1), and
+grow as T / C past it. `triton` stores no state at all (the residuals r [B, T, H, V]; the backward
+rebuilds the states from them on chip); `native` has no backward (forward only).
+
 Returns `ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None,
 states_at [B, n_export, H, V, K] | None)` (the tuple of `models.kernels.diag_scan`). States are
 float32 (float64 for float64 inputs); output has v's dtype.

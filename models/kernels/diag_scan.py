@@ -50,6 +50,10 @@ results agree to a few ulps times the growth of the recurrence; |a| > 1 over lon
 like the loop does). The backward pass recomputes the states (nothing [B, T, *S] is kept for
 autograd when a read-out c is given) and runs the same scan in reverse for the adjoint:
 g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, grad a_t = g_t conj(h_{t-1}), grad b_t = g_t.
+Backward memory of `chunked`: a, b are [B, T, *S] inputs and grad a, grad b outputs of their
+size (inherent); autograd keeps only the inputs, and the backward holds about five [B, T, *S]
+tensors at its peak (the recomputed states, the direct and total adjoints, the shifted a, grad a).
+`native` keeps sqrt(B T)-spaced checkpoints instead (models/kernels/native/diag.py, library.py).
 Pins split the sequence: the chunked scan runs up to the pinned step, the pinned step itself is
 one explicit step with the replacement, and the scan resumes from the pinned state.
 """

@@ -17,12 +17,12 @@ on, first-touch page faults of fresh gradient tensors cost about as much as the 
 threads_for(nbytes) how many threads a kernel that can share its work (threads.h) may use.
 
 Memory model of the checkpointed backwards (diag.py, selective.py, complex.py). With S the bytes
-of one step's state, w the states a backward keeps per recomputed step (its "span factor": 3 for
-the diagonal scan's states, adjoints and grad c, 2 for the selective scan's states and
-exponentials, 4 for the complex kernels' complex states and transitions, each counted in S) and
-k the steps between checkpoints, a forward that a gradient can flow through keeps
-B ceil(T / k) S bytes of checkpoints until the backward, and the backward adds one span buffer
-of about w k S bytes per thread. `span_spacing` picks
+of one step's state (one batch row), w the states a backward keeps per recomputed step (its span
+factor: 2 for all three, the states and adjoints of the diagonal scan (its buffer holds a third
+row for grad c), the states and exp(dt A) of the selective scan, the complex states and
+transitions of the complex kernels) and k the steps between checkpoints, a forward that a
+gradient can flow through keeps B ceil(T / k) S bytes of checkpoints until the backward, and the
+backward adds one span buffer of about w k S bytes per thread. `span_spacing` picks
 
     k = max(min(chunk, SPAN_BYTES // (w S)),  ceil(sqrt(B T / (w threads))))   (at most T)
 
