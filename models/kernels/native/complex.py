@@ -132,7 +132,7 @@ def complex_forward(mode: int, tensors: dict, C, h0, every: int, checkpoints: bo
     (batch, length, inner), n = dt.shape, C.shape[-1]
     h = dt.new_zeros(batch, 2, n, inner) if h0 is None else _to_planes(h0)
     y = dt.new_empty(batch, length, inner)
-    ckpt = dt.new_empty(batch, -(-length // every), 2, n, inner) if checkpoints else None
+    ckpt = empty((batch, -(-length // every), 2, n, inner), dt) if checkpoints else None
     work = dt.new_empty(2 * n * inner + 2 * inner)
     function(f"complex_fwd_{SUFFIX[dt.dtype]}", _FWD)(
         mode, batch, length, length, inner, n, *map(ptr, args), ptr(C), ptr(h), ptr(y), every,
@@ -149,7 +149,7 @@ def complex_backward(mode: int, tensors: dict, C, ckpt, every: int, gy) -> dict:
     (batch, length, inner), n = dt.shape, C.shape[-1]
     grads = [None if a is None else torch.empty_like(a) for a in args]  # dt, W, At, lam, x, xp, Bm, Bp
     grad_C, grad_h0 = torch.empty_like(C), dt.new_empty(batch, 2, n, inner)
-    work = dt.new_empty((4 * min(every, length) + 1) * n * inner + 2 * inner)  # see cx_bwd in the C code
+    work = empty(((4 * min(every, length) + 1) * n * inner + 2 * inner,), dt)  # see cx_bwd in the C code
     g_dt, g_W, g_At, g_lam, g_x, g_xp, g_Bm, g_Bp = grads
     function(f"complex_bwd_{SUFFIX[dt.dtype]}", _BWD)(
         mode, batch, length, inner, n, *map(ptr, args), ptr(C), ptr(ckpt), every, ptr(gy),

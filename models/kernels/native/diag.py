@@ -76,7 +76,7 @@ def forward(a, b, c, h0, export_idx, chunk, store_all: bool = False, checkpoints
     hs = empty(a.shape, a) if store_all else None
     slot, steps, where = _slots(export_idx, length)
     unique = None if slot is None else empty((batch, len(steps), *state), a)
-    ckpt = a.new_empty(batch, -(-length // chunk), *state) if checkpoints else None
+    ckpt = empty((batch, -(-length // chunk), *state), a) if checkpoints else None
     function(f"scan_fwd_{SUFFIX[a.dtype]}", _FWD)(
         batch, length, lead, n, ptr(a), ptr(b), ptr(c), c_stride, ptr(final), ptr(y), ptr(hs),
         ptr(slot), ptr(unique), 0 if steps is None else len(steps), chunk, ptr(ckpt),
@@ -103,7 +103,7 @@ def backward(a, b, c, ckpt, chunk, g_out, g_final, g_exported, export_idx, need_
     g_out = None if g_out is None else g_out.contiguous()
     g_final = None if g_final is None else g_final.contiguous()
     threads = _threads(threads, a)
-    work = a.new_empty(threads, 3 * min(chunk, length), *a.shape[2:])  # see scan_bwd in the C code
+    work = empty((threads, 3 * min(chunk, length), *a.shape[2:]), a)  # see scan_bwd in the C code
     function(f"scan_bwd_{SUFFIX[a.dtype]}", _BWD)(
         batch, length, lead, n, ptr(a), ptr(b), ptr(c), c_stride, ptr(ckpt), chunk,
         ptr(g_out), ptr(g_final), ptr(slot), ptr(g_unique), 0 if steps is None else len(steps),

@@ -145,7 +145,7 @@ def selective_forward(dt, A, x, Bm, C, h0, every: int, checkpoints: bool, scale:
     (batch, length, inner), n = dt.shape, A.shape[1]
     h = h0.new_empty(batch, n, inner).copy_(h0.transpose(1, 2))  # [B, N, E] (a copy), the final state on return
     y = dt.new_empty(batch, length, inner)
-    ckpt = dt.new_empty(batch, -(-length // every), n, inner) if checkpoints else None
+    ckpt = empty((batch, -(-length // every), n, inner), dt) if checkpoints else None
     function(f"selective_fwd_{SUFFIX[dt.dtype]}", _FWD)(
         batch, length, inner, n, ptr(dt), ptr(At), ptr(x), ptr(Bm), ptr(C),
         ptr(h), ptr(y), every, ptr(ckpt), scale,
@@ -159,7 +159,7 @@ def selective_backward(dt, A, x, Bm, C, ckpt, every: int, gy, scale: float = 1.0
     (batch, length, inner), n = dt.shape, A.shape[1]
     grad_dt, grad_x, grad_Bm, grad_C = (torch.empty_like(t) for t in (dt, x, Bm, C))
     grad_At, grad_h0t = dt.new_empty(n, inner), dt.new_empty(batch, n, inner)  # transposed
-    work = dt.new_empty(2 * min(every, length) + 1, n, inner)  # see selective_bwd in the C code
+    work = empty((2 * min(every, length) + 1, n, inner), dt)  # see selective_bwd in the C code
     function(f"selective_bwd_{SUFFIX[dt.dtype]}", _BWD)(
         batch, length, inner, n, ptr(dt), ptr(At), ptr(x), ptr(Bm), ptr(C),
         ptr(ckpt), every, ptr(gy), ptr(grad_dt), ptr(grad_At), ptr(grad_x), ptr(grad_Bm),
