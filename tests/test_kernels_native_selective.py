@@ -533,3 +533,26 @@ def test_mamba_cached_backward_runs_selective_states_and_matches_the_unfused_pat
         assert len(calls) == 2 and len(got) == len(want)
         for i, (g, w) in enumerate(zip(got, want)):
             assert rel_err(g, w) <= 1e-5, (patched, i)
+
+
+@needs_native
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_decay_per_channel_gives_the_bits_of_the_general_loop(monkeypatch, scale, dtype):
+    """A with equal columns (Mamba-2's per-head decay expanded over N) runs the shared-decay C
+    loops (exp(dt A) once per channel and step): y and every gradient, grad A [E, N] included, are
+    the general loop's bit for bit, for several checkpoint spacings."""
+    dt, A, x, Bm, C, h0 = selective_problem(2, 19, 6, 5, seed=21, dtype=dtype)
+    A = A[:, :1].expand(6, 5).contiguous()
+    assert selective.shared_decay(A) and not selective.shared_decay(selective_problem(1, 1, 6, 5, seed=0)[1])
+    gy = torch.randn(2, 19, 6, dtype=dtype)
+    for chunk in (1, 4, 64):
+        monkeypatch.setattr(selective, "selective_spacing", lambda *args, k=chunk: k)
+        shared = selective_run(selective.selective_scan, (dt, A, x, Bm, C, h0), gy, scale=scale)
+        monkeypatch.setattr(selective, "shared_decay", lambda A: False)
+        general = selective_run(selective.selective_scan, (dt, A, x, Bm, C, h0), gy, scale=scale)
+        monkeypatch.undo()
+        for got, ref in zip([shared[0], *shared[1]], [general[0], *general[1]]):
+            assert torch.equal(got, ref), chunk
+    ref = unfused(dt, A, x, Bm, C, h0, scale=scale)
+    torch.testing.assert_close(shared[0], ref, **({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}))

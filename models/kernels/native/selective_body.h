@@ -44,28 +44,46 @@
 /* The transition a = s e - (s - 1) from e = exp(dt A) (its derivative in dt A is s e). */
 static inline R FN(sel_a)(R e, R s) { return s * e - (s - 1); }
 
-/* One step of one batch row: h [N, E] <- a_t h + b_t in place; y [E] its read-out. */
+/* One step of one batch row: h [N, E] <- a_t h + b_t in place; y [E] its read-out. shared (a
+ * constant at every call): A has one decay per channel (Mamba-2's A expanded over N), At is its
+ * [E] row and the transitions a [E] are formed once into ae [E] (the same values bit for bit). */
 static inline void FN(sel_step)(const R *restrict dt, const R *restrict x, const R *restrict At,
                                 const R *restrict Bm, const R *restrict C, R *restrict h,
-                                R *restrict y, int64_t E, int64_t N, const R s) {
+                                R *restrict y, R *restrict ae, int64_t E, int64_t N, const R s,
+                                const int shared) {
     for (int64_t e = 0; e < E; e++) y[e] = 0;
+    if (shared) {
+#pragma omp simd
+        for (int64_t e = 0; e < E; e++) ae[e] = FN(sel_a)(EXP(dt[e] * At[e]), s);
+    }
     for (int64_t n = 0; n < N; n++) {
-        const R Bn = Bm[n], Cn = C[n], *An = At + n * E;
+        const R Bn = Bm[n], Cn = C[n], *An = At + (shared ? 0 : n * E);
         R *hn = h + n * E;
 #pragma omp simd
         for (int64_t e = 0; e < E; e++) {
-            const R a = FN(sel_a)(EXP(dt[e] * An[e]), s);
+            const R a = shared ? ae[e] : FN(sel_a)(EXP(dt[e] * An[e]), s);
             hn[e] = a * hn[e] + (dt[e] * x[e]) * Bn;
             y[e] += Cn * hn[e];
         }
     }
 }
 
-/* The same step from h_prev into h_next [N, E], keeping exp(dt_t A) [N, E] (the backward's
- * recomputation; the states are the forward's bit for bit). */
+/* The same step from h_prev into h_next [N, E], keeping exp(dt_t A) [N, E] ([E] when shared;
+ * the backward's recomputation; the states are the forward's bit for bit). */
 static inline void FN(sel_step_to)(const R *restrict dt, const R *restrict x, const R *restrict At,
                                    const R *restrict Bm, const R *restrict h_prev, R *restrict h_next,
-                                   R *restrict e_out, int64_t E, int64_t N, const R s) {
+                                   R *restrict e_out, int64_t E, int64_t N, const R s, const int shared) {
+    if (shared) {
+#pragma omp simd
+        for (int64_t e = 0; e < E; e++) e_out[e] = EXP(dt[e] * At[e]);
+        for (int64_t n = 0; n < N; n++) {
+            const R Bn = Bm[n], *hp = h_prev + n * E;
+            R *hn = h_next + n * E;
+#pragma omp simd
+            for (int64_t e = 0; e < E; e++) hn[e] = FN(sel_a)(e_out[e], s) * hp[e] + (dt[e] * x[e]) * Bn;
+        }
+        return;
+    }
     for (int64_t n = 0; n < N; n++) {
         const R Bn = Bm[n], *An = At + n * E, *hp = h_prev + n * E;
         R *hn = h_next + n * E, *en = e_out + n * E;
@@ -84,18 +102,19 @@ static inline void FN(sel_step_to)(const R *restrict dt, const R *restrict x, co
  *   gAt_acc [N, E] += grad z dt[e]                             gBm [N] = sum_e g (dt x)[e]
  *   gC [N] = sum_e gy[e] h_t[n, e]
  * (ez, h_prev, h: exp(z_t), h_{t-1}, h_t [N, E], recomputed; gy, dt, x [E]; Bm, C [N]). gdt and
- * gx hold the two sums over n until the end. */
+ * gx hold the two sums over n until the end. shared: At and ez are [E] rows (sel_step); gAt_acc
+ * stays [N, E], so grad A is the expanded A's bit for bit. */
 static inline void FN(sel_adjoint)(const R *restrict gy, const R *restrict dt, const R *restrict x,
                                    const R *restrict At, const R *restrict Bm, const R *restrict C,
                                    const R *restrict ez, const R *restrict h_prev, const R *restrict h,
                                    R *restrict carry, R *restrict gAt_acc, R *restrict gdt,
                                    R *restrict gx, R *restrict gBm, R *restrict gC, int64_t E, int64_t N,
-                                   const R s) {
+                                   const R s, const int shared) {
     R *restrict s_z = gdt, *restrict s_b = gx; /* sum_n grad z A[e, n], sum_n g Bm[n] */
     for (int64_t e = 0; e < E; e++) s_z[e] = s_b[e] = 0;
     for (int64_t n = 0; n < N; n++) {
-        const R Bn = Bm[n], Cn = C[n], *An = At + n * E, *en = ez + n * E, *hp = h_prev + n * E,
-                *hn = h + n * E;
+        const R Bn = Bm[n], Cn = C[n], *An = At + (shared ? 0 : n * E), *en = ez + (shared ? 0 : n * E),
+                *hp = h_prev + n * E, *hn = h + n * E;
         R *cn = carry + n * E, *gAn = gAt_acc + n * E, gBn = 0, gCn = 0;
 #pragma omp simd reduction(+ : gBn, gCn)
         for (int64_t e = 0; e < E; e++) {
@@ -117,41 +136,49 @@ static inline void FN(sel_adjoint)(const R *restrict gy, const R *restrict dt, c
     }
 }
 
-/* Forward. h holds h_{-1} on entry and h_{T-1} on return ([B, N, E]); y [B, T, E]; ckpt or NULL. */
+/* Forward. h holds h_{-1} on entry and h_{T-1} on return ([B, N, E]); y [B, T, E]; ckpt or NULL;
+ * ae: E elements of scratch (shared). */
 SEL_CORE void FN(sel_fwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *At,
                           const R *x, const R *Bm, const R *C, R *h, R *y, int64_t every,
-                          R *ckpt, const R s) {
+                          R *ckpt, R *ae, const R s, const int shared) {
     const int64_t M = E * N, n_ckpt = (T + every - 1) / every;
     for (int64_t bi = 0; bi < B; bi++) {
         R *hb = h + bi * M;
         for (int64_t t = 0; t < T; t++) {
             const int64_t bt = bi * T + t;
             if (ckpt && t % every == 0) memcpy(ckpt + (bi * n_ckpt + t / every) * M, hb, M * sizeof(R));
-            FN(sel_step)(dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N, hb, y + bt * E, E, N, s);
+            FN(sel_step)(dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N, hb, y + bt * E, ae, E, N, s,
+                         shared);
         }
     }
 }
 
-/* scale: s (see the top); s = 1 runs the core with the constant 1 (so do the two below) */
+/* scale: s (see the top); s = 1 runs the core with the constant 1 (so do the two below).
+ * shared: At is A's [E] column (one decay per channel), each combination its own compiled core. */
 CLONES void FN(selective_fwd)(int64_t B, int64_t T, int64_t E, int64_t N,
                                   const R *dt, const R *At, const R *x, const R *Bm, const R *C,
-                                  R *h, R *y, int64_t every, R *ckpt, double scale) {
-    if (scale == 1) FN(sel_fwd)(B, T, E, N, dt, At, x, Bm, C, h, y, every, ckpt, (R)1);
-    else FN(sel_fwd)(B, T, E, N, dt, At, x, Bm, C, h, y, every, ckpt, (R)scale);
+                                  R *h, R *y, int64_t every, R *ckpt, double scale, int64_t shared, R *ae) {
+#define SEL_FWD(sv, sh) FN(sel_fwd)(B, T, E, N, dt, At, x, Bm, C, h, y, every, ckpt, ae, sv, sh)
+    if (shared && scale == 1) SEL_FWD((R)1, 1);
+    else if (shared) SEL_FWD((R)scale, 1);
+    else if (scale == 1) SEL_FWD((R)1, 0);
+    else SEL_FWD((R)scale, 0);
+#undef SEL_FWD
 }
 
 /* Backward of selective_fwd from its checkpoints given gy [B, T, E]: gdt, gx [B, T, E],
  * gAt [N, E] (summed over batch and time), gBm, gC [B, T, N], gh0 [B, N, E] = a_0 g_0.
- * work: (2 min(every, T) + 1) M elements: the states and exponentials exp(dt A) of one
- * checkpoint span, recomputed from its checkpoint, stay in cache while the adjoint walks back
- * over them; then one batch row's sum of grad A (added to gAt per row, which keeps float32 sums
- * short). */
+ * work: (2 min(every, T) + 1) M elements ((min(every, T) + 1) M + min(every, T) E when shared): the
+ * states and exponentials exp(dt A) of one checkpoint span, recomputed from its checkpoint, while
+ * the adjoint walks back over them; then one batch row's sum of grad A (added to gAt per row,
+ * which keeps float32 sums short). */
 SEL_CORE void FN(sel_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *dt, const R *At,
                           const R *x, const R *Bm, const R *C, const R *ckpt, int64_t every,
                           const R *gy, R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work,
-                          const R s) {
+                          const R s, const int shared) {
     const int64_t M = E * N, n_ckpt = (T + every - 1) / every, span = every < T ? every : T;
-    R *hs = work, *es = work + span * M, *gA_row = work + 2 * span * M;
+    const int64_t Me = shared ? E : M; /* exp(dt A) entries a step */
+    R *hs = work, *es = work + span * M, *gA_row = es + span * Me;
     for (int64_t i = 0; i < M; i++) gAt[i] = 0;
     for (int64_t bi = 0; bi < B; bi++) {
         R *carry = gh0 + bi * M; /* a_{t+1} g_{t+1}; zero after the last step */
@@ -162,13 +189,13 @@ SEL_CORE void FN(sel_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *d
             for (int64_t t = t0; t < t1; t++) { /* hs[t - t0] = h_t, es[t - t0] = exp(dt_t A) */
                 const int64_t bt = bi * T + t, j = t - t0;
                 FN(sel_step_to)(dt + bt * E, x + bt * E, At, Bm + bt * N, j ? hs + (j - 1) * M : start,
-                                hs + j * M, es + j * M, E, N, s);
+                                hs + j * M, es + j * Me, E, N, s, shared);
             }
             for (int64_t t = t1 - 1; t >= t0; t--) {
                 const int64_t bt = bi * T + t, j = t - t0;
                 FN(sel_adjoint)(gy + bt * E, dt + bt * E, x + bt * E, At, Bm + bt * N, C + bt * N,
-                                es + j * M, j ? hs + (j - 1) * M : start, hs + j * M, carry, gA_row,
-                                gdt + bt * E, gx + bt * E, gBm + bt * N, gC + bt * N, E, N, s);
+                                es + j * Me, j ? hs + (j - 1) * M : start, hs + j * M, carry, gA_row,
+                                gdt + bt * E, gx + bt * E, gBm + bt * N, gC + bt * N, E, N, s, shared);
             }
         }
         for (int64_t i = 0; i < M; i++) gAt[i] += gA_row[i];
@@ -178,9 +205,14 @@ SEL_CORE void FN(sel_bwd)(int64_t B, int64_t T, int64_t E, int64_t N, const R *d
 CLONES void FN(selective_bwd)(int64_t B, int64_t T, int64_t E, int64_t N,
                                   const R *dt, const R *At, const R *x, const R *Bm, const R *C,
                                   const R *ckpt, int64_t every, const R *gy,
-                                  R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work, double scale) {
-    if (scale == 1) FN(sel_bwd)(B, T, E, N, dt, At, x, Bm, C, ckpt, every, gy, gdt, gAt, gx, gBm, gC, gh0, work, (R)1);
-    else FN(sel_bwd)(B, T, E, N, dt, At, x, Bm, C, ckpt, every, gy, gdt, gAt, gx, gBm, gC, gh0, work, (R)scale);
+                                  R *gdt, R *gAt, R *gx, R *gBm, R *gC, R *gh0, R *work, double scale,
+                                  int64_t shared) {
+#define SEL_BWD(sv, sh) FN(sel_bwd)(B, T, E, N, dt, At, x, Bm, C, ckpt, every, gy, gdt, gAt, gx, gBm, gC, gh0, work, sv, sh)
+    if (shared && scale == 1) SEL_BWD((R)1, 1);
+    else if (shared) SEL_BWD((R)scale, 1);
+    else if (scale == 1) SEL_BWD((R)1, 0);
+    else SEL_BWD((R)scale, 0);
+#undef SEL_BWD
 }
 
 /* Every state, forward only (selective_states; no read-out, no checkpoints): states
