@@ -6,7 +6,7 @@ import torch
 
 import models
 from interp.analysis.interventions import Site, attribute, interchange, planning, site_grid
-from interp.analysis.interventions.attribution import plan_groups
+from interp.analysis.interventions.attribution import first_block, plan_groups
 from interp.analysis.interventions.patching import _resume_groups
 from models.backbone import StatesAt
 from models.cache_plan import DRY_LENGTHS
@@ -152,6 +152,7 @@ def test_attribution_in_planned_groups_and_chunks_equals_one_run(pair):
         small //= 2
     plan = plan_groups(model, clean.tokens, hooks, small // 2)
     assert len({p[0].start for p in plan}) > 1 and len({tuple(p[1]) for p in plan}) > 1
+    assert any(min(first_block(model, h) for h in p[1]) > 0 for p in plan)  # a run whose graph starts later
     split = attribute(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff", "kl"], max_memory=small // 2)
     for field in ("p_patched", "logit_diff_patched", "kl_patched", "p_clean", "p_corrupt"):
         torch.testing.assert_close(getattr(split, field), getattr(whole, field), atol=1e-12, rtol=0)

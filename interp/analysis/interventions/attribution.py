@@ -20,6 +20,7 @@ interchange's exact values on the same grid (Pearson r over pairs and over site 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,13 +29,14 @@ import torch
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
 from interp.analysis.interventions.patching import probs_at, time_first
 from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyStates, block_input, describe,
-                                                    footprint, is_state, logits_at, reading_at, takes_at)
+                                                    footprint, is_state, layer_of, logits_at, reading_at,
+                                                    takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
                                                  site_positions)
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
 
-GRAPH_FACTOR = 2.0  # a forward's graph for the backward: its activations and the kernels' saved tensors
+GRAPH_FACTOR = 1.0  # a forward's graph for the backward: its blocks' activations, the kernels' saved tensors
 
 
 def attribute(
@@ -121,27 +123,66 @@ def attribute(
 def plan_groups(model, tokens: torch.Tensor, hooks: list[str], budget: int) -> list[tuple[slice, list[str]]]:
     """[(examples, hooks)]: the runs of one estimate, each a corrupted forward and backward of
     those examples caching those hooks (beside one clean forward per chunk of examples), sized to
-    `budget`. One example of a run holds its graph (GRAPH_FACTOR x a row of a forward,
-    planning.Footprint.row), its clean cache (every hook but the states, which are recomputed
-    per block, planning.LazyStates) and per hook its
-    clean and corrupted activations and gradient (3 x [T, ...]; a recurrent state also its
-    per-step graph, 2 x more). All examples per run where one hook fits beside them, else as many
-    as fit; hooks packed greedily in name order."""
+    `budget`. A run records its graph from the first block of its hooks on (`grad_from`); one
+    example of it holds that graph (GRAPH_FACTOR x the activations of every block from there,
+    planning.Footprint.graph_row), its clean cache (every hook but the states, which are
+    recomputed per block, planning.LazyStates) and per hook its clean and corrupted activations
+    and gradient (3 x [T, ...]; a recurrent state also its per-step graph, 2 x more). All
+    examples per run where the first hook fits beside them, else as many as fit; hooks taken in
+    block order and packed greedily."""
     fp = footprint(model, tokens)
     n, length = tokens.shape
+    hooks = sorted(hooks, key=lambda h: (first_block(model, h), h))
     light = {h for h in hooks if not is_state(h)} | {block_input(h) for h in hooks if is_state(h)}
     clean = fp.cache(light, 1)  # one example's clean cache, held through every run of its chunk
-    graph = GRAPH_FACTOR * fp.row(length, read_out=False) + READ_OUT_FLOATS * 8.0 * fp.vocab + clean
+
+    def graph(hook: str) -> float:  # one example's graph of a run whose first hook is `hook`
+        return GRAPH_FACTOR * fp.graph_row(first_block(model, hook)) + clean
+
     per_hook = {h: length * fp.per_position[h] * (5.0 if is_state(h) else 3.0) for h in hooks}
     what = f"attribution at {describe(hooks)} over N={n}, T={length}"
-    rows = rows_that_fit(graph + max(per_hook.values()), budget, n, what, hint=HINT)
-    room = budget / rows - graph
+    rows = rows_that_fit(max(graph(h) + per_hook[h] for h in hooks), budget, n, what, hint=HINT)
     groups: list[list[str]] = [[]]
     for hook in hooks:
-        if groups[-1] and sum(per_hook[h] for h in groups[-1]) + per_hook[hook] > room:
+        if groups[-1] and sum(per_hook[h] for h in groups[-1]) + per_hook[hook] > budget / rows - graph(groups[-1][0]):
             groups.append([])
         groups[-1].append(hook)
     return [(slice(first, first + rows), group) for first in range(0, n, rows) for group in groups]
+
+
+def first_block(model, hook: str) -> int:
+    """The block from which a run caching `hook` must record its graph: the hook's block;
+    0 for hook_embed and other hooks before the blocks; the number of blocks after them."""
+    if hook.startswith("blocks."):
+        return layer_of(hook)
+    after = hook.startswith(("hook_final", "hook_logits", "norm_final"))
+    return len(getattr(model, "blocks", ())) if after else 0
+
+
+@contextlib.contextmanager
+def grad_from(model, first: int):
+    """Within the context, a forward records the autograd graph from block `first` on only:
+    the blocks before it run without one (forward pre-hooks on the model and on that block; the
+    block's input becomes a leaf that requires grad). A no-op for first <= 0 or a model without
+    blocks. The gradients at block `first` and later are those of the whole graph."""
+    blocks = getattr(model, "blocks", None)
+    if first <= 0 or blocks is None or first >= len(blocks):
+        yield
+        return
+
+    def stop(module, args):
+        torch.set_grad_enabled(False)
+
+    def start(module, args):
+        torch.set_grad_enabled(True)
+        return (args[0].detach().requires_grad_(),) + tuple(args[1:])
+
+    handles = [model.register_forward_pre_hook(stop), blocks[first].register_forward_pre_hook(start)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _answer_logits(model, tokens: torch.Tensor, at: torch.Tensor, chunks) -> torch.Tensor:
@@ -162,7 +203,8 @@ def _estimates(model, sites, chunks, clean: Batch, corrupt: Batch, answers, metr
         if cached_for != (examples.start, examples.stop):  # one clean run per chunk of examples
             clean_cache, cached_for = None, (examples.start, examples.stop)
             clean_cache = _clean_cache(model, part_clean, sorted({h for e, hs in chunks if e == examples for h in hs}))
-        with reading_at(model, part_corrupt.tokens, answers[1][examples]):
+        first = min(first_block(model, h) for h in hooks)
+        with reading_at(model, part_corrupt.tokens, answers[1][examples]), grad_from(model, first):
             _, cache = model.run_with_cache(part_corrupt.tokens, names=hooks, incl_bwd=True,
                                             metric=lambda logits: metric(_read(model, logits, answers[1][examples]), ex))
         groups: dict[tuple, list[int]] = {}  # sites that read the same features of the same hook

@@ -63,13 +63,23 @@ class Footprint:
         """Bytes of {hook: [n_rows, T, ...]} for these hooks."""
         return n_rows * self.length * sum(self.per_position[h] for h in hooks)
 
-    def widest_block(self) -> float:
-        """The largest sum over one block's hooks of bytes per position."""
-        blocks: dict[str, float] = {}
+    def blocks(self) -> dict[int, float]:
+        """{block j: the sum over its hooks of bytes per position}."""
+        blocks: dict[int, float] = {}
         for hook, size in self.per_position.items():
             if hook.startswith("blocks."):
-                blocks[hook.split(".")[1]] = blocks.get(hook.split(".")[1], 0.0) + size
-        return max(blocks.values(), default=4.0 * self.d_model)
+                blocks[layer_of(hook)] = blocks.get(layer_of(hook), 0.0) + size
+        return blocks
+
+    def widest_block(self) -> float:
+        """The largest sum over one block's hooks of bytes per position."""
+        return max(self.blocks().values(), default=4.0 * self.d_model)
+
+    def graph_row(self, first: int) -> float:
+        """Bytes one example's autograd graph holds over the whole length from block `first` on:
+        every later block's activations (their hooks' sizes), the residual stream, the read-out."""
+        kept = sum(size for j, size in self.blocks().items() if j >= first)
+        return self.length * (kept + 8.0 * self.d_model) + READ_OUT_FLOATS * 8.0 * self.vocab
 
     def row(self, n_positions: int, read_out: bool = True) -> float:
         """Bytes one row of a forward pass over n_positions holds at its peak."""
