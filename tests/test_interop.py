@@ -8,6 +8,7 @@ import torch
 
 import models
 from models.interop import UnsupportedConfig
+from models.interop.load import load_directory
 from tests.interop_parity import VOCAB, assert_parity, assert_round_trip, jitter
 
 tf = pytest.importorskip("transformers")
@@ -106,12 +107,38 @@ def test_round_trip_keeps_float64(tmp_path):
     assert_round_trip(models.from_pretrained(mamba_source().double()), tmp_path / "run", tokens())
 
 
-def test_from_a_checkpoint_directory(tmp_path):
-    source = gpt2_source()
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_from_a_checkpoint_directory(name, tmp_path):
+    """Read straight from the safetensors files into a source on the meta device (tied lm_head
+    from the embeddings), logits equal to the source's; dtype converts."""
+    source = SOURCES[name]()
     source.save_pretrained(tmp_path / "ckpt")
+    meta, checkpoint = load_directory(tmp_path / "ckpt", None)
+    assert checkpoint is not None and checkpoint.complete and next(meta.parameters()).is_meta
     model = models.from_pretrained(tmp_path / "ckpt")
     with torch.no_grad():
         torch.testing.assert_close(model(tokens()), source(tokens()).logits, atol=1e-4, rtol=0)
+        assert models.from_pretrained(tmp_path / "ckpt", dtype=torch.float64).embed.weight.dtype == torch.float64
+        torch.testing.assert_close(models.from_pretrained(tmp_path / "ckpt").state_dict(), model.state_dict(),
+                                   atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_the_result_owns_its_weights_and_keeps_ties_and_flags(name):
+    source = SOURCES[name]()
+    model = models.from_pretrained(source)
+    theirs = {t.untyped_storage().data_ptr() for t in source.state_dict().values()}
+    assert not theirs & {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert (model.unembed.weight is model.embed.weight) == model.cfg.tie_embeddings
+    before = model(tokens()).detach()
+    with torch.no_grad():
+        for tensor in source.state_dict().values():
+            tensor.zero_()
+    torch.testing.assert_close(model(tokens()).detach(), before, atol=0, rtol=0)
+    flagged = [n for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)]
+    assert flagged == [n for n, p in models.build(model.cfg).named_parameters()
+                       if getattr(p, "_no_weight_decay", False)]
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):

@@ -1,14 +1,30 @@
 """Helpers every converter uses: config checks that refuse what we cannot represent, and the
-source's weights taken one by one with nothing left over."""
+source's weights taken one by one with nothing left over (from the source in memory, or from a
+checkpoint's files inside `reading`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import nn
+
+
+_CHECKPOINT: ContextVar[Any] = ContextVar("checkpoint", default=None)
+
+
+@contextmanager
+def reading(checkpoint) -> Iterator[None]:
+    """SourceWeights made inside read their tensors from `checkpoint` (models.interop.checkpoint)."""
+    token = _CHECKPOINT.set(checkpoint)
+    try:
+        yield
+    finally:
+        _CHECKPOINT.reset(token)
 
 
 class UnsupportedConfig(ValueError):
@@ -42,7 +58,11 @@ def rope_base(config: Any) -> float:
 class SourceWeights:
     """The source model's state dict, taken tensor by tensor (`take`); `check_all_taken` raises
     when a weight was left over (a part of the source our model would silently drop).
-    ignore: regular expressions for non-weight buffers (rotary tables, masks)."""
+    ignore: regular expressions for non-weight buffers (rotary tables, masks).
+    `take` returns the source's tensor itself (or the transform of it), never a copy: from_pretrained
+    copies what may share the source's memory as it fills our model. Inside `reading(checkpoint)`
+    (a source built on the meta device from a checkpoint directory) the tensors are read from the
+    checkpoint's files as they are taken."""
 
     def __init__(self, source: nn.Module, ignore: Iterable[str] = ()) -> None:
         patterns = [re.compile(p) for p in ignore]
@@ -50,14 +70,15 @@ class SourceWeights:
                         if not any(p.fullmatch(k) for p in patterns)}
         self.taken: set[str] = set()
         self.source = type(source).__name__
+        self.checkpoint = _CHECKPOINT.get()
 
     def take(self, name: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         if name not in self.tensors:
             raise ValueError(f"{self.source} has no weight {name!r} (a converter / source layout mismatch); "
                              f"it has {sorted(self.tensors)[:8]} ...")
         self.taken.add(name)
-        tensor = self.tensors[name]
-        return (transform(tensor) if transform else tensor).clone()
+        tensor = self.checkpoint.read(name) if self.checkpoint is not None else self.tensors[name]
+        return transform(tensor) if transform else tensor
 
     def has(self, name: str) -> bool:
         return name in self.tensors

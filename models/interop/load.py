@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from models.backbone import SequenceModel
+from models.interop.checkpoint import Checkpoint
+from models.interop.convert import reading
 from models.interop.registry import CONVERTERS, converter_for
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -25,30 +29,103 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | None = None) -> SequenceModel:
     """Our SequenceModel with the math and weights of `source`: an in-memory transformers / fla
-    model (e.g. `MambaForCausalLM`) or a local checkpoint directory that transformers loads with
-    local_files_only=True (config.json + safetensors weights). dtype: of the result (default the
-    source's). Supported architectures: models.supported_architectures()."""
+    model (e.g. `MambaForCausalLM`) or a local checkpoint directory (config.json + safetensors
+    weights; nothing downloaded). dtype: of the result (default the source's). Supported
+    architectures: models.supported_architectures().
+
+    Memory: our model is created with its parameters on the meta device and filled tensor by
+    tensor, each the converter's tensor itself when it is new (a concatenation, a dtype change, a
+    tensor read from a checkpoint file) or a copy when it would share the source's memory, so the
+    peak beyond the source is about our weights once. A directory is read straight from its
+    safetensors files into a source built on the meta device (transformers' own loader only
+    where the files' names differ from the model's)."""
+    checkpoint = None
     if isinstance(source, (str, os.PathLike)):
-        source = load_directory(Path(source), dtype)
+        source, checkpoint = load_directory(Path(source), dtype)
     if not isinstance(source, nn.Module):
         raise TypeError(f"source must be a transformers / fla model or a checkpoint directory path; "
                         f"got {type(source).__name__}")
     config = getattr(source, "config", None)
     converter = converter_for(type(source).__name__, getattr(config, "model_type", None))
-    cfg, state = converter.convert(source)
+    with reading(checkpoint):
+        cfg, state = converter.convert(source)
     if dtype is None:
-        dtype = source.get_input_embeddings().weight.dtype
-    model = SequenceModel(cfg).to(dtype)
+        embedding = source.get_input_embeddings().weight
+        dtype = embedding.dtype if checkpoint is None else checkpoint.dtype(_name_of(source, embedding))
+    shared = set() if checkpoint is not None else {t.untyped_storage().data_ptr() for t in source.state_dict().values()}
+    return filled(cfg, state, dtype, shared, converter.__name__)
+
+
+def filled(cfg, state: dict[str, torch.Tensor], dtype: torch.dtype, shared: set[int], converter: str) -> SequenceModel:
+    """SequenceModel(cfg) holding `state` (emptied as it is used; floating tensors in dtype): each
+    tensor adopted as it is when it is already contiguous, in dtype and not in the `shared`
+    storages (the source's), else copied; tied names share one tensor."""
+    with _parameters_on_meta():
+        model = SequenceModel(cfg)
+    expected = model.state_dict(keep_vars=True)  # name -> meta parameter / buffer (tied names twice)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{converter} built weights that do not fit {cfg.mixer!r}: missing {missing[:8]}, "
+                         f"unexpected {unexpected[:8]}")
+    placed: dict[int, torch.Tensor] = {}  # id(meta tensor) -> ours
+    for name, meta in expected.items():
+        value = state.pop(name)
+        if id(meta) not in placed:
+            if value.shape != meta.shape:
+                raise ValueError(f"{converter} built weights that do not fit {cfg.mixer!r}: {name} has shape "
+                                 f"{tuple(value.shape)}, the model's is {tuple(meta.shape)}")
+            placed[id(meta)] = _owned(value, meta, dtype, shared)
+        module, _, attr = name.rpartition(".")
+        owner = model.get_submodule(module)
+        (owner._parameters if attr in owner._parameters else owner._buffers)[attr] = placed[id(meta)]
+    left = [name for name, tensor in model.state_dict().items() if tensor.is_meta]
+    if left:
+        raise RuntimeError(f"{converter}: tensors of our model were not filled: {left[:8]}")
+    return model.to(dtype).eval()
+
+
+def _owned(value: torch.Tensor, meta: torch.Tensor, dtype: torch.dtype, shared: set[int]) -> torch.Tensor:
+    """value as our own contiguous tensor (in dtype when floating), a Parameter like meta."""
+    tensor = value.detach().to(dtype if value.is_floating_point() else value.dtype).contiguous()
+    if tensor.untyped_storage().data_ptr() in shared:
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    if not isinstance(meta, nn.Parameter):
+        return tensor
+    parameter = nn.Parameter(tensor, requires_grad=meta.requires_grad)
+    parameter.__dict__.update(meta.__dict__)  # flags such as _no_weight_decay
+    return parameter
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside register their parameters on the meta device (no memory, no
+    initialisation); buffers and plain tensors are built as usual."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            meta = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            meta.__dict__.update(param.__dict__)
+            param = meta
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as error:  # a converter producing the wrong names or shapes
-        raise ValueError(f"{converter.__name__} built weights that do not fit {cfg.mixer!r}: {error}") from error
-    return model.eval()
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
-def load_directory(path: Path, dtype: torch.dtype | None) -> nn.Module:
-    """The transformers model in a local checkpoint directory (nothing downloaded), after
-    checking it has a config of a supported architecture and safetensors weights."""
+def _name_of(source: nn.Module, tensor: torch.Tensor) -> str:
+    return next(name for name, t in source.state_dict(keep_vars=True).items() if t is tensor)
+
+
+def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Checkpoint | None]:
+    """(source, checkpoint) of a local checkpoint directory (nothing downloaded), after checking it
+    has a config of a supported architecture and safetensors weights: the transformers model built
+    on the meta device and its safetensors files, read tensor by tensor as the converter takes
+    them; or, where the files do not hold the model's names (a layout transformers renames on
+    loading), transformers' loaded model and None."""
     if not path.is_dir():
         raise FileNotFoundError(f"source {str(path)!r} is not a directory (a local checkpoint directory with "
                                 f"config.json and {WEIGHT_FILES[0]} was expected)")
@@ -68,8 +145,23 @@ def load_directory(path: Path, dtype: torch.dtype | None) -> nn.Module:
                                 f"found {found} (save with save_pretrained(..., safe_serialization=True))")
     import transformers
 
-    loader = transformers.AutoModelForCausalLM
+    meta = _meta_source(transformers, path)
+    if meta is not None:
+        checkpoint = Checkpoint(path, meta)
+        if checkpoint.complete:
+            return meta, checkpoint
     kwargs = {"local_files_only": True, "use_safetensors": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    return loader.from_pretrained(str(path), **kwargs)
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs), None
+
+
+def _meta_source(transformers, path: Path) -> nn.Module | None:
+    """The directory's transformers model built on the meta device (its config, modules and names
+    without weights), or None where that fails."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001  an architecture that cannot be built on the meta device: load it in full
+        return None
