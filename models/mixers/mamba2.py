@@ -24,7 +24,8 @@ dh_t/dh_{t-1} = exp(dt_t A) on every (p, n) of head h; `transition` returns it a
 Paths: on the CPU (float32/64, the native library built) Mamba's fused selective kernels run it,
 one call per group: with dt repeated over each head's P channels and A over N, h_t is Mamba's
 recurrence on E channels sharing the group's B_t and C_t, so selective_scan (fast path, read-out
-fused, nothing [B, T, E, N] formed), selective_states (instrumented: every state; a re-run
+fused, nothing [B, T, E, N] formed, exp(dt A) once per channel and step: its shared decay; the
+backward from sqrt(T)-spaced checkpoints), selective_states (instrumented: every state; a re-run
 with pins while a gradient is wanted takes diag_scan) and selective_states_shifted (a
 hook_state gradient probe or a shift without pins: every state and the read-out, its backward
 writing the states' adjoint) apply as they are.
@@ -156,7 +157,7 @@ class Mamba2(DiagonalScanMixer):
         batch, length = inputs["dt"].shape[:2]
         p, n, width = self.head_dim, self.d_state, self.d_inner // self.groups
         dt = inputs["dt"].repeat_interleave(p, dim=-1)  # [B, T, E]
-        A = self.A().repeat_interleave(p)[:, None].expand(self.d_inner, n)  # [E, N]
+        A = self.A().repeat_interleave(p)[:, None].expand(self.d_inner, n)  # [E, N], equal columns (shared_decay)
         x = inputs["x"].reshape(batch, length, self.d_inner)
         h0 = None if initial is None else initial.reshape(batch, self.d_inner, n)
         return [(dt[..., s].contiguous(), A[s].contiguous(), x[..., s].contiguous(), inputs["B"][:, :, g].contiguous(),
