@@ -19,6 +19,12 @@ Sections:
                against a plain forward of ours (time ratio, peak).
   patch        a state patch of the middle layer at t = T / 2, T = 1024: declared
                (models.StatePatch) and as a hook function, against a plain forward.
+  lens         a propagating state edit (+delta on the state of the middle layer at t = T / 2)
+               against TransformerLens 4.3 (when installed), whose eager scan takes it on
+               hook_ssm_write (the write term dt x B^T; Mamba and Mamba-2): ours as a hook
+               function on hook_state and as a declared StatePatch(deltas=...), on a small Mamba
+               (d_model 256, 4 layers, vocab 1024; B 8, T 256) and on the real config (B 1,
+               T 1024); the logits of both are compared (max abs difference).
   interchange  the exact interchange grid (each position x {hook_resid_pre, mixer.hook_out,
                mixer.hook_state} x layer) at N = 8, T = 64 and 512: sites per second and peak.
                At T = 512 a sample of positions (every 64th) is timed: the rate per site is
@@ -46,7 +52,7 @@ sys.path.insert(0, str(HERE.parent))
 from real_configs import REAL_SIZES, build_source, tokens  # noqa: E402
 from timing import interleaved, load_average  # noqa: E402
 
-SECTIONS = ("fwd", "cache", "patch", "interchange", "attribution")
+SECTIONS = ("fwd", "cache", "patch", "lens", "interchange", "attribution")
 RECURRENT = ("mamba", "mamba2")
 
 
@@ -192,6 +198,72 @@ def section_patch(name: str, lengths: list[int], rounds: int) -> list[dict]:
             for what, r in result.items()]
 
 
+def section_lens(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    import copy
+    import tempfile
+
+    import models
+
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        return [{"model": name, "what": "TransformerLens", "error": "transformer-lens is not installed"}]
+    if name not in RECURRENT:
+        return []
+    rows = []
+    cases = (("small", 8, 256, _small(name)), ("small, float64", 8, 256, _small(name).double()),
+             ("real", 1, 1024, build_source(name)))
+    for label, batch, length, source in cases:
+        ours = models.from_pretrained(source)
+        directory = tempfile.mkdtemp(prefix="real-size-lens-")
+        source.save_pretrained(directory)
+        bridge = TransformerBridge.boot_transformers(directory, hf_model=copy.deepcopy(source), device="cpu")
+        layer, t = len(ours.blocks) // 2, length // 2
+        bridge.blocks[layer].mixer.eager_scan = True
+        ids = torch.randint(0, source.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(4))
+        hook = f"blocks.{layer}.mixer.hook_state"
+        delta = 0.5 * torch.randn(batch, *ours.blocks[layer].mixer.state_shape, generator=torch.Generator().manual_seed(5),
+                                  dtype=source.dtype)
+
+        def ours_fn(s, hook):
+            s[:, t] += delta
+            return s
+
+        def lens_fn(w, hook):  # Mamba [b, E, T, N], Mamba-2 [b, T, H, P, N]; float32 in its eager scan
+            (w[:, :, t] if name == "mamba" else w[:, t]).add_(delta.to(w.dtype))
+            return w
+
+        declared = models.StatePatch(torch.arange(batch), torch.full((batch,), t), deltas=delta)
+        group = {"ours forward": lambda: ours(ids),
+                 "ours hook-function patch": lambda: ours.run_with_hooks(ids, fwd_hooks=[(hook, ours_fn)]),
+                 "ours declared StatePatch": lambda: ours.run_with_hooks(ids, fwd_hooks=[(hook, declared)]),
+                 "TransformerLens hook_ssm_write patch": lambda: bridge.run_with_hooks(
+                     ids, fwd_hooks=[(f"blocks.{layer}.mixer.hook_ssm_write", lens_fn)])}
+        group = {k: torch.no_grad()(fn) for k, fn in group.items()}
+        diff = (group["ours hook-function patch"]() - group["TransformerLens hook_ssm_write patch"]().to(source.dtype)
+                ).abs().max()
+        result = measure(group, rounds)
+        lens = result["TransformerLens hook_ssm_write patch"]
+        rows += [{"model": f"{name} ({label})", "T": length, "what": f"{what}, B {batch}", "s": r["s"],
+                  "vs_forward": r["s"] / result["ours forward"]["s"], "vs_lens": r["s"] / lens["s"],
+                  "peak": r["peak"], "diff": float(diff), "load": r["load"]} for what, r in result.items()]
+        del bridge, ours
+    return rows
+
+
+def _small(name: str):
+    """The small model of the TransformerLens comparison: d_model 256, 4 layers, vocab 1024."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "mamba":
+        config = tf.MambaConfig(vocab_size=1024, hidden_size=256, state_size=16, num_hidden_layers=4)
+        return tf.MambaForCausalLM(config).eval()
+    config = tf.Mamba2Config(vocab_size=1024, hidden_size=256, state_size=64, head_dim=64, num_heads=8, n_groups=1,
+                             num_hidden_layers=4)
+    return tf.Mamba2ForCausalLM(config).eval()
+
+
 def _grid_batches(name: str, length: int, n: int = 8):
     """Clean and corrupt batches of random tokens: the corrupt run differs at the first position;
     the answer is the clean run's most likely last token (so p_clean is not tiny)."""
@@ -288,6 +360,16 @@ def table(section: str, rows: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {r['source_s']:.2f} | "
                          f"{r['time_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
                          f"{r['peak_ratio']:.2f} | {r['load']} |")
+        return lines
+    if section == "lens":
+        lines = ["| model | T | contender | s | vs our forward | vs TransformerLens | peak GB | max abs diff of "
+                 "patched logits, ours vs TL | load |", "|" + "---|" * 9]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 5)
+                continue
+            lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.3f} | {r['vs_forward']:.2f} | "
+                         f"{r['vs_lens']:.2f} | {gb(r['peak'])} | {r['diff']:.1e} | {r['load']} |")
         return lines
     lines = ["| model | T | what | s | vs our forward | sites/s | whole grid s (extrapolated) | peak GB | load |",
              "|" + "---|" * 9]
