@@ -315,6 +315,8 @@ class HookedMixin:
         """What run_with_cache(tokens, names, positions=positions, incl_bwd=incl_bwd) would cache,
         before running it: per hook its shape and bytes (models.cache_plan; two dry runs of
         length <= 3 on one example). plan.total, plan.entries, plan.summary()."""
+        if hasattr(self, "check_tokens"):
+            self.check_tokens(tokens)
         return plan_cache(self, tokens, self.resolve_hook_names(names), positions, incl_bwd, **kwargs)
 
     def run_with_cache(
@@ -360,6 +362,8 @@ class HookedMixin:
             raise ValueError(f"to_disk={to_disk!r} streams detached activations; incl_bwd=True and detach=False need "
                              f"them in memory (got incl_bwd={incl_bwd}, detach={detach})")
         selected = self.resolve_hook_names(names)
+        if hasattr(self, "check_tokens"):  # bad tokens: the model's one-line error, before any planning
+            self.check_tokens(tokens)
         plan = plan_cache(self, tokens, selected, positions, incl_bwd, **kwargs)
         plan.check(budget_bytes(max_memory), streaming=to_disk is not None)
         store = None
