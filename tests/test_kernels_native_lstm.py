@@ -113,7 +113,7 @@ def test_mixer_takes_the_native_recurrence_on_the_cpu(monkeypatch):
     tokens = torch.randint(0, 5, (3, 21), generator=torch.Generator().manual_seed(1))
     names = ["blocks.0.mixer.hook_in", "blocks.0.mixer.hook_gate", "blocks.0.mixer.hook_state"]
     _, cache = model.run_with_cache(tokens, names=names)
-    assert calls == [torch.Size([3, 21, 280])]
+    assert [shape for shape in calls if shape[1] > 3] == [torch.Size([3, 21, 280])]  # not the cache planner's dry runs
     with torch.no_grad():
         gates, states = mixer.scan(mixer.prepare(cache[names[0]]))
     torch.testing.assert_close(cache[names[1]], gates, atol=1e-5, rtol=1e-5)
