@@ -67,7 +67,7 @@ def run_loaded(spec, args: argparse.Namespace, command: str) -> int:
         _print_failures(error.failures)
         print(f"the N* search stopped: fix the failing trials and re-run the same command to resume ({args.out})")
         return 1
-    except ValueError as error:
+    except (ValueError, RuntimeError) as error:   # a bad spec or output; a Ray cluster that cannot start
         return fail(command, error)
     finally:
         executor.close()

@@ -4,6 +4,12 @@
     RayExecutor(address="ray://head:10001")      join an existing cluster (or address="auto")
     num_cpus / num_gpus                          resources of each trial's task (Ray schedules them)
 
+A local cluster listens on the loopback interface only: its node address is 127.0.0.1 (Ray on
+Linux would otherwise swap 127.0.0.1 for the machine's network address, and its gcs_server,
+raylet, agents, driver and workers would listen on every interface), the dashboard is off, and a
+cluster that comes up on another address is shut down again with an error. `address=` joins an
+existing cluster as that cluster is configured (its own bind addresses).
+
 Ray starts one worker process per concurrent task and retries a task whose worker died
 (`max_retries`; exceptions raised by the trial are not retried, `retry_exceptions=False`). A local
 cluster is started only when Ray is not initialised yet, and shut down by `close()` only if this
@@ -13,11 +19,15 @@ driver's sys.path); on a remote cluster the package must be installed on every n
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from interp.sweep.executors import Job, Outcome, execute
+
+LOOPBACK = "127.0.0.1"
 
 
 def ray_module():
@@ -26,6 +36,40 @@ def ray_module():
     except ImportError:
         raise ValueError("the ray executor needs Ray: pip install 'interp-seq[ray]' (or ray>=2.9)") from None
     return ray
+
+
+def start_local_cluster(ray, **options) -> None:
+    """ray.init of a one-node cluster bound to 127.0.0.1, dashboard off (see the module docstring);
+    RuntimeError (after shutting it down) when Ray reports another node address."""
+    with _loopback_node():
+        ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK, **options)
+    address = ray.util.get_node_ip_address()
+    if address != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray cluster came up on {address}, not {LOOPBACK}: refusing to run "
+                           "trials on a cluster reachable from the network (pass --address to join one "
+                           "on purpose)")
+
+
+@contextmanager
+def _loopback_node() -> Iterator[None]:
+    """Keep 127.0.0.1 as the node address while a local cluster starts: Ray replaces a loopback
+    address by the machine's network address unless its ENABLE_RAY_CLUSTER flag is off
+    (ray._private.services.resolve_ip_for_localhost; the flag is what RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    sets when ray is imported)."""
+    try:
+        constants = importlib.import_module("ray._private.ray_constants")
+    except ImportError:  # another Ray layout: start_local_cluster checks the address it got
+        constants = None
+    if not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    saved = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
 
 
 class RayExecutor:
@@ -47,8 +91,7 @@ class RayExecutor:
             path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
             runtime_env = {"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}}
             if self.address is None:
-                ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False,
-                         runtime_env=runtime_env)
+                start_local_cluster(ray, num_cpus=self.workers, runtime_env=runtime_env)
             else:
                 ray.init(address=self.address, log_to_driver=False)
             self._started = True
