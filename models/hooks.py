@@ -49,6 +49,10 @@ hook or reader, no gradient wanted, not forced instrumented) the mixer runs it d
 kernels stop at each patched step, the state is replaced there (the read-out at that step uses
 it) and the scan continues from it, with nothing [B, T, *S] materialised
 (`RecurrentMixer.declared_forward`). Same result as the hook function up to float rounding.
+A hook function on hook_state with nothing else there and no gradient wanted (grad mode off)
+runs the same way once it has run: the (example, step) pairs it changed (`changed_steps`,
+against the unpatched states recomputed block by block or kept) become a declared plan
+(`RecurrentMixer.hooked_forward`), so no pinned re-run forms a second [B, T, *S].
 
 Gradients (`run_with_cache(tokens, incl_bwd=True, metric=fn)`): the cache also holds
 `name + "_grad"`, d metric / d activation, for every cached name; for `hook_state` that is the
@@ -231,6 +235,38 @@ def declared_state_patches(hook: HookPoint, batch: int, length: int) -> StatePla
         return None
     found = [getattr(h, "state_patch", None) for h in hook._forward_hooks.values()]
     return None if any(f is None for f in found) else StatePlan(found, batch, length)
+
+
+def hook_functions_only(hook: HookPoint) -> bool:
+    """Whether only hook functions (torch forward hooks: fwd_hooks, nnsight) use hook: no pre-hook,
+    no reader, no gradient probe, not forced instrumented (RecurrentMixer.hooked_forward)."""
+    return bool(hook._forward_hooks) and not (hook._forward_pre_hooks or hook._readers or hook._probes
+                                              or _forced_instrumented())
+
+
+def changed_steps(after: torch.Tensor, before_blocks, n_state_dims: int) -> torch.Tensor | None:
+    """Where a patch changed per-step states, from the patched states after [B, T, *S] and the
+    unpatched ones as (first step, [B, t, *S] block) pairs: mask [B, T] bool, or None when
+    nothing changed (state_pins without the whole unpatched [B, T, *S] at once)."""
+    changed = torch.zeros(after.shape[:2], dtype=torch.bool, device=after.device)
+    for lo, before in before_blocks:
+        hi = lo + before.shape[1]
+        if after.shape[0] != before.shape[0] or after.shape[2:] != before.shape[2:] or hi > after.shape[1]:
+            raise ValueError(f"a hook_state patch must keep the shape {(before.shape[0], None, *before.shape[2:])} "
+                             f"of the states; got {tuple(after.shape)}")
+        changed[:, lo:hi] = _differs(after[:, lo:hi], before, n_state_dims)
+    return changed if bool(changed.any()) else None
+
+
+def _differs(after: torch.Tensor, before: torch.Tensor, n_state_dims: int) -> torch.Tensor:
+    """[B, t] bool: where after and before [B, t, *S] differ (NaN differs from itself). Large
+    states one (example, step) at a time with torch.equal, which forms no [B, t, *S] bool
+    tensor: 2x faster on Mamba-2's 786 kB states."""
+    if not n_state_dims or after[0, 0].numel() * after.element_size() < 1 << 16:
+        return (after != before).flatten(2).any(-1) if n_state_dims else after != before
+    rows, steps = before.shape[:2]
+    return torch.tensor([[not torch.equal(after[b, t], before[b, t]) for t in range(steps)] for b in range(rows)],
+                        dtype=torch.bool, device=after.device).reshape(rows, steps)
 
 
 class HookedMixin:

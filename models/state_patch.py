@@ -131,6 +131,18 @@ class StatePlan:
         self.needs_clean = several or any(patch.mode != "set" for patch, _ in patches)
         self._counts = [len(rows) for rows, _ in found]
 
+    @classmethod
+    def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
+        """The plan setting the states [B, T, *S] to values where mask [B, T] is set: what hook
+        functions changed (models.hooks.changed_steps). Each entry differs from the unpatched
+        state by construction, so needs_clean is False: at a row's later entry the running
+        state is replaced as the pinned re-run would, with no comparison to the unpatched one."""
+        rows, times = mask.nonzero(as_tuple=True)
+        patch = StatePatch(rows.cpu(), times.cpu(), values=values[rows, times])
+        plan = cls([(patch, True)], *mask.shape)  # allow_nonfinite: the hook's own check has run
+        plan.needs_clean = False
+        return plan
+
     def resolve(self, current: torch.Tensor | None) -> torch.Tensor:
         """The patched states [U, *S] at the entries, from the unpatched ones (None when
         needs_clean is False): each patch applied in order, as the hook functions are."""

@@ -292,3 +292,108 @@ def test_declared_state_patch_under_grad_runs_as_the_hook_function(name, tokens)
         assert CountedPatch.calls == 1
         grads.append(torch.autograd.grad(logits[:, 4:].square().sum(), model.embed.weight)[0])
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)  # as fast vs instrumented
+
+
+def hook_function_patches(t: int):
+    """Hook functions on hook_state [B, T, *S]: in place at one step for every row; a new tensor
+    changing rows at different steps (one row at two); an in-place change returned as a copy;
+    every step of one row (more distinct steps than max_hooked_steps: the pinned re-run)."""
+
+    def in_place(states, hook):
+        states[:, t] = 2 * states[:, t] + 0.5
+
+    def new_tensor(states, hook):
+        out = states.clone()
+        out[0, 2], out[2, 8], out[0, 9] = 0.25, -out[2, 8], 3 * out[0, 9]
+        return out
+
+    def in_place_then_new(states, hook):  # the copy returned holds the in-place change
+        states[2, t + 1] = 0.75
+        return states.clone()
+
+    def every_step(states, hook):
+        states[1] += 0.125
+        return states
+
+    return [in_place, new_tensor, in_place_then_new, every_step]
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkeypatch):
+    """A hook function on hook_state with no gradient wanted runs as the declared plan of what it
+    changed (RecurrentMixer.hooked_forward: declared_forward on the fast kernels, no pinned
+    re-run) where it changed at most max_hooked_steps steps, else as the pinned re-run: the
+    logits equal the instrumented path's (scan_with_state_hook) in float64, in full and resumed
+    runs, and the hook sees the unpatched states once."""
+    from models.mixers.base import RecurrentMixer
+
+    model = converted_copy(name, dtype=torch.float64)
+    names = [n for n in state_hooks(model) if runs_declared(model, n)]
+    if not names:
+        pytest.skip(f"{name} has no recurrent state that runs StatePatches declared")
+    declared_calls = []
+    original = RecurrentMixer.declared_forward
+    monkeypatch.setattr(RecurrentMixer, "max_hooked_steps", 4)  # new_tensor changes 3 steps, every_step T
+    monkeypatch.setattr(RecurrentMixer, "declared_forward",
+                        lambda self, *a, **k: declared_calls.append(1) or original(self, *a, **k))
+    with torch.no_grad():
+        hooks = model.resume_hooks()
+        _, cache = model.run_with_cache(tokens, names=sorted(set(names + hooks["resid"] + hooks["carry"])))
+        for hook_name in names:
+            for fn in hook_function_patches(5):
+                seen = []
+                counted = lambda s, hook, fn=fn: seen.append(s.clone()) or fn(s, hook)  # noqa: E731
+                declared_calls.clear()
+                patched = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, counted)])
+                assert len(seen) == 1, "the hook runs once"
+                torch.testing.assert_close(seen[0], cache[hook_name], atol=1e-12, rtol=1e-12)  # the unpatched states
+                assert len(declared_calls) == (fn.__name__ != "every_step"), f"{hook_name}: {fn.__name__}"
+                with models.instrumented():
+                    reference = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, fn)])
+                torch.testing.assert_close(patched, reference, atol=1e-12, rtol=1e-12, msg=f"{hook_name}: {fn.__name__}")
+            layer = int(hook_name.split(".")[1])
+            shifted = lambda s, hook: s.index_add_(1, torch.tensor([s.shape[1] - 3]), torch.ones_like(s[:, :1]))  # noqa: E731
+            full = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, shifted)])
+            with model.hooks([(hook_name, shifted)]):
+                resumed = model.resume_from(cache, torch.arange(B), layer, 4, T)
+            torch.testing.assert_close(resumed, full[:, 4:], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+def test_unpatched_states_recomputed_in_blocks_are_bit_equal(name, tokens):
+    """The native states scan resumed from each block's last state gives the whole scan's states
+    bit for bit (DiagonalScanMixer.unpatched_blocks, with one-step and three-step blocks), so a
+    hook function's unchanged steps are never pinned."""
+    for dtype in (torch.float32, torch.float64):
+        mixer = converted_copy(name, dtype=dtype).blocks[1].mixer
+        with torch.no_grad():
+            inputs = mixer.prepare(torch.randn(B, T, SMALL["d_model"], dtype=dtype))
+            states = mixer.scan(inputs)[1]
+            step_bytes = states[:, :1].numel() * states.element_size()
+            for span in (1, 3):
+                mixer.unpatched_block_bytes = span * step_bytes
+                blocks = list(mixer.unpatched_blocks(inputs, None, states)())
+                assert len(blocks) == -(-T // span)
+                assert all(torch.equal(states[:, lo:lo + b.shape[1]], b) for lo, b in blocks)
+
+
+@pytest.mark.parametrize("per_step", [(3, 4), (16, 32, 32)])  # 48 B and 64 kB per (example, step)
+def test_changed_steps_marks_exactly_the_changed_states(per_step):
+    """models.hooks.changed_steps (small states compared at once, large ones one (example, step)
+    at a time): a changed value, a NaN where there was none and a -0.0 for 0.0 (equal) at known
+    places, over blocks of the unpatched states; None when nothing changed."""
+    from models.hooks import changed_steps
+
+    before = torch.randn(2, 7, *per_step, generator=torch.Generator().manual_seed(3))
+    before[1, 5].view(-1)[0] = 0.0
+    after = before.clone()
+    after[0, 2].view(-1)[-1] += 1e-6
+    after[1, 6].view(-1)[3] = float("nan")
+    after[1, 5].view(-1)[0] = -0.0
+    blocks = [(0, before[:, :3]), (3, before[:, 3:])]
+    expected = torch.zeros(2, 7, dtype=torch.bool)
+    expected[0, 2] = expected[1, 6] = True
+    assert torch.equal(changed_steps(after, iter(blocks), len(per_step)), expected)
+    assert changed_steps(before.clone(), iter(blocks), len(per_step)) is None
+    with pytest.raises(ValueError, match="must keep the shape"):
+        changed_steps(after[:, :, :1], iter(blocks), len(per_step))

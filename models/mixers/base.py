@@ -15,8 +15,10 @@ from torch import nn
 from models.config import ModelConfig
 from models.kernels import diag_scan
 from models.kernels.native.library import fresh
-from models.hooks import (HookPoint, add_shift, apply_step_pin, declared_state_patches, only_read, scan_with_state_hook,
-                          selected_steps, state_pins, step_pins, step_shifts)
+from models.hooks import (HookPoint, add_shift, apply_step_pin, changed_steps, declared_state_patches,
+                          hook_functions_only, only_read, scan_with_state_hook, selected_steps, state_pins, step_pins,
+                          step_shifts)
+from models.state_patch import StatePlan
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -160,7 +162,9 @@ class RecurrentMixer(Mixer):
             return self.selected_forward(x, self.prepare(x), steps)
         if not self.wants_instrumented():
             return self.fast_forward(x)
-        return self.instrumented_forward(x, self.prepare(x))
+        inputs = self.prepare(x)
+        hooked = self.hooked_forward(x, inputs)
+        return self.instrumented_forward(x, inputs) if hooked is None else hooked
 
     def segments_allowed(self, x: torch.Tensor) -> bool:
         """Whether this call may run in fast_segment pieces (declared patches, selected steps): the
@@ -178,6 +182,54 @@ class RecurrentMixer(Mixer):
         if not self.segments_allowed(x):
             return None
         return declared_state_patches(self.hook_state, *x.shape[:2])
+
+    # a hook function that changes states at more distinct steps than this runs the pinned re-run
+    # (instrumented_forward) instead of stopping the fast kernels at each of them (hooked_forward)
+    max_hooked_steps = 16
+
+    def hooked_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor | None:
+        """The output [B, T, D] with hook functions on hook_state, no gradient wanted and nothing
+        else on it (models.hooks.hook_functions_only), or None where that does not hold (the
+        instrumented path runs). The states [B, T, *S] are scanned once and handed to the hooks;
+        the (example, step) pairs they changed (compared with unpatched_blocks) become a
+        StatePlan that declared_forward runs on the fast kernels. Only the hooks' [B, T, *S] is
+        formed, not scan_with_state_hook's copy and pinned re-run; the result is the same up to
+        float rounding. Changes at more than max_hooked_steps steps take the pinned re-run."""
+        if torch.is_grad_enabled() or not self.segments_allowed(x) or not hook_functions_only(self.hook_state):
+            return None
+        scanned = self.unpatched_scan(x, inputs, initial)  # (outputs, states [B, T, *S])
+        states = scanned[1]
+        unpatched, version = self.unpatched_blocks(inputs, initial, states), states._version
+        patched = self.hook_state(states, defer_readers=True)
+        if patched is not states and states._version == version:  # a new tensor, the states left alone
+            unpatched = lambda: iter([(0, states)])  # noqa: E731
+        mask = changed_steps(patched, unpatched(), len(self.state_shape))  # [B, T] or None
+        if mask is None:
+            return self.scanned_output(x, scanned, inputs)
+        if int(mask.any(0).sum()) > self.max_hooked_steps:
+            del scanned, states
+            return self.scanned_output(x, self.scan(inputs, (mask, patched), initial=initial), inputs)
+        plan = StatePlan.from_pins(mask, patched)
+        del scanned, states, patched, unpatched
+        return self.declared_forward(x, inputs, plan, initial)
+
+    def unpatched_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> tuple:
+        """scan's (outputs, every state [B, T, *S]) without pins (hooked_forward hands the states to
+        the hooks)."""
+        return self.scan(inputs, initial=initial)
+
+    def scanned_output(self, x: torch.Tensor, scanned: tuple, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The output [B, T, D] from scan's (outputs, states): the read-out of the states."""
+        return self.readout(x, scanned[1], inputs)
+
+    def unpatched_blocks(self, inputs: dict[str, torch.Tensor], initial, states: torch.Tensor):
+        """A function giving the unpatched states as (first step, [B, t, *S] block) pairs, called
+        after the hooks ran on `states` and returned it (changed in place, maybe): this default
+        keeps a copy; a mixer whose states scan resumes bit for bit from a state recomputes them
+        instead. (A hook returning a new tensor, the states' version unchanged, is compared with
+        the states themselves.)"""
+        copy = states.clone()
+        return lambda: iter([(0, copy)])
 
     def selected_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], steps: list[int]) -> torch.Tensor:
         """The output [B, T, D] with hook_state emitted at `steps` only (ascending; the readers of
@@ -263,7 +315,8 @@ class RecurrentMixer(Mixer):
         if plan is not None:
             return self.hook_out(self.declared_forward(x, inputs, plan, carry))
         if self.wants_instrumented():
-            return self.hook_out(self.instrumented_forward(x, inputs, carry))
+            hooked = self.hooked_forward(x, inputs, carry)
+            return self.hook_out(self.instrumented_forward(x, inputs, carry) if hooked is None else hooked)
         return self.hook_out(self.fast_from(x, inputs, carry))
 
     def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
@@ -358,6 +411,11 @@ class GatedRecurrentMixer(RecurrentMixer):
         if clean is None:
             return super().fast_segment(x, inputs, initial)
         return self.readout(x, clean[1], inputs), clean[1][:, -1]
+
+    def unpatched_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> tuple:
+        """unpinned_scan's (gates, states) where a fused kernel gives them, else the step loop's."""
+        clean = self.unpinned_scan(x, inputs, initial)
+        return super().unpatched_scan(x, inputs, initial) if clean is None else clean
 
     def unpinned_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
         """(gates [B, T, *G], states [B, T, *S]) of the scan without pins from the mixer input x,

@@ -50,6 +50,9 @@ class DeltaRuleMixer(RecurrentMixer):
         o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3)
         return self.output(o, inputs)
 
+    def scanned_output(self, x, scanned, inputs) -> torch.Tensor:
+        return self.output(scanned[0], inputs)  # the kernel's o [B, T, H, V], as instrumented_forward
+
     def readout(self, x, states, inputs) -> torch.Tensor:
         o = torch.einsum("bthvk,bthk->bthv", states, inputs["q"].to(states.dtype))
         return self.output(o.to(x.dtype), inputs)

@@ -37,6 +37,7 @@ from models.mixers.base import RecurrentMixer
 class DiagonalScanMixer(RecurrentMixer):
     is_affine = True
     chunk_size = 64
+    unpatched_block_bytes = 1 << 24  # unpatched_blocks' block size
 
     def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b) of h_t = a_t * h_{t-1} + b_t, both [B, (T,) *S], from [B, (T,) ...] inputs."""
@@ -109,6 +110,23 @@ class DiagonalScanMixer(RecurrentMixer):
             run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
         _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape))
         return self.readout(u, states, inputs)
+
+    def unpatched_blocks(self, inputs, initial, states):
+        """RecurrentMixer.unpatched_blocks recomputed where native_states runs (it resumes bit for
+        bit from a block's last state): blocks of about unpatched_block_bytes, no [B, T, *S] copy."""
+        if not self.native_states_supported(inputs, initial):
+            return super().unpatched_blocks(inputs, initial, states)
+        length, step_bytes = states.shape[1], states[:, :1].numel() * states.element_size()
+        span = max(1, self.unpatched_block_bytes // step_bytes)
+
+        def blocks():
+            h = initial
+            for lo in range(0, length, span):
+                block = self.native_states({k: v[:, lo:lo + span] for k, v in inputs.items()}, None, h)
+                yield lo, block
+                h = block[:, -1]
+
+        return blocks
 
     def fast_scan(self, inputs, initial=None, final: bool = False):
         """(y [B, T, *lead], h_{T-1} [B, *S] when final else None), no per-step states: native_scan,
