@@ -7,7 +7,8 @@
 `cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`. A cache may live on disk
 (`run_with_cache(to_disk=dir)`, `Cache.open(dir, model)`, `cache.save(dir)`: each tensor read from its
 file on access) and may hold some positions only (`cache.positions[name]`: the steps an entry keeps on
-its time axis); docs/caches.md.
+its time axis) and some heads only (`cache.heads[name]`: the heads or channels it keeps on its head
+axis); docs/caches.md.
 
 The analyses have TransformerLens' names and meaning; they need the model (`cache.model`, set by
 run_with_cache), and the decompositions (decompose_resid, get_full_resid_decomposition, a
@@ -72,14 +73,18 @@ class Cache(Mapping):
 
     store: {name: tensor} (copied), or a models.cache_store.DiskStore (kept: a disk-backed cache,
     tensors read on access). positions: {name: [t, ...]} for entries that keep only those
-    positions on their time axis (run_with_cache(positions=...)); entries not named keep all."""
+    positions on their time axis (run_with_cache(positions=...)); heads: {name: [h, ...]} for
+    entries that keep only those heads (or channels) on their head axis (run_with_cache(heads=...));
+    entries not named keep all."""
 
     def __init__(self, store: Mapping[str, torch.Tensor] | None = None, model: nn.Module | None = None,
-                 has_batch_dim: bool = True, positions: Mapping[str, Sequence[int]] | None = None) -> None:
+                 has_batch_dim: bool = True, positions: Mapping[str, Sequence[int]] | None = None,
+                 heads: Mapping[str, Sequence[int]] | None = None) -> None:
         self._store = store if isinstance(store, DiskStore) else dict(store or {})
         self.model = model
         self.has_batch_dim = has_batch_dim
         self.positions: dict[str, list[int]] = {n: list(p) for n, p in (positions or {}).items()}
+        self.heads: dict[str, list[int]] = {n: list(h) for n, h in (heads or {}).items()}
 
     @classmethod
     def open(cls, directory, model: nn.Module | None = None) -> "Cache":
@@ -93,7 +98,7 @@ class Cache(Mapping):
             differ = sorted(k for k in set(recorded) | set(config()) if recorded.get(k) != config().get(k))
             raise ValueError(f"the cache in {str(directory)!r} was written by a model whose config differs from "
                              f"this one's in {differ[:6]}")
-        return cls(store, model, index.get("has_batch_dim", True), index.get("positions"))
+        return cls(store, model, index.get("has_batch_dim", True), index.get("positions"), index.get("heads"))
 
     def save(self, directory, overwrite: bool = False) -> "Cache":
         """Write every entry to `directory` (the run_with_cache(to_disk=...) layout, docs/caches.md;
@@ -109,9 +114,9 @@ class Cache(Mapping):
         return Cache.open(directory, self.model)
 
     def index_info(self) -> dict:
-        """What a disk cache's index records beside its entries (positions, batch axis, model config)."""
+        """What a disk cache's index records beside its entries (positions, heads, batch axis, model config)."""
         config = getattr(getattr(self.model, "cfg", None), "to_dict", None)
-        return {"positions": self.positions, "has_batch_dim": self.has_batch_dim,
+        return {"positions": self.positions, "heads": self.heads, "has_batch_dim": self.has_batch_dim,
                 "model": config() if config is not None else None}
 
     @property
@@ -195,7 +200,7 @@ class Cache(Mapping):
         if wrong:
             raise ValueError(f"remove_batch_dim needs batch size 1; got sizes {dict(list(wrong.items())[:4])}")
         return Cache({n: v[0] if v.dim() else v for n, v in self._store.items()}, self.model, has_batch_dim=False,
-                     positions=self.positions)
+                     positions=self.positions, heads=self.heads)
 
     def to(self, device) -> "Cache":
         """Move every tensor to `device` (in place; a disk-backed cache is read into memory); returns self."""
@@ -280,8 +285,9 @@ class Cache(Mapping):
     def stack_head_results(self, layer: int | None = None, return_labels: bool = False,
                            incl_remainder: bool = False, pos_slice=None, apply_ln: bool = False):
         """Every head's output (hook_result) at the blocks before `layer` (None / -1: all)
-        -> [C, B, T, D], labels "L{l}H{h}"; a block whose mixer has no heads contributes its
-        whole output ("L{l}"). incl_remainder adds the residual minus their sum ("remainder")."""
+        -> [C, B, T, D], labels "L{l}H{h}" (h: the model's head index, also when the cache keeps
+        some heads only, cache.heads); a block whose mixer has no heads contributes its whole
+        output ("L{l}"). incl_remainder adds the residual minus their sum ("remainder")."""
         model = self._model()
         layer = self._layer(layer)
         components, labels = [], []
@@ -290,7 +296,7 @@ class Cache(Mapping):
             if name in model.hook_dict:
                 heads = self[name].movedim(-2, 0)  # [H, B, T, D]
                 components.extend(heads.unbind(0))
-                labels.extend(f"L{l}H{h}" for h in range(heads.shape[0]))
+                labels.extend(f"L{l}H{h}" for h in self.heads.get(name, range(heads.shape[0])))
             else:
                 components.append(self[f"blocks.{l}.mixer.hook_out"])
                 labels.append(f"L{l}")
@@ -321,7 +327,8 @@ class Cache(Mapping):
                                      expand_neurons: bool = True, apply_ln: bool = False, pos_slice=None,
                                      return_labels: bool = False):
         """The residual before `layer` as embed, every head's result ("L{l}H{h}") and the rest of
-        each mixer output (its output bias: "{l}_mixer_bias"), every neuron ("L{l}N{n}", or
+        each mixer output (its output bias: "{l}_mixer_bias"; "{l}_mixer_rest", the bias and every
+        head not cached, where the cache keeps some heads of hook_result), every neuron ("L{l}N{n}", or
         "{l}_mlp_out" without expand_neurons) and each MLP's output bias ("{l}_mlp_bias"): the
         components sum to the residual (mlp_input: before block `layer`'s MLP)."""
         model = self._model(additive=True)
@@ -334,9 +341,10 @@ class Cache(Mapping):
             mine = [i for i, lab in enumerate(head_labels) if lab.startswith(f"L{l}H") or lab == f"L{l}"]
             components.extend(heads[mine].unbind(0))
             labels.extend(head_labels[i] for i in mine)
-            if f"blocks.{l}.mixer.hook_result" in model.hook_dict:
+            result = f"blocks.{l}.mixer.hook_result"
+            if result in model.hook_dict:
                 components.append(self[f"blocks.{l}.mixer.hook_out"] - heads[mine].sum(0))
-                labels.append(f"{l}_mixer_bias")
+                labels.append(f"{l}_mixer_rest" if result in self.heads else f"{l}_mixer_bias")
             if l == layer or not hasattr(model.blocks[l], "mlp"):
                 continue
             if expand_neurons:

@@ -22,6 +22,20 @@ Positions are ints in [-T, T), distinct, kept in the order given (negative ones 
 end and are stored as t % T). The cache then holds [B, K, ...] on the time axis
 (`Cache.positions[name]` lists the K steps), and its bytes are planned as such.
 
+A hook's *head axis* is its axis of attention heads, recurrent heads or channel groups
+(`head_axis`): axis 2 of hook_q / k / v / z / result / beta [B, T, H, ...], axis 1 of
+hook_attn_scores / hook_pattern [B, H, T, T], and axis 2 of hook_state [B, T, *S] where the state is
+per head (S = [H, ...]: mamba2, deltanet, gated_deltanet, based) or per channel (S = [C, N]: mamba and
+its variants, h3, s4d: a "head" is then one channel); no other hook has one (docs/caches.md).
+`heads` keeps some indices of it, as `positions` does of the time axis:
+
+    heads=None                   every head
+    heads=[0, -1]                those heads of every selected hook that has a head axis
+    heads={name: [...]}          per hook (names not listed: every head)
+
+Heads are ints in [-H, H) for that hook's H, distinct, kept in the order given and stored as h % H
+(`Cache.heads[name]`).
+
 `CachePlan.check(budget, streaming)` refuses (models.memory.MemoryRefused, one line) when the
 cache (or, streamed to disk, its largest single activation) exceeds the budget: it names the
 largest hooks and kinds, the estimate and the budget, and the ways out.
@@ -33,7 +47,7 @@ import math
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +55,12 @@ import torch
 from models.memory import MemoryRefused, format_bytes
 
 DRY_LENGTHS = (2, 3)
+# hooks with a head axis, wherever a mixer has them: the axis of [B, T, H, ...] / [B, H, T, T]
+PER_HEAD = {"hook_q": 2, "hook_k": 2, "hook_v": 2, "hook_z": 2, "hook_result": 2, "hook_beta": 2,
+            "hook_attn_scores": 1, "hook_pattern": 1}
+# mixers whose hook_state [B, T, *S] has heads (S = [H, ...]) or channels (S = [C, N]) on axis 2
+STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "based"})
+STATE_CHANNELS = frozenset({"mamba", "negative_mamba", "mamba3", "aussm", "h3", "s4d"})
 
 
 @dataclass(frozen=True)
@@ -52,22 +72,29 @@ class HookLayout:
     slope: tuple[int, ...]
     length: int
     dtype: torch.dtype
+    head_axis: int | None = None  # the axis of heads / channel groups (module docstring)
+    head_unit: str = "heads"  # what one index of it is: "heads" or "channels"
 
     @property
     def time_axis(self) -> int | None:
         """The first axis after the batch that grows with T (None: the activation has none)."""
         return next((i for i, s in enumerate(self.slope) if i and s), None)
 
-    def shape(self, batch: int, length: int, kept: int | None = None) -> tuple[int, ...]:
-        """The shape at (batch, length); kept: the time axis holds that many positions."""
+    @property
+    def n_heads(self) -> int | None:
+        """The size of the head axis (None: none)."""
+        return None if self.head_axis is None else self.base[self.head_axis]
+
+    def shape(self, batch: int, length: int, kept: int | None = None, heads: int | None = None) -> tuple[int, ...]:
+        """The shape at (batch, length); kept: the time axis holds that many positions; heads: the
+        head axis holds that many heads."""
         dims = [b + s * (length - self.length) for b, s in zip(self.base, self.slope)]
         dims[0] = batch * self.base[0]
         if kept is not None and self.time_axis is not None:
             dims[self.time_axis] = kept
+        if heads is not None and self.head_axis is not None:
+            dims[self.head_axis] = heads
         return tuple(dims)
-
-    def nbytes(self, batch: int, length: int, kept: int | None = None) -> int:
-        return math.prod(self.shape(batch, length, kept)) * _itemsize(self.dtype)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -77,18 +104,20 @@ def _itemsize(dtype: torch.dtype) -> int:
 @dataclass
 class CachePlan:
     """What a run_with_cache call will hold: per hook its shape and bytes at (batch, length), the
-    positions kept per hook, and whether `name + "_grad"` entries come too (incl_bwd: as many
-    bytes again, an upper bound since a hook off the metric's graph has none)."""
+    positions and heads kept per hook, and whether `name + "_grad"` entries come too (incl_bwd: as
+    many bytes again, an upper bound since a hook off the metric's graph has none)."""
 
     batch: int
     length: int
     layouts: dict[str, HookLayout]
     positions: dict[str, list[int]]
     grads: bool = False
+    heads: dict[str, list[int]] = field(default_factory=dict)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        kept = self.positions.get(name)
-        return self.layouts[name].shape(self.batch, self.length, None if kept is None else len(kept))
+        kept, heads = self.positions.get(name), self.heads.get(name)
+        return self.layouts[name].shape(self.batch, self.length, None if kept is None else len(kept),
+                                        None if heads is None else len(heads))
 
     def bytes(self, name: str) -> int:
         """Bytes of `name`'s cached activation (without its gradient)."""
@@ -128,8 +157,9 @@ class CachePlan:
             return
         what = (f"run_with_cache of {len(self.entries)} entries at B={self.batch}, T={self.length}"
                 + (" streamed to disk (one activation at a time)" if streaming else ""))
-        ways = ("keep some positions (positions=[...]) or fewer names" if streaming else
-                "select fewer names, keep some positions (positions=[...]), stream to disk (to_disk='dir')")
+        ways = ("keep some positions (positions=[...]) or heads (heads=[...]) or fewer names" if streaming else
+                "select fewer names, keep some positions (positions=[...]) or heads (heads=[...]), stream to disk "
+                "(to_disk='dir')")
         raise MemoryRefused(f"{what} needs about {format_bytes(need)}, over the memory budget of "
                             f"{format_bytes(budget)}; {self.summary()}; {ways} or raise max_memory "
                             f"(docs/caches.md)")
@@ -145,14 +175,19 @@ class CachePlan:
         if self.total > free:
             raise MemoryRefused(f"run_with_cache to_disk={str(directory)!r} needs about {format_bytes(self.total)} "
                                 f"on disk, more than the {format_bytes(free)} free there; {self.summary()}; keep some "
-                                "positions (positions=[...]) or fewer names (docs/caches.md)")
+                                "positions (positions=[...]) or heads (heads=[...]) or fewer names (docs/caches.md)")
 
     def select(self, name: str, x: torch.Tensor, emitted: Sequence[int] | None = None) -> torch.Tensor:
-        """x restricted to `name`'s kept positions (x itself when it keeps every position).
+        """x restricted to `name`'s kept positions and heads (x itself when it keeps them all).
         emitted: the (ascending, distinct) steps x already holds on its time axis, when the mixer
         formed only those (models.hooks.selected_steps)."""
-        kept = self.positions.get(name)
-        axis = self.layouts[name].time_axis if name in self.layouts else None
+        layout = self.layouts.get(name)
+        if layout is None:
+            return x
+        return self._select_heads(name, layout, self._select_positions(name, layout, x, emitted))
+
+    def _select_positions(self, name: str, layout: HookLayout, x: torch.Tensor, emitted) -> torch.Tensor:
+        kept, axis = self.positions.get(name), layout.time_axis
         if kept is None or axis is None:
             return x
         if emitted is not None:
@@ -164,18 +199,28 @@ class CachePlan:
                              f"were planned for T={self.length}")
         return x.index_select(axis, _long(kept, x))
 
+    def _select_heads(self, name: str, layout: HookLayout, x: torch.Tensor) -> torch.Tensor:
+        kept, axis = self.heads.get(name), layout.head_axis
+        if kept is None or axis is None:
+            return x
+        if x.shape[axis] != layout.n_heads:
+            raise ValueError(f"{name!r} fired with {x.shape[axis]} {layout.head_unit} on axis {axis}; heads were "
+                             f"planned for {layout.n_heads}")
+        return x.index_select(axis, _long(kept, x))
+
 
 def _long(index: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(list(index), dtype=torch.long, device=like.device)
 
 
 def plan_cache(model, tokens: torch.Tensor, names: Sequence[str], positions=None, grads: bool = False,
-               **kwargs) -> CachePlan:
-    """The CachePlan of model.run_with_cache(tokens, names, positions=positions) (module docstring);
-    kwargs go to the model's forward as in the run."""
+               heads=None, **kwargs) -> CachePlan:
+    """The CachePlan of model.run_with_cache(tokens, names, positions=positions, heads=heads)
+    (module docstring); kwargs go to the model's forward as in the run."""
     batch, length = int(tokens.shape[0]), int(tokens.shape[1])
     layouts = hook_layouts(model, tokens, names, **kwargs)
-    return CachePlan(batch, length, layouts, normalise_positions(positions, layouts, length), grads)
+    return CachePlan(batch, length, layouts, normalise_positions(positions, layouts, length), grads,
+                     normalise_heads(heads, layouts))
 
 
 def hook_layouts(model, tokens: torch.Tensor, names: Sequence[str], **kwargs) -> dict[str, HookLayout]:
@@ -203,7 +248,8 @@ def hook_layouts(model, tokens: torch.Tensor, names: Sequence[str], **kwargs) ->
             raise ValueError(f"{name!r} changes rank with the length ({shape} at T={lengths[0]}, {later} at "
                              f"T={lengths[-1]}): its bytes cannot be planned")
         slope = tuple((b - a) // max(lengths[-1] - lengths[0], 1) for a, b in zip(shape, later))
-        layouts[name] = HookLayout(tuple(shape), slope, lengths[0], dtype)
+        axis, unit = head_axis(model, name, slope)
+        layouts[name] = HookLayout(tuple(shape), slope, lengths[0], dtype, axis, unit)
     model._layout_memo = (key, layouts)
     return layouts
 
@@ -221,6 +267,48 @@ def _dry_shapes(model, tokens: torch.Tensor, names: Sequence[str], kwargs) -> di
     return seen
 
 
+def head_axis(model, name: str, slope: Sequence[int]) -> tuple[int | None, str]:
+    """(axis, unit) of the hook's heads or channel groups (module docstring), (None, "heads") when
+    it has none; slope: its layout's (a head axis does not grow with T)."""
+    parent, _, short = name.rpartition(".")
+    mixer = getattr(model.get_submodule(parent), "mixer_name", None) if parent else None
+    if mixer is None:
+        return None, "heads"
+    if short == "hook_state":
+        unit = "heads" if mixer in STATE_HEADS else "channels" if mixer in STATE_CHANNELS else None
+        return (2, unit) if unit and len(slope) > 3 and not slope[2] else (None, "heads")
+    axis = PER_HEAD.get(short)
+    return (axis, "heads") if axis is not None and len(slope) > axis and not slope[axis] else (None, "heads")
+
+
+def normalise_heads(heads, layouts: Mapping[str, HookLayout]) -> dict[str, list[int]]:
+    """heads (None, a list / 1-D integer tensor for every hook with a head axis, or {name: list})
+    -> {name: [h % H, ...]} (module docstring); ValueError / TypeError on anything else."""
+    if heads is None:
+        return {}
+    if isinstance(heads, Mapping):
+        out = {}
+        for name, chosen in heads.items():
+            if name not in layouts:
+                raise ValueError(f"heads names {name!r}, which is not a cached hook; cached: {list(layouts)[:8]}")
+            if layouts[name].head_axis is None:
+                raise ValueError(f"heads names {name!r}, whose activation {layouts[name].base} (at B=1, T="
+                                 f"{layouts[name].length}) has no head or channel axis (docs/caches.md lists the "
+                                 "hooks that have one)")
+            out[name] = _indices(chosen, layouts[name].n_heads, f"heads[{name!r}]", _unit(name, layouts[name]))
+        return out
+    headed = {name: layout for name, layout in layouts.items() if layout.head_axis is not None}
+    if not headed:
+        raise ValueError(f"heads={heads!r} selects heads, but none of the cached hooks has a head or channel axis "
+                         f"(cached: {list(layouts)[:8]}; docs/caches.md lists the hooks that have one)")
+    return {name: _indices(heads, layout.n_heads, "heads", _unit(name, layout)) for name, layout in headed.items()}
+
+
+def _unit(name: str, layout: HookLayout) -> tuple[str, str]:
+    """(the letter of the range, what the indices count) for _indices' messages on a head axis."""
+    return "H", f"for {name!r} ({layout.n_heads} {layout.head_unit} on axis {layout.head_axis})"
+
+
 def normalise_positions(positions, layouts: Mapping[str, HookLayout], length: int) -> dict[str, list[int]]:
     """positions (None, a list / 1-D integer tensor for every hook with a time axis, or {name: list})
     -> {name: [t % length, ...]} (module docstring); ValueError / TypeError on anything else."""
@@ -233,26 +321,30 @@ def normalise_positions(positions, layouts: Mapping[str, HookLayout], length: in
                 raise ValueError(f"positions names {name!r}, which is not a cached hook; cached: {list(layouts)[:8]}")
             if layouts[name].time_axis is None:
                 raise ValueError(f"positions names {name!r}, whose activation {layouts[name].base} has no time axis")
-            out[name] = _steps(steps, length, f"positions[{name!r}]")
+            out[name] = _indices(steps, length, f"positions[{name!r}]")
         return out
-    steps = _steps(positions, length, "positions")
+    steps = _indices(positions, length, "positions")
     return {name: steps for name, layout in layouts.items() if layout.time_axis is not None}
 
 
-def _steps(steps, length: int, argument: str) -> list[int]:
-    """A nonempty list of distinct positions in [-length, length) -> the list of t % length."""
-    if isinstance(steps, torch.Tensor):
-        if steps.dim() != 1 or steps.dtype.is_floating_point or steps.is_complex() or steps.dtype == torch.bool:
-            raise TypeError(f"{argument} must be a list or 1-D integer tensor of positions; got {steps.dtype} "
-                            f"{tuple(steps.shape)}")
-        steps = steps.tolist()
-    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not steps or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in steps):
-        raise TypeError(f"{argument} must be a nonempty list of int positions; got {steps!r}")
-    bad = [t for t in steps if not -length <= t < length]
+def _indices(values, size: int, argument: str, unit: tuple[str, str] = ("T", "")) -> list[int]:
+    """A nonempty list of distinct indices in [-size, size) -> the list of i % size. unit: the
+    letter of the range and what it is for, in the messages ("T" for positions)."""
+    letter, where = unit
+    noun = "positions" if letter == "T" else "heads"
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.dtype.is_floating_point or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"{argument} must be a list or 1-D integer tensor of {noun}; got {values.dtype} "
+                            f"{tuple(values.shape)}")
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in values):
+        raise TypeError(f"{argument} must be a nonempty list of int {noun}; got {values!r}")
+    bad = [i for i in values if not -size <= i < size]
     if bad:
-        raise ValueError(f"{argument} must lie in [-T, T) = [{-length}, {length}); got {bad[:6]}")
-    kept = [t % length for t in steps]
+        raise ValueError(f"{argument} must lie in [-{letter}, {letter}) = [{-size}, {size}){' ' + where if where else ''}"
+                         f"; got {bad[:6]}")
+    kept = [i % size for i in values]
     if len(set(kept)) != len(kept):
-        raise ValueError(f"{argument} must name each position once; got {list(steps)[:12]} (mod T={length})")
+        raise ValueError(f"{argument} must name each of its {noun} once; got {list(values)[:12]} (mod {letter}={size})")
     return kept

@@ -15,7 +15,8 @@ attach to a hook point:
 
 run_with_cache plans the cache's bytes before running (`cache_plan`, models.cache_plan) and
 refuses up front over `max_memory`; `to_disk` streams each activation to a file as its hook fires
-(models.cache_store); `positions` keeps some steps of each hook's time axis (docs/caches.md).
+(models.cache_store); `positions` keeps some steps of each hook's time axis and `heads` some heads
+(or channels) of its head axis (docs/caches.md).
 
 `hook_state` is special: the mixer scans once, passes the per-step states through the hook point,
 and every (example, step) whose state the patches changed is *pinned* to the patched value; the
@@ -347,13 +348,13 @@ class HookedMixin:
             return self(tokens, **kwargs)  # type: ignore[operator]
 
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
-                   incl_bwd: bool = False, **kwargs) -> CachePlan:
-        """What run_with_cache(tokens, names, positions=positions, incl_bwd=incl_bwd) would cache,
-        before running it: per hook its shape and bytes (models.cache_plan; two dry runs of
-        length <= 3 on one example). plan.total, plan.entries, plan.summary()."""
+                   incl_bwd: bool = False, heads=None, **kwargs) -> CachePlan:
+        """What run_with_cache(tokens, names, positions=positions, incl_bwd=incl_bwd, heads=heads)
+        would cache, before running it: per hook its shape and bytes (models.cache_plan; two dry
+        runs of length <= 3 on one example). plan.total, plan.entries, plan.summary()."""
         if hasattr(self, "check_tokens"):
             self.check_tokens(tokens)
-        return plan_cache(self, tokens, self.resolve_hook_names(names), positions, incl_bwd, **kwargs)
+        return plan_cache(self, tokens, self.resolve_hook_names(names), positions, incl_bwd, heads, **kwargs)
 
     def run_with_cache(
         self,
@@ -368,6 +369,7 @@ class HookedMixin:
         to_disk=None,
         overwrite: bool = False,
         positions=None,
+        heads=None,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
         """Forward pass returning (logits, Cache) of the named activations (after any patches).
@@ -383,6 +385,10 @@ class HookedMixin:
         steps on each hook's time axis ([t, ...] for every hook, or {name: [t, ...]}; recorded
         in cache.positions); a recurrent mixer whose hook_state is only read at some steps, with
         no gradient wanted, forms the states at those steps only (its fast kernels run to each).
+        heads: keep only these indices of each hook's head axis (attention and recurrent heads;
+        the channels of a per-channel state such as Mamba's [B, T, E, N]): [h, ...] for every hook
+        that has one, or {name: [h, ...]}; recorded in cache.heads; each hook is indexed as it
+        fires (models.cache_plan, docs/caches.md).
 
         incl_bwd: also cache `name + "_grad"` = d metric(logits) / d activation for every named
         hook (one backward pass, torch.autograd.grad: parameters' .grad are left alone; the
@@ -400,13 +406,13 @@ class HookedMixin:
         selected = self.resolve_hook_names(names)
         if hasattr(self, "check_tokens"):  # bad tokens: the model's one-line error, before any planning
             self.check_tokens(tokens)
-        plan = plan_cache(self, tokens, selected, positions, incl_bwd, **kwargs)
+        plan = plan_cache(self, tokens, selected, positions, incl_bwd, heads, **kwargs)
         plan.check(budget_bytes(max_memory), streaming=to_disk is not None)
         store = None
         if to_disk is not None:
             plan.check_disk(to_disk)
             store = create_store(to_disk, overwrite)
-        cache = Cache(store, model=self, positions=plan.positions)  # type: ignore[arg-type]
+        cache = Cache(store, model=self, positions=plan.positions, heads=plan.heads)  # type: ignore[arg-type]
         try:
             logits = self._cached_forward(tokens, cache, plan, selected, fwd_hooks, detach, allow_nonfinite,
                                           incl_bwd, metric, kwargs)
