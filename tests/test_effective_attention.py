@@ -1,6 +1,8 @@
 """Effective attention: M applied to the mixer's input reproduces its pre-gate output (1e-5 in
 float64); a selection (channels / heads, output window, sources) equals the same slice of the full
-computation for every covered mixer; the memory estimate refuses a budget below the result."""
+computation for every covered mixer; the memory estimate refuses a budget below the result; the
+heatmap as a reader sees it (titled axes and colour bar, the window's own positions, the layer and
+the channel or head in the title, an empty window said in words; rendered in Chromium)."""
 
 import numpy as np
 import pytest
@@ -10,7 +12,9 @@ import models
 from interp.analysis import effective_attention as ea
 from interp.analysis.effective_attention import effective_attention, effective_attention_layers, mixer_output
 from interp.report.effective_attention import effective_attention_heatmap
+from interp.report.html import write_report
 from models.memory import MemoryRefused
+from tests.browser import assert_renders
 
 NAMES = ["mamba", "negative_mamba", "mamba2", "aussm", "mamba3", "s4d", "h3", "deltanet", "deltanet_neg",
          "gated_deltanet", "based", "linear_rnn", "token_gated_rnn", "dense_ssm"]
@@ -92,10 +96,37 @@ def test_a_selection_is_the_slice_of_the_full_computation(name, monkeypatch):
 def test_the_heatmap_of_a_window_labels_and_blanks_by_sequence_position():
     result = effective_attention(tiny("mamba"), TOKENS, 0, index=[3], window=(4, 7), sources=(2, 9))
     figure = effective_attention_heatmap(result, tokens=[f"w{i}" for i in range(10)])
-    assert list(figure.data[0].y) == ["4: w4", "5: w5", "6: w6"] and figure.data[0].x[0] == "2: w2"
+    assert list(figure.data[0].y) == [4, 5, 6] and list(figure.layout.yaxis.ticktext) == ["4: w4", "5: w5", "6: w6"]
+    assert figure.layout.xaxis.ticktext[0] == "2: w2"
     z = np.array(figure.data[0].z, dtype=float)  # rows t 4..6, columns s 2..8: blank exactly where s > t
     assert np.array_equal(np.isnan(z), np.arange(2, 9)[None, :] > np.arange(4, 7)[:, None])
     assert "channel 3" in figure.layout.title.text
+
+
+def test_the_heatmap_titles_its_axes_and_ticks_the_window_in_sequence_positions(tmp_path):
+    model = tiny("mamba")
+    tokens = torch.randint(0, 9, (1, 80), generator=torch.Generator().manual_seed(3))
+    result = effective_attention(model, tokens, 1, index=[3, 5], window=(20, 30), sources=(12, 30), progress=False)
+    figure = effective_attention_heatmap(result, index=1)
+    x, y = figure.layout.xaxis, figure.layout.yaxis
+    assert x.title.text == "key position s (input x)" and y.title.text == "query position t (output C h)"
+    assert figure.data[0].colorbar.title.text.startswith("M[t, s]")
+    assert list(y.tickvals) == list(range(20, 30)) and list(x.tickvals) == list(range(12, 30))  # not 0..w
+    assert list(y.ticktext) == [str(t) for t in range(20, 30)]
+    assert tuple(x.range) == (11.5, 29.5) and tuple(y.range) == (29.5, 19.5)  # every cell, t downwards
+    title = figure.layout.title.text
+    assert "layer 1 (mamba), channel 5, example 0" in title and "selected channels 3, 5" in title
+    long = effective_attention(model, tokens, 0, index=[0], window=(7, 80), progress=False)
+    ticks = effective_attention_heatmap(long).layout.yaxis.tickvals
+    assert len(ticks) <= 24 and ticks[0] == 7 and all(7 <= t < 80 for t in ticks)
+    empty = effective_attention(model, tokens, 0, index=[0], window=(0, 4), sources=(10, 20), progress=False)
+    blank = effective_attention_heatmap(empty)
+    assert "no key s <= t" in blank.layout.annotations[0].text and list(blank.layout.xaxis.tickvals) == list(range(10, 20))
+    heads = effective_attention(tiny("deltanet"), tokens[:, :12], 1, index=[1], progress=False)
+    assert "layer 1 (deltanet), head 1, example 0" in effective_attention_heatmap(heads).layout.title.text
+    path = write_report(tmp_path / "report.html", "Effective attention",
+                        [figure, blank, effective_attention_heatmap(heads)])
+    assert_renders(path)
 
 
 def test_the_estimate_refuses_a_budget_below_the_result_and_admits_a_fair_one():

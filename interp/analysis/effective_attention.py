@@ -83,7 +83,7 @@ class EffectiveAttention:
     selected channels or heads `index` (C of them; None: all), output positions start .. start + T'
     and input positions source_start .. source_start + S'; for a dense transition blocks
     [B, T', S', n, n] with y_t = sum_s blocks[b, t, s] @ x_s, and matrix their Frobenius norms
-    [B, 1, T', S']."""
+    [B, 1, T', S']. layer, mixer: the block it was computed on and its mixer's name."""
 
     matrix: torch.Tensor
     axis: str
@@ -93,6 +93,8 @@ class EffectiveAttention:
     index: tuple[int, ...] | None = None
     start: int = 0
     source_start: int = 0
+    layer: int | None = None
+    mixer: str = ""
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,7 @@ def _compute(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttenti
         result = _dense(mixer, inputs, plan, progress)
     result.index = None if plan.index is None else tuple(plan.index.tolist())
     result.start, result.source_start = plan.t0, plan.s0
+    result.layer, result.mixer = mixer.layer_idx, name
     return result
 
 
