@@ -15,6 +15,7 @@ from models.config import ModelConfig
 from models.devices import check_device
 from models.hooks import unknown_name_message
 from models.mixers import PRESETS
+from models.paths import inside
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -91,7 +92,9 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
 
 def weights_file(run_dir: str | Path) -> Path:
     """model.safetensors of a run directory's current checkpoint (the one its checkpoint.json names,
-    see `interp.training.checkpoint`), or of a plain model directory (config.json + model.safetensors)."""
+    see `interp.training.checkpoint`), or of a plain model directory (config.json + model.safetensors).
+    The pointer is confined to the run directory (`models.paths.inside`): a path that is absolute,
+    climbs with "..", or passes a symbolic link raises PathRefused (a ValueError)."""
     run_dir = Path(run_dir)
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
@@ -100,7 +103,9 @@ def weights_file(run_dir: str | Path) -> Path:
         path = json.loads(pointer.read_text())["path"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{pointer} is not a checkpoint pointer (corrupt?): {error}") from error
-    return run_dir / path / "model.safetensors"
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{pointer} is not a checkpoint pointer: its path is {path!r}, not a directory name")
+    return inside(run_dir, path, "model.safetensors", what=f"{pointer} path")
 
 
 def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:

@@ -53,6 +53,7 @@ from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, TrainingDiverged, train
+from models.paths import inside
 
 SCALES = ("quick", "cpu", "paper")
 VERDICTS = ("reproduces", "partly reproduces", "does not reproduce", "did not fit", "diverged",
@@ -201,7 +202,7 @@ def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[st
         return train(config, task, cfg, run_dir, resume=True, progress=progress, label=label)
     marker = run_dir / EARLY_STOP_FILE
     if marker.exists():
-        stopped = json.loads(marker.read_text())["step"]
+        stopped = ckpt.read_json(marker)["step"]
         return train(config, task, cfg, run_dir, resume=True, stop_at=stopped, progress=progress, label=label)
     chunk = max(cfg.eval_every, cfg.steps // 20 // cfg.eval_every * cfg.eval_every)
     step = 0
@@ -260,7 +261,7 @@ def _training_seconds(run_dir: Path, added: float) -> float | None:
     """The run's wall-clock training seconds over every process that trained it (run_dir/TRAIN_TIME,
     `added` this time); None for a run trained before the engine kept the count."""
     path = run_dir / TRAIN_TIME
-    total = json.loads(path.read_text())["seconds"] if path.exists() else None
+    total = ckpt.read_json(path)["seconds"] if path.exists() else None
     if added > 0:
         total = (total or 0.0) + added
         ckpt.write_json(path, {"seconds": total})
@@ -271,7 +272,10 @@ def _cached(outcome: Outcome, key: dict) -> dict | None:
     path = outcome.run_dir / CACHE
     if not path.exists():
         return None
-    saved = json.loads(path.read_text())
+    saved = ckpt.read_json(path)   # a corrupt file: CheckpointError naming it
+    if not isinstance(saved, dict) or "measures" not in saved:
+        raise ckpt.CheckpointError(f"{path} is not a measurement cache (no 'measures' entry); delete it to "
+                                   "measure again")
     return saved["measures"] if saved.get("key") == key else None
 
 
@@ -309,7 +313,7 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     for index, run in enumerate(plan.runs, 1):
         reused = (out / "runs" / run.label / ckpt.CONFIG).exists()
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {'resuming/reusing' if reused else 'training'}")
-        outcome = train_run(run, out / "runs", device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
+        outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "

@@ -27,8 +27,9 @@ from typing import Any
 from interp.analysis import sample_efficiency as se
 from interp.sweep.executors import Executor, Job, Outcome
 from interp.sweep.spec import SweepSpec
-from interp.sweep.table import ResultTable, trial_id
+from interp.sweep.table import RESULTS, ResultTable, trial_id
 from interp.training.checkpoint import atomic_write_text, write_json
+from models.paths import in_place_file, inside
 
 RUNS, N_STAR, KAPPA = "runs", "n_star.jsonl", "kappa.jsonl"
 
@@ -54,12 +55,13 @@ class Sweep:
 
     def __call__(self, trials: Sequence[Mapping[str, Any]]) -> list[dict]:
         keys = [trial_id(params) for params in trials]
+        in_place_file(self.out, RESULTS)   # refused before any trial runs: a link, a shared file
         finished = self.table.rows()
         todo, seen = [], set()
         for key, params in zip(keys, trials):
             if key not in finished and key not in seen:
                 seen.add(key)
-                todo.append(Job(key, dict(params), str(self.out / RUNS / key)))
+                todo.append(Job(key, dict(params), str(inside(self.out, RUNS, key))))
         failures: list[dict] = []
         if todo:
             (self.out / RUNS).mkdir(parents=True, exist_ok=True)

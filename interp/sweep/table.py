@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.training.checkpoint import atomic_write_text
+from models.paths import in_place_file
 
 RESULTS, FAILURES = "results.jsonl", "failures.jsonl"
 TIMING_COLUMNS = ("seconds", "wall_seconds", "attempts")   # columns that differ between identical runs
@@ -44,7 +45,7 @@ class ResultTable:
         if not self.path.is_file():
             return {}
         found, torn = {}, 0
-        for line in self.path.read_text(encoding="utf-8").split("\n"):
+        for number, line in enumerate(self.path.read_text(encoding="utf-8").split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -52,6 +53,9 @@ class ResultTable:
             except json.JSONDecodeError:   # a line torn by a killed writer: that trial runs again
                 torn += 1
                 continue
+            if not isinstance(row, dict) or not isinstance(row.get("trial_id"), str):
+                raise ValueError(f"{self.path} line {number} is not a trial row (no 'trial_id'); fix or delete "
+                                 "that line, then re-run")
             found[row["trial_id"]] = row
         if torn:
             warnings.warn(f"{self.path}: skipped {torn} torn line(s); those trials count as not finished",
@@ -60,7 +64,7 @@ class ResultTable:
 
     def append(self, row: Mapping[str, Any]) -> None:
         line = json.dumps(row, sort_keys=True, default=float) + "\n"
-        with open(self.path, "a+b") as handle:
+        with open(in_place_file(self.out, RESULTS), "a+b") as handle:
             handle.seek(0, os.SEEK_END)
             if handle.tell():
                 handle.seek(-1, os.SEEK_END)

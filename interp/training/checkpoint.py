@@ -25,6 +25,11 @@ checkpoint's length, so no record is lost or duplicated. Unreferenced step direc
 temporary files left by a crash are removed on resume. Each safetensors file carries its step in
 its metadata and trainer_state.json the byte sizes of both, so a file truncated or replaced by hand
 is detected and rejected with a clear error rather than loaded.
+
+A closed world: the step directories, checkpoints/ and metrics.jsonl are reached through
+`models.paths.inside`, so a symbolic link below the run directory (checkpoints/ linked elsewhere,
+metrics.jsonl linked to another file) or a pointer that climbs out of it is refused with one line
+naming it before anything is written, truncated or deleted.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
+
+from models.paths import in_place_file, inside
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -192,7 +199,7 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     pointer = read_pointer(run_dir)
     if pointer is None:
         raise CheckpointError(f"run_dir {str(run_dir)!r} has no {POINTER}: no checkpoint was written yet")
-    return Path(run_dir) / pointer["path"]
+    return inside(run_dir, pointer["path"], what=f"{POINTER} path")
 
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -211,7 +218,7 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
         raise CheckpointError(f"run_dir {str(run_dir)!r} already has a checkpoint of step {previous['step']}; "
                               f"cannot write step {step} over it")
     length = metrics.sync() if metrics is not None else {"records": 0, "bytes": 0}
-    target = run_dir / CHECKPOINTS / _step_dir_name(step)
+    target = inside(run_dir, CHECKPOINTS, _step_dir_name(step))
     if target.exists():  # an unreferenced leftover of a crash at this very step
         shutil.rmtree(target)
     target.mkdir(parents=True)
@@ -248,10 +255,11 @@ def remove_stale(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     pointer = read_pointer(run_dir)
     current = pointer["path"].split("/", 1)[1] if pointer else None
-    if (run_dir / CHECKPOINTS).is_dir():
-        for entry in sorted((run_dir / CHECKPOINTS).iterdir()):
-            if entry.name != current:
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    checkpoints = inside(run_dir, CHECKPOINTS)
+    if checkpoints.is_dir():
+        for entry in sorted(checkpoints.iterdir()):
+            if entry.name != current:   # a link is removed itself, never what it points to
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     for name in (CONFIG, POINTER):
         for leftover in run_dir.glob(f".{name}.*.tmp"):
             leftover.unlink()
@@ -393,7 +401,7 @@ class MetricsLog:
 def open_metrics(run_dir: str | Path, keep: dict[str, int] | None = None) -> tuple[MetricsLog, list[dict[str, Any]]]:
     """Open metrics.jsonl for appending after truncating it to `keep` (a checkpoint's
     {"records", "bytes"}; None: empty). Returns the log and the records kept."""
-    path = Path(run_dir) / METRICS
+    path = in_place_file(run_dir, METRICS)
     keep = keep or {"records": 0, "bytes": 0}
     size = path.stat().st_size if path.exists() else 0
     if size < keep["bytes"]:

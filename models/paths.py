@@ -1,0 +1,53 @@
+"""Run directories are a closed world: every path the toolkit writes, truncates, renames or deletes
+inside one, and every pointer it follows there, is resolved by `inside` first.
+
+    inside(run_dir, "checkpoints", "step-000000010")      -> run_dir/checkpoints/step-000000010
+    inside(run_dir, pointer["path"], what="checkpoint.json path")
+    in_place_file(run_dir, "metrics.jsonl")                -> a path safe to append to or truncate
+
+`inside` refuses (PathRefused, a ValueError: one line naming the link or the path) a relative path
+that is absolute or climbs with "..", and any component below the run directory that is a
+symbolic link, so nothing reached through it can be outside. The run directory itself may be a
+link (the user named it). `in_place_file` also refuses a file with other hard links, whose data a
+truncation or an append would change elsewhere. Files replaced by an atomic rename need no more
+than `inside` for their directory: a rename replaces a link, never its target.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePath
+
+
+class PathRefused(ValueError):
+    """A path inside a run directory is a symbolic link, climbs out of it, or is shared with a file
+    outside it."""
+
+
+def inside(root: str | os.PathLike, *parts: str | os.PathLike, what: str | None = None) -> Path:
+    """root / parts, checked to stay inside root: parts relative without "..", and no component
+    below root a symbolic link. what: how to name the parts in the error (default the path)."""
+    root = Path(root)
+    relative = PurePath(*parts)
+    if relative.is_absolute() or ".." in relative.parts:
+        label = what or "path"
+        raise PathRefused(f"{label} {str(relative)!r} points outside the run directory {str(root)!r}; "
+                          "only relative paths inside it are allowed")
+    current = root
+    for part in relative.parts:
+        current = current / part
+        if current.is_symlink():
+            raise PathRefused(f"{current} is a symbolic link (to {os.readlink(current)!r}); refusing to "
+                              f"follow it out of the run directory {str(root)!r} (replace it by a real "
+                              "file or directory, or use another directory)")
+    return current
+
+
+def in_place_file(root: str | os.PathLike, *parts: str | os.PathLike) -> Path:
+    """`inside(root, *parts)` for a file written in place (appended to or truncated): also refused
+    when the file has other hard links."""
+    path = inside(root, *parts)
+    if path.is_file() and path.stat().st_nlink > 1:
+        raise PathRefused(f"{path} has {path.stat().st_nlink} hard links; refusing to write in place to a "
+                          f"file shared with another path (copy it: cp {path} {path}.tmp && mv {path}.tmp {path})")
+    return path
