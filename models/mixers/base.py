@@ -15,10 +15,9 @@ from torch import nn
 from models.config import ModelConfig
 from models.kernels import diag_scan
 from models.kernels.native.library import fresh
-from models.hooks import (HookPoint, add_shift, apply_step_pin, changed_steps, declared_state_patches,
+from models.hooks import (HookPoint, StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
                           hook_functions_only, only_read, scan_with_state_hook, selected_steps, state_pins, step_pins,
                           step_shifts)
-from models.state_patch import StatePlan
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
