@@ -30,8 +30,10 @@ Sections:
                T 1024); the logits of both are compared (max abs difference).
   interchange  the exact interchange grid (each position x {hook_resid_pre, mixer.hook_out,
                mixer.hook_state} x layer) at N = 8, T = 64 and 512: sites per second and peak.
-               At T = 512 a sample of positions (every 64th) is timed: the rate per site is
-               what is reported, the whole grid's time is its extrapolation.
+               A sample of positions is timed, the midpoint of every 8th (T 64) and 256th (T 512)
+               stretch of positions (REAL_SIZE_STEP_64 / _512), whose mean cost per site is the
+               grid's (a pass resumes at the site's position): the rate per site is what is
+               reported, the whole grid's time its extrapolation.
   attribution  attribution patching of the same grid at N = 8, T = 512 (all positions).
 """
 
@@ -319,6 +321,9 @@ def _grid(ours, name: str, positions):
     return site_grid(ours, hooks, list(positions))
 
 
+INTERCHANGE_STEP = {64: int(os.environ.get("REAL_SIZE_STEP_64", "8")), 512: int(os.environ.get("REAL_SIZE_STEP_512", "256"))}
+
+
 def section_interchange(name: str, lengths: list[int], rounds: int) -> list[dict]:
     from interp.analysis.interventions import interchange
 
@@ -328,8 +333,8 @@ def section_interchange(name: str, lengths: list[int], rounds: int) -> list[dict
         clean, corrupt = _grid_batches(name, length)
         with torch.no_grad():
             clean.targets[:, -1] = ours(clean.tokens)[:, -1].argmax(-1)
-        step = 1 if length <= 64 else 64
-        sites = _grid(ours, name, range(0, length, step))
+        step = INTERCHANGE_STEP[length]
+        sites = _grid(ours, name, range(step // 2, length, step))  # each stratum's midpoint: its mean cost
         full = len(_grid(ours, name, range(length)))
         result = measure({"interchange": lambda: interchange(ours, clean, corrupt, sites)}, 1, warmup=0)["interchange"]
         rows.append({"model": name, "T": length, "what": f"interchange, N 8, {len(sites)} of {full} sites",
