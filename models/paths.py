@@ -4,6 +4,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
     inside(run_dir, "checkpoints", "step-000000010")      -> run_dir/checkpoints/step-000000010
     inside(run_dir, pointer["path"], what="checkpoint.json path")
     in_place_file(run_dir, "metrics.jsonl")                -> a path safe to append to or truncate
+    with locked(run_dir, "run directory"): ...             one writer at a time (DirectoryLocked)
 
 `inside` refuses (PathRefused, a ValueError: one line naming the link or the path) a relative path
 that is absolute or climbs with "..", and any component below the run directory that is a
@@ -11,12 +12,23 @@ symbolic link, so nothing reached through it can be outside. The run directory i
 link (the user named it). `in_place_file` also refuses a file with other hard links, whose data a
 truncation or an append would change elsewhere. Files replaced by an atomic rename need no more
 than `inside` for their directory: a rename replaces a link, never its target.
+
+`locked` holds an exclusive `fcntl.flock` on DIR/.interp.lock (created once and left in place; the
+holder writes its pid into it) for as long as a training run, a resume or a sweep writes into DIR;
+the lock goes with the process, however it ends. A second writer gets DirectoryLocked at once, one
+line naming the holder's pid. The lock is re-entrant within a process (a sweep's trials share it).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePath
+
+LOCK = ".interp.lock"
+_held: dict[tuple[int, str], int] = {}   # (pid, real path) of a directory locked here -> nesting depth
 
 
 class PathRefused(ValueError):
@@ -51,3 +63,39 @@ def in_place_file(root: str | os.PathLike, *parts: str | os.PathLike) -> Path:
         raise PathRefused(f"{path} has {path.stat().st_nlink} hard links; refusing to write in place to a "
                           f"file shared with another path (copy it: cp {path} {path}.tmp && mv {path}.tmp {path})")
     return path
+
+
+class DirectoryLocked(RuntimeError):
+    """Another process is writing into the directory (it holds its lock)."""
+
+
+@contextmanager
+def locked(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path]:
+    """Hold the exclusive lock of `directory` (which must exist) while the block runs; yields the
+    lock file. DirectoryLocked when another process holds it (see the module docstring)."""
+    directory = Path(directory)
+    key = (os.getpid(), os.path.realpath(directory))   # a forked child is another holder
+    if key in _held:
+        _held[key] += 1
+        try:
+            yield inside(directory, LOCK)
+        finally:
+            _held[key] -= 1
+        return
+    path = inside(directory, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DirectoryLocked(f"{what} {str(directory)!r} is in use by process {holder} (it holds {path}); "
+                              "wait for it to finish or stop it, then re-run") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _held[key] = 1
+        yield path
+    finally:
+        _held.pop(key, None)
+        os.close(fd)   # releases the lock

@@ -10,6 +10,7 @@ import models
 from interp.training import checkpoint as ckpt
 from interp.tasks import make_task
 from interp.training.train import TrainConfig, make_optimizer, train
+from models.paths import LOCK
 
 
 def make_run(tmp_path, steps=6):
@@ -23,7 +24,7 @@ def make_run(tmp_path, steps=6):
 def test_run_directory_layout_and_config(tmp_path):
     run_dir, result, model_cfg, cfg = make_run(tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [ckpt.CONFIG, ckpt.POINTER, ckpt.CHECKPOINTS, ckpt.METRICS])
+        [ckpt.CONFIG, ckpt.POINTER, ckpt.CHECKPOINTS, ckpt.METRICS, LOCK])
     assert json.loads((run_dir / ckpt.POINTER).read_text()) == {"step": 6, "path": "checkpoints/step-000000006"}
     assert [p.name for p in (run_dir / ckpt.CHECKPOINTS).iterdir()] == ["step-000000006"]  # step 3 removed
     assert sorted(p.name for p in ckpt.checkpoint_dir(run_dir).iterdir()) == sorted(

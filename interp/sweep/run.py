@@ -11,6 +11,10 @@ others through the executor with a tqdm bar over trials, appends each row as it 
 records the failures. A grid sweep lists its failures at the end; the N* search cannot go on
 without a round's rows, so a failed trial there raises TrialsFailed (fix it, then re-run).
 
+One sweep at a time writes into `out`: `Sweep` calls and `run_spec` hold its lock
+(models.paths.locked); a second sweep on the same directory raises DirectoryLocked naming the
+holder's pid rather than run the same trials again.
+
 Each trial's row is its params plus the trial function's results plus trial_id, run_dir (relative
 to out) and attempts.
 """
@@ -29,7 +33,7 @@ from interp.sweep.executors import Executor, Job, Outcome
 from interp.sweep.spec import SweepSpec
 from interp.sweep.table import RESULTS, ResultTable, trial_id
 from interp.training.checkpoint import atomic_write_text, write_json
-from models.paths import in_place_file, inside
+from models.paths import in_place_file, inside, locked
 
 RUNS, N_STAR, KAPPA = "runs", "n_star.jsonl", "kappa.jsonl"
 
@@ -54,6 +58,10 @@ class Sweep:
         self.ran = 0
 
     def __call__(self, trials: Sequence[Mapping[str, Any]]) -> list[dict]:
+        with locked(self.out, "sweep directory"):
+            return self._run(trials)
+
+    def _run(self, trials: Sequence[Mapping[str, Any]]) -> list[dict]:
         keys = [trial_id(params) for params in trials]
         in_place_file(self.out, RESULTS)   # refused before any trial runs: a link, a shared file
         finished = self.table.rows()
@@ -114,6 +122,11 @@ def run_spec(spec: SweepSpec, executor: Executor, out: str | Path, *, progress: 
     kappa.jsonl next to the table); spec.json records the spec in out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with locked(out, "sweep directory"):
+        return _run_spec(spec, executor, out, progress)
+
+
+def _run_spec(spec: SweepSpec, executor: Executor, out: Path, progress: bool) -> SweepOutcome:
     write_json(out / "spec.json", spec.data)
     sweep = Sweep(out, executor, spec.trial_function(), progress=progress, raise_on_failure=spec.kind == "n_star")
     if spec.kind == "grid":

@@ -11,6 +11,7 @@
         trainer_state.json     step, optimizer scalars (param groups), curriculum state, file sizes,
                                and the length of metrics.jsonl at step s (records and bytes)
       metrics.jsonl          one JSON record per line (training and evaluation), appended as made
+      .interp.lock           the writer's lock (models.paths.locked; holds the pid of the last writer)
 
 No pickle anywhere: tensors go to safetensors, scalars to JSON.
 

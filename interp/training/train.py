@@ -35,7 +35,8 @@ start, metrics.jsonl appended as records are made, a checkpoint every `checkpoin
 at the end (crash-safe: see the checkpoint module). A directory that already holds a run is never
 overwritten: with `resume=True` training continues from its last complete checkpoint if the
 configs match (metrics.jsonl truncated to that checkpoint), otherwise CheckpointError names the
-differences.
+differences. The run directory is locked while training writes into it (`models.paths.locked`):
+a second `train` on it (two resumes at once) raises DirectoryLocked naming the holder's pid.
 
 Extending a run: `resume=True` with a larger `cfg.steps` (and nothing else changed) continues a
 finished (or interrupted) run to the new total. The steps already taken keep the learning rates
@@ -68,6 +69,7 @@ from interp.tasks.base import Batch, Task
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.devices import check_device
+from models.paths import LOCK, locked
 
 
 class TrainingDiverged(RuntimeError):
@@ -220,8 +222,25 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
                          f"task's vocab_size ({task.vocab_size})")
     if stop_at is not None and (not isinstance(stop_at, int) or isinstance(stop_at, bool) or stop_at < 1):
         raise ValueError(f"stop_at must be None or a positive int; got {stop_at!r}")
-    end = min(cfg.steps, stop_at or cfg.steps)
+    if out is None:
+        return _train(model_config, task, cfg, None, resume, stop_at, progress, label)
+    run_dir = _make_run_dir(Path(out))
+    with locked(run_dir, "run directory"):
+        return _train(model_config, task, cfg, run_dir, resume, stop_at, progress, label)
 
+
+def _make_run_dir(run_dir: Path) -> Path:
+    """Create the run directory (its parents too) unless it exists; ValueError when `out` is a file."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _train(model_config: ModelConfig, task: Task, cfg: TrainConfig, run_dir: Path | None, resume: bool,
+           stop_at: int | None, progress: bool, label: str) -> TrainResult:
+    """The training loop of `train` (arguments checked; run_dir created and locked by the caller)."""
+    end = min(cfg.steps, stop_at or cfg.steps)
     torch.manual_seed(cfg.seed)
     model = SequenceModel(model_config).to(cfg.device)
     optimizer = make_optimizer(model, cfg)
@@ -233,7 +252,6 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
         data = FiniteData.build(task, cfg.lengths or [cfg.train_length], cfg.dataset_size, cfg.val_size, cfg.data_seed)
         final = min(cfg.steps, math.ceil(cfg.max_epochs * data.n_train / cfg.batch_size) if cfg.max_epochs else cfg.steps)
         end = min(end, final)
-    run_dir = Path(out) if out is not None else None
     if run_dir is not None:
         config = ckpt.make_config(model_config.to_dict(), task_record(task), cfg.to_dict(), cfg.seed)
         step, records, state, log = _open_run_dir(run_dir, config, model, optimizer, resume, state)
@@ -331,15 +349,12 @@ def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, s
     """Create the run directory, or reopen an existing one for resuming (configs must match, but
     for a larger train.steps: an extension). Returns (step, records, state, metrics log)."""
     if not (run_dir / ckpt.CONFIG).exists():
-        if run_dir.exists() and not run_dir.is_dir():
-            raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
         leftovers = list(run_dir.glob(f".{ckpt.CONFIG}.*.tmp"))  # a crash while config.json was written
-        if run_dir.exists() and set(run_dir.iterdir()) - set(leftovers):
+        if set(run_dir.iterdir()) - set(leftovers) - {run_dir / LOCK}:
             raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; "
                                   "refusing to write into it")
         for leftover in leftovers:
             leftover.unlink()
-        run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.write_json(run_dir / ckpt.CONFIG, config)
         log, _ = ckpt.open_metrics(run_dir)
         return 0, [], state, log
