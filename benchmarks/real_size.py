@@ -28,6 +28,11 @@ Sections:
                function on hook_state and as a declared StatePatch(deltas=...), on a small Mamba
                (d_model 256, 4 layers, vocab 1024; B 8, T 256) and on the real config (B 1,
                T 1024); the logits of both are compared (max abs difference).
+  analysis     the logit lens at every position, a decomposition's direct logit attribution at
+               the last position (T 512), the effective attention of one layer for one head /
+               16 channels (T 1024, Mamba and Mamba-2), against a plain forward.
+  import       models.from_pretrained of a saved checkpoint directory against transformers'
+               from_pretrained of it: time, peak, peak / weight bytes.
   interchange  the exact interchange grid (each position x {hook_resid_pre, mixer.hook_out,
                mixer.hook_state} x layer) at N = 8, T = 64 and 512: sites per second and peak.
                A sample of positions is timed, the midpoint of every 8th (T 64) and 256th (T 512)
@@ -57,7 +62,7 @@ sys.path.insert(0, str(HERE.parent))
 from real_configs import REAL_SIZES, build_source, tokens  # noqa: E402
 from timing import interleaved, load_average  # noqa: E402
 
-SECTIONS = ("fwd", "cache", "patch", "lens", "interchange", "attribution")
+SECTIONS = ("fwd", "cache", "patch", "lens", "analysis", "import", "interchange", "attribution")
 RECURRENT = ("mamba", "mamba2")
 
 
@@ -357,6 +362,69 @@ def section_attribution(name: str, lengths: list[int], rounds: int) -> list[dict
              "sites_per_s": len(sites) / result["s"], "peak": result["peak"], "load": result["load"]}]
 
 
+def section_analysis(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    """The read-out analyses at T = 512, B = 1 against a plain forward of ours: the logit lens at
+    every position (a run_with_cache of the residual hooks, then Cache.logit_lens: [L + 1, 1, T,
+    vocab]), the residual decomposition's direct logit attribution at the last position, and
+    (Mamba, Mamba-2) the effective attention of the middle layer at T = 1024 for one head / 16
+    channels, every position pair."""
+    from interp.analysis.effective_attention import effective_attention
+
+    _, ours = _pair(name)
+    length = 512
+    ids = tokens(name, 1, length)
+    resid = [n for n in ours.hook_names() if n.endswith(("hook_resid_pre", "hook_resid_mid", "hook_resid_post",
+                                                          "hook_scale", "hook_embed", "mixer.hook_out", "mlp.hook_out"))]
+
+    def lens():
+        _, cache = ours.run_with_cache(ids, names=resid)
+        return cache.logit_lens()
+
+    def attribution():
+        _, cache = ours.run_with_cache(ids, names=resid)
+        stack = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), pos_slice=-1)
+        return cache.logit_attrs(stack, int(ids[0, -1]))
+
+    group = {"forward": torch.no_grad()(lambda: ours(ids)), "logit lens, every position": torch.no_grad()(lens),
+             "decomposition + direct logit attribution, last position": torch.no_grad()(attribution)}
+    rows = []
+    result = measure(group, rounds)
+    rows += [{"model": name, "T": length, "what": what, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+              "peak": r["peak"], "load": r["load"]} for what, r in result.items()]
+    if name in RECURRENT:
+        long_ids, layer = tokens(name, 1, 1024), len(ours.blocks) // 2
+        index = torch.tensor([0]) if name == "mamba2" else torch.arange(16)
+        what = f"effective attention, layer {layer}, {'head 0' if name == 'mamba2' else '16 channels'}"
+        result = measure({"forward": torch.no_grad()(lambda: ours(long_ids)),
+                          what: lambda: effective_attention(ours, long_ids, layer, index=index, progress=False)}, rounds)
+        rows += [{"model": name, "T": 1024, "what": w, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+                  "peak": r["peak"], "load": r["load"]} for w, r in result.items()]
+    return rows
+
+
+def section_import(name: str, lengths: list[int], rounds: int) -> list[dict]:
+    """models.from_pretrained of a checkpoint directory (config.json + safetensors, as saved by
+    transformers) against transformers' from_pretrained of the same directory: time and peak,
+    beside the weights' bytes."""
+    import tempfile
+
+    import transformers as tf
+
+    import models
+
+    source = build_source(name)
+    weights = sum(t.numel() * t.element_size() for t in source.state_dict().values())
+    directory = tempfile.mkdtemp(prefix="real-size-import-")
+    source.save_pretrained(directory)
+    del source
+    group = {"ours: models.from_pretrained(directory)": lambda: models.from_pretrained(directory),
+             "transformers: AutoModelForCausalLM.from_pretrained(directory)":
+                 lambda: tf.AutoModelForCausalLM.from_pretrained(directory)}
+    result = measure(group, rounds)
+    return [{"model": name, "what": what, "s": r["s"], "peak": r["peak"], "weights": weights, "load": r["load"]}
+            for what, r in result.items()]
+
+
 # ---- the driver ---------------------------------------------------------------------------
 
 def worker(section: str, name: str, lengths: list[int], rounds: int, threads: int) -> None:
@@ -411,6 +479,15 @@ def table(section: str, rows: list[dict]) -> list[str]:
                 continue
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.3f} | {r['vs_forward']:.2f} | "
                          f"{r['vs_lens']:.2f} | {gb(r['peak'])} | {r['diff']:.1e} | {r['load']} |")
+        return lines
+    if section == "import":
+        lines = ["| model | loader | s | peak GB | weights GB | peak / weights | load |", "|" + "---|" * 7]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['what']} | {r['error']} |" + " |" * 4)
+                continue
+            lines.append(f"| {r['model']} | {r['what']} | {r['s']:.2f} | {gb(r['peak'])} | {gb(r['weights'])} | "
+                         f"{r['peak'] / r['weights']:.2f} | {r['load']} |")
         return lines
     lines = ["| model | T | what | s | vs our forward | sites/s | whole grid s (extrapolated) | peak GB | load |",
              "|" + "---|" * 9]
