@@ -239,6 +239,14 @@ class SequenceModel(HookedMixin, nn.Module):
             x = self.blocks[j].resume(x, before, carry)
         return self.read_out(x, at, offset=start)
 
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options):
+        """Continue tokens [B, T] by up to max_new_tokens tokens, greedy or sampled, each new token
+        one step from the carried decoding state (recurrent state, conv window, KV cache), hooks
+        firing per token: models.decoding.generate (its docstring lists the options)."""
+        from models.decoding import generate
+
+        return generate(self, tokens, max_new_tokens, **options)
+
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of int ids [B, T]; got {type(tokens).__name__}")

@@ -140,9 +140,14 @@ class Attention(Mixer):
         if self.cfg.positional == "rope":
             cos, sin = rotary_tables(length, self.d_head, float(self.options["rope_base"]), q)
             q, k = apply_rotary(q, cos[queries_from:], sin[queries_from:]), apply_rotary(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or G, T(q), d_head]
+        return self.attend(*(t.transpose(1, 2) for t in (q, k, v)))  # [B, H or G, T(q), d_head]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of queries q [B, H, Tq, d_head] (rotated; the last Tq of the Tk key
+        positions) over keys k and values v [B, G, Tk, d_head] -> the output [B, Tq, D] (hooks
+        scores / pattern / z / result on the way)."""
         if self.n_kv < self.n_heads:
-            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, T, d_head]
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, Tk, d_head]
         explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
         if (explicit and recording(q, k, v) and self.execution_path != "instrumented"
                 and only_read(self.hook_attn_scores, self.hook_pattern)):
@@ -154,11 +159,31 @@ class Attention(Mixer):
             # backward is the saving (without a gradient pattern @ v is the cheaper way to z)
         if explicit:
             z = self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k)))) @ v  # [B, H, Tq, d_head]
-        elif queries_from == 0:
+        elif q.shape[2] == k.shape[2]:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], length, x.device))
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], q.device))
         return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
+
+    def mix_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """One decoding call with a KV cache (models.decoding): x [B, n, D] the mixer input (after
+        hook_in) at positions start, ..., start + n - 1; keys, values [B, G, >= start + n, d_head]
+        buffers holding the (rotated) keys and the values of positions < start. Writes this
+        call's keys and values at [start, start + n) and returns the output [B, n, D] (before
+        hook_out), the queries attending every cached position: O(start) per new token, no
+        earlier position recomputed. The hooks see the n new positions only (scores / pattern
+        [B, H, n, start + n])."""
+        batch, n, _ = x.shape
+        heads = self.qkv(x).view(batch, n, self.n_heads + 2 * self.n_kv, self.d_head)
+        q = self.hook_q(heads[:, :, : self.n_heads])  # [B, n, H, d_head]
+        k = self.hook_k(heads[:, :, self.n_heads : self.n_heads + self.n_kv])  # [B, n, G, d_head]
+        v = self.hook_v(heads[:, :, self.n_heads + self.n_kv :])
+        if self.cfg.positional == "rope":
+            cos, sin = rotary_tables(start + n, self.d_head, float(self.options["rope_base"]), q)
+            q, k = apply_rotary(q, cos[start:], sin[start:]), apply_rotary(k, cos[start:], sin[start:])
+        keys[:, :, start : start + n] = k.transpose(1, 2)
+        values[:, :, start : start + n] = v.transpose(1, 2)
+        return self.attend(q.transpose(1, 2), keys[:, :, : start + n], values[:, :, : start + n])
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""

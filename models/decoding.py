@@ -1,0 +1,407 @@
+"""Decoding: `generate` and the per-model `DecodingState` it carries from token to token.
+
+The prompt runs once through the ordinary (fast) per-block computation, which also returns what
+each layer carries forward; every new token is then a length-1 call through the same blocks and
+hook points, continuing from that carried state:
+
+    recurrent mixers (resume_context not None)   the state after the last step [B, *S] and the
+        mixer input (after hook_in) at the last resume_context positions [B, w, D], the window
+        prepare()'s short convolution reads: one step of the recurrence per token (fast_segment
+        from the carried state; the instrumented path while hook_state / hook_gate is in use).
+    attention                                   a KV cache: rotated keys and values
+        [B, G, T, d_head] (Attention.mix_cached); the new query attends every cached position.
+    mixers without a carried state (resume_context None: Based, Hyena, BaseConv)   the mixer
+        input before hook_in at every position [B, t, D]: the mixer is recomputed over the whole
+        prefix at each token (correct, O(t) per token; their hooks then see every position).
+
+Positions. While a call runs every hook point of the model has `hook.position`, the absolute
+position of the first step on the time axis of what it sees (the query axis of hook_attn_scores
+/ hook_pattern): 0 for the prompt, t for the token at position t, so a hook function knows
+where it is (`getattr(hook, "position", 0)` also works in an ordinary forward). Inside a
+recurrent mixer the hooks of prepare() (hook_conv, hook_dt, hook_q, ...) see the window and the
+new position, [B, w + 1, ...], starting at t - w; a recomputed mixer's hooks see [B, t + 1, ...]
+from 0. The attribute is removed when generate returns.
+
+State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
+gets the entries it covers, shifted to its own time axis, so a patch at a prompt or a generated
+position changes every later token exactly as the same patch in a full forward over the final
+sequence. Hook functions on hook_state patch what they see (hook.position tells them where).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from models.cache import Cache
+from models.hooks import HookPoint, StatePatch
+from models.memory import progress_bar
+
+# hooks whose time axis is 2 (the query axis) and whose axis 3 grows with the keys
+QUERY_AXIS_HOOKS = ("hook_attn_scores", "hook_pattern")
+READ_OUT_HOOKS = ("hook_final", "hook_logits", "norm_final.hook_scale")
+UNSET = object()
+
+
+def mixer_kind(mixer) -> str:
+    """How a mixer decodes: "attention" (KV cache), "recurrent" (carried state and window) or
+    "recompute" (the whole prefix again at every token)."""
+    if hasattr(mixer, "mix_cached"):
+        return "attention"
+    if hasattr(mixer, "hook_state") and mixer.resume_context is not None:
+        return "recurrent"
+    return "recompute"
+
+
+class DecodingState:
+    """What a model carries from one decoding call to the next, one dict per layer:
+
+        recurrent   {"state": [B, *S] after the last step, "window": [B, w, D] mixer inputs
+                     (after hook_in) at the last w = resume_context positions}
+        attention   {"keys", "values": [B, G, >= position, d_head]} (buffers; positions
+                     < `position` are valid; keys rotated for positional="rope")
+        recompute   {"inputs": [B, position, D]} mixer inputs (before hook_in) at every position
+
+    position: the number of positions consumed (the absolute position of the next token).
+    Edit a layer's tensors in place or replace them (same shapes) to change what comes next;
+    copy() and select(rows) give independent states; save(path) / load(path) use safetensors."""
+
+    def __init__(self, layers: list[dict[str, torch.Tensor]], position: int) -> None:
+        self.layers, self.position = layers, position
+
+    def trimmed(self) -> list[dict[str, torch.Tensor]]:
+        """The layers with the KV buffers cut to the valid positions (views)."""
+        return [{k: v[:, :, : self.position] if k in ("keys", "values") else v for k, v in layer.items()}
+                for layer in self.layers]
+
+    def copy(self) -> "DecodingState":
+        return DecodingState([{k: v.clone() for k, v in layer.items()} for layer in self.trimmed()], self.position)
+
+    def select(self, rows) -> "DecodingState":
+        """The state of the batch rows `rows` (an index or [R] int tensor) only, as a copy."""
+        rows = torch.as_tensor(rows)
+        return DecodingState([{k: v[rows].clone() for k, v in layer.items()} for layer in self.trimmed()],
+                             self.position)
+
+    @property
+    def batch(self) -> int:
+        return next(iter(self.layers[0].values())).shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for layer in self.layers for v in layer.values())
+
+    def save(self, path) -> None:
+        """Write the state to one safetensors file (tensors by "layers.{l}.{key}", the position
+        in the metadata), atomically."""
+        import os
+
+        from safetensors.torch import save_file
+
+        tensors = {f"layers.{i}.{k}": v.contiguous() for i, layer in enumerate(self.trimmed()) for k, v in layer.items()}
+        tmp = f"{path}.tmp"
+        save_file(tensors, tmp, metadata={"position": str(self.position), "n_layers": str(len(self.layers))})
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "DecodingState":
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+            layers: list[dict[str, torch.Tensor]] = [{} for _ in range(int(meta["n_layers"]))]
+            for name in f.keys():
+                _, layer, key = name.split(".", 2)
+                layers[int(layer)][key] = f.get_tensor(name)
+        return cls(layers, int(meta["position"]))
+
+
+def grown(buffer: torch.Tensor | None, axis: int, needed: int, like: torch.Tensor) -> torch.Tensor:
+    """buffer with room for `needed` entries on `axis` (doubling, the old entries copied); a new
+    one shaped like `like` when None."""
+    if buffer is None:
+        shape = list(like.shape)
+        shape[axis] = needed
+        return like.new_zeros(shape)
+    if buffer.shape[axis] >= needed:
+        return buffer
+    shape = list(buffer.shape)
+    shape[axis] = max(needed, 2 * buffer.shape[axis])
+    bigger = buffer.new_zeros(shape)
+    bigger.narrow(axis, 0, buffer.shape[axis]).copy_(buffer)
+    return bigger
+
+
+@contextlib.contextmanager
+def at_position(points: Sequence[HookPoint], position: int):
+    """Set hook.position on these hook points for the block of code (restored after)."""
+    previous = [p.__dict__.get("position", UNSET) for p in points]
+    for p in points:
+        p.position = position
+    try:
+        yield
+    finally:
+        for p, value in zip(points, previous):
+            if value is UNSET:
+                del p.position
+            else:
+                p.position = value
+
+
+def mixer_hooks(mixer) -> list[HookPoint]:
+    return [m for m in mixer.modules() if isinstance(m, HookPoint)]
+
+
+def run_attention(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
+    """Attention from its KV cache: x [B, n, D] (after norm) at positions start, ... -> [B, n, D]."""
+    u = mixer.hook_in(x)
+    end = start + x.shape[1]
+    like = u.new_zeros(u.shape[0], mixer.n_kv, 1, mixer.d_head)
+    layer["keys"] = grown(layer.get("keys"), 2, end, like)
+    layer["values"] = grown(layer.get("values"), 2, end, like)
+    return mixer.hook_out(mixer.mix_cached(u, layer["keys"], layer["values"], start))
+
+
+def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
+    """A recurrent mixer from its carried state and window: x [B, n, D] -> [B, n, D]."""
+    n = x.shape[1]
+    u = mixer.hook_in(x)
+    window = u if "window" not in layer else torch.cat([layer["window"], u], dim=1)  # [B, w + n, D]
+    w = window.shape[1] - n
+    with at_position(mixer_hooks(mixer), start - w):
+        inputs = {name: value[:, w:] for name, value in mixer.prepare(window).items()}
+    out, layer["state"] = scan_from(mixer, u, inputs, layer.get("state"))
+    layer["window"] = window[:, window.shape[1] - mixer.resume_context:] if mixer.resume_context else window[:, :0]
+    return mixer.hook_out(out)
+
+
+def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
+    """(output [B, n, D], state after the last step [B, *S]) of a recurrent mixer from prepared
+    inputs and the carried state `initial` (None: the initial state): its fast segment, or while
+    its per-step hooks are in use the instrumented path (patches pinned, the last state read
+    after them)."""
+    if not mixer.wants_instrumented():
+        return mixer.fast_segment(u, inputs, initial)
+    final: list[torch.Tensor] = []
+    reader = lambda states, hook: final.append(states[:, -1])  # noqa: E731  the last state, after patches
+    mixer.hook_state._readers.append(reader)
+    try:
+        out = mixer.instrumented_forward(u, inputs, initial)
+    finally:
+        mixer.hook_state._readers.remove(reader)
+    return out, final[-1]
+
+
+def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
+    """A mixer without a carried state, recomputed over every position so far -> [B, n, D]."""
+    n = x.shape[1]
+    history = x if "inputs" not in layer else torch.cat([layer["inputs"], x], dim=1)  # [B, start + n, D]
+    layer["inputs"] = history
+    with at_position(mixer_hooks(mixer), 0):
+        return mixer(history)[:, history.shape[1] - n:]
+
+
+RUNNERS = {"attention": run_attention, "recurrent": run_recurrent, "recompute": run_recompute}
+
+
+def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all_logits: bool = False):
+    """Run tokens [B, n] at positions state.position, ... (0 with no state), continuing from
+    `state` (updated in place; a new one when None) -> (logits, state): logits [B, n, V] when
+    all_logits, else [B, V] at the last position only (the read-out of that one position)."""
+    model.check_tokens(tokens)
+    state = DecodingState([{} for _ in model.blocks], 0) if state is None else state
+    if state.layers and state.layers[0] and state.batch != tokens.shape[0]:
+        raise ValueError(f"tokens has {tokens.shape[0]} rows; the decoding state has {state.batch}")
+    start, n = state.position, tokens.shape[1]
+    if hasattr(model, "pos_embed") and start + n > model.cfg.max_len:
+        raise ValueError(f"positions up to {start + n} exceed the learned positions' max_len={model.cfg.max_len}")
+    with at_position(list(model.hook_dict.values()), start):
+        x = model.embed(tokens)
+        if hasattr(model, "pos_embed"):
+            x = x + model.pos_embed(torch.arange(start, start + n, device=tokens.device))
+        x = model.hook_embed(x)
+        for block, layer in zip(model.blocks, state.layers):
+            x = block.hook_resid_pre(x)
+            mixed = RUNNERS[mixer_kind(block.mixer)](block.mixer, block.norm_mixer(x), layer, start)
+            x = block.after_mixer(x, mixed)
+        if all_logits:
+            logits = model.read_out(x)
+        else:
+            logits = model.read_out(x, torch.full((x.shape[0],), n - 1, device=x.device))
+    state.position = start + n
+    return logits, state
+
+
+def next_tokens(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
+                top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
+    """The next token [B] from logits [B, V]: argmax, or a sample from softmax(logits /
+    temperature) restricted to the top_k most likely tokens and then to the smallest set whose
+    probability reaches top_p (the order of HF's warpers)."""
+    if not do_sample:
+        return logits.argmax(-1)
+    scores = logits.float() / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, index = scores.sort(dim=-1, descending=False)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative <= 1 - top_p
+        drop[:, -1] = False  # keep at least the most likely token
+        scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+
+
+def check_sampling(max_new_tokens, do_sample, temperature, top_k, top_p, seed) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be a bool; got {do_sample!r}")
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature must be a float > 0; got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1; got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or a float in (0, 1]; got {top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be None or an int; got {seed!r}")
+
+
+class Recorder:
+    """Readers for generate's cache: each call's new positions of every named hook, joined along
+    the time axis at the end (the key axis of scores / pattern padded to the final length)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.chunks: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        self.call_start = 0
+
+    def readers(self) -> list[tuple[str, Callable]]:
+        return [(name, self.reader(name)) for name in self.chunks]
+
+    def reader(self, name: str):
+        axis = 2 if name.endswith(QUERY_AXIS_HOOKS) else 1
+
+        def store(x: torch.Tensor, hook: HookPoint) -> None:
+            skip = self.call_start - getattr(hook, "position", 0)
+            self.chunks[name].append(x.detach().narrow(axis, skip, x.shape[axis] - skip))
+
+        return store
+
+    def cache(self, model, length: int) -> Cache:
+        cache = Cache(model=model)
+        for name, chunks in self.chunks.items():
+            if name.endswith(QUERY_AXIS_HOOKS):
+                fill = float("-inf") if name.endswith("hook_attn_scores") else 0.0
+                chunks = [torch.nn.functional.pad(c, (0, length - c.shape[-1]), value=fill) for c in chunks]
+                cache[name] = torch.cat(chunks, dim=2)
+            elif chunks:
+                cache[name] = torch.cat(chunks, dim=1)
+        return cache
+
+
+def split_hooks(model, fwd_hooks) -> tuple[list, list[tuple[str, StatePatch]]]:
+    """fwd_hooks -> (hook functions, [(hook_state name, StatePatch)]): StatePatches are handed to
+    each call translated to its positions (call_patches); their times must be >= 0."""
+    functions, patches = [], []
+    for pair in fwd_hooks:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[1], StatePatch):
+            functions.append(pair)
+            continue
+        name, patch = pair
+        names = [n for n in model.hook_dict if name(n)] if callable(name) else [name]
+        for target in names:
+            model.hook_point(target)
+            if not target.endswith("hook_state") or mixer_kind(model.get_submodule(target.rsplit(".", 1)[0])) == "attention":
+                raise ValueError(f"a StatePatch goes on a recurrent mixer's hook_state; got {target!r}")
+            if int(patch.times.min()) < 0:
+                raise ValueError(f"a StatePatch in generate names absolute steps (times >= 0); got "
+                                 f"times {patch.times.tolist()[:8]} on {target!r}")
+            patches.append((target, patch))
+    return functions, patches
+
+
+def call_patches(model, patches, start: int, n: int) -> list[tuple[str, StatePatch]]:
+    """The StatePatches' entries a call at positions [start, start + n) covers, as StatePatches
+    on that call's time axis (a recomputed mixer's axis starts at 0, a recurrent one's at start)."""
+    out = []
+    for name, patch in patches:
+        kind = mixer_kind(model.get_submodule(name.rsplit(".", 1)[0]))
+        first = 0 if kind == "recompute" else start
+        keep = (patch.times >= first) & (patch.times < start + n)
+        if not bool(keep.any()):
+            continue
+        rows, times = patch.rows[keep], patch.times[keep] - first
+        if patch.mode == "map":
+            out.append((name, StatePatch(rows, times, fn=patch.payload)))
+        else:
+            index = keep.nonzero()[:, 0].to(patch.payload.device)
+            given = {"values" if patch.mode == "set" else "deltas": patch.payload[index]}
+            out.append((name, StatePatch(rows, times, **given)))
+    return out
+
+
+def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             eos_token_id: int | None = None, pad_token_id: int | None = None, fwd_hooks: Sequence[tuple] = (),
+             cache_names=None, state: DecodingState | None = None, return_state: bool = False,
+             allow_nonfinite: bool = False, progress: bool = True):
+    """Continue tokens [B, T] by up to max_new_tokens tokens -> tokens [B, T + N] (N <= max_new_tokens).
+
+    Greedy (argmax) by default; do_sample=True samples with temperature, top_k and top_p from a
+    torch.Generator seeded with `seed` (same seed, same tokens on the CPU). eos_token_id: a row
+    that produced it is finished; later positions of that row hold pad_token_id (default: the
+    eos id) and the loop stops when every row is finished (finished rows are still computed,
+    on the pad tokens). fwd_hooks: [(name or predicate, fn)] patches active for the prompt and
+    every new token (hook.position says where a call is, the module docstring); StatePatches
+    name absolute steps. cache_names: hook names (as run_with_cache's `names`) to record over
+    prompt + generated positions: returns (tokens, Cache) with [B, T + N - 1, ...] entries (the
+    last token is sampled, never run; read-out hooks hold every prompt position only when
+    named). state: a DecodingState to continue from (tokens are then the tokens at positions
+    state.position, ...; it is advanced in place); return_state=True appends the final state
+    to what is returned.
+    """
+    check_sampling(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < model.cfg.vocab_size):
+            raise ValueError(f"{name} must be None or a token id in [0, {model.cfg.vocab_size}); got {value!r}")
+    model.check_tokens(tokens)
+    last = (0 if state is None else state.position) + tokens.shape[1] + max_new_tokens - 1  # positions run
+    if hasattr(model, "pos_embed") and last > model.cfg.max_len:
+        raise ValueError(f"{tokens.shape[1]} tokens + max_new_tokens={max_new_tokens} run {last} positions; the "
+                         f"learned positions allow max_len={model.cfg.max_len}")
+    functions, patches = split_hooks(model, fwd_hooks)
+    names = [] if cache_names is None else model.resolve_hook_names(cache_names)
+    recorder = Recorder(names)
+    hooked_names = {n for n in names} | {n for n, _ in functions if isinstance(n, str)}
+    full_read_out = any(n.endswith(READ_OUT_HOOKS) for n in hooked_names) or any(callable(n) for n, _ in functions)
+    generator = torch.Generator().manual_seed(seed) if do_sample and seed is not None else None
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    out, feed = tokens, tokens
+    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    with torch.no_grad(), model.hooks(functions, readers=recorder.readers(), allow_nonfinite=allow_nonfinite), \
+            progress_bar(max_new_tokens, progress, desc="generate", unit="tok") as bar:
+        for step in range(max_new_tokens):
+            start = 0 if state is None else state.position
+            recorder.call_start = start
+            with model.hooks(call_patches(model, patches, start, feed.shape[1]), allow_nonfinite=allow_nonfinite):
+                logits, state = advance(model, feed, state, all_logits=full_read_out and step == 0)
+            logits = logits[:, -1] if logits.dim() == 3 else logits
+            new = next_tokens(logits, do_sample, temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                new = torch.where(finished, torch.full_like(new, pad), new)
+                finished |= new == eos_token_id
+            out = torch.cat([out, new[:, None]], dim=1)
+            feed = new[:, None]
+            bar.update(1)
+            if eos_token_id is not None and bool(finished.all()):
+                break
+    result = [out]
+    if cache_names is not None:
+        result.append(recorder.cache(model, out.shape[1] - 1))
+    if return_state:
+        result.append(state)
+    return result[0] if len(result) == 1 else tuple(result)
