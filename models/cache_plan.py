@@ -177,14 +177,16 @@ class CachePlan:
                                 f"on disk, more than the {format_bytes(free)} free there; {self.summary()}; keep some "
                                 "positions (positions=[...]) or heads (heads=[...]) or fewer names (docs/caches.md)")
 
-    def select(self, name: str, x: torch.Tensor, emitted: Sequence[int] | None = None) -> torch.Tensor:
+    def select(self, name: str, x: torch.Tensor, emitted: Sequence[int] | None = None,
+               emitted_heads: Sequence[int] | None = None) -> torch.Tensor:
         """x restricted to `name`'s kept positions and heads (x itself when it keeps them all).
         emitted: the (ascending, distinct) steps x already holds on its time axis, when the mixer
-        formed only those (models.hooks.selected_steps)."""
+        formed only those (models.hooks.selected_steps); emitted_heads likewise of its head axis
+        (models.hooks.selected_heads)."""
         layout = self.layouts.get(name)
         if layout is None:
             return x
-        return self._select_heads(name, layout, self._select_positions(name, layout, x, emitted))
+        return self._select_heads(name, layout, self._select_positions(name, layout, x, emitted), emitted_heads)
 
     def _select_positions(self, name: str, layout: HookLayout, x: torch.Tensor, emitted) -> torch.Tensor:
         kept, axis = self.positions.get(name), layout.time_axis
@@ -199,10 +201,14 @@ class CachePlan:
                              f"were planned for T={self.length}")
         return x.index_select(axis, _long(kept, x))
 
-    def _select_heads(self, name: str, layout: HookLayout, x: torch.Tensor) -> torch.Tensor:
+    def _select_heads(self, name: str, layout: HookLayout, x: torch.Tensor, emitted=None) -> torch.Tensor:
         kept, axis = self.heads.get(name), layout.head_axis
         if kept is None or axis is None:
             return x
+        if emitted is not None:
+            where = {h: i for i, h in enumerate(emitted)}
+            index = [where[h] for h in kept]
+            return x if index == list(range(x.shape[axis])) else x.index_select(axis, _long(index, x))
         if x.shape[axis] != layout.n_heads:
             raise ValueError(f"{name!r} fired with {x.shape[axis]} {layout.head_unit} on axis {axis}; heads were "
                              f"planned for {layout.n_heads}")

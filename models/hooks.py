@@ -95,6 +95,8 @@ class HookPoint(nn.Module):
         # while emit(x, positions) runs: the steps x holds on its time axis, when a mixer formed
         # only the steps its readers want (selected_steps); None: every step
         self.emitted_positions: list[int] | None = None
+        # likewise the heads / channels x holds on its head axis (selected_heads); None: every one
+        self.emitted_heads: list[int] | None = None
         # gradient probes of a hook_state (run_with_cache(incl_bwd=True)): lists that
         # scan_with_state_hook appends its zero shift [B, T, *S] (requires grad) to
         self._probes: list[list[torch.Tensor]] = []
@@ -108,15 +110,16 @@ class HookPoint(nn.Module):
             self.emit(out)
         return out
 
-    def emit(self, x: torch.Tensor, positions: list[int] | None = None) -> None:
+    def emit(self, x: torch.Tensor, positions: list[int] | None = None, heads: list[int] | None = None) -> None:
         """Hand the final value to every reader (cache); positions: the steps x holds on its time
-        axis when it is not every step (selected_steps), seen by readers as emitted_positions."""
-        self.emitted_positions = positions
+        axis when it is not every step (selected_steps), seen by readers as emitted_positions;
+        heads likewise of its head axis (selected_heads), seen as emitted_heads."""
+        self.emitted_positions, self.emitted_heads = positions, heads
         try:
             for reader in self._readers:
                 reader(x, self)
         finally:
-            self.emitted_positions = None
+            self.emitted_positions = self.emitted_heads = None
 
     @property
     def has_patches(self) -> bool:
@@ -147,6 +150,17 @@ def selected_steps(hook: HookPoint) -> list[int] | None:
     if not hook._readers or hook.has_patches or hook._probes:
         return None
     wanted = [getattr(reader, "positions", None) for reader in hook._readers]
+    return None if any(w is None for w in wanted) else sorted(set().union(*wanted))
+
+
+def selected_heads(hook: HookPoint) -> list[int] | None:
+    """The heads / channels (ascending, distinct, >= 0) of hook's head axis that its readers
+    keep, when every reader keeps only some (run_with_cache(heads=...): the reader's `heads`) and
+    nothing patches or probes it: a mixer may then form the states of those only and emit them
+    with them (HookPoint.emit(x, heads=...)). Else None."""
+    if not hook._readers or hook.has_patches or hook._probes:
+        return None
+    wanted = [getattr(reader, "heads", None) for reader in hook._readers]
     return None if any(w is None for w in wanted) else sorted(set().union(*wanted))
 
 
@@ -431,11 +445,13 @@ class HookedMixin:
 
         def reader(name: str) -> Reader:
             def store(x: torch.Tensor, hook: HookPoint) -> None:
-                cache[hook.name] = plan.select(hook.name, x.detach() if detach else x, hook.emitted_positions)
+                cache[hook.name] = plan.select(hook.name, x.detach() if detach else x, hook.emitted_positions,
+                                               hook.emitted_heads)
                 if incl_bwd:
                     live[hook.name] = x
 
             store.positions = None if incl_bwd else plan.positions.get(name)  # read by selected_steps
+            store.heads = None if incl_bwd else plan.heads.get(name)  # read by selected_heads
             return store
 
         probes = {n: [] for n in selected} if incl_bwd else {}

@@ -147,3 +147,32 @@ def test_heads_are_checked(tokens):
         model.run_with_cache(tokens, ["hook_embed", "blocks.0.hook_resid_pre"], heads=[0])
     _, cache = model.run_with_cache(tokens, [state], heads=torch.tensor([-1, 0]))  # negative like Python
     assert cache.heads == {state: [3, 0]} and cache[state].shape == (B, T, 2, 32, 16)
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mamba_forms_the_selected_heads_states_only(name, dtype, tokens, monkeypatch):
+    """Mamba's channels and Mamba-2's heads recur apart, so heads=[...] on hook_state scans those
+    only (RecurrentMixer.head_states: the per-step path, which forms every state, never runs);
+    the cache equals the full states indexed, bit for bit, with and without positions, and the
+    logits are the plain forward's."""
+    from models.mixers.base import RecurrentMixer
+
+    model = build(name).to(dtype)
+    states = [n for n in model.hook_names() if n.endswith("hook_state")]
+    heads = [0, 2] if name == "mamba2" else [1, 17, -1]
+    with torch.no_grad():
+        plain = model(tokens)
+        _, full = model.run_with_cache(tokens, names=states)
+
+        def forbidden(*args, **kwargs):
+            raise AssertionError("every state was formed")
+
+        monkeypatch.setattr(RecurrentMixer, "instrumented_forward", forbidden)
+        monkeypatch.setattr(RecurrentMixer, "selected_forward", forbidden)
+        for positions in (None, [0, T - 1]):
+            logits, cache = model.run_with_cache(tokens, names=states, heads=heads, positions=positions)
+            torch.testing.assert_close(logits, plain, rtol=0, atol=0)
+            for n in states:
+                expected = full[n] if positions is None else full[n][:, positions]
+                assert torch.equal(cache[n], expected[:, :, heads]), n

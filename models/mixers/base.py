@@ -16,8 +16,8 @@ from models.config import ModelConfig
 from models.kernels import diag_scan
 from models.kernels.native.library import fresh
 from models.hooks import (HookPoint, StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
-                          hook_functions_only, only_read, scan_with_state_hook, selected_steps, state_pins, step_pins,
-                          step_shifts)
+                          hook_functions_only, only_read, scan_with_state_hook, selected_heads, selected_steps,
+                          state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -156,7 +156,16 @@ class RecurrentMixer(Mixer):
         plan = self.declared_plan(x)
         if plan is not None:
             return self.declared_forward(x, self.prepare(x), plan)
-        steps = selected_steps(self.hook_state) if self.segments_allowed(x) else None
+        segments = self.segments_allowed(x)
+        steps = selected_steps(self.hook_state) if segments else None
+        heads = selected_heads(self.hook_state) if segments else None
+        if heads is not None:
+            inputs = self.prepare(x)
+            states = self.head_states(inputs, heads)  # [B, T, k, ...] or None
+            if states is not None:
+                self.hook_state.emit(states if steps is None else states[:, steps], positions=steps, heads=heads)
+                return self.fast_from(x, inputs)
+            return self.selected_forward(x, inputs, steps) if steps is not None else self.instrumented_forward(x, inputs)
         if steps is not None:
             return self.selected_forward(x, self.prepare(x), steps)
         if not self.wants_instrumented():
@@ -229,6 +238,13 @@ class RecurrentMixer(Mixer):
         the states themselves.)"""
         copy = states.clone()
         return lambda: iter([(0, copy)])
+
+    def head_states(self, inputs: dict[str, torch.Tensor], heads: list[int]) -> torch.Tensor | None:
+        """The states of the heads / channels `heads` of the state's head axis (models.cache_plan:
+        axis 2 of hook_state) only, [B, T, k, ...], from the initial state, or None where this
+        mixer forms them only with all the others (run_with_cache(heads=...) then indexes the
+        whole states). Override where the heads' recurrences run apart (Mamba, Mamba-2)."""
+        return None
 
     def selected_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], steps: list[int]) -> torch.Tensor:
         """The output [B, T, D] with hook_state emitted at `steps` only (ascending; the readers of

@@ -146,6 +146,16 @@ class Mamba(DiagonalScanMixer):
             return None
         return native_selective.selective_states(dt, self.A(), x, B, initial_state=initial, pins=pins, scale=scale)
 
+    def head_states(self, inputs, heads) -> torch.Tensor | None:
+        """The states of channels `heads` only [B, T, k, N] (each channel's recurrence runs apart)
+        from native selective_states on those channels, or None where it does not run."""
+        index = torch.tensor(heads, device=inputs["dt"].device)
+        picked = {**inputs, "dt": inputs["dt"][..., index], "x": inputs["x"][..., index]}
+        scale, A = self.native_scale(), self.A()[index]
+        if scale is None or not native_selective.selective_states_supported(picked["dt"], A, picked["x"], picked["B"]):
+            return None
+        return native_selective.selective_states(picked["dt"], A, picked["x"], picked["B"], scale=scale)
+
     def native_states_supported(self, inputs, initial=None) -> bool:
         dt, x, B = inputs["dt"], inputs["x"], inputs["B"]
         return self.native_scale() is not None and native_selective.selective_states_supported(dt, self.A(), x, B, initial)

@@ -178,6 +178,22 @@ class Mamba2(DiagonalScanMixer):
         states = states[0] if len(states) == 1 else torch.cat(states, dim=2)  # [B, T, E, N]
         return states.reshape(batch, length, *self.state_shape)
 
+    def head_states(self, inputs, heads) -> torch.Tensor | None:
+        """The states of heads `heads` only [B, T, k, P, N] (each head's recurrence runs apart) from
+        native selective_states on each head's P channels, or None where it does not run."""
+        batch, length = inputs["dt"].shape[:2]
+        per_group, n = self.heads // self.groups, self.d_state
+        x = inputs["x"]  # [B, T, H, P]
+        states = []
+        for h in heads:
+            dt = inputs["dt"][..., h : h + 1].expand(batch, length, self.head_dim).contiguous()  # [B, T, P]
+            A = self.A()[h].expand(self.head_dim, n).contiguous()  # [P, N], equal columns (shared decay)
+            B = inputs["B"][:, :, h // per_group].contiguous()  # [B, T, N]
+            if not native_selective.selective_states_supported(dt, A, x[:, :, h], B):
+                return None
+            states.append(native_selective.selective_states(dt, A, x[:, :, h].contiguous(), B))  # [B, T, P, N]
+        return torch.stack(states, dim=2)
+
     def native_states_supported(self, inputs, initial=None) -> bool:
         dt, A, x, B, _, h0, _ = self.selective_args(inputs, initial)[0]
         return native_selective.selective_states_supported(dt, A, x, B, h0)
