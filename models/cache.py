@@ -3,8 +3,10 @@
 `model.run_with_cache(tokens)` returns a Cache: `cache[name]` ([B, T, ...]), `cache[name, layer]`
 (TransformerLens' shorthand: `cache["resid_pre", 0]` is `blocks.0.hook_resid_pre`,
 `cache["pattern", 1]` is `blocks.1.mixer.hook_pattern`, `cache["post", 0]` is
-`blocks.0.mlp.hook_post`, `cache["scale", 0, "norm_mlp"]` is `blocks.0.norm_mlp.hook_scale`), and
-`cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`. A cache may live on disk
+`blocks.0.mlp.hook_post`, `cache["scale", 0, "norm_mlp"]` is `blocks.0.norm_mlp.hook_scale`),
+TransformerLens' names and keys (models.tl_names: `cache["blocks.0.attn.hook_pattern"]`,
+`cache["q", 0, "attn"]`, `cache["scale", 0, "ln1"]`, `cache["k6"]`; TL's hook_normalized is
+computed from the cached residual and scale), and `cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`. A cache may live on disk
 (`run_with_cache(to_disk=dir)`, `Cache.open(dir, model)`, `cache.save(dir)`: each tensor read from its
 file on access) and may hold some positions only (`cache.positions[name]`: the steps an entry keeps on
 its time axis) and some heads only (`cache.heads[name]`: the heads or channels it keeps on its head
@@ -49,12 +51,8 @@ import torch
 from torch import nn
 
 from models.cache_store import DiskStore, create_store, open_store
+from models.tl_names import NoCounterpart, act_name, normalized_inputs, tl_act_name
 
-# TransformerLens' short names -> our path inside blocks.{l}
-ALIASES = {
-    "attn_out": "mixer.hook_out", "mixer_out": "mixer.hook_out", "mlp_out": "mlp.hook_out",
-    "pre": "mlp.hook_pre", "post": "mlp.hook_post", "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post",
-}
 MODES = ("all", "mixer", "attn", "mlp")
 
 
@@ -127,7 +125,13 @@ class Cache(Mapping):
     # ------------------------------------------------------------------ the mapping
 
     def __getitem__(self, key) -> torch.Tensor:
-        name = self.resolve(key)
+        try:
+            name = self.resolve(key)
+        except NoCounterpart:
+            inputs = self._normalized_inputs(key)
+            if inputs is None:
+                raise
+            return self._normalized(*inputs)
         if name not in self._store:
             raise KeyError(unknown_name_message("cache key", name, list(self._store)))
         return self._store[name]
@@ -135,8 +139,28 @@ class Cache(Mapping):
     def __contains__(self, key) -> bool:  # without reading a disk-backed entry
         try:
             return self.resolve(key) in self._store
-        except TypeError:
+        except NoCounterpart:
+            return self._normalized_inputs(key) is not None
+        except (TypeError, KeyError):
             return False
+
+    def _normalized_inputs(self, key) -> tuple[str, str] | None:
+        """TransformerLens' hook_normalized keys (ln1, ln2, ln_final): (cached residual, cached
+        scale) it is computed from, when both are cached and the model is known; else None."""
+        if isinstance(key, tuple):
+            layer = key[1] + self.n_layers if isinstance(key[1], int) and key[1] < 0 else key[1]
+            key = tl_act_name(key[0], layer, key[2] if len(key) == 3 else None)
+        found = normalized_inputs(tl_act_name(key), self.n_layers)
+        if self.model is None or found is None or not all(n in self._store for n in found):
+            return None
+        return found
+
+    def _normalized(self, resid: str, scale: str) -> torch.Tensor:
+        """TL's hook_normalized [B, T, D]: the residual, centred for a LayerNorm, over the scale."""
+        x = self._store[resid]
+        if getattr(self.model.get_submodule(scale.rsplit(".", 1)[0]), "centred", False):
+            x = x - x.mean(-1, keepdim=True)
+        return x / self._store[scale]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._store)
@@ -148,28 +172,32 @@ class Cache(Mapping):
         self._store[name] = value
 
     def resolve(self, key) -> str:
-        """A hook name from a name or TransformerLens' (name, layer[, module]) shorthand."""
+        """A hook name from a name (ours, or TransformerLens' full name or get_act_name shorthand:
+        models.tl_names) or a (name, layer[, layer type]) key, ours or TL's (layer None: no block).
+        NoCounterpart (a KeyError) for a TL name whose concept we lack."""
         if isinstance(key, str):
-            return key
+            return key if key in self._store else act_name(key)
         if not isinstance(key, tuple) or len(key) not in (2, 3) or not isinstance(key[0], str) \
-                or not isinstance(key[1], int) or isinstance(key[1], bool):
-            raise TypeError(f"a cache key is a hook name or (name, layer[, module]); got {key!r}")
+                or not (key[1] is None or isinstance(key[1], int)) or isinstance(key[1], bool) \
+                or not (len(key) == 2 or key[2] is None or isinstance(key[2], str)):
+            raise TypeError(f"a cache key is a hook name or (name, layer[, layer type]); got {key!r}")
         short, layer = key[0], key[1]
+        layer_type = key[2] if len(key) == 3 else None
         grad = short.endswith("_grad")
         short = short[: -len("_grad")] if grad else short
-        if layer < 0:
-            layer += self.n_layers
-        if len(key) == 3:
-            candidates = [f"blocks.{layer}.{key[2]}.hook_{short}"]
-        elif short in ALIASES:
-            candidates = [f"blocks.{layer}.{ALIASES[short]}"]
-        else:
-            candidates = [f"blocks.{layer}.hook_{short}", f"blocks.{layer}.mixer.hook_{short}",
-                          f"blocks.{layer}.mlp.hook_{short}", f"blocks.{layer}.{short}"]
         suffix = "_grad" if grad else ""
+        if layer is not None and layer < 0:
+            layer += self.n_layers
+        try:
+            candidates, missing = [act_name(short, layer, layer_type)], None
+        except NoCounterpart as error:
+            candidates, missing = [], error
+        candidates += _our_candidates(short, layer, layer_type)
         for name in candidates:
             if name + suffix in self._store:
                 return name + suffix
+        if missing is not None:
+            raise missing
         return candidates[0] + suffix
 
     @property
@@ -431,6 +459,17 @@ def _pos(x: torch.Tensor, pos_slice) -> torch.Tensor:
     if isinstance(pos_slice, (list, tuple, torch.Tensor)):
         return x[..., torch.as_tensor(pos_slice, dtype=torch.long), :]
     raise TypeError(f"pos_slice must be None, an int, a slice or a list of positions; got {pos_slice!r}")
+
+
+def _our_candidates(short: str, layer: int | None, layer_type: str | None) -> list[str]:
+    """Our names a (short, layer[, layer type]) key may mean, most likely first: our layer types
+    ("norm_mlp", "mixer"), "mixer_out", or the short name at the block, its mixer or its MLP."""
+    block = "" if layer is None else f"blocks.{layer}."
+    if layer_type:
+        return [f"{block}{layer_type}.hook_{short}"]
+    if short == "mixer_out":
+        return [f"{block}mixer.hook_out"]
+    return [f"{block}hook_{short}", f"{block}mixer.hook_{short}", f"{block}mlp.hook_{short}", f"{block}{short}"]
 
 
 def _directions(w_u: torch.Tensor, tokens, stack: torch.Tensor) -> torch.Tensor:

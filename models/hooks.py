@@ -79,6 +79,7 @@ from models.cache_plan import CachePlan, plan_cache
 from models.cache_store import create_store
 from models.memory import budget_bytes
 from models.state_patch import StatePatch, StatePlan
+from models.tl_names import to_ours
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 Reader = Callable[[torch.Tensor, "HookPoint"], None]
@@ -301,7 +302,8 @@ class HookedMixin:
         return list(self.hook_dict)
 
     def resolve_hook_names(self, names: NameFilter) -> list[str]:  # type: ignore[valid-type]
-        """None -> all; a string or list -> those names (checked); a predicate -> matching names."""
+        """None -> all; a string or list -> those names (checked; TransformerLens names become
+        ours, models.tl_names); a predicate -> matching names."""
         if names is None:
             return self.hook_names()
         if callable(names):
@@ -312,16 +314,18 @@ class HookedMixin:
             raise TypeError(
                 f"names must be None, a hook name, a list of hook names or a predicate; got {type(names).__name__}"
             )
-        for name in names:
-            self.hook_point(name)
-        return list(names)
+        return [self.hook_point(name).name for name in names]
 
     def hook_point(self, name: str) -> HookPoint:
+        """The HookPoint of a hook name: ours, or a TransformerLens one (models.tl_names:
+        "blocks.0.attn.hook_pattern" is blocks.0.mixer.hook_pattern; NoCounterpart, a ValueError,
+        for a TL name whose concept we lack)."""
         if not isinstance(name, str):
             raise TypeError(f"hook name must be a str; got {type(name).__name__}")
-        if name not in self.hook_dict:
+        ours = name if name in self.hook_dict else to_ours(name)
+        if ours not in self.hook_dict:
             raise ValueError(unknown_name_message("hook name", name, self.hook_names()))
-        return self.hook_dict[name]
+        return self.hook_dict[ours]
 
     @contextlib.contextmanager
     def hooks(

@@ -1,0 +1,153 @@
+"""TransformerLens hook names and cache keys, translated to ours.
+
+A TransformerLens (TL) user may write TL's names wherever a hook name is taken
+(`run_with_hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", fn)])`, `run_with_cache(names=...)`,
+`model.hook_point(...)`) and TL's cache keys on a Cache (`cache["blocks.0.ln1.hook_scale"]`,
+`cache["q", 0, "attn"]`, `cache["scale", 0, "ln1"]`, `cache["resid_pre", 0, None]`,
+`cache["embed"]`, `cache["k6"]`, `cache["scale4ln1"]`: TL's `utils.get_act_name` shorthand). Each
+resolves to our name where the concept exists; a TL name whose concept we lack raises
+`NoCounterpart` (a KeyError, also a ValueError), saying so and naming what to read instead.
+
+TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: the layer)
+
+    hook_embed                          hook_embed (ours: token + learned position embedding,
+                                        TL's: token only; equal when positional != "learned")
+    hook_pos_embed                      none: inside our hook_embed (model.pos_embed.weight[:T])
+    blocks.l.hook_resid_pre|mid|post    the same
+    blocks.l.hook_attn_out              blocks.l.mixer.hook_out
+    blocks.l.hook_mlp_out               blocks.l.mlp.hook_out
+    blocks.l.ln1.hook_scale             blocks.l.norm_mixer.hook_scale
+    blocks.l.ln2.hook_scale             blocks.l.norm_mlp.hook_scale
+    ln_final.hook_scale                 norm_final.hook_scale
+    blocks.l.ln1|ln2.hook_normalized,   no hook: TL's is (x - mean) / hook_scale before the gain and
+    ln_final.hook_normalized            bias; a Cache computes it from the cached residual
+                                        (hook_resid_pre, hook_resid_mid, the last hook_resid_post)
+                                        and scale. The norm's output (gain and bias applied) is
+                                        blocks.l.mixer.hook_in, hook_final.
+    blocks.l.attn.hook_X                blocks.l.mixer.hook_X (q, k, v, z, attn_scores, pattern,
+                                        result, in, out; q and k before the rotary map in both)
+    blocks.l.attn.hook_rot_q|rot_k      none: we rotate inside the mixer
+    blocks.l.mlp.hook_pre|post          the same (swiglu: hook_pre is gate(x), as TL's)
+    blocks.l.mlp.hook_pre_linear|mid    none
+    blocks.l.hook_q_input|k_input|v_input|attn_in   none: TL's per-head copies of the
+                                        residual [B, T, H, D]; read blocks.l.hook_resid_pre
+    blocks.l.hook_mlp_in                none: read blocks.l.hook_resid_mid (patching it there
+                                        also changes the residual stream, not only the MLP input)
+
+Short names (get_act_name): "embed" -> hook_embed, "q" / "k" / "v" / "z" / "result" / "pattern" /
+"attn_scores" (and "attn", "attn_logits", "query", "key", "value") take the "attn" layer type,
+"pre" / "post" / "mid" / "pre_linear" (and "mlp_pre", "mlp_post") the "mlp" one; "scale" and
+"normalized" without a layer mean ln_final; layer types "a" / "attention" are "attn", "m" is "mlp".
+Our own layer types also work in tuples: `cache["scale", 0, "norm_mlp"]`, `cache["state", 1]`.
+A "_grad" suffix carries through (`cache["blocks.0.attn.hook_pattern_grad"]`).
+"""
+
+from __future__ import annotations
+
+import re
+
+# TL's get_act_name tables (transformer_lens.utilities.components_utils)
+_ACT_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
+                "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
+_LAYER_TYPE_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
+_ATTN_NAMES = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores")
+_MLP_NAMES = ("pre", "post", "mid", "pre_linear")
+
+_RESID_INPUT = ("TL's per-head copy of the residual stream [B, T, H, D] (use_split_qkv_input / "
+                "use_attn_in); we have no per-head input: read blocks.{l}.hook_resid_pre")
+# (TL pattern, our name with {l} or None, why there is none). Tried in order; the first match wins.
+_RULES: list[tuple[str, str | None, str]] = [
+    (r"blocks\.(\d+)\.hook_attn_out", "blocks.{l}.mixer.hook_out", ""),
+    (r"blocks\.(\d+)\.hook_mlp_out", "blocks.{l}.mlp.hook_out", ""),
+    (r"blocks\.(\d+)\.ln1\.hook_scale", "blocks.{l}.norm_mixer.hook_scale", ""),
+    (r"blocks\.(\d+)\.ln2\.hook_scale", "blocks.{l}.norm_mlp.hook_scale", ""),
+    (r"ln_final\.hook_scale", "norm_final.hook_scale", ""),
+    (r"(?:blocks\.(\d+)\.ln[12]|ln_final)\.hook_normalized", None,
+     "TL's hook_normalized is the centred input divided by hook_scale, before the gain and bias; "
+     "our norms hook only the scale (a Cache computes hook_normalized from the cached residual and "
+     "scale; the norm's output, with them, is what the next module reads: mixer.hook_in after ln1, "
+     "hook_final after ln_final)"),
+    (r"blocks\.(\d+)\.attn\.hook_rot_[qk]", None,
+     "we rotate queries and keys inside the mixer; blocks.{l}.mixer.hook_q / hook_k are before the "
+     "rotation, as TL's hook_q / hook_k"),
+    (r"blocks\.(\d+)\.attn\.hook_(\w+)", "blocks.{l}.mixer.hook_{x}", ""),
+    (r"blocks\.(\d+)\.hook_[qkv]_input", None, _RESID_INPUT),
+    (r"blocks\.(\d+)\.hook_attn_in", None, _RESID_INPUT),
+    (r"blocks\.(\d+)\.hook_mlp_in", None,
+     "read blocks.{l}.hook_resid_mid (TL's hook_mlp_in is a copy of it for the MLP alone: patching "
+     "our hook_resid_mid also changes the residual stream)"),
+    (r"blocks\.(\d+)\.mlp\.hook_(mid|pre_linear)", None,
+     "our MLPs have hook_pre (the pre-activation; gate(x) for swiglu), hook_post and hook_out"),
+    (r"hook_pos_embed", None,
+     "our hook_embed is the token plus the learned position embedding; the position part is "
+     "model.pos_embed.weight[:T]"),
+]
+_COMPILED = [(re.compile(pattern), ours, why) for pattern, ours, why in _RULES]
+
+
+class NoCounterpart(KeyError, ValueError):
+    """A TransformerLens name whose concept this toolkit lacks (a KeyError for cache lookups, a
+    ValueError for hook names, as our unknown names are)."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def tl_act_name(name: str, layer: int | str | None = None, layer_type: str | None = None) -> str:
+    """TransformerLens' utils.get_act_name: shorthand -> a TL hook name ("k6" ->
+    "blocks.6.attn.hook_k", ("scale", 4, "ln1") -> "blocks.4.ln1.hook_scale", "embed" ->
+    "hook_embed"); a full name is returned as it is."""
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    match = re.match(r"([a-z]+)(\d+)([a-z]?.*)", name)
+    if match is not None:
+        name, layer, layer_type = match.groups(0)  # type: ignore[assignment]
+    name = _ACT_ALIASES.get(name, name)
+    full = "" if layer is None else f"blocks.{layer}."
+    if name in _ATTN_NAMES:
+        layer_type = "attn"
+    elif name in _MLP_NAMES:
+        layer_type = "mlp"
+    elif layer_type in _LAYER_TYPE_ALIASES:
+        layer_type = _LAYER_TYPE_ALIASES[layer_type]
+    if layer_type:
+        full += f"{layer_type}."
+    full += f"hook_{name}"
+    if name in ("scale", "normalized") and layer is None:
+        full = f"ln_final.{full}"
+    return full
+
+
+def to_ours(name: str) -> str:
+    """Our hook name for a TransformerLens one (a "_grad" suffix kept); any other name unchanged.
+    Raises NoCounterpart for a TL name whose concept we lack."""
+    base, grad = (name[: -len("_grad")], "_grad") if name.endswith("_grad") else (name, "")
+    for pattern, ours, why in _COMPILED:
+        match = pattern.fullmatch(base)
+        if match is None:
+            continue
+        groups = match.groups()
+        layer = groups[0] if groups else ""
+        if ours is None:
+            raise NoCounterpart(f"{name!r} is a TransformerLens name with no counterpart here: "
+                                f"{why.format(l=layer or 0)}")
+        return ours.format(l=layer, x=groups[-1] if len(groups) > 1 else "") + grad
+    return name
+
+
+def normalized_inputs(name: str, n_layers: int) -> tuple[str, str] | None:
+    """For a TL hook_normalized name (ln1, ln2, ln_final): (our residual it normalises, our
+    hook_scale of that norm); else None."""
+    match = re.fullmatch(r"(?:blocks\.(\d+)\.(ln[12])|ln_final)\.hook_normalized", name)
+    if match is None:
+        return None
+    layer, norm = match.groups()
+    if norm is None:
+        return f"blocks.{n_layers - 1}.hook_resid_post", "norm_final.hook_scale"
+    resid, ours = ("resid_pre", "norm_mixer") if norm == "ln1" else ("resid_mid", "norm_mlp")
+    return f"blocks.{layer}.hook_{resid}", f"blocks.{layer}.{ours}.hook_scale"
+
+
+def act_name(name: str, layer: int | str | None = None, layer_type: str | None = None) -> str:
+    """get_act_name shorthand or a TL name -> our hook name (NoCounterpart where we have none)."""
+    return to_ours(tl_act_name(name, layer, layer_type))
