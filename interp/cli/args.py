@@ -32,6 +32,29 @@ non_negative_float = checked_number(float, lambda v: 0 <= v < float("inf"), "a n
 fraction = checked_number(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
+def output_path(text: str):
+    """--out: a non-empty path (pathlib.Path); argparse's Path would turn '' into '.'."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or directory; got {text!r}")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"must not contain a NUL character; got {text!r}")
+    return Path(text)
+
+
+def check_out(command: str, out) -> int | None:
+    """Preflight of an --out directory (interp.training.preflight.check_output_dir): None when it
+    can be a writable directory, else the exit status of the one-line error `argument --out: ...`."""
+    from interp.training.preflight import Refused, check_output_dir
+
+    try:
+        check_output_dir(out)
+    except Refused as error:
+        return fail(command, f"argument --out: {error}")
+    return None
+
+
 def length_list(text: str) -> list[int]:
     """'60,100,200' -> [60, 100, 200] (positive, comma-separated)."""
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interp.cli.args import fail
+from interp.cli.args import check_out, fail, output_path
 
 if TYPE_CHECKING:  # the heavy imports happen inside the functions, so `interp --help` stays fast
     from interp.training.evaluate import LengthEval
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
                     "evaluate both at lengths up to 1000, write an offline HTML report and print a "
                     "summary. Under 5 minutes on 2 CPU cores. Re-running with the same --out reuses "
                     "finished runs.")
-    demo.add_argument("--out", type=Path, default=None,
+    demo.add_argument("--out", type=output_path, default=None,
                       help="output directory (default runs/demo, or runs/demo-quick with --quick)")
     demo.add_argument("--quick", action="store_true", help="toy sizes, tens of seconds (a smoke test)")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
+    refused = check_out("demo", out)
+    if refused is not None:
+        return refused
     try:
         run_demo(out, quick=args.quick, progress=not args.no_progress)
     except (ValueError, FileExistsError) as error:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, length_list, non_negative_int, positive_int
+from interp.cli.args import device_name, fail, length_list, non_negative_int, output_path, positive_int
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
     drift.add_argument("--normalize", action="store_true",
                        help="divide every state by its norm first (the view of a scale-invariant read-out)")
     drift.add_argument("--seed", type=non_negative_int, default=None, help="data seed (default: the run's)")
-    drift.add_argument("--out", type=Path, default=None, help="HTML report (default RUN_DIR/drift.html)")
+    drift.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/drift.html)")
     drift.add_argument("--device", type=device_name, default="cpu", help="torch device")
     drift.set_defaults(func=run)
 

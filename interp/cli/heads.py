@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, non_negative_int, positive_int
+from interp.cli.args import device_name, fail, non_negative_int, output_path, positive_int
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     heads.add_argument("--seed", type=non_negative_int, default=1, help="evaluation seed")
     heads.add_argument("--impl", choices=IMPLS, default=None,
                        help="delta-rule kernel for the ablations (default: the model's own; triton on CUDA)")
-    heads.add_argument("--out", type=Path, default=None, help="HTML report path (default RUN_DIR/heads.html)")
+    heads.add_argument("--out", type=output_path, default=None, help="HTML report path (default RUN_DIR/heads.html)")
     heads.add_argument("--device", type=device_name, default="cpu", help="torch device")
     heads.set_defaults(func=run)
 

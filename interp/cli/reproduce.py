@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from interp.cli.args import fail
+from interp.cli.args import check_out, fail, output_path
 from interp.reproduce import names, reproduce
 from interp.reproduce.engine import SCALES
 
@@ -20,7 +19,7 @@ def add_parser(sub) -> None:
                    help="cpu (about 30 minutes on 2 cores) or paper (the seeds' sizes; for a GPU); default cpu")
     p.add_argument("--quick", action="store_true", help="toy sizes in seconds (a smoke test; numbers mean nothing)")
     p.add_argument("--device", default="cpu", help="torch device for training and measurement (default cpu)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/reproduce/NAME-SCALE)")
+    p.add_argument("--out", type=output_path, default=None, help="output directory (default runs/reproduce/NAME-SCALE)")
     p.add_argument("--no-progress", action="store_true", help="hide the per-run progress bars")
     p.set_defaults(func=run)
 
@@ -33,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
         return fail("reproduce", f"argument --scale: {args.scale!r} is not a scale; choose from {', '.join(allowed)} "
                                  "(or --quick for a smoke run)")
     scale = "quick" if args.quick else args.scale
+    refused = check_out("reproduce", args.out) if args.out is not None else None
+    if refused is not None:
+        return refused
     try:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress)
     except (ValueError, TypeError) as error:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import fail, non_negative_float, non_negative_int, positive_int
+from interp.cli.args import fail, non_negative_float, non_negative_int, output_path, positive_int
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     """--out, --executor, --workers, --address, --cpus-per-trial, --gpus-per-trial, --max-retries."""
-    parser.add_argument("--out", type=Path, required=True, help="sweep directory (created, or resumed)")
+    parser.add_argument("--out", type=output_path, required=True, help="sweep directory (created, or resumed)")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="local: a process pool (default); ray: Ray core tasks")
     parser.add_argument("--workers", type=positive_int, default=1,
@@ -55,6 +55,7 @@ def run_loaded(spec, args: argparse.Namespace, command: str) -> int:
     """Run a checked spec with the executor the arguments name; print the summary."""
     from interp.sweep.executors import make_executor
     from interp.sweep.run import TrialsFailed, run_spec
+    from interp.training.preflight import Refused
 
     try:
         executor = make_executor(args.executor, args.workers, args.max_retries, address=args.address,
@@ -63,6 +64,8 @@ def run_loaded(spec, args: argparse.Namespace, command: str) -> int:
         return fail(command, error)
     try:
         outcome = run_spec(spec, executor, args.out, progress=not args.no_progress)
+    except Refused as error:   # --out is a file, unwritable, a name too long
+        return fail(command, f"argument --out: {error}")
     except TrialsFailed as error:
         _print_failures(error.failures)
         print(f"the N* search stopped: fix the failing trials and re-run the same command to resume ({args.out})")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from pathlib import Path
 
-from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int, positive_float,
-                            positive_int)
+from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int,
+                            output_path, positive_float, positive_int)
 
 MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
     "--d-model": ("d_model", positive_int, "residual width"),
@@ -34,7 +33,7 @@ def add_parser(sub) -> None:
     train.add_argument("--steps", type=positive_int, required=True,
                        help="optimizer steps; with --resume, a larger number extends a finished run "
                             "(the remaining steps follow the cosine of the new total)")
-    train.add_argument("--out", type=Path, required=True, help="run directory to create (or resume)")
+    train.add_argument("--out", type=output_path, required=True, help="run directory to create (or resume)")
     train.add_argument("--batch-size", type=positive_int, default=64, help="sequences per step")
     train.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
     train.add_argument("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay of matrices")
@@ -59,6 +58,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import models
     from interp.tasks import make_task
+    from interp.training.preflight import Refused
     from interp.training.train import TrainConfig, train
 
     options = {"format": args.format} if args.format else {}
@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train(model_config, task, cfg, args.out, resume=args.resume, progress=not args.no_progress,
                        label=args.model)
+    except Refused as error:
+        return fail("train", f"argument {_flag_of(error.field)}: {error}")
     except (ValueError, TypeError, FileExistsError, RuntimeError) as error:
         return fail("train", error)
     except OSError as error:
@@ -97,6 +99,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"trained {args.model} on {task.name} for {result.step} steps in {result.seconds:.1f} s{tail}; "
           f"run directory {args.out}")
     return 0
+
+
+def _flag_of(field: str) -> str:
+    """The flag that sets a preflight field ("train.batch_size" -> --batch-size, "model.n_layers" ->
+    --n-layers; a model field without a flag: --model)."""
+    section, _, name = field.rpartition(".")
+    if section == "model":
+        return next((flag for flag, (f, _, _) in MODEL_OVERRIDES.items() if f == name), "--model")
+    return "--" + name.replace("_", "-")
 
 
 def _naming_flags(error: Exception, flags: dict[str, str], otherwise: str) -> str:

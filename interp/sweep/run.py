@@ -33,6 +33,7 @@ from interp.sweep.executors import Executor, Job, Outcome
 from interp.sweep.spec import SweepSpec
 from interp.sweep.table import RESULTS, ResultTable, trial_id
 from interp.training.checkpoint import atomic_write_text, write_json
+from interp.training.preflight import check_output_dir
 from models.paths import in_place_file, inside, locked
 
 RUNS, N_STAR, KAPPA = "runs", "n_star.jsonl", "kappa.jsonl"
@@ -121,6 +122,7 @@ def run_spec(spec: SweepSpec, executor: Executor, out: str | Path, *, progress: 
     """Run a grid spec's trials, or the N* study of an n_star spec (writing n_star.jsonl and
     kappa.jsonl next to the table); spec.json records the spec in out."""
     out = Path(out)
+    check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     with locked(out, "sweep directory"):
         return _run_spec(spec, executor, out, progress)

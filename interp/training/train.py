@@ -37,6 +37,9 @@ overwritten: with `resume=True` training continues from its last complete checkp
 configs match (metrics.jsonl truncated to that checkpoint), otherwise CheckpointError names the
 differences. The run directory is locked while training writes into it (`models.paths.locked`):
 a second `train` on it (two resumes at once) raises DirectoryLocked naming the holder's pid.
+Before anything is created, `interp.training.preflight` refuses sizes past sanity bounds, a run
+whose estimated memory exceeds what is available, and an output path that cannot be a writable
+directory (preflight.Refused, a ValueError naming the field).
 
 Extending a run: `resume=True` with a larger `cfg.steps` (and nothing else changed) continues a
 finished (or interrupted) run to the new total. The steps already taken keep the learning rates
@@ -65,6 +68,7 @@ import torch.nn.functional as F
 from interp.training import checkpoint as ckpt
 from interp.training.data import FiniteData, validation_loss
 from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
+from interp.training.preflight import preflight
 from interp.tasks.base import Batch, Task
 from models.backbone import SequenceModel
 from models.config import ModelConfig
@@ -222,6 +226,7 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
                          f"task's vocab_size ({task.vocab_size})")
     if stop_at is not None and (not isinstance(stop_at, int) or isinstance(stop_at, bool) or stop_at < 1):
         raise ValueError(f"stop_at must be None or a positive int; got {stop_at!r}")
+    preflight(model_config, cfg, out)
     if out is None:
         return _train(model_config, task, cfg, None, resume, stop_at, progress, label)
     run_dir = _make_run_dir(Path(out))
