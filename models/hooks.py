@@ -531,6 +531,11 @@ def _as_torch_hook(fn: HookFn, allow_nonfinite: bool = False):
                 f"hook on {module.name!r} returned shape {tuple(result.shape)}; the activation has "
                 f"shape {tuple(output.shape)} and a patch must keep it"
             )
+        if result is not None and (result.dtype != output.dtype or result.device != output.device):
+            raise TypeError(   # never cast silently: a complex patch would lose its imaginary part
+                f"hook on {module.name!r} returned a {result.dtype} tensor on {result.device}; the activation "
+                f"is {output.dtype} on {output.device} and a patch must keep both (return x.to(activation))"
+            )
         value = output if result is None else result
         if not allow_nonfinite and numeric and was_finite and not all_finite(value):
             bad = int((~torch.isfinite(value.detach())).sum())
