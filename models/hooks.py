@@ -79,6 +79,7 @@ from models.cache_plan import CachePlan, plan_cache
 from models.cache_store import create_store
 from models.memory import budget_bytes
 from models.state_patch import StatePatch, StatePlan
+from models import tl_run
 from models.tl_names import to_ours
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
@@ -360,10 +361,19 @@ class HookedMixin:
                 point._readers.remove(reader)
 
     def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (),
-                       allow_nonfinite: bool = False, **kwargs):
-        """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)]."""
-        with self.hooks(fwd_hooks, allow_nonfinite=allow_nonfinite):
-            return self(tokens, **kwargs)  # type: ignore[operator]
+                       allow_nonfinite: bool = False, bwd_hooks: Sequence[tuple] = (), return_type="logits",
+                       loss_per_token: bool = False, stop_at_layer: int | None = None,
+                       remove_batch_dim: bool = False, **kwargs):
+        """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
+        TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer and
+        remove_batch_dim as in TL (models.tl_run)."""
+        tl_run.check_return_type(return_type)
+        fwd = _checked_pairs(fwd_hooks, "fwd_hooks")
+        fwd = [(n, tl_run.unbatched(fn)) for n, fn in fwd] if remove_batch_dim else fwd
+        bwd = [(n, tl_run.backward_hook(fn)) for n, fn in _checked_pairs(bwd_hooks, "bwd_hooks")]
+        with self.hooks(fwd + bwd, allow_nonfinite=allow_nonfinite):
+            out = tl_run.forward(self, tokens, stop_at_layer, kwargs)
+        return out if stop_at_layer is not None else tl_run.output(out, tokens, return_type, loss_per_token)
 
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
                    incl_bwd: bool = False, heads=None, **kwargs) -> CachePlan:
@@ -388,6 +398,12 @@ class HookedMixin:
         overwrite: bool = False,
         positions=None,
         heads=None,
+        names_filter: NameFilter = None,  # type: ignore[valid-type]
+        pos_slice=None,
+        return_type="logits",
+        loss_per_token: bool = False,
+        stop_at_layer: int | None = None,
+        remove_batch_dim: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
         """Forward pass returning (logits, Cache) of the named activations (after any patches).
@@ -415,7 +431,13 @@ class HookedMixin:
         not on the metric's graph has no `_grad` entry: one the metric does not depend on, or
         one reported beside the computation (a state-gated RNN's hook_gate, collected from the
         scan's per-step gates).
+
+        TransformerLens' names_filter (= names), pos_slice (-> positions), return_type,
+        loss_per_token, stop_at_layer and remove_batch_dim work as in TL (models.tl_run);
+        incl_bwd=True with return_type="loss" and no metric differentiates the loss.
         """
+        names, positions, metric = tl_run.cache_arguments(tokens, names, names_filter, positions, pos_slice,
+                                                          return_type, incl_bwd, metric, remove_batch_dim, to_disk)
         if incl_bwd and not callable(metric):
             raise TypeError(f"incl_bwd=True needs metric, a function logits -> scalar tensor; got {metric!r}")
         if to_disk is not None and (incl_bwd or not detach):
@@ -433,17 +455,18 @@ class HookedMixin:
         cache = Cache(store, model=self, positions=plan.positions, heads=plan.heads)  # type: ignore[arg-type]
         try:
             logits = self._cached_forward(tokens, cache, plan, selected, fwd_hooks, detach, allow_nonfinite,
-                                          incl_bwd, metric, kwargs)
+                                          incl_bwd, metric, kwargs, stop_at_layer)
         except BaseException:
             if store is not None:
                 store.abandon()
             raise
         if store is not None:
             store.finish(**cache.index_info(), batch=plan.batch, length=plan.length)
-        return logits, cache
+        out = logits if stop_at_layer is not None else tl_run.output(logits, tokens, return_type, loss_per_token)
+        return out, cache.remove_batch_dim() if remove_batch_dim else cache
 
     def _cached_forward(self, tokens, cache: Cache, plan: CachePlan, selected: list[str], fwd_hooks, detach: bool,
-                        allow_nonfinite: bool, incl_bwd: bool, metric, kwargs) -> torch.Tensor:
+                        allow_nonfinite: bool, incl_bwd: bool, metric, kwargs, stop_at_layer=None) -> torch.Tensor:
         """run_with_cache's forward (and backward, incl_bwd): fills cache, returns the logits."""
         live: dict[str, torch.Tensor] = {}
 
@@ -465,7 +488,7 @@ class HookedMixin:
         try:
             with self.hooks(fwd_hooks, readers=[(n, reader(n)) for n in selected], allow_nonfinite=allow_nonfinite), \
                     grad_mode:
-                logits = self(tokens, **kwargs)  # type: ignore[operator]
+                logits = tl_run.forward(self, tokens, stop_at_layer, kwargs)
         finally:
             for name, found in probes.items():
                 self.hook_dict[name]._probes.remove(found)

@@ -1,0 +1,160 @@
+"""TransformerLens' keyword arguments of run_with_hooks / run_with_cache, in our terms.
+
+    return_type       "logits" (default), "loss" (TL's lm_cross_entropy_loss: the mean negative
+                      log-likelihood of each next token), "both" ((logits, loss)) or None (None)
+    loss_per_token    with "loss" / "both": the loss at each position [B, T - 1], not its mean
+    stop_at_layer     run blocks [0, stop_at_layer) only and return the residual stream after them
+                      [B, T, d_model] (0: hook_embed; negative counts from the end; n_layers: the
+                      last block's hook_resid_post, before the final norm); return_type is then
+                      ignored, as in TL, and hooks after the stop do not fire
+    bwd_hooks         [(name, fn)]: fn(grad, hook) sees d output / d activation when the caller
+                      runs backward() on what came back (a returned tensor replaces the gradient);
+                      the hooks stay on the autograd graph, so TL's reset_hooks_end=False is not
+                      needed. Not on hook_state (its value is re-run, not on the graph): use
+                      run_with_cache(incl_bwd=True) for d metric / d h_t
+    remove_batch_dim  run_with_hooks: hook functions see one example without the batch axis
+                      (batch size 1); run_with_cache: the Cache loses the batch axis
+    names_filter      run_with_cache: TL's name for `names` (a name, a list or a predicate)
+    pos_slice         run_with_cache: TL's position slice (a slice, a (start, stop[, step])
+                      tuple or a list) as `positions`; an int, which drops the axis in TL, is
+                      refused (positions=[t] keeps a length-1 axis)
+
+`stop_at_layer` stops the forward pass by an exception raised from a reader of the stop hook,
+after every other reader (the cache) has seen it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class _Stopped(Exception):
+    """Raised by the stop reader of stop_at_layer, carrying the residual stream there."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__("stop_at_layer")
+        self.value = value
+
+
+def stop_hook(n_layers: int, stop_at_layer: int) -> str:
+    """The hook whose value run(stop_at_layer=...) returns: hook_embed for 0, else the residual
+    after block stop_at_layer - 1 (negative: counted from the end)."""
+    if not isinstance(stop_at_layer, int) or isinstance(stop_at_layer, bool) \
+            or not -n_layers <= stop_at_layer <= n_layers:
+        raise ValueError(f"stop_at_layer must be None or an int in [-{n_layers}, {n_layers}] (n_layers "
+                         f"{n_layers}); got {stop_at_layer!r}")
+    stop = stop_at_layer % n_layers if stop_at_layer < 0 else stop_at_layer
+    return "hook_embed" if stop == 0 else f"blocks.{stop - 1}.hook_resid_post"
+
+
+def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict) -> torch.Tensor:
+    """model(tokens, **kwargs), or the residual stream [B, T, D] where stop_at_layer stops it."""
+    if stop_at_layer is None:
+        return model(tokens, **kwargs)
+    point = model.hook_point(stop_hook(len(model.blocks), stop_at_layer))
+
+    def stop(x: torch.Tensor, hook) -> None:
+        raise _Stopped(x)
+
+    point._readers.append(stop)  # after the cache's readers, so they see the value first
+    try:
+        model(tokens, **kwargs)
+    except _Stopped as stopped:
+        return stopped.value
+    finally:
+        point._readers.remove(stop)
+    raise RuntimeError(f"stop_at_layer={stop_at_layer}: the forward pass never reached {point.name!r}")
+
+
+def check_return_type(return_type) -> None:
+    if return_type not in RETURN_TYPES:
+        raise ValueError(f"return_type must be one of {RETURN_TYPES}; got {return_type!r}")
+
+
+def lm_loss(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+    """TL's lm_cross_entropy_loss: -log p(tokens[:, t + 1] | logits[:, t]), its mean over every
+    example and position (per_token: [B, T - 1])."""
+    log_probs = logits.log_softmax(dim=-1)
+    nll = -log_probs[:, :-1].gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+    return nll if per_token else nll.mean()
+
+
+def output(logits: torch.Tensor, tokens: torch.Tensor, return_type, per_token: bool = False):
+    """What TL's forward returns for return_type (checked by check_return_type)."""
+    if return_type is None:
+        return None
+    if return_type == "logits":
+        return logits
+    loss = lm_loss(logits, tokens, per_token)
+    return loss if return_type == "loss" else (logits, loss)
+
+
+def backward_hook(fn: Callable) -> Callable:
+    """A forward hook function that puts fn(grad, hook) on its activation's gradient."""
+
+    def on_gradient(x: torch.Tensor, hook) -> None:
+        if hook.name.endswith("hook_state"):
+            raise ValueError(f"bwd_hooks on {hook.name!r}: a hook_state is re-run after its hooks and its "
+                             "value is not on the graph; run_with_cache(incl_bwd=True, metric=...) caches "
+                             "d metric / d h_t")
+        if x.requires_grad:
+            x.register_hook(lambda grad: fn(grad, hook))
+
+    on_gradient.__name__ = f"bwd:{getattr(fn, '__name__', 'fn')}"
+    return on_gradient
+
+
+def unbatched(fn: Callable) -> Callable:
+    """fn(x, hook) on one example without the batch axis (TL's remove_batch_dim)."""
+
+    def hook_fn(x: torch.Tensor, hook):
+        if x.shape[0] != 1:
+            raise ValueError(f"remove_batch_dim=True needs batch size 1; {hook.name!r} has {x.shape[0]}")
+        out = fn(x[0], hook)
+        return None if out is None else out.unsqueeze(0) if isinstance(out, torch.Tensor) else out
+
+    hook_fn.__name__ = getattr(fn, "__name__", "fn")
+    return hook_fn
+
+
+def positions_of(pos_slice, length: int) -> list[int]:
+    """TL's pos_slice (a slice, a (start, stop[, step]) tuple, a list of ints) as positions."""
+    if isinstance(pos_slice, tuple):
+        pos_slice = slice(*pos_slice)
+    if isinstance(pos_slice, slice):
+        return list(range(length))[pos_slice]
+    if isinstance(pos_slice, int) and not isinstance(pos_slice, bool):
+        raise ValueError(f"pos_slice={pos_slice} drops the position axis in TransformerLens; here pass "
+                         f"positions=[{pos_slice}] (keeps a length-1 axis) or pos_slice=[{pos_slice}]")
+    if isinstance(pos_slice, (list, torch.Tensor)):
+        return [int(t) for t in pos_slice]
+    raise TypeError(f"pos_slice must be a slice, a (start, stop[, step]) tuple or a list of positions; "
+                    f"got {pos_slice!r}")
+
+
+def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_slice, return_type, incl_bwd: bool,
+                    metric, remove_batch_dim: bool, to_disk):
+    """run_with_cache's (names, positions, metric) with TL's names_filter, pos_slice and
+    return_type="loss" (incl_bwd without a metric: the gradient of the loss, as TL's
+    incl_bwd) folded in; each checked."""
+    check_return_type(return_type)
+    if names_filter is not None:
+        if names is not None:
+            raise ValueError(f"pass names or names_filter (TransformerLens' name for it), not both; got "
+                             f"names={names!r}, names_filter={names_filter!r}")
+        names = names_filter
+    if pos_slice is not None:
+        if positions is not None:
+            raise ValueError(f"pass positions or pos_slice (TransformerLens'), not both; got positions={positions!r}, "
+                             f"pos_slice={pos_slice!r}")
+        positions = positions_of(pos_slice, tokens.shape[-1])
+    if incl_bwd and metric is None and return_type in ("loss", "both"):
+        metric = lambda logits: lm_loss(logits, tokens)  # noqa: E731
+    if remove_batch_dim and to_disk is not None:
+        raise ValueError(f"remove_batch_dim=True builds the Cache in memory; with to_disk={to_disk!r} call "
+                         "cache.remove_batch_dim() when you read it")
+    return names, positions, metric

@@ -1,0 +1,176 @@
+"""TransformerLens' keyword arguments of run_with_hooks / run_with_cache (models.tl_run):
+against TL's bridge on the same float64 GPT-2 (1e-10) where TL is installed, hand-written
+references otherwise."""
+
+import pytest
+import torch
+
+import models
+from tests import tl_oracle
+
+
+@pytest.fixture(scope="module")
+def setup():
+    source = tl_oracle.gpt2_source()
+    return source, tl_oracle.ours(source), tl_oracle.tokens()
+
+
+@pytest.fixture(scope="module")
+def bridge(setup):
+    return tl_oracle.lens(setup[0])
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_return_types_by_hand(setup):
+    _, model, ids = setup
+    with torch.no_grad():
+        logits = model(ids)
+        log_probs = logits.log_softmax(-1)
+        nll = torch.stack([torch.stack([-log_probs[b, t, ids[b, t + 1]] for t in range(ids.shape[1] - 1)])
+                           for b in range(ids.shape[0])])  # [B, T - 1]
+        close(model.run_with_hooks(ids, return_type="loss"), nll.mean())
+        close(model.run_with_hooks(ids, return_type="loss", loss_per_token=True), nll)
+        both, cache = model.run_with_cache(ids, return_type="both", names=["ln_final.hook_scale"])
+        close(both[0], logits)
+        close(both[1], nll.mean())
+        assert model.run_with_hooks(ids, return_type=None) is None
+        assert model.run_with_cache(ids, return_type=None, names="hook_embed")[0] is None
+    with pytest.raises(ValueError, match="return_type must be one of"):
+        model.run_with_hooks(ids, return_type="probs")
+
+
+def test_stop_at_layer_returns_the_residual_there_and_caches_before_it(setup):
+    _, model, ids = setup
+    with torch.no_grad():
+        _, full = model.run_with_cache(ids)
+        for stop, name in [(0, "hook_embed"), (1, "blocks.0.hook_resid_post"), (-1, "blocks.1.hook_resid_post"),
+                           (3, "blocks.2.hook_resid_post")]:
+            close(model.run_with_hooks(ids, stop_at_layer=stop), full[name])
+        resid, cache = model.run_with_cache(ids, stop_at_layer=2)
+    close(resid, full["blocks.1.hook_resid_post"])
+    assert "blocks.1.hook_resid_post" in cache and "blocks.2.hook_resid_pre" not in cache
+    assert not any(name.startswith("blocks.2") or name.startswith("norm_final") for name in cache)
+    for name in cache:
+        close(cache[name], full[name])
+    assert not model.hook_dict["blocks.1.hook_resid_post"]._readers  # the stop reader is gone
+    for bad in (4, -4, 1.0, True):
+        with pytest.raises(ValueError, match="stop_at_layer must be"):
+            model.run_with_hooks(ids, stop_at_layer=bad)
+
+
+def test_names_filter_pos_slice_and_remove_batch_dim(setup):
+    _, model, ids = setup
+    with torch.no_grad():
+        _, full = model.run_with_cache(ids)
+        _, some = model.run_with_cache(ids, names_filter=lambda n: n.endswith("hook_pattern"))
+        _, listed = model.run_with_cache(ids, names_filter=["blocks.0.attn.hook_q", "ln_final.hook_scale"])
+        _, sliced = model.run_with_cache(ids, names_filter="blocks.1.attn.hook_pattern", pos_slice=slice(2, 5))
+        _, tupled = model.run_with_cache(ids, names_filter="blocks.1.hook_resid_pre", pos_slice=(1, None, 2))
+        _, one = model.run_with_cache(ids[:1], remove_batch_dim=True, names=["blocks.0.attn.hook_pattern"])
+    assert sorted(some) == [f"blocks.{l}.mixer.hook_pattern" for l in range(3)]
+    assert sorted(listed) == ["blocks.0.mixer.hook_q", "norm_final.hook_scale"]
+    close(sliced["blocks.1.attn.hook_pattern"], full["blocks.1.mixer.hook_pattern"][:, :, 2:5])
+    close(tupled["blocks.1.hook_resid_pre"], full["blocks.1.hook_resid_pre"][:, 1::2])
+    close(one["blocks.0.attn.hook_pattern"], full["blocks.0.mixer.hook_pattern"][0])
+    assert not one.has_batch_dim
+    with pytest.raises(ValueError, match="not both"):
+        model.run_with_cache(ids, names=["hook_embed"], names_filter=["hook_embed"])
+    with pytest.raises(ValueError, match=r"positions=\[-1\]"):
+        model.run_with_cache(ids, pos_slice=-1)
+    with pytest.raises(ValueError, match="batch size 1"):
+        model.run_with_cache(ids, remove_batch_dim=True, names="hook_embed")
+
+
+def test_remove_batch_dim_in_hook_functions(setup):
+    _, model, ids = setup
+    shapes = []
+
+    def halve(pattern, hook):
+        shapes.append(tuple(pattern.shape))
+        return pattern * 0.5
+
+    with torch.no_grad():
+        unbatched = model.run_with_hooks(ids[:1], fwd_hooks=[("blocks.0.attn.hook_pattern", halve)],
+                                         remove_batch_dim=True)
+        batched = model.run_with_hooks(ids[:1], fwd_hooks=[("blocks.0.attn.hook_pattern", halve)])
+    assert shapes == [(4, 7, 7), (1, 4, 7, 7)]
+    assert torch.equal(unbatched, batched)
+    with pytest.raises(ValueError, match="batch size 1"):
+        model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_pattern", halve)], remove_batch_dim=True)
+
+
+def test_bwd_hooks_see_the_gradient_the_cache_reports(setup):
+    """bwd_hooks fire on backward() of what run_with_hooks returned, with the gradient
+    run_with_cache(incl_bwd=True) caches; a returned tensor replaces the gradient."""
+    _, model, ids = setup
+    seen = {}
+
+    def record(grad, hook):
+        seen[hook.name] = grad.clone()
+
+    names = ["blocks.1.attn.hook_pattern", "ln_final.hook_scale", "blocks.0.hook_resid_mid"]
+    loss = model.run_with_hooks(ids, bwd_hooks=[(n, record) for n in names], return_type="loss")
+    assert not seen
+    loss.backward()
+    model.zero_grad()
+    _, cache = model.run_with_cache(ids, names=names, incl_bwd=True, return_type="loss")  # TL's incl_bwd: the loss
+    for name in names:
+        ours = model.hook_point(name).name
+        close(seen[ours], cache[ours + "_grad"])
+        close(cache[name + "_grad"], cache[ours + "_grad"])
+
+    def zero(grad, hook):
+        return torch.zeros_like(grad)
+
+    loss = model.run_with_hooks(ids, bwd_hooks=[("blocks.0.hook_resid_mid", zero)], return_type="loss")
+    embed_grad = torch.autograd.grad(loss, model.pos_embed.weight)[0]
+    assert float(embed_grad.abs().max()) == 0.0  # everything reaches the embedding through resid_mid 0
+
+
+def test_bwd_hooks_refuse_hook_state():
+    model = models.build("mamba", vocab_size=12, d_model=8, n_layers=1)
+    with pytest.raises(ValueError, match="incl_bwd"):
+        model.run_with_hooks(torch.zeros(1, 4, dtype=torch.long),
+                             bwd_hooks=[("blocks.0.mixer.hook_state", lambda g, h: None)])
+
+
+def test_same_as_transformer_lens(setup, bridge):
+    _, model, ids = setup
+    with torch.no_grad():
+        close(model.run_with_hooks(ids, return_type="loss"), bridge(ids, return_type="loss"))
+        close(model.run_with_hooks(ids, return_type="loss", loss_per_token=True),
+              bridge(ids, return_type="loss", loss_per_token=True))
+        for stop in (0, 1, 2, -1, -3):  # n_layers: the bridge returns the logits, HookedTransformer (and we) the residual
+            close(model.run_with_hooks(ids, stop_at_layer=stop), bridge.run_with_hooks(ids, stop_at_layer=stop))
+        mine, cache = model.run_with_cache(ids, stop_at_layer=2, names_filter=lambda n: "resid" in n)
+        theirs, their_cache = bridge.run_with_cache(ids, stop_at_layer=2, names_filter=lambda n: "resid" in n)
+        close(mine, theirs)
+        assert sorted(cache) == sorted(n for n in their_cache.keys() if ".ln2." not in n)  # the bridge's alias of resid_mid
+        for name in cache:
+            close(cache[name], their_cache[name])
+        _, cache = model.run_with_cache(ids, pos_slice=slice(1, 4), names_filter=["blocks.2.attn.hook_pattern",
+                                                                                 "blocks.2.attn.hook_z"])
+        _, their_cache = bridge.run_with_cache(ids, pos_slice=slice(1, 4), names_filter=["blocks.2.attn.hook_pattern",
+                                                                                        "blocks.2.attn.hook_z"])
+        for name in ("blocks.2.attn.hook_pattern", "blocks.2.attn.hook_z"):
+            close(cache[name], their_cache[name])
+    grads = {}
+
+    def record(grad, hook):
+        grads.setdefault(hook.name, grad.clone())
+
+    names = ["blocks.1.attn.hook_pattern", "blocks.2.hook_resid_pre", "blocks.0.ln2.hook_scale"]
+    model.run_with_hooks(ids, bwd_hooks=[(n, record) for n in names], return_type="loss").backward()
+    bridge.run_with_hooks(ids, bwd_hooks=[(n, record) for n in names], return_type="loss",
+                          reset_hooks_end=False).backward()
+    bridge.reset_hooks()
+    model.zero_grad()
+    for name in names:
+        close(grads[model.hook_point(name).name], grads[name])
+    _, cache = model.run_with_cache(ids, names_filter=names, incl_bwd=True, return_type="loss")
+    _, their_cache = bridge.run_with_cache(ids, names_filter=names, incl_bwd=True, return_type="loss")
+    for name in names:
+        close(cache[name + "_grad"], their_cache[name + "_grad"])
