@@ -5,6 +5,13 @@
 Re-running the same command resumes: finished trials are skipped. An n_star spec also writes
 n_star.jsonl, kappa.jsonl and report.html into --out. Exit status 0 when every trial finished,
 1 when some failed (listed), 2 for a bad spec or argument.
+
+A spec runs code; run only specs you trust, as you would a script:
+  - a .py spec is executed as Python (to define SPEC) when it is loaded;
+  - "trial": "module:function" imports that module (running its import-time code) in this
+    process and in every worker, then calls the function for each trial. The default,
+    interp.analysis.sample_efficiency:train_trial, runs only this toolkit's code.
+A .json or .yaml spec with the default trial executes nothing but the toolkit.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="local: worker processes; ray: CPUs of the local cluster it starts (default 1)")
     parser.add_argument("--address", default=None,
-                        help="ray: join the cluster at this address ('auto', 'ray://host:10001') instead of "
-                             "starting a local one")
+                        help="ray: join the cluster at this address ('auto', 'ray://host:10001'; it listens "
+                             "as that cluster is configured) instead of starting a local one, which listens "
+                             "on 127.0.0.1 only")
     parser.add_argument("--cpus-per-trial", type=non_negative_float, default=1.0, help="ray: num_cpus per trial")
     parser.add_argument("--gpus-per-trial", type=non_negative_float, default=0.0, help="ray: num_gpus per trial")
     parser.add_argument("--max-retries", type=non_negative_int, default=2,

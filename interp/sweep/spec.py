@@ -32,6 +32,10 @@ A spec is a mapping (a .json / .yaml / .yml file, or a .py file that defines SPE
 
 Every field is checked when the spec is loaded; a bad one raises ValueError naming it
 ("spec.grid.model: unknown model 'lstmm' ...").
+
+Code execution: loading a .py spec runs it (runpy), and `trial` imports any importable module
+(its import-time code runs here and in every worker) and calls the named function per trial.
+Load only specs you trust; a JSON / YAML spec with the default trial runs only this toolkit's code.
 """
 
 from __future__ import annotations
