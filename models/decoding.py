@@ -4,10 +4,13 @@ The prompt runs once through the ordinary (fast) per-block computation, which al
 each layer carries forward; every new token is then a length-1 call through the same blocks and
 hook points, continuing from that carried state:
 
-    recurrent mixers (resume_context not None)   the state after the last step [B, *S] and the
-        mixer input (after hook_in) at the last resume_context positions [B, w, D], the window
-        prepare()'s short convolution reads: one step of the recurrence per token (fast_segment
-        from the carried state; the instrumented path while hook_state / hook_gate is in use).
+    recurrent mixers (resume_context not None)   the state after the last step [B, *S] and what
+        prepare() reads of earlier positions: the short-conv window [B, C, W - 1] of the conv's
+        inputs where that is all (Mixer.carries_conv: Mamba, Mamba-2, DeltaNet, Gated DeltaNet,
+        H3; Mixer.convolve continues it), else the mixer inputs (after hook_in) at the last
+        resume_context positions [B, w, D] (Mamba-3); one step of the recurrence per token
+        (fast_segment from the carried state; the instrumented path while hook_state /
+        hook_gate is in use).
     attention                                   a KV cache: rotated keys and values
         [B, G, T, d_head] (Attention.mix_cached); the new query attends every cached position.
     mixers without a carried state (resume_context None: Based, Hyena, BaseConv)   the mixer
@@ -18,9 +21,10 @@ Positions. While a call runs every hook point of the model has `hook.position`, 
 position of the first step on the time axis of what it sees (the query axis of hook_attn_scores
 / hook_pattern): 0 for the prompt, t for the token at position t, so a hook function knows
 where it is (`getattr(hook, "position", 0)` also works in an ordinary forward). Inside a
-recurrent mixer the hooks of prepare() (hook_conv, hook_dt, hook_q, ...) see the window and the
-new position, [B, w + 1, ...], starting at t - w; a recomputed mixer's hooks see [B, t + 1, ...]
-from 0. The attribute is removed when generate returns.
+mixer that carries mixer inputs (Mamba-3) the hooks of prepare() (hook_conv, hook_dt, ...) see
+the window and the new position, [B, w + 1, ...], starting at t - w; a recomputed mixer's hooks
+see [B, t + 1, ...] from 0; every other hook sees the new position only. The attribute is
+removed when the call returns.
 
 State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
 gets the entries it covers, shifted to its own time axis, so a patch at a prompt or a generated
@@ -31,6 +35,7 @@ sequence. Hook functions on hook_state patch what they see (hook.position tells 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -58,7 +63,8 @@ def mixer_kind(mixer) -> str:
 class DecodingState:
     """What a model carries from one decoding call to the next, one dict per layer:
 
-        recurrent   {"state": [B, *S] after the last step, "window": [B, w, D] mixer inputs
+        recurrent   {"state": [B, *S] after the last step, and "conv": [B, C, W - 1] the
+                     short conv's last inputs (carries_conv) or "window": [B, w, D] mixer inputs
                      (after hook_in) at the last w = resume_context positions}
         attention   {"keys", "values": [B, G, >= position, d_head]} (buffers; positions
                      < `position` are valid; keys rotated for positional="rope")
@@ -91,7 +97,8 @@ class DecodingState:
 
     @property
     def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for layer in self.layers for v in layer.values())
+        """The bytes of the valid entries (KV buffers' spare room not counted)."""
+        return sum(v.numel() * v.element_size() for layer in self.trimmed() for v in layer.values())
 
     def save(self, path) -> None:
         """Write the state to one safetensors file (tensors by "layers.{l}.{key}", the position
@@ -136,22 +143,29 @@ def grown(buffer: torch.Tensor | None, axis: int, needed: int, like: torch.Tenso
 
 @contextlib.contextmanager
 def at_position(points: Sequence[HookPoint], position: int):
-    """Set hook.position on these hook points for the block of code (restored after)."""
+    """Set hook.position on these hook points for the block of code (restored after). Written
+    into the instance dict: nn.Module.__setattr__ costs ~1 us a point, 18 ms a token at 24 layers."""
     previous = [p.__dict__.get("position", UNSET) for p in points]
     for p in points:
-        p.position = position
+        p.__dict__["position"] = position
     try:
         yield
     finally:
         for p, value in zip(points, previous):
             if value is UNSET:
-                del p.position
+                del p.__dict__["position"]
             else:
-                p.position = value
+                p.__dict__["position"] = value
 
 
-def mixer_hooks(mixer) -> list[HookPoint]:
-    return [m for m in mixer.modules() if isinstance(m, HookPoint)]
+HOOK_LISTS: "weakref.WeakKeyDictionary[torch.nn.Module, list[HookPoint]]" = weakref.WeakKeyDictionary()
+
+
+def hook_points(module: torch.nn.Module) -> list[HookPoint]:
+    """Every HookPoint inside module (listed once per module)."""
+    if module not in HOOK_LISTS:
+        HOOK_LISTS[module] = [m for m in module.modules() if isinstance(m, HookPoint)]
+    return HOOK_LISTS[module]
 
 
 def run_attention(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
@@ -166,15 +180,34 @@ def run_attention(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tens
 
 def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
     """A recurrent mixer from its carried state and window: x [B, n, D] -> [B, n, D]."""
-    n = x.shape[1]
     u = mixer.hook_in(x)
+    inputs = prepare_conv(mixer, u, layer) if mixer.carries_conv else prepare_window(mixer, u, layer, start)
+    out, layer["state"] = scan_from(mixer, u, inputs, layer.get("state"))
+    return mixer.hook_out(out)
+
+
+def prepare_conv(mixer, u: torch.Tensor, layer: dict) -> dict[str, torch.Tensor]:
+    """prepare(u) [B, n, D] continuing the carried short-conv window (Mixer.convolve), which is
+    replaced by the one after u: the hooks of prepare see the n new positions only."""
+    mixer.conv_carry = {"conv": layer["conv"]} if "conv" in layer else {}
+    try:
+        inputs = mixer.prepare(u)
+    finally:
+        carried, mixer.conv_carry = mixer.conv_carry, None
+    layer.update(carried)
+    return inputs
+
+
+def prepare_window(mixer, u: torch.Tensor, layer: dict, start: int) -> dict[str, torch.Tensor]:
+    """prepare() over the carried window of mixer inputs and u [B, n, D] -> the inputs at the n
+    new positions; the window becomes the last resume_context positions."""
+    n = u.shape[1]
     window = u if "window" not in layer else torch.cat([layer["window"], u], dim=1)  # [B, w + n, D]
     w = window.shape[1] - n
-    with at_position(mixer_hooks(mixer), start - w):
+    with at_position(hook_points(mixer), start - w) if w else contextlib.nullcontext():
         inputs = {name: value[:, w:] for name, value in mixer.prepare(window).items()}
-    out, layer["state"] = scan_from(mixer, u, inputs, layer.get("state"))
     layer["window"] = window[:, window.shape[1] - mixer.resume_context:] if mixer.resume_context else window[:, :0]
-    return mixer.hook_out(out)
+    return inputs
 
 
 def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
@@ -199,7 +232,7 @@ def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tens
     n = x.shape[1]
     history = x if "inputs" not in layer else torch.cat([layer["inputs"], x], dim=1)  # [B, start + n, D]
     layer["inputs"] = history
-    with at_position(mixer_hooks(mixer), 0):
+    with at_position(hook_points(mixer), 0):
         return mixer(history)[:, history.shape[1] - n:]
 
 
@@ -217,7 +250,7 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
     start, n = state.position, tokens.shape[1]
     if hasattr(model, "pos_embed") and start + n > model.cfg.max_len:
         raise ValueError(f"positions up to {start + n} exceed the learned positions' max_len={model.cfg.max_len}")
-    with at_position(list(model.hook_dict.values()), start):
+    with at_position(hook_points(model), start):
         x = model.embed(tokens)
         if hasattr(model, "pos_embed"):
             x = x + model.pos_embed(torch.arange(start, start + n, device=tokens.device))

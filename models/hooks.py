@@ -116,6 +116,8 @@ class HookPoint(nn.Module):
         """Hand the final value to every reader (cache); positions: the steps x holds on its time
         axis when it is not every step (selected_steps), seen by readers as emitted_positions;
         heads likewise of its head axis (selected_heads), seen as emitted_heads."""
+        if not self._readers:  # nothing to hand: skip the four attribute writes (decoding calls
+            return             # every hook point once per token)
         self.emitted_positions, self.emitted_heads = positions, heads
         try:
             for reader in self._readers:

@@ -31,13 +31,21 @@ def test_hooks_see_one_new_position_at_a_time_with_its_position():
 
     names = ["blocks.0.mixer.hook_state", "blocks.1.mixer.hook_pattern", "hook_logits", "blocks.0.mixer.hook_conv"]
     model.generate(prompt(), 3, fwd_hooks=[(n, record) for n in names])
-    w = model.blocks[0].mixer.resume_context
     assert [s for s in seen if s[0] == "blocks.0.mixer.hook_state"] == [
         ("blocks.0.mixer.hook_state", 0, T), ("blocks.0.mixer.hook_state", T, 1), ("blocks.0.mixer.hook_state", T + 1, 1)]
     assert [s[1:] for s in seen if s[0] == "blocks.1.mixer.hook_pattern"] == [(0, T), (T, 1), (T + 1, 1)]
     assert [s[1:] for s in seen if s[0] == "hook_logits"] == [(0, T), (T, 1), (T + 1, 1)]
-    assert [s[1:] for s in seen if s[0] == "blocks.0.mixer.hook_conv"] == [(0, T), (T - w, w + 1), (T + 1 - w, w + 1)]
+    assert [s[1:] for s in seen if s[0] == "blocks.0.mixer.hook_conv"] == [(0, T), (T, 1), (T + 1, 1)]
     assert not hasattr(model.hook_dict["hook_logits"], "position")  # removed after generate
+
+
+def test_a_mixer_carrying_its_inputs_shows_prepare_hooks_the_window():
+    """Mamba-3's prepare reads the previous step beyond its conv: its prepare hooks see the window."""
+    model = small_model("mamba3")
+    seen = []
+    model.generate(prompt(), 2, fwd_hooks=[("blocks.0.mixer.hook_dt", lambda x, hook: seen.append((hook.position, x.shape[1])))])
+    w = model.blocks[0].mixer.resume_context
+    assert seen == [(0, T), (T - w, w + 1)]
 
 
 def at_position(p, delta):

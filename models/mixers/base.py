@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.kernels import diag_scan
+from models.kernels import diag_scan, short_conv
 from models.kernels.native.library import fresh
 from models.hooks import (HookPoint, StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
                           hook_functions_only, only_read, scan_with_state_hook, selected_heads, selected_steps,
@@ -75,6 +75,10 @@ class Mixer(nn.Module):
     execution_path = "auto"
     resume_context: int | None = None
     rotary_positions = False  # whether positional="rope" means something to this mixer
+    # models.decoding: whether prepare() reads earlier positions only through convolve(), so a
+    # decoder carries the short-conv window (conv_carry) instead of earlier mixer inputs
+    carries_conv = False
+    conv_carry: dict[str, torch.Tensor] | None = None  # while decoding: {key: [B, C, W - 1] conv inputs}
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -100,6 +104,17 @@ class Mixer(nn.Module):
         holds positions start + n - m, ..., start + n - 1.
         """
         return self(torch.cat([before, x], dim=1))[:, before.shape[1] :]
+
+    def convolve(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 key: str = "conv") -> torch.Tensor:
+        """short_conv(x [B, T, C], weight [C, W], bias) -> [B, T, C]; while a decoder carries this
+        mixer's conv windows (conv_carry a dict, models.decoding), continued from the window under
+        `key` ([B, C, W - 1], the inputs before x; zeros when absent), which is then replaced by
+        the window after x."""
+        if self.conv_carry is None:
+            return short_conv(x, weight, bias)
+        y, self.conv_carry[key] = short_conv(x, weight, bias, self.conv_carry.get(key), output_final_state=True)
+        return y
 
     def use_instrumented(self, *hooks: HookPoint) -> bool:
         """Whether to take the per-step path: forced, or any of these hook points is in use."""

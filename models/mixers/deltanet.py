@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.hooks import HookPoint
-from models.kernels import delta_rule, short_conv
+from models.kernels import delta_rule
 from models.kernels.delta_rule import IMPLS
 from models.mixers.base import register_mixer
 from models.mixers.delta import DeltaRuleMixer
@@ -76,6 +76,7 @@ class DeltaNet(DeltaRuleMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         self.options = _options(cfg.mixer_options)
         heads, d = cfg.n_heads, cfg.head_dim
         self.heads, self.d_head = heads, d
@@ -129,7 +130,7 @@ class DeltaNet(DeltaRuleMixer):
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         batch, length, _ = x.shape
         heads, d = self.heads, self.d_head
-        conv = self.hook_conv(F.silu(short_conv(self.qkv_proj(x), self.conv_weight)))  # [B, T, 3Hd]
+        conv = self.hook_conv(F.silu(self.convolve(self.qkv_proj(x), self.conv_weight)))  # [B, T, 3Hd]
         q, k, v = (part.reshape(batch, length, heads, d) for part in conv.chunk(3, dim=-1))
         inputs = {
             "q": self.hook_q(self._l2(q) * self.options["q_scale"]),

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.hooks import HookPoint
-from models.kernels import delta_rule, short_conv
+from models.kernels import delta_rule
 from models.kernels.delta_rule import IMPLS
 from models.mixers.base import mixer_options, register_mixer
 from models.mixers.delta import DeltaRuleMixer
@@ -106,6 +106,7 @@ class GatedDeltaNet(DeltaRuleMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         opts = self.options = _options(cfg)
         self.heads, self.v_heads, self.d_k, self.d_v = cfg.n_heads, opts["num_v_heads"], cfg.head_dim, opts["d_v"]
         self.state_shape = (self.v_heads, self.d_v, self.d_k)
@@ -135,7 +136,7 @@ class GatedDeltaNet(DeltaRuleMixer):
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         batch, length, _ = x.shape
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        conv = self.hook_conv(F.silu(short_conv(qkv, self.conv_weight, self.conv_bias)))  # [B, T, 2HK + HV V]
+        conv = self.hook_conv(F.silu(self.convolve(qkv, self.conv_weight, self.conv_bias)))  # [B, T, 2HK + HV V]
         q, k, v = conv.split(self.split, dim=-1)
         group = self.v_heads // self.heads
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.kernels import diag_scan, short_conv
+from models.kernels import diag_scan
 from models.kernels.fft_conv import fft_causal_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
@@ -44,6 +44,7 @@ class H3(RecurrentMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         mixer_options(cfg, {})
         self.n_heads, self.d_head = cfg.n_heads, cfg.head_dim
         channels, n = self.n_heads * self.d_head, cfg.d_state
@@ -81,7 +82,7 @@ class H3(RecurrentMixer):
         q = self.hook_q(heads[:, :, 0]).flatten(2)  # [B, T, C]
         k = self.hook_k(heads[:, :, 1]).flatten(2)
         v = self.hook_v(heads[:, :, 2]).flatten(2)
-        kbar = self.hook_conv(short_conv(k, self.shift_conv_weight))  # [B, T, C]
+        kbar = self.hook_conv(self.convolve(k, self.shift_conv_weight))  # [B, T, C]
         return {"u": kbar * v, "q": q}
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.kernels import short_conv
 from models.kernels.native import complex as native_complex
 from models.kernels.native import selective as native_selective
 from models.mixers.base import mixer_options, register_mixer
@@ -85,6 +84,7 @@ class Mamba(DiagonalScanMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         opts = mamba_options(cfg)
         d_inner, n = cfg.expand * cfg.d_model, cfg.d_state
         self.d_inner, self.d_state = d_inner, n
@@ -118,7 +118,7 @@ class Mamba(DiagonalScanMixer):
 
     def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
         x, z = self.in_proj(u).chunk(2, dim=-1)  # [B, T, E] each
-        x = self.hook_conv(F.silu(short_conv(x, self.conv.weight[:, 0], self.conv.bias)))
+        x = self.hook_conv(F.silu(self.convolve(x, self.conv.weight[:, 0], self.conv.bias)))
         dt_low, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         if hasattr(self, "dt_norm"):
             dt_low, B, C = self.dt_norm(dt_low), self.B_norm(B), self.C_norm(C)

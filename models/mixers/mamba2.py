@@ -50,7 +50,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.kernels import short_conv
 from models.kernels.native import selective as native_selective
 from models.mixers.base import head_outputs, mixer_options, register_mixer
 from models.mixers.diagonal import DiagonalScanMixer
@@ -93,6 +92,7 @@ class Mamba2(DiagonalScanMixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
+        self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         opts = _options(cfg)
         inner, heads = cfg.d_inner, cfg.n_heads
         if inner % heads:
@@ -124,7 +124,7 @@ class Mamba2(DiagonalScanMixer):
         batch, length, _ = u.shape
         gn = self.groups * self.d_state
         z, xbc, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, self.heads], dim=-1)
-        xbc = self.hook_conv(F.silu(short_conv(xbc, self.conv.weight[:, 0], self.conv.bias)))
+        xbc = self.hook_conv(F.silu(self.convolve(xbc, self.conv.weight[:, 0], self.conv.bias)))
         x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
         if self.dt_limit is not None:

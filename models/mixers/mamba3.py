@@ -38,6 +38,7 @@ class Mamba3(ComplexNativeMamba):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.resume_context = cfg.d_conv  # the short conv, and x_prev / B_prev one step further back
+        self.carries_conv = False  # x_prev / B_prev: a decoder carries the mixer inputs instead
         self.rot_proj = nn.Linear(self.d_inner, self.d_state)
         self.lam_proj = nn.Linear(self.d_inner, self.d_inner)
 

@@ -1,0 +1,170 @@
+"""Decoding at the real-size configs (random weights): our generate vs transformers' generate.
+
+    python benchmarks/generation.py [--models mamba mamba2 gpt2] [--prompt 512] [--new 128]
+                                    [--rounds 2] [--threads 1] [--markdown]
+
+For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M),
+converted with models.from_pretrained, B = 1, greedy, in one process, the contenders interleaved
+in rounds (benchmarks/timing.py):
+  ours / HF: generate with max_new_tokens = 1 (the prompt, one read-out) and = N; the per-token
+      decode latency is (t_N - t_1) / (N - 1), the prompt's cost taken out;
+  ours + hook_state readers: a reader on every layer's hook_state (it keeps the largest |h| of
+      each call), so every new token's states pass through the hook point (the instrumented path);
+  ours + state patch: a models.StatePatch (deltas) on the middle layer's hook_state at the
+      generated position T + N / 2 (the steps without an entry run plain).
+Memory: the bytes our DecodingState carries after the prompt and after N tokens (constant for a
+purely recurrent model; the KV cache grows by 2 L G d_head values a token) and HF's cache the
+same way. Also whether our greedy tokens equal HF's (random real-size weights: near-ties may
+split them; the first differing step is reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import models
+from models import StatePatch
+from models.memory import format_bytes
+from real_configs import REAL_SIZES, build_source, tokens  # benchmarks/real_configs.py
+from timing import interleaved  # benchmarks/timing.py
+
+
+def hf_generate(source, prompt, new: int, **options):
+    return source.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0, **options)
+
+
+def tensor_bytes(obj, seen=None) -> int:
+    """The bytes of every tensor reachable from obj (attributes, lists, tuples, dicts), each once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.nn.Module)):
+        return sum(tensor_bytes(v, seen) for v in vars(obj).values())
+    return 0
+
+
+def hf_cache_bytes(source, prompt, new: int) -> int:
+    out = hf_generate(source, prompt, new, return_dict_in_generate=True)
+    cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+    return tensor_bytes(cache)
+
+
+def state_readers(model, found: list):
+    def read(x, hook):
+        found.append(float(x.detach().abs().amax()))
+    return [(n, read) for n in model.hook_names() if n.endswith("mixer.hook_state")]
+
+
+def middle_patch(model, position: int):
+    layer = len(model.blocks) // 2
+    mixer = model.blocks[layer].mixer
+    if not hasattr(mixer, "hook_state"):
+        return None
+    deltas = torch.full((1, *mixer.state_shape), 0.01)
+    return [(f"blocks.{layer}.mixer.hook_state", StatePatch([0], [position], deltas=deltas))]
+
+
+def contenders(name: str, ours, source, prompt, new: int) -> dict:
+    found: list[float] = []
+    patch = middle_patch(ours, prompt.shape[1] + new // 2)
+    runs = {
+        "ours 1": lambda: ours.generate(prompt, 1, progress=False),
+        f"ours {new}": lambda: ours.generate(prompt, new, progress=False),
+        "HF 1": lambda: hf_generate(source, prompt, 1),
+        f"HF {new}": lambda: hf_generate(source, prompt, new),
+    }
+    if any(n.endswith("hook_state") for n in ours.hook_names()):
+        def with_readers(count):
+            with ours.hooks(readers=state_readers(ours, found)):
+                return ours.generate(prompt, count, progress=False)
+        runs["ours + readers 1"] = lambda: with_readers(1)
+        runs[f"ours + readers {new}"] = lambda: with_readers(new)
+    if patch is not None:
+        runs[f"ours + state patch {new}"] = lambda: ours.generate(prompt, new, fwd_hooks=patch, progress=False)
+    return runs
+
+
+def per_token(rounds, label: str, new: int, prefill_label: str) -> tuple[float, float]:
+    """(min, median) seconds per new token: (t_N - t_1) / (N - 1) over the rounds' times."""
+    full, first = rounds[label].times, rounds[prefill_label].times
+    per = sorted((a - b) / (new - 1) for a, b in zip(full, first))
+    return per[0], per[len(per) // 2]
+
+
+def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
+    source = build_source(name)
+    ours = models.from_pretrained(source)
+    prompt = tokens(name, 1, length)
+    with torch.no_grad():
+        ours_tokens, state = ours.generate(prompt, new, return_state=True, progress=False)
+        hf_tokens = hf_generate(source, prompt, new)
+        _, prompt_state = ours.generate(prompt, 1, return_state=True, progress=False)
+        differs = (ours_tokens[0, length:] != hf_tokens[0, length:]).nonzero()
+        runs = contenders(name, ours, source, prompt, new)
+        rounds = interleaved(runs, rounds=n_rounds, warmup=0)
+    result = {
+        "model": name, "prompt": length, "new": new, "load": rounds.load,
+        "tokens equal HF": "yes" if not len(differs) else f"until step {int(differs[0])}",
+        "ours state after prompt": prompt_state.nbytes, "ours state after N": state.nbytes,
+        "HF cache after prompt": hf_cache_bytes(source, prompt, 1), "HF cache after N": hf_cache_bytes(source, prompt, new),
+    }
+    plain = per_token(rounds, f"ours {new}", new, "ours 1")
+    result["ours ms/token"] = plain
+    result["HF ms/token"] = per_token(rounds, f"HF {new}", new, "HF 1")
+    if f"ours + readers {new}" in runs:
+        result["ours + readers ms/token"] = per_token(rounds, f"ours + readers {new}", new, "ours + readers 1")
+    if f"ours + state patch {new}" in runs:
+        result["ours + state patch ms/token"] = per_token(rounds, f"ours + state patch {new}", new, "ours 1")
+    result["prompt ms (ours / HF, min)"] = (min(rounds["ours 1"].times), min(rounds["HF 1"].times))
+    return result
+
+
+def show(result: dict, markdown: bool) -> None:
+    def fmt(value):
+        if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, float) for v in value):
+            return f"{value[0] * 1e3:.1f} / {value[1] * 1e3:.1f}"  # seconds -> ms
+        if isinstance(value, int) and value > 4096:
+            return format_bytes(value)
+        return str(value)
+
+    rows = [(k, fmt(v)) for k, v in result.items()]
+    if markdown:
+        print("| " + " | ".join(k for k, _ in rows) + " |")
+        print("|" + "---|" * len(rows))
+        print("| " + " | ".join(v for _, v in rows) + " |")
+    else:
+        for k, v in rows:
+            print(f"  {k:32s} {v}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mamba", "mamba2", "gpt2"], choices=REAL_SIZES)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    if args.new < 2:
+        parser.error(f"--new must be >= 2 (the per-token time needs two lengths); got {args.new}")
+    torch.set_num_threads(args.threads)
+    print(f"generation: B 1, prompt {args.prompt}, {args.new} new tokens, {args.threads} thread(s); "
+          "ms/token as min / median over rounds")
+    for name in args.models:
+        print(name)
+        show(measure(name, args.prompt, args.new, args.rounds), args.markdown)
+
+
+if __name__ == "__main__":
+    main()
