@@ -5,6 +5,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
     inside(run_dir, pointer["path"], what="checkpoint.json path")
     in_place_file(run_dir, "metrics.jsonl")                -> a path safe to append to or truncate
     with locked(run_dir, "run directory"): ...             one writer at a time (DirectoryLocked)
+    sha256_of(path); check_sha256(path, expected, where)   weights checked against the digest recorded
 
 `inside` refuses (PathRefused, a ValueError: one line naming the link or the path) a relative path
 that is absolute or climbs with "..", and any component below the run directory that is a
@@ -22,6 +23,7 @@ line naming the holder's pid. The lock is re-entrant within a process (a sweep's
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,3 +101,20 @@ def locked(directory: str | os.PathLike, what: str = "directory") -> Iterator[Pa
     finally:
         _held.pop(key, None)
         os.close(fd)   # releases the lock
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes (read in 4 MiB blocks; about 1 s per GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_sha256(path: str | os.PathLike, expected: str | None, where: str) -> None:
+    """ValueError unless the file's sha256 is `expected` (recorded in `where`); nothing to check
+    when expected is None (a directory written before digests were recorded)."""
+    if expected is not None and sha256_of(path) != expected:
+        raise ValueError(f"{path} does not match the sha256 recorded in {where}: its bytes changed after it was "
+                         "written (a flipped bit, a partial copy, a file replaced by hand); restore it or retrain")

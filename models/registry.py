@@ -15,7 +15,7 @@ from models.config import ModelConfig
 from models.devices import check_device
 from models.hooks import unknown_name_message
 from models.mixers import PRESETS
-from models.paths import inside
+from models.paths import check_sha256, inside, sha256_of
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -58,8 +58,9 @@ def preset_config(name: str, **overrides: Any) -> ModelConfig:
 
 def save(model: SequenceModel, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Path:
     """Write `model` as a run directory that `load` rebuilds bit for bit: config.json
-    ({"model": its ModelConfig, **info}, info JSON-serialisable, e.g. where it came from) and
-    model.safetensors (its weights in their dtype), each written atomically. An existing
+    ({"model": its ModelConfig, **info, "weights_sha256": the digest `load` checks}, info
+    JSON-serialisable, e.g. where it came from) and model.safetensors (its weights in their
+    dtype), each written atomically. An existing
     model.safetensors (a training run's, say) is replaced only with overwrite=True."""
     from safetensors.torch import save_model
 
@@ -69,8 +70,9 @@ def save(model: SequenceModel, run_dir: str | Path, overwrite: bool = False, **i
     if (run_dir / "model.safetensors").exists() and not overwrite:
         raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"model": model.cfg.to_dict(), **info}, indent=2, sort_keys=True) + "\n"
     _atomic_write(run_dir / "model.safetensors", lambda tmp: save_model(model, tmp))
+    record = {"model": model.cfg.to_dict(), **info, WEIGHTS_SHA256: sha256_of(run_dir / "model.safetensors")}
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     _atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return run_dir
 
@@ -87,6 +89,7 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
+WEIGHTS_SHA256 = "weights_sha256"   # config.json entry of a model directory written by `save`
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -108,10 +111,24 @@ def weights_file(run_dir: str | Path) -> Path:
     return inside(run_dir, path, "model.safetensors", what=f"{pointer} path")
 
 
+def _recorded_digest(run_dir: Path, config: dict, weights_path: Path) -> tuple[str | None, str]:
+    """(the sha256 recorded for weights_path, where): a checkpoint's trainer_state.json, or the
+    "weights_sha256" of a model directory's config.json; None for directories written before."""
+    state = weights_path.parent / "trainer_state.json"
+    if weights_path.parent != run_dir and state.is_file():
+        try:
+            digests = json.loads(state.read_text()).get("sha256", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+            raise ValueError(f"{state} is not a trainer state (truncated or corrupt?): {error}") from None
+        return (digests.get("model.safetensors") if isinstance(digests, dict) else None), str(state)
+    return config.get(WEIGHTS_SHA256), str(run_dir / "config.json")
+
+
 def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     """Rebuild a model from a run directory (config.json with a "model" entry + the weights of its
     current checkpoint) or a model directory (config.json + model.safetensors), in the dtype its
-    weights were saved in."""
+    weights were saved in. The weights' sha256 is checked against the digest recorded when they
+    were written (ValueError naming the file on a mismatch: a flipped bit, a file replaced)."""
     from safetensors import safe_open
     from safetensors.torch import load_model
 
@@ -150,6 +167,7 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
             f"{wrong[:3]}, missing {sorted(set(expected) - set(shapes))[:5]}, unexpected "
             f"{sorted(set(shapes) - set(expected))[:5]}; was config.json edited, or the weights replaced?"
         )
+    check_sha256(weights_path, *_recorded_digest(run_dir, config, weights_path))
     try:
         load_model(model, str(weights_path), strict=True, device=device)
     except Exception as error:  # safetensors raises its own error types for corrupt files

@@ -8,8 +8,9 @@
       checkpoints/step-000000s/
         model.safetensors      the weights (`models.load(run_dir)` follows the pointer to them)
         optimizer.safetensors  optimizer tensors (AdamW moments, step counts) + the torch RNG state
-        trainer_state.json     step, optimizer scalars (param groups), curriculum state, file sizes,
-                               and the length of metrics.jsonl at step s (records and bytes)
+        trainer_state.json     step, optimizer scalars (param groups), curriculum state, file sizes
+                               and sha256 digests, and the length of metrics.jsonl at step s
+                               (records and bytes)
       metrics.jsonl          one JSON record per line (training and evaluation), appended as made
       .interp.lock           the writer's lock (models.paths.locked; holds the pid of the last writer)
 
@@ -24,8 +25,9 @@ removed after it. A crash at any point therefore leaves the pointer naming a com
 in progress, or one that crashed); `open_metrics(..., keep=...)` on resume truncates it to the
 checkpoint's length, so no record is lost or duplicated. Unreferenced step directories and
 temporary files left by a crash are removed on resume. Each safetensors file carries its step in
-its metadata and trainer_state.json the byte sizes of both, so a file truncated or replaced by hand
-is detected and rejected with a clear error rather than loaded.
+its metadata and trainer_state.json the byte sizes and sha256 digests of both, so a file truncated,
+replaced by hand or with a flipped bit is detected and rejected with a clear error rather than
+loaded (by `load_checkpoint` and by `models.load`).
 
 A closed world: the step directories, checkpoints/ and metrics.jsonl are reached through
 `models.paths.inside`, so a symbolic link below the run directory (checkpoints/ linked elsewhere,
@@ -48,7 +50,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from models.paths import in_place_file, inside
+from models.paths import check_sha256, in_place_file, inside, sha256_of
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -233,6 +235,7 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
         "optimizer": scalars,
         "extra": extra or {},
         "files": {name: (target / name).stat().st_size for name in (MODEL, OPTIMIZER)},
+        "sha256": {name: sha256_of(target / name) for name in (MODEL, OPTIMIZER)},
         "metrics": length,
     }
     _durable(target / STATE, lambda tmp: Path(tmp).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n"))
@@ -300,6 +303,12 @@ def load_checkpoint(run_dir: str | Path, model: torch.nn.Module,
                 f"{directory / name} is from step {step} but {STATE} is from step {state['step']}: "
                 "the checkpoint was modified after it was written"
             )
+    digests = state.get("sha256") if isinstance(state.get("sha256"), dict) else {}   # absent: written before
+    for name in (MODEL, OPTIMIZER):
+        try:
+            check_sha256(directory / name, digests.get(name), str(directory / STATE))
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
     _load_model_weights(model, directory / MODEL)
     tensors = _load_tensors(directory / OPTIMIZER)
     rng = tensors.pop("rng.torch", None)

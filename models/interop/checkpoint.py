@@ -63,17 +63,51 @@ class Checkpoint:
 
 
 def _files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (the shards its index lists, or
+    model.safetensors); ValueError / FileNotFoundError naming the index or the missing shard."""
     index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        return [directory / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    return [directory / "model.safetensors"]
+    if not index.is_file():
+        return [directory / "model.safetensors"]
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{index} is not a safetensors index (a 'weight_map' of tensor names to files): "
+                         f"{type(error).__name__}: {error}") from None
+    files = []
+    for name in names:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"{index} names the file {name!r}; only files inside {directory} are read")
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{index} names the shard {name!r}, which {directory} does not hold")
+        files.append(directory / name)
+    return files
 
 
 def _header(file: Path) -> tuple[dict, int]:
-    """(the JSON header, the byte offset where the tensors' data starts)."""
+    """(the JSON header, the byte offset where the tensors' data starts), checked: a header that
+    fits the file, and every tensor's data_offsets inside it; ValueError naming the file otherwise."""
+    size = file.stat().st_size
     with open(file, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length)), 8 + length
+        raw = handle.read(8)
+        (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (None,)
+        if length is None or length > size - 8:
+            raise ValueError(f"{file} is not a safetensors file: {size} bytes, "
+                             + ("too short for a header" if length is None else f"its header claims {length}"))
+        try:
+            header = json.loads(handle.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{file} is not a safetensors file (its header is not JSON: {error})") from None
+    data = size - 8 - length
+    for name, entry in header.items() if isinstance(header, dict) else [("", None)]:
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data or not isinstance(entry.get("shape"), list)):
+            raise ValueError(f"{file} is truncated or corrupt: the header entry {name!r} ({entry!r}) does not "
+                             f"lie within its {data} bytes of data")
+    return header, 8 + length
 
 
 def _tied_groups(source: nn.Module) -> list[list[str]]:

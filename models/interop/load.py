@@ -134,9 +134,13 @@ def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Ch
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
     try:
         config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_path} is not valid JSON: {error}") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object (a transformers config); got {type(config).__name__}")
     model_type, classes = config.get("model_type"), config.get("architectures") or []
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"{config_path}: 'architectures' must be a list of class names; got {classes!r}")
     default = CONVERTERS[model_type][1][0] if model_type in CONVERTERS else "?"
     converter_for(classes[0] if classes else default, model_type)  # imports the converter (and what it registers) or raises
     if not any((path / name).is_file() for name in WEIGHT_FILES):
@@ -153,7 +157,12 @@ def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Ch
     kwargs = {"local_files_only": True, "use_safetensors": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs), None
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs), None
+    except Exception as error:  # noqa: BLE001  transformers' loaders raise many types for a bad directory
+        raise ValueError(f"checkpoint directory {str(path)!r} could not be loaded by transformers "
+                         f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''})"
+                         ) from error
 
 
 def _meta_source(transformers, path: Path) -> nn.Module | None:
