@@ -12,32 +12,12 @@ file on access) and may hold some positions only (`cache.positions[name]`: the s
 its time axis) and some heads only (`cache.heads[name]`: the heads or channels it keeps on its head
 axis); docs/caches.md.
 
-The analyses have TransformerLens' names and meaning; they need the model (`cache.model`, set by
-run_with_cache), and the decompositions (decompose_resid, get_full_resid_decomposition, a
-remainder) a residual model (cfg.residual). In a model without residual connections (the
-stacked RNNs) the stream before a block is the previous block's output: accumulated_resid,
-logit_lens, logit_attrs and apply_ln_to_stack read it the same way.
-
-    accumulated_resid(layer, incl_mid, apply_ln, pos_slice)   [L + 1, B, T, D] the residual before
-                                                  each block (and the final one): the logit lens
-    decompose_resid(layer, mode, ...)             [C, B, T, D] embed + each mixer / MLP output;
-                                                  sums to the residual before `layer`
-    get_full_resid_decomposition(layer, ...)      embed, per-head results, neurons and the biases
-    stack_head_results(layer, ...)                [L H, B, T, D] every head's hook_result
-    stack_neuron_results(layer, ...)              [L F, B, T, D] every neuron's post * W_out[:, n]
-    apply_ln_to_stack(stack, layer, mlp_input)    each component through the norm that reads the
-                                                  residual there, with the model's own scale
-    logit_attrs(stack, tokens, incorrect_tokens)  [C, B, T] direct logit attribution
-    logit_lens(layer)                             [L + 1, B, T, V] each accumulated residual
-                                                  through the final norm and the unembedding
-    remove_batch_dim(), to(device), stack(pattern)
-
-Difference from TransformerLens: its models fold each norm's gain into the next weights, so its
-apply_ln_to_stack only centres and divides by the scale. Ours are not folded: apply_ln_to_stack
-centres (LayerNorm), divides by the cached hook_scale and multiplies by the gain; the norm's bias
-is a constant, not a component, so the direct logit attributions of a decomposition sum to the
-logit minus the bias's logit (the unembedding of norm_final.bias; zero for RMSNorm). The
-embedding here is one component (`hook_embed`, token plus learned position embedding).
+The analyses (accumulated_resid, decompose_resid, get_full_resid_decomposition,
+stack_head_results, stack_neuron_results, apply_ln_to_stack, logit_attrs, logit_lens) are
+models.cache_analyses: TransformerLens' signatures, argument orders and numbers on the same
+weights, ours one explicit argument away (gain=True, layout="ours", split_embed=False,
+apply_ln=False). They need the model (`cache.model`, set by run_with_cache). Also
+remove_batch_dim(), to(device), stack(pattern).
 """
 
 from __future__ import annotations
@@ -50,10 +30,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from models.cache_analyses import ResidualAnalyses
 from models.cache_store import DiskStore, create_store, open_store
 from models.tl_names import NoCounterpart, act_name, normalized_inputs, tl_act_name
 
-MODES = ("all", "mixer", "attn", "mlp")
 
 
 def unknown_name_message(what: str, name: str, valid: Sequence[str]) -> str:
@@ -66,7 +46,7 @@ def _natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-class Cache(Mapping):
+class Cache(ResidualAnalyses, Mapping):
     """Activations by hook name (see the module docstring for the analyses).
 
     store: {name: tensor} (copied), or a models.cache_store.DiskStore (kept: a disk-backed cache,
@@ -239,227 +219,6 @@ class Cache(Mapping):
         where = f" on disk in {str(self.directory)!r}" if self.directory is not None else ""
         return f"Cache({len(self)} entries{where}: {list(self._store)[:6]}{'...' if len(self) > 6 else ''})"
 
-    # ------------------------------------------------------------------ residual analyses
-
-    def _model(self, additive: bool = False) -> nn.Module:
-        """The model; additive: the analysis sums components to the stream, so it needs a residual one."""
-        if self.model is None:
-            raise ValueError("this analysis needs the model: use the Cache from model.run_with_cache "
-                             "(or Cache(store, model=model))")
-        if additive and not self.model.cfg.residual:
-            raise ValueError("residual decompositions need a residual model (cfg.residual=True); this one has "
-                             "residual=False, so a block's output replaces its input and no components sum to it "
-                             "(accumulated_resid, logit_lens and logit_attrs still apply)")
-        return self.model
-
-    def _layer(self, layer: int | None) -> int:
-        n = self.n_layers
-        if layer is None or layer == -1:
-            return n
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer <= n:
-            raise ValueError(f"layer must be None, -1 or an int in [0, n_layers={n}]; got {layer!r}")
-        return layer
-
-    def _resid(self, layer: int) -> torch.Tensor:
-        """The residual entering block `layer` (layer = n_layers: the final one)."""
-        return self[f"blocks.{layer - 1}.hook_resid_post"] if layer == self.n_layers else self[f"blocks.{layer}.hook_resid_pre"]
-
-    def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False,
-                          pos_slice=None, mlp_input: bool = False, return_labels: bool = False):
-        """The residual stream before each block up to `layer` (None / -1: every block and the
-        final residual) -> [C, B, T, D]; incl_mid adds each block's hook_resid_mid, mlp_input the
-        mid of block `layer` itself. Labels "{l}_pre", "{l}_mid", "final_post"."""
-        model = self._model()
-        layer = self._layer(layer)
-        components, labels = [], []
-        for l in range(layer + 1):
-            if l == len(model.blocks):
-                components.append(self[f"blocks.{l - 1}.hook_resid_post"])
-                labels.append("final_post")
-                continue
-            components.append(self[f"blocks.{l}.hook_resid_pre"])
-            labels.append(f"{l}_pre")
-            if (incl_mid and l < layer) or (mlp_input and l == layer):
-                components.append(self[f"blocks.{l}.hook_resid_mid"])
-                labels.append(f"{l}_mid")
-        return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, mlp_input=mlp_input)
-
-    def decompose_resid(self, layer: int | None = None, mode: str = "all", mlp_input: bool = False,
-                        incl_embeds: bool = True, apply_ln: bool = False, pos_slice=None,
-                        return_labels: bool = False):
-        """The residual before block `layer` (None: the final residual) as its components
-        [C, B, T, D]: "embed" (hook_embed), then per block "{l}_mixer_out" and "{l}_mlp_out"
-        (mode "mixer" (TransformerLens' "attn") or "mlp" keeps one kind); mlp_input adds block
-        `layer`'s mixer output. With mode "all" and incl_embeds the components sum to the residual."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-        model = self._model(additive=True)
-        layer = self._layer(layer)
-        components, labels = [], []
-        if incl_embeds:
-            components.append(self["hook_embed"])
-            labels.append("embed")
-        for l in range(min(layer + 1, len(model.blocks))):
-            if (l < layer or mlp_input) and mode != "mlp":
-                components.append(self[f"blocks.{l}.mixer.hook_out"])
-                labels.append(f"{l}_mixer_out")
-            if l < layer and mode in ("all", "mlp") and hasattr(model.blocks[l], "mlp"):
-                components.append(self[f"blocks.{l}.mlp.hook_out"])
-                labels.append(f"{l}_mlp_out")
-        if not components:
-            raise ValueError(f"no components for layer={layer}, mode={mode!r}, incl_embeds={incl_embeds}")
-        return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, mlp_input=mlp_input)
-
-    def stack_head_results(self, layer: int | None = None, return_labels: bool = False,
-                           incl_remainder: bool = False, pos_slice=None, apply_ln: bool = False):
-        """Every head's output (hook_result) at the blocks before `layer` (None / -1: all)
-        -> [C, B, T, D], labels "L{l}H{h}" (h: the model's head index, also when the cache keeps
-        some heads only, cache.heads); a block whose mixer has no heads contributes its whole
-        output ("L{l}"). incl_remainder adds the residual minus their sum ("remainder")."""
-        model = self._model()
-        layer = self._layer(layer)
-        components, labels = [], []
-        for l in range(layer):
-            name = f"blocks.{l}.mixer.hook_result"
-            if name in model.hook_dict:
-                heads = self[name].movedim(-2, 0)  # [H, B, T, D]
-                components.extend(heads.unbind(0))
-                labels.extend(f"L{l}H{h}" for h in self.heads.get(name, range(heads.shape[0])))
-            else:
-                components.append(self[f"blocks.{l}.mixer.hook_out"])
-                labels.append(f"L{l}")
-        return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder)
-
-    def stack_neuron_results(self, layer: int | None = None, neuron_slice=None, pos_slice=None,
-                             return_labels: bool = False, incl_remainder: bool = False, apply_ln: bool = False):
-        """Every MLP neuron's contribution hook_post[..., n] * W_out[:, n] at the blocks before
-        `layer` -> [C, B, T, D], labels "L{l}N{n}" (neuron_slice: a slice or index list)."""
-        model = self._model()
-        layer = self._layer(layer)
-        components, labels = [], []
-        for l in range(layer):
-            if not hasattr(model.blocks[l], "mlp"):
-                continue
-            post = self[f"blocks.{l}.mlp.hook_post"]  # [B, T, F]
-            w_out = model.blocks[l].mlp.down.weight  # [D, F]
-            neurons = torch.arange(post.shape[-1])[neuron_slice if neuron_slice is not None else slice(None)]
-            neurons = neurons.reshape(-1).tolist()
-            contrib = post[..., neurons, None] * w_out.T[neurons].to(post)  # [B, T, n, D]
-            components.extend(contrib.movedim(-2, 0).unbind(0))
-            labels.extend(f"L{l}N{n}" for n in neurons)
-        if not components:
-            raise ValueError(f"no MLP before layer {layer}: the model has mlp={model.cfg.mlp}")
-        return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder)
-
-    def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
-                                     expand_neurons: bool = True, apply_ln: bool = False, pos_slice=None,
-                                     return_labels: bool = False):
-        """The residual before `layer` as embed, every head's result ("L{l}H{h}") and the rest of
-        each mixer output (its output bias: "{l}_mixer_bias"; "{l}_mixer_rest", the bias and every
-        head not cached, where the cache keeps some heads of hook_result), every neuron ("L{l}N{n}", or
-        "{l}_mlp_out" without expand_neurons) and each MLP's output bias ("{l}_mlp_bias"): the
-        components sum to the residual (mlp_input: before block `layer`'s MLP)."""
-        model = self._model(additive=True)
-        layer = self._layer(layer)
-        components, labels = [self["hook_embed"]], ["embed"]
-        for l in range(min(layer + 1, len(model.blocks))):
-            if l == layer and not mlp_input:
-                break
-            heads, head_labels = self.stack_head_results(l + 1, return_labels=True)
-            mine = [i for i, lab in enumerate(head_labels) if lab.startswith(f"L{l}H") or lab == f"L{l}"]
-            components.extend(heads[mine].unbind(0))
-            labels.extend(head_labels[i] for i in mine)
-            result = f"blocks.{l}.mixer.hook_result"
-            if result in model.hook_dict:
-                components.append(self[f"blocks.{l}.mixer.hook_out"] - heads[mine].sum(0))
-                labels.append(f"{l}_mixer_rest" if result in self.heads else f"{l}_mixer_bias")
-            if l == layer or not hasattr(model.blocks[l], "mlp"):
-                continue
-            if expand_neurons:
-                neurons, neuron_labels = self.stack_neuron_results(l + 1, return_labels=True)
-                mine = [i for i, lab in enumerate(neuron_labels) if lab.startswith(f"L{l}N")]
-                components.extend(neurons[mine].unbind(0))
-                labels.extend(neuron_labels[i] for i in mine)
-                bias = model.blocks[l].mlp.down.bias
-                components.append(torch.zeros_like(components[0]) + bias.to(components[0]))
-                labels.append(f"{l}_mlp_bias")
-            else:
-                components.append(self[f"blocks.{l}.mlp.hook_out"])
-                labels.append(f"{l}_mlp_out")
-        return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, mlp_input=mlp_input)
-
-    def _finish(self, components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder=False,
-                mlp_input=False):
-        """Stack the components [C, B, T, D] (+ the residual minus their sum), select positions,
-        apply the norm before `layer`; with their labels when return_labels."""
-        stack = torch.stack(components)
-        if incl_remainder:
-            self._model(additive=True)
-            stack = torch.cat([stack, (self._resid(layer) - stack.sum(0))[None]])
-            labels = labels + ["remainder"]
-        stack = _pos(stack, pos_slice)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice)
-        return (stack, labels) if return_labels else stack
-
-    def norm_at(self, layer: int | None = None, mlp_input: bool = False) -> tuple[nn.Module, str]:
-        """(norm module, its hook_scale name) that reads the residual before block `layer`
-        (its MLP with mlp_input; None / n_layers: the final norm)."""
-        model = self._model()
-        layer = self._layer(layer)
-        if layer == len(model.blocks):
-            return model.norm_final, "norm_final.hook_scale"
-        part = "norm_mlp" if mlp_input else "norm_mixer"
-        return getattr(model.blocks[layer], part), f"blocks.{layer}.{part}.hook_scale"
-
-    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
-                          pos_slice=None, batch_slice=None, has_batch_dim: bool = True) -> torch.Tensor:
-        """Each component [..., B, T, D] as the norm before `layer` sees it, with the scale the
-        model computed for the whole residual (cached `hook_scale`, [B, T, 1]): centred (LayerNorm),
-        divided by the scale, times the gain; no bias (see the module docstring)."""
-        norm, scale_name = self.norm_at(layer, mlp_input)
-        if isinstance(norm, nn.Identity):
-            return residual_stack
-        scale = _pos(self[scale_name], pos_slice)
-        if batch_slice is not None:
-            scale = scale[batch_slice]
-        if not has_batch_dim:
-            scale = scale[0] if scale.shape[0] == 1 else scale
-        if isinstance(norm, nn.LayerNorm):
-            residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
-        out = residual_stack / scale.to(residual_stack)
-        return out * norm.weight.to(out) if norm.weight is not None else out
-
-    def logit_attrs(self, residual_stack: torch.Tensor, tokens, incorrect_tokens=None,
-                    pos_slice=None, batch_slice=None, has_batch_dim: bool = True) -> torch.Tensor:
-        """Direct logit attribution: each component [C, B, T, D] (already through
-        apply_ln_to_stack) dotted with the unembedding of `tokens` -> [C, B, T]. tokens: an int,
-        or ids [B] (one per example, every position) or [B, T]; incorrect_tokens likewise gives
-        the logit difference."""
-        model = self._model()
-        directions = _directions(model.unembed.weight, tokens, residual_stack)
-        if incorrect_tokens is not None:
-            directions = directions - _directions(model.unembed.weight, incorrect_tokens, residual_stack)
-        return (residual_stack * directions.to(residual_stack)).sum(-1)
-
-    def logit_lens(self, layer: int | None = None, pos_slice=None) -> torch.Tensor:
-        """Each accumulated residual (accumulated_resid(layer)) through the model's final norm
-        (its own statistics) and unembedding -> logits [C, B, T, V]."""
-        model = self._model()
-        stack = self.accumulated_resid(layer, pos_slice=pos_slice)
-        return model.unembed(model.norm_final(stack.to(model.unembed.weight)))
-
-
-def _pos(x: torch.Tensor, pos_slice) -> torch.Tensor:
-    """Select positions on the T axis of [..., T, D]: None (all), an int, a slice or a list."""
-    if pos_slice is None:
-        return x
-    if isinstance(pos_slice, (int, slice)) and not isinstance(pos_slice, bool):
-        return x[..., pos_slice, :]
-    if isinstance(pos_slice, (list, tuple, torch.Tensor)):
-        return x[..., torch.as_tensor(pos_slice, dtype=torch.long), :]
-    raise TypeError(f"pos_slice must be None, an int, a slice or a list of positions; got {pos_slice!r}")
-
 
 def _our_candidates(short: str, layer: int | None, layer_type: str | None) -> list[str]:
     """Our names a (short, layer[, layer type]) key may mean, most likely first: our layer types
@@ -470,15 +229,3 @@ def _our_candidates(short: str, layer: int | None, layer_type: str | None) -> li
     if short == "mixer_out":
         return [f"{block}mixer.hook_out"]
     return [f"{block}hook_{short}", f"{block}mixer.hook_{short}", f"{block}mlp.hook_{short}", f"{block}{short}"]
-
-
-def _directions(w_u: torch.Tensor, tokens, stack: torch.Tensor) -> torch.Tensor:
-    """Unembedding rows [..., D] for tokens, shaped to broadcast against stack [C, B, T, D]."""
-    if isinstance(tokens, int) and not isinstance(tokens, bool):
-        return w_u[tokens]
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point:
-        raise TypeError(f"tokens must be an int or an integer tensor [B] or [B, T]; got {tokens!r}")
-    rows = w_u[tokens.to(w_u.device)]  # [B, D] or [B, T, D]
-    if tokens.dim() == 1 and stack.dim() == 4:
-        rows = rows[:, None, :]
-    return rows

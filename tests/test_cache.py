@@ -27,22 +27,25 @@ def test_decomposition_sums_to_the_residual_and_dla_to_the_logit(name, tokens):
     logits, cache = model.run_with_cache(tokens)
     final = cache["blocks.1.hook_resid_post"]
     parts, labels = cache.decompose_resid(return_labels=True)
-    assert labels == ["embed", "0_mixer_out", "0_mlp_out", "1_mixer_out", "1_mlp_out"]
+    kind, embeds = ("attn", ["embed", "pos_embed"]) if name == "transformer" else ("mixer", ["embed"])
+    assert labels == embeds + [f"0_{kind}_out", "0_mlp_out", f"1_{kind}_out", "1_mlp_out"]
     torch.testing.assert_close(parts.sum(0), final, atol=1e-12, rtol=0)
     torch.testing.assert_close(cache.decompose_resid(layer=1).sum(0), cache["resid_pre", 1], atol=1e-12, rtol=0)
     full, full_labels = cache.get_full_resid_decomposition(return_labels=True)
     torch.testing.assert_close(full.sum(0), final, atol=1e-12, rtol=0)
     assert len(full_labels) == full.shape[0]
-    # direct logit attribution: the components through the final norm (its cached scale) sum to
-    # the logit minus the norm bias's logit
+    # direct logit attribution: the components through the final norm (its cached scale and, with
+    # gain=True, its gain) sum to the logit minus the norm bias's logit
     target = tokens[:, -1]
-    dla = cache.logit_attrs(cache.decompose_resid(apply_ln=True), target)  # [C, B, T]
+    dla = cache.logit_attrs(cache.decompose_resid(), target, gain=True)  # [C, B, T]
     norm = model.norm_final
     bias_logit = model.unembed(norm.bias)[target] if getattr(norm, "bias", None) is not None else 0.0
     expected = logits.gather(-1, target[:, None, None].expand(B, T, 1))[..., 0] - (bias_logit[:, None] if torch.is_tensor(bias_logit) else 0.0)
     torch.testing.assert_close(dla.sum(0), expected, atol=1e-10, rtol=0)
-    diff = cache.logit_attrs(cache.decompose_resid(apply_ln=True), target, incorrect_tokens=0)
-    torch.testing.assert_close(diff, dla - cache.logit_attrs(cache.decompose_resid(apply_ln=True), 0))
+    diff = cache.logit_attrs(cache.decompose_resid(), target, incorrect_tokens=0, gain=True)
+    torch.testing.assert_close(diff, dla - cache.logit_attrs(cache.decompose_resid(), 0, gain=True))
+    torch.testing.assert_close(dla, cache.logit_attrs(cache.decompose_resid(apply_ln=True, gain=True), target,
+                                                      apply_ln=False))
 
 
 @pytest.mark.parametrize("name, options, heads", [
@@ -86,11 +89,12 @@ def test_neurons_and_norm_scales(tokens):
     x = cache["resid_pre", 0]
     scale = cache["scale", 0, "norm_mixer"]
     torch.testing.assert_close(scale, (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt())
-    torch.testing.assert_close(cache.apply_ln_to_stack(x[None], 0)[0] + model.blocks[0].norm_mixer.bias,
+    torch.testing.assert_close(cache.apply_ln_to_stack(x[None], 0, gain=True)[0] + model.blocks[0].norm_mixer.bias,
                                model.blocks[0].norm_mixer(x))
     rms = model64("mamba")
     _, c2 = rms.run_with_cache(tokens)
-    torch.testing.assert_close(c2.apply_ln_to_stack(c2["resid_pre", 1][None], 1)[0], rms.blocks[1].norm_mixer(c2["resid_pre", 1]))
+    torch.testing.assert_close(c2.apply_ln_to_stack(c2["resid_pre", 1][None], 1, gain=True)[0],
+                               rms.blocks[1].norm_mixer(c2["resid_pre", 1]))
 
 
 def test_accumulated_resid_and_logit_lens(tokens):
@@ -151,7 +155,7 @@ def test_every_model_of_the_zoo_decomposes_and_lenses(name, tokens):
                   cache.stack_head_results(incl_remainder=True)):
         torch.testing.assert_close(stack.sum(0), final, atol=1e-12, rtol=0)
     target = tokens[:, -1]
-    dla = cache.logit_attrs(cache.decompose_resid(apply_ln=True), target)  # [C, B, T]
+    dla = cache.logit_attrs(cache.decompose_resid(), target, gain=True)  # [C, B, T]
     bias = getattr(model.norm_final, "bias", None)
     bias_logit = model.unembed(bias)[target][:, None] if bias is not None else 0.0
     torch.testing.assert_close(dla.sum(0), logits.gather(-1, target[:, None, None].expand(B, T, 1))[..., 0] - bias_logit,

@@ -120,8 +120,11 @@ def test_head_results_keep_the_model_head_labels_and_still_sum_to_the_residual(t
         _, cache = model.run_with_cache(tokens, heads={"blocks.0.mixer.hook_result": [3, 1]})
     stack, labels = cache.stack_head_results(1, return_labels=True)
     assert labels == ["L0H3", "L0H1"]
-    parts, labels = cache.get_full_resid_decomposition(expand_neurons=False, return_labels=True)
+    parts, labels = cache.get_full_resid_decomposition(expand_neurons=False, return_labels=True, layout="ours")
     assert labels[:5] == ["embed", "L0H3", "L0H1", "0_mixer_rest", "0_mlp_out"] and "1_mixer_bias" in labels
+    torch.testing.assert_close(parts.sum(0), cache["blocks.1.hook_resid_post"], rtol=0, atol=1e-12)
+    parts, labels = cache.get_full_resid_decomposition(expand_neurons=False, return_labels=True)  # TL's order
+    assert labels[:2] == ["L0H3", "L0H1"] and labels[-5:] == ["0_mlp_out", "1_mlp_out", "embed", "pos_embed", "rest"]
     torch.testing.assert_close(parts.sum(0), cache["blocks.1.hook_resid_post"], rtol=0, atol=1e-12)
 
 
