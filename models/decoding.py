@@ -212,9 +212,13 @@ def prepare_window(mixer, u: torch.Tensor, layer: dict, start: int) -> dict[str,
 
 def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
     """(output [B, n, D], state after the last step [B, *S]) of a recurrent mixer from prepared
-    inputs and the carried state `initial` (None: the initial state): its fast segment, or while
-    its per-step hooks are in use the instrumented path (patches pinned, the last state read
+    inputs and the carried state `initial` (None: the initial state): its fast segment; with
+    StatePatches all that uses hook_state, its declared segment (no [B, n, *S] formed); while
+    other per-step hooks are in use the instrumented path (patches pinned, the last state read
     after them)."""
+    plan = mixer.declared_plan(u)
+    if plan is not None:  # StatePatches only: on the fast kernels, stopped at each patched step
+        return mixer.declared_segment(u, inputs, plan, initial)
     if not mixer.wants_instrumented():
         return mixer.fast_segment(u, inputs, initial)
     final: list[torch.Tensor] = []

@@ -104,6 +104,22 @@ def test_a_state_patch_while_decoding_equals_the_same_patch_in_a_full_forward(na
     assert torch.equal(out[:, : position + 1], clean[:, : position + 1])  # nothing before the patch changes
 
 
+def test_state_patches_while_decoding_run_declared(monkeypatch):
+    """A StatePatch at a prompt and at a generated step runs on the fast kernels (declared_segment),
+    never the instrumented path that forms every state."""
+    model = small_model("mamba2")
+    mixer_cls = type(model.blocks[0].mixer)
+    calls = []
+    for method in ("declared_segment", "instrumented_forward"):
+        original = getattr(mixer_cls, method)
+        monkeypatch.setattr(mixer_cls, method, lambda self, *a, _o=original, _m=method, **k: calls.append(_m) or _o(self, *a, **k))
+    patch = StatePatch([0, 1], [2, T + 1], deltas=state_delta(model, 0)[:2])
+    model.generate(prompt(), NEW, fwd_hooks=[("blocks.0.mixer.hook_state", patch)])
+    assert calls == ["declared_segment", "declared_segment"]  # the prompt, the call at position T + 1
+    monkeypatch.undo()
+    assert_generate_matches_full(model, [("blocks.0.mixer.hook_state", patch)])
+
+
 @pytest.mark.parametrize("name", ["mamba", "deltanet", "based"])
 def test_a_hook_function_on_hook_state_at_a_generated_position(name):
     model = small_model(name)

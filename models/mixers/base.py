@@ -275,8 +275,12 @@ class RecurrentMixer(Mixer):
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
     def declared_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None) -> torch.Tensor:
-        """The output [B, T, D] with the declared state patches of `plan` (models.state_patch.StatePlan):
-        fast_segment up to each patched step, the state replaced there where the patch changes
+        """declared_segment's output [B, T, D]."""
+        return self.declared_segment(x, inputs, plan, initial)[0]
+
+    def declared_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None):
+        """(output [B, T, D], state after the last step [B, *S]) with the declared state patches of
+        `plan` (models.state_patch.StatePlan): fast_segment up to each patched step, the state replaced there where the patch changes
         it (the output at that step read out from the replaced state), fast_segment on from it.
         The unpatched states at the entries come from a first pass of segments where the plan
         needs them. initial [B, *S]: the state before step 0. readout must act per position."""
@@ -319,8 +323,9 @@ class RecurrentMixer(Mixer):
                 out[rows, -1] = self.readout(x[rows, step : step + 1], new[:, None], picked)[:, 0]
             outs.append(out)
         if plan.steps[-1] + 1 < length:
-            outs.append(segment(plan.steps[-1] + 1, length, h)[0])
-        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+            out, h = segment(plan.steps[-1] + 1, length, h)
+            outs.append(out)
+        return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), h
 
     def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
         """(output [B, T, D], state after the last step [B, *S]) without per-step hooks from
