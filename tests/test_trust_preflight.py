@@ -107,3 +107,21 @@ def test_an_unwritable_out_is_one_line(tmp_path, capsys):
     locked.mkdir(mode=0o555)
     assert main([*TRAIN, "--out", str(locked / "run")]) == 2
     assert "is not writable" in one_line(capsys)
+
+
+@pytest.mark.parametrize("case", ["under a file", "overlong", "a directory"])
+def test_bad_report_paths_are_one_line_before_the_analysis(tmp_path, capsys, case, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN, "--out", "run"]) == 0
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "drift.html").write_text("an old report")   # a file of the report's name here is no obstacle
+    capsys.readouterr()
+    out = {"under a file": "afile/drift.html", "overlong": "y" * 300 + ".html", "a directory": "run"}[case]
+    for command in (["drift", "run", "--lengths", "6,8", "--n", "4", "--n-fit", "8", "--n-drift", "4"],
+                    ["heads", "run", "--n", "4"]):
+        assert main([*command, "--out", out]) == 2
+        line = one_line(capsys)
+        assert line.startswith(f"interp {command[0]}: error: argument --out: ") and "Errno" not in line, line
+    assert main(["drift", "run", "--lengths", "6,8", "--n", "4", "--n-fit", "8", "--n-drift", "4",
+                 "--out", "reports/drift.html"]) == 0
+    assert (tmp_path / "reports" / "drift.html").is_file()

@@ -43,13 +43,13 @@ def output_path(text: str):
     return Path(text)
 
 
-def check_out(command: str, out) -> int | None:
-    """Preflight of an --out directory (interp.training.preflight.check_output_dir): None when it
-    can be a writable directory, else the exit status of the one-line error `argument --out: ...`."""
-    from interp.training.preflight import Refused, check_output_dir
+def check_out(command: str, out, file: bool = False) -> int | None:
+    """Preflight of an --out directory (or, file=True, a report file; interp.training.preflight):
+    None when it can be written, else the exit status of the one-line error `argument --out: ...`."""
+    from interp.training.preflight import Refused, check_output_dir, check_output_file
 
     try:
-        check_output_dir(out)
+        (check_output_file if file else check_output_dir)(out)
     except Refused as error:
         return fail(command, f"argument --out: {error}")
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, length_list, non_negative_int, output_path, positive_int
+from interp.cli.args import check_out, device_name, fail, length_list, non_negative_int, output_path, positive_int
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -80,6 +80,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or args.run_dir / "drift.html"
+    refused = check_out("drift", out, file=True)
+    if refused is not None:
+        return refused
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
                    statistic=args.statistic, normalize=args.normalize, definition=args.definition,
                    reference_step=args.reference_step, calibrate=args.calibrate, direction=args.direction)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, non_negative_int, output_path, positive_int
+from interp.cli.args import check_out, device_name, fail, non_negative_int, output_path, positive_int
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from interp.report.heads import write_heads_report
 
     out = args.out or args.run_dir / "heads.html"
+    refused = check_out("heads", out, file=True)
+    if refused is not None:
+        return refused
     try:
         analysis = analyze_run(args.run_dir, n=args.n, length=args.length, seed=args.seed,
                                impl=args.impl, device=args.device)

@@ -112,17 +112,20 @@ def _available(device: str) -> int:
     return available_bytes()
 
 
+def check_output_file(out: Path) -> None:
+    """Refused("out") unless `out` can be written as a file: not a directory, names the file system
+    accepts, in a directory that is (or can be made) writable."""
+    _check_names(out)   # before the file system sees them
+    check_output_dir(out.parent)
+    if out.is_dir():
+        raise Refused("out", f"out {str(out)!r} is a directory; name the file to write")
+
+
 def check_output_dir(out: Path) -> None:
     """Refused("out") unless `out` is a non-empty path with names the file system accepts, and is
     (or can be made) a writable directory."""
+    _check_names(out)
     text = str(out)
-    if not text or text == ".":
-        raise Refused("out", f"out must name a directory; got {text!r}")
-    max_name = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
-    long = [part for part in out.parts if len(os.fsencode(part)) > max_name]
-    if long:
-        raise Refused("out", f"out {text[:60]!r}...: the name {long[0][:40]!r}... is {len(os.fsencode(long[0]))} "
-                             f"bytes, longer than the {max_name} the file system allows")
     existing = out
     while not existing.exists():
         if existing.is_symlink():
@@ -133,3 +136,15 @@ def check_output_dir(out: Path) -> None:
         raise Refused("out", f"out {text!r} {what} a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise Refused("out", f"out {text!r}: {str(existing)!r} is not writable by this user")
+
+
+def _check_names(out: Path) -> None:
+    """Refused("out") for an empty path or a name longer than the file system allows."""
+    text = str(out)
+    if not text:
+        raise Refused("out", f"out must name a directory; got {text!r}")
+    max_name = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    long = [part for part in out.parts if len(os.fsencode(part)) > max_name]
+    if long:
+        raise Refused("out", f"out {text[:60]!r}...: the name {long[0][:40]!r}... is {len(os.fsencode(long[0]))} "
+                             f"bytes, longer than the {max_name} the file system allows")
