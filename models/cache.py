@@ -17,7 +17,7 @@ stack_head_results, stack_neuron_results, apply_ln_to_stack, logit_attrs, logit_
 models.cache_analyses: TransformerLens' signatures, argument orders and numbers on the same
 weights, ours one explicit argument away (gain=True, layout="ours", split_embed=False,
 apply_ln=False). They need the model (`cache.model`, set by run_with_cache). Also
-remove_batch_dim(), to(device), stack(pattern).
+remove_batch_dim(), apply_slice_to_batch_dim(batch_slice), to(device), stack(pattern).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from models.cache_analyses import ResidualAnalyses
+from models.cache_analyses import ResidualAnalyses, take
 from models.cache_store import DiskStore, create_store, open_store
 from models.tl_names import NoCounterpart, act_name, normalized_inputs, tl_act_name
 
@@ -209,6 +209,15 @@ class Cache(ResidualAnalyses, Mapping):
             raise ValueError(f"remove_batch_dim needs batch size 1; got sizes {dict(list(wrong.items())[:4])}")
         return Cache({n: v[0] if v.dim() else v for n, v in self._store.items()}, self.model, has_batch_dim=False,
                      positions=self.positions, heads=self.heads)
+
+    def apply_slice_to_batch_dim(self, batch_slice) -> "Cache":
+        """A Cache of some examples (TL's): batch_slice an int (drops the batch axis), a slice, a
+        (start, stop[, step]) tuple or a list of indices."""
+        if not self.has_batch_dim:
+            raise ValueError("this cache has no batch axis any more")
+        drops = isinstance(batch_slice, int) and not isinstance(batch_slice, bool)
+        return Cache({n: take(v, 0, batch_slice, "batch_slice") if v.dim() else v for n, v in self._store.items()},
+                     self.model, has_batch_dim=not drops, positions=self.positions, heads=self.heads)
 
     def to(self, device) -> "Cache":
         """Move every tensor to `device` (in place; a disk-backed cache is read into memory); returns self."""

@@ -29,6 +29,8 @@ one explicit argument away.
         unembedding of tokens. apply_ln=False: the stack is already normalised; gain=True: with
         the final norm's gain, so the attributions of a decomposition sum to the logit minus the
         unembedding of the final norm's bias (the direct logit attribution of our unfolded model)
+    get_neuron_results(layer, neuron_slice, pos_slice)   [B, T, n, D] one block's neurons
+    stack_activation(name, layer, sublayer_type)   [L, ...] cache[name, l, sublayer_type] stacked
     logit_lens(layer, pos_slice)   [C, B, T, V] each accumulated residual through the final norm
         and the unembedding (TL 4.3's logit_lens is a different, keyword-driven tool)
 
@@ -102,7 +104,7 @@ class ResidualAnalyses:
             if (incl_mid and l < layer) or (mlp_input and l == layer):
                 components.append(self[f"blocks.{l}.hook_resid_mid"])
                 labels.append(f"{l}_mid")
-        stack = _take(torch.stack(components), -2, pos_slice, "pos_slice")
+        stack = take(torch.stack(components), -2, pos_slice, "pos_slice")
         if apply_ln:
             recompute = layer == len(model.blocks) if recompute_ln is None else recompute_ln
             stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice,
@@ -181,14 +183,25 @@ class ResidualAnalyses:
         for l in range(layer):
             if not hasattr(model.blocks[l], "mlp"):
                 continue
-            post = self[f"blocks.{l}.mlp.hook_post"]  # [B, T, F]
-            neurons = _take(torch.arange(post.shape[-1]), 0, neuron_slice, "neuron_slice").reshape(-1).tolist()
-            w_out = model.blocks[l].mlp.down.weight.T[neurons].to(post)  # [n, D]
-            contrib = post[..., neurons, None] * w_out  # [B, T, n, D]
-            components.extend(contrib.movedim(-2, 0).unbind(0))
+            width = model.blocks[l].mlp.down.weight.shape[1]
+            neurons = take(torch.arange(width), 0, neuron_slice, "neuron_slice").tolist()
+            components.extend(self.get_neuron_results(l, neurons).movedim(-2, 0).unbind(0))  # [B, T, n, D]
             labels.extend(f"L{l}N{n}" for n in neurons)
         return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder,
                             mlp_input=mlp_input, gain=gain)
+
+    def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None) -> torch.Tensor:
+        """Block `layer`'s neurons' contributions hook_post[..., n] * W_out[:, n] -> [B, T, n, D]
+        (TL's: an int neuron_slice or pos_slice drops that axis)."""
+        post = take(self[f"blocks.{layer}.mlp.hook_post"], -2, pos_slice, "pos_slice")  # [B, T, F]
+        w_out = self._model().blocks[layer].mlp.down.weight.T.to(post)  # [F, D]
+        post, w_out = take(post, -1, neuron_slice, "neuron_slice"), take(w_out, 0, neuron_slice, "neuron_slice")
+        return post[..., None] * w_out
+
+    def stack_activation(self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None):
+        """cache[activation_name, l, sublayer_type] of every block before `layer` stacked -> [L, ...]."""
+        layer = self._layer(layer)
+        return torch.stack([self[activation_name, l, sublayer_type] for l in range(layer)])
 
     def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
                                      expand_neurons: bool = True, apply_ln: bool = False, pos_slice=None,
@@ -271,7 +284,7 @@ class ResidualAnalyses:
             self._model(additive=True)
             stack = torch.cat([stack, (self._resid(layer, mlp_input) - stack.sum(0))[None]])
             labels = labels + ["remainder"]
-        stack = _take(stack, -2, pos_slice, "pos_slice")
+        stack = take(stack, -2, pos_slice, "pos_slice")
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice=pos_slice, gain=gain)
         return (stack, labels) if return_labels else stack
@@ -294,16 +307,16 @@ class ResidualAnalyses:
         scale; pos_slice (already applied to the stack) selects the scale's positions."""
         norm, scale_name = self.norm_at(layer, mlp_input)
         if has_batch_dim:
-            residual_stack = _take(residual_stack, 1, batch_slice, "batch_slice")
+            residual_stack = take(residual_stack, 1, batch_slice, "batch_slice")
         if isinstance(norm, nn.Identity):
             return residual_stack
         if recompute_ln and scale_name == "norm_final.hook_scale":
             return norm(residual_stack.to(norm.weight)).to(residual_stack)
         if isinstance(norm, nn.LayerNorm):
             residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
-        scale = _take(self[scale_name], -2, pos_slice, "pos_slice")
+        scale = take(self[scale_name], -2, pos_slice, "pos_slice")
         if self.has_batch_dim:
-            scale = _take(scale, 0, batch_slice, "batch_slice")
+            scale = take(scale, 0, batch_slice, "batch_slice")
         out = residual_stack / scale.to(residual_stack)
         return out * norm.weight.to(out) if gain and norm.weight is not None else out
 
@@ -327,7 +340,7 @@ class ResidualAnalyses:
             scaled = self.apply_ln_to_stack(residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice,
                                             has_batch_dim=has_batch_dim, gain=gain)
         else:
-            scaled = _take(residual_stack, 1, batch_slice, "batch_slice") if has_batch_dim else residual_stack
+            scaled = take(residual_stack, 1, batch_slice, "batch_slice") if has_batch_dim else residual_stack
         dropped = isinstance(batch_slice, int) and not isinstance(batch_slice, bool)
         if has_batch_dim and not dropped and scaled.dim() == 4 and directions.dim() == 2 \
                 and directions.shape[0] == scaled.shape[1]:
@@ -353,7 +366,7 @@ def _mlp_bias(model, layer: int, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like) if bias is None else torch.zeros_like(like) + bias.to(like)
 
 
-def _take(x: torch.Tensor, dim: int, index, argument: str) -> torch.Tensor:
+def take(x: torch.Tensor, dim: int, index, argument: str) -> torch.Tensor:
     """TL's Slice on axis dim of x: None (all), an int (drops the axis), a slice, a (start, stop[,
     step]) tuple, or a list / 1-D tensor of indices."""
     if index is None:

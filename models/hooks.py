@@ -369,6 +369,7 @@ class HookedMixin:
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
         TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer and
         remove_batch_dim as in TL (models.tl_run)."""
+        tl_run.refuse_unsupported(kwargs)
         tl_run.check_return_type(return_type)
         fwd = _checked_pairs(fwd_hooks, "fwd_hooks")
         fwd = [(n, tl_run.unbatched(fn)) for n, fn in fwd] if remove_batch_dim else fwd
@@ -439,7 +440,8 @@ class HookedMixin:
         incl_bwd=True with return_type="loss" and no metric differentiates the loss.
         """
         names, positions, metric = tl_run.cache_arguments(tokens, names, names_filter, positions, pos_slice,
-                                                          return_type, incl_bwd, metric, remove_batch_dim, to_disk)
+                                                          return_type, incl_bwd, metric, remove_batch_dim, to_disk,
+                                                          kwargs)
         if incl_bwd and not callable(metric):
             raise TypeError(f"incl_bwd=True needs metric, a function logits -> scalar tensor; got {metric!r}")
         if to_disk is not None and (incl_bwd or not detach):

@@ -19,6 +19,10 @@
                       tuple or a list) as `positions`; an int, which drops the axis in TL, is
                       refused (positions=[t] keeps a length-1 axis)
 
+Other TL arguments (start_at_layer, reset_hooks_end=False, return_cache_object=False,
+clear_contexts, prepend_bos, padding_side, attention_mask, past_kv_cache) raise a TypeError
+saying what to do here instead.
+
 `stop_at_layer` stops the forward pass by an exception raised from a reader of the stop hook,
 after every other reader (the cache) has seen it.
 """
@@ -68,6 +72,31 @@ def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict
     finally:
         point._readers.remove(stop)
     raise RuntimeError(f"stop_at_layer={stop_at_layer}: the forward pass never reached {point.name!r}")
+
+
+# TL arguments we do not take: (the value that is what we do anyway, or None; what to do instead)
+UNSUPPORTED = {
+    "start_at_layer": (None, "resume a cached run from a block with model.resume_from(cache, examples, layer, "
+                             "start, end)"),
+    "reset_hooks_end": (True, "our hooks are always removed when the call returns; bwd_hooks stay on the "
+                              "autograd graph without it"),
+    "return_cache_object": (True, "run_with_cache returns a Cache, a Mapping (dict(cache) is a dict)"),
+    "clear_contexts": (False, "our hook points have no ctx"),
+    "prepend_bos": (None, "tokens are token ids [B, T]; there is no tokenizer"),
+    "padding_side": (None, "tokens are token ids [B, T]; there is no tokenizer"),
+    "attention_mask": (None, "there are no padding masks: run equal-length batches"),
+    "past_kv_cache": (None, "decode with model.generate (models.decoding: KV caches and recurrent states)"),
+}
+
+
+def refuse_unsupported(kwargs: dict) -> None:
+    """Drop TL arguments given their value that we follow anyway; refuse the others in UNSUPPORTED."""
+    for name in [n for n in kwargs if n in UNSUPPORTED]:
+        default, instead = UNSUPPORTED[name]
+        if default is not None and kwargs[name] is default:
+            del kwargs[name]
+            continue
+        raise TypeError(f"{name}={kwargs[name]!r} is a TransformerLens argument this toolkit does not take: {instead}")
 
 
 def check_return_type(return_type) -> None:
@@ -137,10 +166,11 @@ def positions_of(pos_slice, length: int) -> list[int]:
 
 
 def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_slice, return_type, incl_bwd: bool,
-                    metric, remove_batch_dim: bool, to_disk):
+                    metric, remove_batch_dim: bool, to_disk, kwargs: dict):
     """run_with_cache's (names, positions, metric) with TL's names_filter, pos_slice and
     return_type="loss" (incl_bwd without a metric: the gradient of the loss, as TL's
-    incl_bwd) folded in; each checked."""
+    incl_bwd) folded in; each checked, and TL arguments we do not take refused from kwargs."""
+    refuse_unsupported(kwargs)
     check_return_type(return_type)
     if names_filter is not None:
         if names is not None:

@@ -144,3 +144,36 @@ def test_apply_ln_and_logit_attrs_as_transformer_lens(setup, theirs):
     close(cache.logit_attrs(sliced, target[1:], pos_slice=-1, batch_slice=slice(1, None)),
           theirs.logit_attrs(sliced, target[1:], pos_slice=-1, batch_slice=slice(1, None)))
     close(cache.logit_attrs(stack, 7), theirs.logit_attrs(stack, 7))
+
+
+def test_neuron_results_stacked_activations_and_batch_slices(setup):
+    _, model, ids, _, cache = setup
+    w = model.blocks[1].mlp.down.weight  # [D, F]
+    close(cache.get_neuron_results(1, [2, 4], -1), cache["post", 1][:, -1, [2, 4], None] * w[:, [2, 4]].T)
+    assert cache.get_neuron_results(1, 3).shape == (*ids.shape, D)  # an int drops the neuron axis, as TL
+    close(cache.stack_activation("scale", sublayer_type="ln1"),
+          torch.stack([cache[f"blocks.{l}.norm_mixer.hook_scale"] for l in range(L)]))
+    assert cache.stack_activation("pattern", 2).shape == (2, ids.shape[0], H, ids.shape[1], ids.shape[1])
+    some = cache.apply_slice_to_batch_dim([0, 2])
+    close(some["resid_post", 1], cache["resid_post", 1][[0, 2]])
+    close(some.decompose_resid(apply_ln=True), cache.decompose_resid(apply_ln=True)[:, [0, 2]])
+    one = cache.apply_slice_to_batch_dim(1)
+    assert not one.has_batch_dim and one["hook_embed"].shape == (ids.shape[1], D)
+    with torch.no_grad():
+        model.run_with_cache(ids, reset_hooks_end=True, return_cache_object=True, names="hook_embed")
+    for bad in (dict(start_at_layer=1), dict(reset_hooks_end=False), dict(attention_mask=torch.ones_like(ids))):
+        with pytest.raises(TypeError, match="TransformerLens argument"):
+            model.run_with_cache(ids, **bad)
+        with pytest.raises(TypeError, match="TransformerLens argument"):
+            model.run_with_hooks(ids, **bad)
+
+
+def test_neuron_results_stacked_activations_and_batch_slices_as_transformer_lens(setup, theirs):
+    cache = setup[4]
+    close(cache.get_neuron_results(1, [2, 4], -1), theirs.get_neuron_results(1, [2, 4], -1))
+    close(cache.get_neuron_results(2, 3), theirs.get_neuron_results(2, 3))
+    close(cache.stack_activation("scale", sublayer_type="ln2"), theirs.stack_activation("scale", sublayer_type="ln2"))
+    close(cache.stack_activation("z", 2), theirs.stack_activation("z", 2))
+    mine, other = cache.apply_slice_to_batch_dim(slice(1, 3)), theirs.apply_slice_to_batch_dim(slice(1, 3))
+    close(mine.get_full_resid_decomposition(apply_ln=True), other.get_full_resid_decomposition(apply_ln=True))
+    close(mine.accumulated_resid(apply_ln=True), other.accumulated_resid(apply_ln=True))
