@@ -149,3 +149,17 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
             except DirectoryLocked:
                 os._exit(0)
         assert os.WEXITSTATUS(os.waitpid(holder_refused, 0)[1]) == 0
+
+
+def test_demo_on_a_locked_run_is_one_line(tmp_path, capsys):
+    from interp.cli.demo import plan
+
+    first = tmp_path / "demo" / next(iter(plan(quick=True).models))
+    first.mkdir(parents=True)
+    holder = Holder(first)
+    try:
+        assert main(["demo", "--quick", "--out", str(tmp_path / "demo"), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"in use by process {holder.pid}" in err[0], err
+    finally:
+        holder.release()

@@ -45,13 +45,15 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from models.paths import DirectoryLocked
+
     out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
     refused = check_out("demo", out)
     if refused is not None:
         return refused
     try:
         run_demo(out, quick=args.quick, progress=not args.no_progress)
-    except (ValueError, FileExistsError) as error:
+    except (ValueError, FileExistsError, DirectoryLocked) as error:
         return fail("demo", error)
     return 0
 

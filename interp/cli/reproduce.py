@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from models.paths import DirectoryLocked
+
     if args.name not in names():
         return fail("reproduce", f"argument NAME: unknown reproduction {args.name!r}; choose from {', '.join(names())}")
     allowed = [s for s in SCALES if s != "quick"]
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return refused
     try:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, DirectoryLocked) as error:
         return fail("reproduce", error)
     print(f"wrote {report}")
     return 0
