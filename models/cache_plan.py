@@ -53,6 +53,7 @@ from pathlib import Path
 import torch
 
 from models.memory import MemoryRefused, format_bytes
+from models.tl_names import to_ours
 
 DRY_LENGTHS = (2, 3)
 # hooks with a head axis, wherever a mixer has them: the axis of [B, T, H, ...] / [B, H, T, T]
@@ -225,6 +226,8 @@ def plan_cache(model, tokens: torch.Tensor, names: Sequence[str], positions=None
     (module docstring); kwargs go to the model's forward as in the run."""
     batch, length = int(tokens.shape[0]), int(tokens.shape[1])
     layouts = hook_layouts(model, tokens, names, **kwargs)
+    positions, heads = (({to_ours(n): v for n, v in m.items()} if isinstance(m, Mapping) else m)  # TL names
+                        for m in (positions, heads))
     return CachePlan(batch, length, layouts, normalise_positions(positions, layouts, length), grads,
                      normalise_heads(heads, layouts))
 

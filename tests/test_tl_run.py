@@ -76,6 +76,11 @@ def test_names_filter_pos_slice_and_remove_batch_dim(setup):
     close(tupled["blocks.1.hook_resid_pre"], full["blocks.1.hook_resid_pre"][:, 1::2])
     close(one["blocks.0.attn.hook_pattern"], full["blocks.0.mixer.hook_pattern"][0])
     assert not one.has_batch_dim
+    _, keyed = model.run_with_cache(ids, names_filter=["blocks.1.attn.hook_pattern", "blocks.1.attn.hook_z"],
+                                    positions={"blocks.1.attn.hook_pattern": [2, 3, 4]},
+                                    heads={"blocks.1.attn.hook_z": [1]})  # TL names as keys too
+    close(keyed["blocks.1.attn.hook_pattern"], sliced["blocks.1.attn.hook_pattern"])
+    close(keyed["blocks.1.attn.hook_z"], full["blocks.1.mixer.hook_z"][:, :, [1]])
     with pytest.raises(ValueError, match="not both"):
         model.run_with_cache(ids, names=["hook_embed"], names_filter=["hook_embed"])
     with pytest.raises(ValueError, match=r"positions=\[-1\]"):
