@@ -53,10 +53,11 @@ def tensor_bytes(obj, seen=None) -> int:
     return 0
 
 
-def hf_cache_bytes(source, prompt, new: int) -> int:
+def hf_run(source, prompt, new: int) -> tuple[torch.Tensor, int]:
+    """HF's greedy tokens [1, T + new] and the bytes of its cache after them."""
     out = hf_generate(source, prompt, new, return_dict_in_generate=True)
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
-    return tensor_bytes(cache)
+    return out.sequences, tensor_bytes(cache)
 
 
 def state_readers(model, found: list):
@@ -111,7 +112,7 @@ def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
     prompt = tokens(name, 1, length)
     with torch.no_grad():
         ours_tokens, state = ours.generate(prompt, new, return_state=True, progress=False)
-        hf_tokens = hf_generate(source, prompt, new)
+        hf_tokens, hf_bytes = hf_run(source, prompt, new)
         _, prompt_state = ours.generate(prompt, 1, return_state=True, progress=False)
         differs = (ours_tokens[0, length:] != hf_tokens[0, length:]).nonzero()
         runs = contenders(name, ours, source, prompt, new)
@@ -120,7 +121,7 @@ def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
         "model": name, "prompt": length, "new": new, "load": rounds.load,
         "tokens equal HF": "yes" if not len(differs) else f"until step {int(differs[0])}",
         "ours state after prompt": prompt_state.nbytes, "ours state after N": state.nbytes,
-        "HF cache after prompt": hf_cache_bytes(source, prompt, 1), "HF cache after N": hf_cache_bytes(source, prompt, new),
+        "HF cache after prompt": hf_run(source, prompt, 1)[1], "HF cache after N": hf_bytes,
     }
     plain = per_token(rounds, f"ours {new}", new, "ours 1")
     result["ours ms/token"] = plain

@@ -342,9 +342,11 @@ class Recorder:
 def split_hooks(model, fwd_hooks) -> tuple[list, list[tuple[str, StatePatch]]]:
     """fwd_hooks -> (hook functions, [(hook_state name, StatePatch)]): StatePatches are handed to
     each call translated to its positions (call_patches); their times must be >= 0."""
+    with model.hooks(fwd_hooks):  # checks them as run_with_hooks does (a bare pair, unknown names, ...)
+        pass
     functions, patches = [], []
     for pair in fwd_hooks:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[1], StatePatch):
+        if not isinstance(pair[1], StatePatch):
             functions.append(pair)
             continue
         name, patch = pair

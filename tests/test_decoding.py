@@ -190,3 +190,24 @@ def test_learned_positions_bound_the_length():
     with pytest.raises(ValueError, match="max_len=8"):
         model.generate(prompt(), 5)  # positions 0..8 would run
     assert model.generate(prompt(), 4).shape == (B, 9)  # the last token is never run
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "gated_deltanet", "lstm", "mamba3"])
+def test_a_recurrent_model_carries_constant_memory(name):
+    model = small_model(name)
+    with torch.no_grad():
+        _, state = advance(model, prompt())
+        size = state.nbytes
+        for _ in range(4):
+            _, state = advance(model, torch.ones(B, 1, dtype=torch.long), state)
+            assert state.nbytes == size
+
+
+def test_the_kv_cache_grows_by_one_key_and_value_per_layer_and_token():
+    model = small_model("transformer")
+    with torch.no_grad():
+        _, state = advance(model, prompt())
+        size = state.nbytes
+        _, state = advance(model, torch.ones(B, 1, dtype=torch.long), state)
+    per_token = 2 * model.cfg.n_layers * B * model.cfg.kv_heads * model.cfg.head_dim * 4
+    assert state.nbytes - size == per_token

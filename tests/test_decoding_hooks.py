@@ -134,3 +134,9 @@ def test_state_patch_errors_name_the_problem():
     attention = small_model("transformer")
     with pytest.raises(ValueError, match="recurrent mixer's hook_state"):
         attention.generate(prompt(), 2, fwd_hooks=[("blocks.0.mixer.hook_z", StatePatch([0], [1], deltas=torch.zeros(1, 2)))])
+
+
+def test_a_bare_pair_raises_as_in_run_with_hooks():
+    model = small_model("mamba")
+    with pytest.raises(TypeError, match="wrap it in a list"):
+        model.generate(prompt(), 2, fwd_hooks=("hook_embed", lambda x, hook: None))
