@@ -55,3 +55,24 @@ def test_local_ray_cluster_listens_on_loopback_only(tmp_path):
         assert ray.util.get_node_ip_address() == "127.0.0.1"
     finally:
         executor.close()
+
+
+def test_a_cluster_that_comes_up_on_another_address_is_refused(monkeypatch):
+    """Should Ray stop honouring the loopback node address (its flag gone), the executor shuts the
+    cluster down and refuses, rather than run trials on a cluster reachable from the network."""
+    import contextlib
+
+    from interp.sweep import ray_executor
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    if is_loopback(ray._private.services.node_ip_address_from_perspective()):
+        pytest.skip("this machine has no network address for Ray to pick")
+    monkeypatch.setattr(ray_executor, "_loopback_node", contextlib.nullcontext)
+    executor = make_executor("ray", workers=1, max_retries=0)
+    try:
+        with pytest.raises(RuntimeError, match="not 127.0.0.1: refusing to run trials"):
+            executor._connect()
+        assert not ray.is_initialized()
+    finally:
+        executor.close()
