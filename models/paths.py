@@ -4,6 +4,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
     inside(run_dir, "checkpoints", "step-000000010")      -> run_dir/checkpoints/step-000000010
     inside(run_dir, pointer["path"], what="checkpoint.json path")
     in_place_file(run_dir, "metrics.jsonl")                -> a path safe to append to or truncate
+    open_appending(path, "a+b")                            open it so that a link put there since fails
     with locked(run_dir, "run directory"): ...             one writer at a time (DirectoryLocked)
     sha256_of(path); check_sha256(path, expected, where)   weights checked against the digest recorded
 
@@ -65,6 +66,19 @@ def in_place_file(root: str | os.PathLike, *parts: str | os.PathLike) -> Path:
         raise PathRefused(f"{path} has {path.stat().st_nlink} hard links; refusing to write in place to a "
                           f"file shared with another path (copy it: cp {path} {path}.tmp && mv {path}.tmp {path})")
     return path
+
+
+def open_appending(path: str | os.PathLike, mode: str = "a+b"):
+    """open(path, mode) for appending ("a", "a+b"), refusing (PathRefused) a symbolic link at path
+    itself even if one was put there after `in_place_file` checked it (O_NOFOLLOW)."""
+    flags = {"a": os.O_WRONLY, "a+b": os.O_RDWR}[mode] | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as error:
+        if os.path.islink(path):
+            raise PathRefused(f"{path} is a symbolic link; refusing to write through it") from None
+        raise error
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 class DirectoryLocked(RuntimeError):

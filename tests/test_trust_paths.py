@@ -135,3 +135,17 @@ def test_corrupt_reproduce_cache_names_the_file(tmp_path):
     (tmp_path / engine.CACHE).write_text('{"key": ')
     with pytest.raises(ValueError, match=str(tmp_path / engine.CACHE)):
         engine._cached(types.SimpleNamespace(run_dir=tmp_path), {"claim": "x"})
+
+
+def test_open_appending_refuses_a_link_put_there_after_the_check(tmp_path):
+    from models.paths import open_appending
+
+    target = tmp_path / "target"
+    target.write_text("keep")
+    checked = in_place_file(tmp_path, "metrics.jsonl")    # nothing there yet: allowed
+    checked.symlink_to(target)                              # a link slipped in between check and open
+    with pytest.raises(PathRefused, match="symbolic link"):
+        open_appending(checked, "a+b")
+    with open_appending(tmp_path / "real.jsonl", "a") as handle:
+        handle.write("x\n")
+    assert target.read_text() == "keep" and (tmp_path / "real.jsonl").read_text() == "x\n"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.training.checkpoint import atomic_write_text
-from models.paths import in_place_file
+from models.paths import in_place_file, open_appending
 
 RESULTS, FAILURES = "results.jsonl", "failures.jsonl"
 TIMING_COLUMNS = ("seconds", "wall_seconds", "attempts")   # columns that differ between identical runs
@@ -64,7 +64,7 @@ class ResultTable:
 
     def append(self, row: Mapping[str, Any]) -> None:
         line = json.dumps(row, sort_keys=True, default=float) + "\n"
-        with open(in_place_file(self.out, RESULTS), "a+b") as handle:
+        with open_appending(in_place_file(self.out, RESULTS), "a+b") as handle:
             handle.seek(0, os.SEEK_END)
             if handle.tell():
                 handle.seek(-1, os.SEEK_END)

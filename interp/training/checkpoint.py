@@ -50,7 +50,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from models.paths import check_sha256, in_place_file, inside, sha256_of
+from models.paths import check_sha256, in_place_file, inside, open_appending, sha256_of
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -392,7 +392,7 @@ class MetricsLog:
 
     def __init__(self, path: Path, records: int) -> None:
         self.path, self.records = path, records
-        self._handle = open(path, "a", encoding="utf-8")
+        self._handle = open_appending(path, "a")
 
     def append(self, record: dict[str, Any]) -> None:
         self._handle.write(json.dumps(record, sort_keys=True) + "\n")
@@ -417,7 +417,7 @@ def open_metrics(run_dir: str | Path, keep: dict[str, int] | None = None) -> tup
     if size < keep["bytes"]:
         raise CheckpointError(f"{path} has {size} bytes but the checkpoint recorded {keep['bytes']}: "
                               "records up to the checkpoint are missing (truncated by hand?)")
-    with open(path, "a+b") as handle:
+    with open_appending(path, "a+b") as handle:
         handle.truncate(keep["bytes"])
         handle.flush()
         os.fsync(handle.fileno())
