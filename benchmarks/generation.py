@@ -6,8 +6,9 @@
 For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M),
 converted with models.from_pretrained, B = 1, greedy, in one process, the contenders interleaved
 in rounds (benchmarks/timing.py):
-  ours / HF: generate with max_new_tokens = 1 (the prompt, one read-out) and = N; the per-token
-      decode latency is (t_N - t_1) / (N - 1), the prompt's cost taken out;
+  ours: generate N tokens from the DecodingState after the prompt (a copy per run; the copy is
+      timed, < 0.3 ms a token): t_N / N; the prompt alone (max_new_tokens = 1) beside it;
+  HF: generate with max_new_tokens = 1 (the prompt, one read-out) and = N: (t_N - t_1) / (N - 1);
   ours + hook_state readers: a reader on every layer's hook_state (it keeps the largest |h| of
       each call), so every new token's states pass through the hook point (the instrumented path);
   ours + state patch: a models.StatePatch (deltas) on the middle layer's hook_state at the
@@ -75,34 +76,41 @@ def middle_patch(model, position: int):
     return [(f"blocks.{layer}.mixer.hook_state", StatePatch([0], [position], deltas=deltas))]
 
 
-def contenders(name: str, ours, source, prompt, new: int) -> dict:
-    found: list[float] = []
+def contenders(ours, source, prompt, new: int) -> dict:
+    """{label: fn}: ours from the state after the prompt (copied: each run starts there) for N
+    tokens, plain, with readers and with a state patch; the prompt alone; HF for 1 and N tokens."""
+    first, state = ours.generate(prompt, 1, return_state=True, progress=False)
+    feed, found = first[:, -1:], []
     patch = middle_patch(ours, prompt.shape[1] + new // 2)
     runs = {
-        "ours 1": lambda: ours.generate(prompt, 1, progress=False),
-        f"ours {new}": lambda: ours.generate(prompt, new, progress=False),
+        "ours prompt": lambda: ours.generate(prompt, 1, progress=False),
+        f"ours {new}": lambda: ours.generate(feed, new, state=state.copy(), progress=False),
         "HF 1": lambda: hf_generate(source, prompt, 1),
         f"HF {new}": lambda: hf_generate(source, prompt, new),
     }
     if any(n.endswith("hook_state") for n in ours.hook_names()):
-        def with_readers(count):
+        def with_readers():
             with ours.hooks(readers=state_readers(ours, found)):
-                return ours.generate(prompt, count, progress=False)
-        runs["ours + readers 1"] = lambda: with_readers(1)
-        runs[f"ours + readers {new}"] = lambda: with_readers(new)
+                return ours.generate(feed, new, state=state.copy(), progress=False)
+        runs[f"ours + readers {new}"] = with_readers
     if patch is not None:
-        runs[f"ours + state patch {new}"] = lambda: ours.generate(prompt, new, fwd_hooks=patch, progress=False)
+        runs[f"ours + state patch {new}"] = lambda: ours.generate(feed, new, state=state.copy(), fwd_hooks=patch,
+                                                                  progress=False)
     return runs
 
 
-def per_token(rounds, label: str, new: int, prefill_label: str) -> tuple[float, float, float]:
-    """(min, median, CPU min) seconds per new token: (t_N - t_1) / (N - 1) over the rounds' wall
-    times, and over the thread's CPU times (what the load leaves meaningful, benchmarks/timing.py)."""
-    def spread(full, first):
-        return sorted((a - b) / (new - 1) for a, b in zip(full, first))
+def per_token(rounds, label: str, new: int, prefill_label: str | None = None) -> tuple[float, float, float]:
+    """(min, median, CPU min) seconds per new token over the rounds' wall times and the thread's
+    CPU times (what the load leaves meaningful, benchmarks/timing.py): t_N / N for a run that
+    starts from the state after the prompt, (t_N - t_1) / (N - 1) against its prompt-only run."""
+    def spread(full, base):  # per-token times, sorted
+        if base is None:
+            return sorted(t / new for t in full)
+        return sorted((a - b) / (new - 1) for a, b in zip(full, base))
 
-    wall = spread(rounds[label].times, rounds[prefill_label].times)
-    cpu = spread(rounds[label].cpu_times, rounds[prefill_label].cpu_times)
+    run, base = rounds[label], None if prefill_label is None else rounds[prefill_label]
+    wall = spread(run.times, None if base is None else base.times)
+    cpu = spread(run.cpu_times, None if base is None else base.cpu_times)
     return wall[0], wall[len(wall) // 2], cpu[0]
 
 
@@ -115,7 +123,7 @@ def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
         hf_tokens, hf_bytes = hf_run(source, prompt, new)
         _, prompt_state = ours.generate(prompt, 1, return_state=True, progress=False)
         differs = (ours_tokens[0, length:] != hf_tokens[0, length:]).nonzero()
-        runs = contenders(name, ours, source, prompt, new)
+        runs = contenders(ours, source, prompt, new)
         rounds = interleaved(runs, rounds=n_rounds, warmup=0)
     result = {
         "model": name, "prompt": length, "new": new, "load": rounds.load,
@@ -123,14 +131,12 @@ def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
         "ours state after prompt": prompt_state.nbytes, "ours state after N": state.nbytes,
         "HF cache after prompt": hf_run(source, prompt, 1)[1], "HF cache after N": hf_bytes,
     }
-    plain = per_token(rounds, f"ours {new}", new, "ours 1")
-    result["ours ms/token"] = plain
+    result["ours ms/token"] = per_token(rounds, f"ours {new}", new)
     result["HF ms/token"] = per_token(rounds, f"HF {new}", new, "HF 1")
-    if f"ours + readers {new}" in runs:
-        result["ours + readers ms/token"] = per_token(rounds, f"ours + readers {new}", new, "ours + readers 1")
-    if f"ours + state patch {new}" in runs:
-        result["ours + state patch ms/token"] = per_token(rounds, f"ours + state patch {new}", new, "ours 1")
-    result["prompt ms (ours / HF, min)"] = (min(rounds["ours 1"].times), min(rounds["HF 1"].times))
+    for extra in ("readers", "state patch"):
+        if f"ours + {extra} {new}" in runs:
+            result[f"ours + {extra} ms/token"] = per_token(rounds, f"ours + {extra} {new}", new)
+    result["prompt ms (ours / HF, min)"] = (min(rounds["ours prompt"].times), min(rounds["HF 1"].times))
     return result
 
 

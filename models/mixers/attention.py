@@ -161,8 +161,9 @@ class Attention(Mixer):
             z = self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k)))) @ v  # [B, H, Tq, d_head]
         elif q.shape[2] == k.shape[2]:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], q.device))
+        else:  # the last queries (one query, decoding: every key, no mask)
+            mask = None if q.shape[2] == 1 else causal_mask(q.shape[2], k.shape[2], q.device)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
 
     def mix_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
