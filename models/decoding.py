@@ -125,19 +125,17 @@ class DecodingState:
         return cls(layers, int(meta["position"]))
 
 
-def grown(buffer: torch.Tensor | None, axis: int, needed: int, like: torch.Tensor) -> torch.Tensor:
-    """buffer with room for `needed` entries on `axis` (doubling, the old entries copied); a new
-    one shaped like `like` when None."""
-    if buffer is None:
-        shape = list(like.shape)
-        shape[axis] = needed
-        return like.new_zeros(shape)
-    if buffer.shape[axis] >= needed:
+def grown(buffer: torch.Tensor | None, axis: int, needed: int, room: int, like: torch.Tensor) -> torch.Tensor:
+    """buffer with space for `needed` entries on `axis`: itself, or a new one (uninitialised past
+    the old entries, which are copied) with space for max(room, needed, twice the old size);
+    shaped like `like` when None."""
+    if buffer is not None and buffer.shape[axis] >= needed:
         return buffer
-    shape = list(buffer.shape)
-    shape[axis] = max(needed, 2 * buffer.shape[axis])
-    bigger = buffer.new_zeros(shape)
-    bigger.narrow(axis, 0, buffer.shape[axis]).copy_(buffer)
+    shape = list(like.shape if buffer is None else buffer.shape)
+    shape[axis] = max(room, needed, 0 if buffer is None else 2 * buffer.shape[axis])
+    bigger = like.new_empty(shape)
+    if buffer is not None:
+        bigger.narrow(axis, 0, buffer.shape[axis]).copy_(buffer)
     return bigger
 
 
@@ -168,17 +166,18 @@ def hook_points(module: torch.nn.Module) -> list[HookPoint]:
     return HOOK_LISTS[module]
 
 
-def run_attention(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
-    """Attention from its KV cache: x [B, n, D] (after norm) at positions start, ... -> [B, n, D]."""
+def run_attention(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
+    """Attention from its KV cache: x [B, n, D] (after norm) at positions start, ... -> [B, n, D];
+    room: positions to make space for when the buffers grow (generate: all it will run)."""
     u = mixer.hook_in(x)
     end = start + x.shape[1]
-    like = u.new_zeros(u.shape[0], mixer.n_kv, 1, mixer.d_head)
-    layer["keys"] = grown(layer.get("keys"), 2, end, like)
-    layer["values"] = grown(layer.get("values"), 2, end, like)
+    like = u.new_empty(u.shape[0], mixer.n_kv, 1, mixer.d_head)
+    layer["keys"] = grown(layer.get("keys"), 2, end, room, like)
+    layer["values"] = grown(layer.get("values"), 2, end, room, like)
     return mixer.hook_out(mixer.mix_cached(u, layer["keys"], layer["values"], start))
 
 
-def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
+def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
     """A recurrent mixer from its carried state and window: x [B, n, D] -> [B, n, D]."""
     u = mixer.hook_in(x)
     inputs = prepare_conv(mixer, u, layer) if mixer.carries_conv else prepare_window(mixer, u, layer, start)
@@ -231,7 +230,7 @@ def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
     return out, final[-1]
 
 
-def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tensor:
+def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
     """A mixer without a carried state, recomputed over every position so far -> [B, n, D]."""
     n = x.shape[1]
     history = x if "inputs" not in layer else torch.cat([layer["inputs"], x], dim=1)  # [B, start + n, D]
@@ -243,10 +242,12 @@ def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int) -> torch.Tens
 RUNNERS = {"attention": run_attention, "recurrent": run_recurrent, "recompute": run_recompute}
 
 
-def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all_logits: bool = False):
+def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all_logits: bool = False,
+            room: int = 0):
     """Run tokens [B, n] at positions state.position, ... (0 with no state), continuing from
     `state` (updated in place; a new one when None) -> (logits, state): logits [B, n, V] when
-    all_logits, else [B, V] at the last position only (the read-out of that one position)."""
+    all_logits, else [B, V] at the last position only (the read-out of that one position).
+    room: the positions a KV cache that grows makes space for at once (generate: all it runs)."""
     model.check_tokens(tokens)
     state = DecodingState([{} for _ in model.blocks], 0) if state is None else state
     if state.layers and state.layers[0] and state.batch != tokens.shape[0]:
@@ -261,7 +262,7 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
         x = model.hook_embed(x)
         for block, layer in zip(model.blocks, state.layers):
             x = block.hook_resid_pre(x)
-            mixed = RUNNERS[mixer_kind(block.mixer)](block.mixer, block.norm_mixer(x), layer, start)
+            mixed = RUNNERS[mixer_kind(block.mixer)](block.mixer, block.norm_mixer(x), layer, start, room)
             x = block.after_mixer(x, mixed)
         if all_logits:
             logits = model.read_out(x)
@@ -427,7 +428,7 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: boo
             start = 0 if state is None else state.position
             recorder.call_start = start
             with model.hooks(call_patches(model, patches, start, feed.shape[1]), allow_nonfinite=allow_nonfinite):
-                logits, state = advance(model, feed, state, all_logits=full_read_out and step == 0)
+                logits, state = advance(model, feed, state, all_logits=full_read_out and step == 0, room=last)
             logits = logits[:, -1] if logits.dim() == 3 else logits
             new = next_tokens(logits, do_sample, temperature, top_k, top_p, generator)
             if eos_token_id is not None:

@@ -77,6 +77,8 @@ def test_kv_cache_grows_and_holds_every_position():
             _, state = advance(model, torch.ones(B, 1, dtype=torch.long), state)
     keys = state.trimmed()[0]["keys"]
     assert keys.shape == (B, model.cfg.kv_heads, T + 4, model.cfg.head_dim)
+    _, state = model.generate(prompt(), NEW, return_state=True)
+    assert state.layers[0]["keys"].shape[2] == T + NEW - 1 == state.position  # space made once, for every position
 
 
 def reference_greedy(model, tokens, steps):
