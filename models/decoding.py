@@ -15,7 +15,9 @@ hook points, continuing from that carried state:
         [B, G, T, d_head] (Attention.mix_cached); the new query attends every cached position.
     mixers without a carried state (resume_context None: Based, Hyena, BaseConv)   the mixer
         input before hook_in at every position [B, t, D]: the mixer is recomputed over the whole
-        prefix at each token (correct, O(t) per token; their hooks then see every position).
+        prefix at each token (correct, but at least O(t) per token, Based's parallel form
+        O(t^2); their hooks then see every position). Based's linear-attention state and
+        sliding window could carry forward; not done yet.
 
 Positions. While a call runs every hook point of the model has `hook.position`, the absolute
 position of the first step on the time axis of what it sees (the query axis of hook_attn_scores
