@@ -18,8 +18,9 @@ Sections:
                source call that does not finish in REAL_SIZE_SOURCE_LIMIT_S (400 s) is recorded
                as such (transformers' Mamba on a CPU: a Python loop over the positions) and
                ours is timed alone; its ratio is then an upper bound.
-  cache        run_with_cache at T = 512: every hook, hook_state only, and streamed to disk,
-               against a plain forward of ours (time ratio, peak).
+  cache        run_with_cache at T = 512 under torch.no_grad(): every hook, hook_state only (and
+               its head 0 / channel 0), and streamed to disk, against a plain forward of ours
+               (time ratio, peak); the default budget (half the memory available) may refuse.
   patch        a state patch of the middle layer at t = T / 2, T = 1024: declared
                (models.StatePatch) and as a hook function, against a plain forward.
   lens         a propagating state edit (+delta on the state of the middle layer at t = T / 2)
@@ -200,6 +201,8 @@ def section_cache(name: str, lengths: list[int], rounds: int) -> list[dict]:
                  ids, to_disk=directory / f"run-{next(counter)}")}
     if states:
         group["run_with_cache, hook_state only"] = lambda: ours.run_with_cache(ids, names=states)
+        group["run_with_cache, hook_state only, heads=[0]"] = lambda: ours.run_with_cache(ids, names=states, heads=[0])
+    group = {what: torch.no_grad()(fn) for what, fn in group.items()}  # as a researcher reads activations
     rows = []
     for what, fn in group.items():  # one at a time: a refusal or a failure is a result of its own
         try:
