@@ -212,6 +212,7 @@ def section_cache(name: str, lengths: list[int], rounds: int) -> list[dict]:
             continue
         rows.append({"model": name, "T": length, "what": what, "s": result[what]["s"],
                      "vs_forward": result[what]["s"] / result["forward"]["s"], "peak": result[what]["peak"],
+                     "cpu_vs_forward": result[what]["cpu"] / result["forward"]["cpu"],
                      "forward_peak": result["forward"]["peak"], "load": result[what]["load"]})
     return rows
 
@@ -241,6 +242,7 @@ def section_patch(name: str, lengths: list[int], rounds: int) -> list[dict]:
              "hook-function patch": torch.no_grad()(lambda: ours.run_with_hooks(ids, fwd_hooks=[(hook, hook_fn)]))}
     result = measure(group, rounds)
     return [{"model": name, "T": length, "what": what, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+             "cpu_vs_forward": r["cpu"] / result["forward"]["cpu"],
              "peak": r["peak"], "forward_peak": result["forward"]["peak"], "load": r["load"]}
             for what, r in result.items()]
 
@@ -293,6 +295,7 @@ def section_lens(name: str, lengths: list[int], rounds: int) -> list[dict]:
         lens = result["TransformerLens hook_ssm_write patch"]
         rows += [{"model": f"{name} ({label})", "T": length, "what": f"{what}, B {batch}", "s": r["s"],
                   "vs_forward": r["s"] / result["ours forward"]["s"], "vs_lens": r["s"] / lens["s"],
+                  "cpu_vs_lens": r["cpu"] / lens["cpu"],
                   "peak": r["peak"], "diff": float(diff), "load": r["load"]} for what, r in result.items()]
         del bridge, ours
     return rows
@@ -398,6 +401,7 @@ def section_analysis(name: str, lengths: list[int], rounds: int) -> list[dict]:
     rows = []
     result = measure(group, rounds)
     rows += [{"model": name, "T": length, "what": what, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+             "cpu_vs_forward": r["cpu"] / result["forward"]["cpu"],
               "peak": r["peak"], "load": r["load"]} for what, r in result.items()]
     if name in RECURRENT:
         long_ids, layer = tokens(name, 1, 1024), len(ours.blocks) // 2
@@ -406,6 +410,7 @@ def section_analysis(name: str, lengths: list[int], rounds: int) -> list[dict]:
         result = measure({"forward": torch.no_grad()(lambda: ours(long_ids)),
                           what: lambda: effective_attention(ours, long_ids, layer, index=index, progress=False)}, rounds)
         rows += [{"model": name, "T": 1024, "what": w, "s": r["s"], "vs_forward": r["s"] / result["forward"]["s"],
+             "cpu_vs_forward": r["cpu"] / result["forward"]["cpu"],
                   "peak": r["peak"], "load": r["load"]} for w, r in result.items()]
     return rows
 
@@ -495,14 +500,15 @@ def table(section: str, rows: list[dict]) -> list[str]:
                          f"{r['peak_ratio']:.2f} | {r['load']} |")
         return lines
     if section == "lens":
-        lines = ["| model | T | contender | s | vs our forward | vs TransformerLens | peak GB | max abs diff of "
-                 "patched logits, ours vs TL | load |", "|" + "---|" * 9]
+        lines = ["| model | T | contender | s | vs our forward | vs TransformerLens | CPU time vs TransformerLens | "
+                 "peak GB | max abs diff of patched logits, ours vs TL | load |", "|" + "---|" * 10]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 5)
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 6)
                 continue
+            cpu = f"{r['cpu_vs_lens']:.2f}" if "cpu_vs_lens" in r else "-"
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.3f} | {r['vs_forward']:.2f} | "
-                         f"{r['vs_lens']:.2f} | {gb(r['peak'])} | {r['diff']:.1e} | {r['load']} |")
+                         f"{r['vs_lens']:.2f} | {cpu} | {gb(r['peak'])} | {r['diff']:.1e} | {r['load']} |")
         return lines
     if section == "import":
         lines = ["| model | loader | s | peak GB | weights GB | peak / weights | load |", "|" + "---|" * 7]
@@ -513,16 +519,17 @@ def table(section: str, rows: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {r['what']} | {r['s']:.2f} | {gb(r['peak'])} | {gb(r['weights'])} | "
                          f"{r['peak'] / r['weights']:.2f} | {r['load']} |")
         return lines
-    lines = ["| model | T | what | s | vs our forward | sites/s | whole grid s (extrapolated) | peak GB | load |",
-             "|" + "---|" * 9]
+    lines = ["| model | T | what | s | vs our forward | CPU time vs our forward | sites/s | whole grid s (extrapolated) "
+             "| peak GB | load |", "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r.get('T', '-')} | {r['what']} | {r['error']} |" + " |" * 5)
+            lines.append(f"| {r['model']} | {r.get('T', '-')} | {r['what']} | {r['error']} |" + " |" * 6)
             continue
         ratio = f"{r['vs_forward']:.2f}" if "vs_forward" in r else "-"
+        cpu = f"{r['cpu_vs_forward']:.2f}" if "cpu_vs_forward" in r else "-"
         rate = f"{r['sites_per_s']:.2f}" if "sites_per_s" in r else "-"
         grid = f"{r['grid_s']:.0f}" if "grid_s" in r else "-"
-        lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.2f} | {ratio} | {rate} | {grid} | "
+        lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['s']:.2f} | {ratio} | {cpu} | {rate} | {grid} | "
                      f"{gb(r['peak'])} | {r['load']} |")
     return lines
 
