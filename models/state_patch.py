@@ -2,7 +2,7 @@
 
 A patch hook function is opaque: a mixer must materialise every state [B, T, *S], hand it over,
 compare the result to find what changed (the pins) and re-run the recurrence from there
-(models.hooks.scan_with_state_hook). A StatePatch says where (example, step) and what (values,
+(models.state_hooks.scan_with_state_hook). A StatePatch says where (example, step) and what (values,
 deltas, or a function of the state there), so a recurrent mixer can instead run its fast kernels
 up to each patched step, replace the state there and continue (RecurrentMixer.declared_forward),
 never forming the [B, T, *S] states. `StatePlan` turns the patches attached to one hook_state
@@ -134,7 +134,7 @@ class StatePlan:
     @classmethod
     def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
         """The plan setting the states [B, T, *S] to values where mask [B, T] is set: what hook
-        functions changed (models.hooks.changed_steps). Each entry differs from the unpatched
+        functions changed (models.state_hooks.changed_steps). Each entry differs from the unpatched
         state by construction, so needs_clean is False: at a row's later entry the running
         state is replaced as the pinned re-run would, with no comparison to the unpatched one."""
         rows, times = mask.nonzero(as_tuple=True)

@@ -379,10 +379,10 @@ def test_unpatched_states_recomputed_in_blocks_are_bit_equal(name, tokens):
 
 @pytest.mark.parametrize("per_step", [(3, 4), (16, 32, 32)])  # 48 B and 64 kB per (example, step)
 def test_changed_steps_marks_exactly_the_changed_states(per_step):
-    """models.hooks.changed_steps (small states compared at once, large ones one (example, step)
+    """models.state_hooks.changed_steps (small states compared at once, large ones one (example, step)
     at a time): a changed value, a NaN where there was none and a -0.0 for 0.0 (equal) at known
     places, over blocks of the unpatched states; None when nothing changed."""
-    from models.hooks import changed_steps
+    from models.state_hooks import changed_steps
 
     before = torch.randn(2, 7, *per_step, generator=torch.Generator().manual_seed(3))
     before[1, 5].view(-1)[0] = 0.0

@@ -2,7 +2,7 @@
 
 A mixer maps [B, T, d_model] -> [B, T, d_model] causally. Subclasses implement `mix(x)`; the base
 class wraps it in `hook_in` and `hook_out`. Recurrent mixers add `hook_state` ([B, T, *state_shape],
-the state after each step) and honour state patches through `models.hooks.scan_with_state_hook`.
+the state after each step) and honour state patches through `models.state_hooks.scan_with_state_hook`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from torch import nn
 from models.config import ModelConfig
 from models.kernels import diag_scan, short_conv
 from models.kernels.native.library import fresh
-from models.hooks import (HookPoint, StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
-                          hook_functions_only, only_read, scan_with_state_hook, selected_heads, selected_steps,
-                          state_pins, step_pins, step_shifts)
+from models.hooks import HookPoint, only_read, selected_heads, selected_steps
+from models.state_hooks import (StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
+                                hook_functions_only, scan_with_state_hook, state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -207,7 +207,7 @@ class RecurrentMixer(Mixer):
     def declared_plan(self, x: torch.Tensor):
         """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
         input x [B, T, D], or None: segments_allowed, and they are all that uses hook_state
-        (models.hooks.declared_state_patches)."""
+        (models.state_hooks.declared_state_patches)."""
         if not self.segments_allowed(x):
             return None
         return declared_state_patches(self.hook_state, *x.shape[:2])
@@ -218,7 +218,7 @@ class RecurrentMixer(Mixer):
 
     def hooked_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor | None:
         """The output [B, T, D] with hook functions on hook_state, no gradient wanted and nothing
-        else on it (models.hooks.hook_functions_only), or None where that does not hold (the
+        else on it (models.state_hooks.hook_functions_only), or None where that does not hold (the
         instrumented path runs). The states [B, T, *S] are scanned once and handed to the hooks;
         the (example, step) pairs they changed (compared with unpatched_blocks) become a
         StatePlan that declared_forward runs on the fast kernels. Only the hooks' [B, T, *S] is
@@ -385,7 +385,7 @@ class RecurrentMixer(Mixer):
     def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reference step loop honouring pins, from `initial` [B, *S] (None: initial_state()),
         shift [B, T, *S] (None: none) added to each step's state before its pin (the contract of
-        models.hooks.scan_with_state_hook); returns (states, states) [B, T, *S]."""
+        models.state_hooks.scan_with_state_hook); returns (states, states) [B, T, *S]."""
         first = next(iter(inputs.values()))
         h = self.initial_state(first.shape[0], first) if initial is None else initial
         states, shifts = [], step_shifts(shift)
