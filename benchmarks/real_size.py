@@ -344,6 +344,7 @@ def _grid(ours, name: str, positions):
     return site_grid(ours, hooks, list(positions))
 
 
+MAX_MEMORY = os.environ.get("REAL_SIZE_MAX_MEMORY")  # interchange / attribution budget (None: half the free memory)
 INTERCHANGE_STEP = {64: int(os.environ.get("REAL_SIZE_STEP_64", "8")), 512: int(os.environ.get("REAL_SIZE_STEP_512", "256"))}
 
 
@@ -359,7 +360,8 @@ def section_interchange(name: str, lengths: list[int], rounds: int) -> list[dict
         step = INTERCHANGE_STEP[length]
         sites = _grid(ours, name, range(step // 2, length, step))  # each stratum's midpoint: its mean cost
         full = len(_grid(ours, name, range(length)))
-        result = measure({"interchange": lambda: interchange(ours, clean, corrupt, sites)}, 1, warmup=0)["interchange"]
+        result = measure({"interchange": lambda: interchange(ours, clean, corrupt, sites, max_memory=MAX_MEMORY)}, 1,
+                         warmup=0)["interchange"]
         rows.append({"model": name, "T": length, "what": f"interchange, N 8, {len(sites)} of {full} sites",
                      "s": result["s"], "sites_per_s": len(sites) / result["s"],
                      "grid_s": full / (len(sites) / result["s"]), "peak": result["peak"], "load": result["load"]})
@@ -375,7 +377,8 @@ def section_attribution(name: str, lengths: list[int], rounds: int) -> list[dict
     with torch.no_grad():
         clean.targets[:, -1] = ours(clean.tokens)[:, -1].argmax(-1)
     sites = _grid(ours, name, range(length))
-    result = measure({"attribution": lambda: attribute(ours, clean, corrupt, sites)}, 1, warmup=0)["attribution"]
+    result = measure({"attribution": lambda: attribute(ours, clean, corrupt, sites, max_memory=MAX_MEMORY)}, 1,
+                     warmup=0)["attribution"]
     return [{"model": name, "T": length, "what": f"attribution, N 8, {len(sites)} sites", "s": result["s"],
              "sites_per_s": len(sites) / result["s"], "peak": result["peak"], "load": result["load"]}]
 
