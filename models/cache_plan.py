@@ -194,9 +194,7 @@ class CachePlan:
         if kept is None or axis is None:
             return x
         if emitted is not None:
-            where = {t: i for i, t in enumerate(emitted)}
-            index = [where[t] for t in kept]
-            return x if index == list(range(x.shape[axis])) else x.index_select(axis, _long(index, x))
+            return _kept_of_emitted(x, axis, kept, emitted)
         if x.shape[axis] != self.length:
             raise ValueError(f"{name!r} fired with {x.shape[axis]} steps on its time axis (axis {axis}); positions "
                              f"were planned for T={self.length}")
@@ -207,13 +205,18 @@ class CachePlan:
         if kept is None or axis is None:
             return x
         if emitted is not None:
-            where = {h: i for i, h in enumerate(emitted)}
-            index = [where[h] for h in kept]
-            return x if index == list(range(x.shape[axis])) else x.index_select(axis, _long(index, x))
+            return _kept_of_emitted(x, axis, kept, emitted)
         if x.shape[axis] != layout.n_heads:
             raise ValueError(f"{name!r} fired with {x.shape[axis]} {layout.head_unit} on axis {axis}; heads were "
                              f"planned for {layout.n_heads}")
         return x.index_select(axis, _long(kept, x))
+
+
+def _kept_of_emitted(x: torch.Tensor, axis: int, kept: Sequence[int], emitted: Sequence[int]) -> torch.Tensor:
+    """The `kept` entries of x's `axis`, which holds the entries `emitted` (x itself when they agree)."""
+    where = {e: i for i, e in enumerate(emitted)}
+    index = [where[k] for k in kept]
+    return x if index == list(range(x.shape[axis])) else x.index_select(axis, _long(index, x))
 
 
 def _long(index: Sequence[int], like: torch.Tensor) -> torch.Tensor:
