@@ -4,21 +4,28 @@ For each head h (d_head = cfg.head_dim, H = cfg.n_heads, G = cfg.kv_heads key/va
 
     q_t = W_q x_t  [H, d_head],   k_t = W_k x_t,   v_t = W_v x_t  [G, d_head]   (one qkv map [q|k|v])
     (grouped-query attention, G < H: query head h reads key/value head h // (H / G))
-    (positional="rope": q_t <- R_t q_t, k_t <- R_t k_t, R_t rotates pairs (i, i + d_head/2)
-     by the angle t * base^(-2i/d_head), so q_s . k_t depends only on t - s)
+    (qk_norm: q_t <- RMSNorm(q_t), k_t <- RMSNorm(k_t) per head over d_head, one weight [d_head]
+     each for queries and keys, eps cfg.norm_eps; before the rotary map)
+    (positional="rope": q_t <- R_t q_t, k_t <- R_t k_t, R_t rotates pairs (i, i + r/2) of the
+     first r = int(d_head * partial_rotary_factor) dims by the angle t * base^(-2i/r), the other
+     d_head - r dims pass through; so q_s . k_t depends only on t - s)
     A[s, t] = softmax_{t <= s}( q_s . k_t / sqrt(d_head) )                 (causal)
     z_s     = sum_{t <= s} A[s, t] v_t
+    (output_gate: z_s <- z_s * sigmoid(W_g x_s), W_g [H d_head, d_model], elementwise per head)
     y_s     = W_o [z_s^1, ..., z_s^H]
 
 positional="learned" adds a learned position embedding in the backbone (SequenceModel.pos_embed);
 "none" uses no positions. Attention has no recurrent state: it is not a RecurrentMixer and has no
 hook_state.
 
-Hooks: hook_q [B, T, H, d_head], hook_k, hook_v [B, T, G, d_head] (q and k before the rotary map, as in
-TransformerLens, so a patched q/k is rotated for the position it is placed at), hook_attn_scores
-[B, H, T, T] (q_s . k_t / sqrt(d_head), -inf after the query), hook_pattern [B, H, T, T] (the
-softmax probabilities A), hook_z [B, T, H, d_head] (z_s per head), hook_result [B, T, H, d_model]
-(W_o's head-h columns times z_s^h: their sum over heads plus W_o's bias is hook_out), hook_out.
+Hooks: hook_q [B, T, H, d_head], hook_k, hook_v [B, T, G, d_head] (the projections, q and k before
+the qk norm and the rotary map, as in TransformerLens, so a patched q/k is normed and rotated for
+the position it is placed at), hook_attn_scores [B, H, T, T] (q_s . k_t / sqrt(d_head), -inf after
+the query), hook_pattern [B, H, T, T] (the softmax probabilities A), hook_gate [B, T, H, d_head]
+(sigmoid(W_g x_s), output_gate only), hook_z [B, T, H, d_head] (z_s per head, gated: what W_o
+reads; with the gate the pattern-weighted values are hook_z / hook_gate), hook_result
+[B, T, H, d_model] (W_o's head-h columns times z_s^h: their sum over heads plus W_o's bias is
+hook_out), hook_out.
 
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
 (the output from the materialised pattern) runs when hook_attn_scores or hook_pattern is patched
@@ -28,8 +35,11 @@ without autograd (on the CPU by one C pass, models.kernels.native.softmax) and t
 comes from SDPA (its backward, not the explicit one's). hook_result is formed only while it is
 read or patched (models.mixers.base.head_outputs).
 
-mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies.
-cfg.attention_bias: biases in the qkv and output maps.
+mixer_options: rope_base (float, default 10000.0), the base of the rotary frequencies;
+partial_rotary_factor (float in (0, 1], default 1.0: every dim rotated; r must be even);
+qk_norm (bool, default False; weights q_norm.weight, k_norm.weight [d_head]); output_gate (bool,
+default False; weights gate_proj [H d_head, d_model], with a bias when cfg.attention_bias).
+cfg.attention_bias: biases in the qkv, gate and output maps.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ from models.kernels.native.library import fresh  # huge-page advised on the CPU:
 # faults of a fresh [B, H, T, T] tensor cost about as much as the op that fills it
 from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
 
-OPTIONS = {"rope_base": 10000.0}
+OPTIONS = {"rope_base": 10000.0, "partial_rotary_factor": 1.0, "qk_norm": False, "output_gate": False}
 
 
 def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,10 +68,29 @@ def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor) -> 
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, d_head] rotated per position: x * cos + rotate_half(x) * sin."""
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat([-second, first], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    """x [B, T, H, d_head] rotated per position: x * cos + rotate_half(x) * sin on the first r dims
+    (cos, sin [T, r], r <= d_head), the rest passed through."""
+    r = cos.shape[-1]
+    part, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    first, second = part.chunk(2, dim=-1)
+    rotated = part * cos[:, None, :] + torch.cat([-second, first], dim=-1) * sin[:, None, :]
+    return rotated if rest is None else torch.cat([rotated, rest], dim=-1)
+
+
+def _options(cfg) -> dict:
+    opts = mixer_options(cfg, OPTIONS)
+    for name in ("qk_norm", "output_gate"):
+        if not isinstance(opts[name], bool):
+            raise TypeError(f"attention mixer_options[{name!r}] must be a bool; got {opts[name]!r}")
+    factor = opts["partial_rotary_factor"]
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        raise ValueError(f"attention mixer_options['partial_rotary_factor'] must be a float in (0, 1]; got {factor!r}")
+    rotary = int(cfg.head_dim * factor)
+    if cfg.positional == "rope" and (rotary < 2 or rotary % 2):
+        raise ValueError(f"positional='rope' needs an even d_head (with partial_rotary_factor an even number "
+                         f"r = int(d_head * partial_rotary_factor) >= 2 of rotated dims); got d_head={cfg.head_dim}, "
+                         f"partial_rotary_factor={factor!r} (r = {rotary})")
+    return {**opts, "rotary_dim": rotary}
 
 
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
@@ -119,33 +148,49 @@ class Attention(Mixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.options = mixer_options(cfg, OPTIONS)
+        self.options = _options(cfg)
         self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        if cfg.positional == "rope" and self.d_head % 2:
-            raise ValueError(f"positional='rope' needs an even d_head; got d_head={self.d_head}")
         inner = self.n_heads * self.d_head
         self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.attention_bias)
+        if self.options["qk_norm"]:
+            self.q_norm = nn.RMSNorm(self.d_head, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(self.d_head, eps=cfg.norm_eps)
+        if self.options["output_gate"]:
+            self.gate_proj = nn.Linear(cfg.d_model, inner, bias=cfg.attention_bias)
+            self.hook_gate = HookPoint()
         self.out_proj = nn.Linear(inner, cfg.d_model, bias=cfg.attention_bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
         self.hook_z, self.hook_result = HookPoint(), HookPoint()
 
-    def mix(self, x: torch.Tensor, queries_from: int = 0) -> torch.Tensor:  # [B, T, D] -> [B, T - queries_from, D]
-        """Outputs at positions queries_from, ..., T - 1 (all of them by default)."""
+    def heads(self, x: torch.Tensor, start: int = 0, queries_from: int = 0):
+        """x [B, T, D] (positions start, ..., start + T - 1) -> q [B, H, Tq, d_head] (the last
+        Tq = T - queries_from positions), k, v [B, G, T, d_head], normed and rotated, and the
+        output gate [B, Tq, H, d_head] (None without output_gate); hooks q / k / v / gate."""
         batch, length, _ = x.shape
         heads = self.qkv(x).view(batch, length, self.n_heads + 2 * self.n_kv, self.d_head)
         q = self.hook_q(heads[:, queries_from:, : self.n_heads])  # [B, Tq, H, d_head]
         k = self.hook_k(heads[:, :, self.n_heads : self.n_heads + self.n_kv])  # [B, T, G, d_head]
         v = self.hook_v(heads[:, :, self.n_heads + self.n_kv :])
+        if self.options["qk_norm"]:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.positional == "rope":
-            cos, sin = rotary_tables(length, self.d_head, float(self.options["rope_base"]), q)
-            q, k = apply_rotary(q, cos[queries_from:], sin[queries_from:]), apply_rotary(k, cos, sin)
-        return self.attend(*(t.transpose(1, 2) for t in (q, k, v)))  # [B, H or G, T(q), d_head]
+            cos, sin = rotary_tables(start + length, self.options["rotary_dim"], float(self.options["rope_base"]), q)
+            q = apply_rotary(q, cos[start + queries_from :], sin[start + queries_from :])
+            k = apply_rotary(k, cos[start:], sin[start:])
+        gate = None
+        if self.options["output_gate"]:
+            gate = self.hook_gate(torch.sigmoid(self.gate_proj(x[:, queries_from:])).view(q.shape))
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), gate
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, queries_from: int = 0) -> torch.Tensor:  # [B, T, D] -> [B, T - queries_from, D]
+        """Outputs at positions queries_from, ..., T - 1 (all of them by default)."""
+        return self.attend(*self.heads(x, 0, queries_from))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of queries q [B, H, Tq, d_head] (rotated; the last Tq of the Tk key
-        positions) over keys k and values v [B, G, Tk, d_head] -> the output [B, Tq, D] (hooks
-        scores / pattern / z / result on the way)."""
+        positions) over keys k and values v [B, G, Tk, d_head], times the output gate [B, Tq, H,
+        d_head] when given -> the output [B, Tq, D] (hooks scores / pattern / z / result on the way)."""
         if self.n_kv < self.n_heads:
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, Tk, d_head]
         explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
@@ -164,7 +209,8 @@ class Attention(Mixer):
         else:  # the last queries (one query, decoding: every key, no mask)
             mask = None if q.shape[2] == 1 else causal_mask(q.shape[2], k.shape[2], q.device)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return head_outputs(z.transpose(1, 2), self.out_proj, self.hook_z, self.hook_result)  # z [B, Tq, H, d_head]
+        z = z.transpose(1, 2)  # [B, Tq, H, d_head]
+        return head_outputs(z if gate is None else z * gate, self.out_proj, self.hook_z, self.hook_result)
 
     def mix_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
         """One decoding call with a KV cache (models.decoding): x [B, n, D] the mixer input (after
@@ -174,17 +220,10 @@ class Attention(Mixer):
         hook_out), the queries attending every cached position: O(start) per new token, no
         earlier position recomputed. The hooks see the n new positions only (scores / pattern
         [B, H, n, start + n])."""
-        batch, n, _ = x.shape
-        heads = self.qkv(x).view(batch, n, self.n_heads + 2 * self.n_kv, self.d_head)
-        q = self.hook_q(heads[:, :, : self.n_heads])  # [B, n, H, d_head]
-        k = self.hook_k(heads[:, :, self.n_heads : self.n_heads + self.n_kv])  # [B, n, G, d_head]
-        v = self.hook_v(heads[:, :, self.n_heads + self.n_kv :])
-        if self.cfg.positional == "rope":
-            cos, sin = rotary_tables(start + n, self.d_head, float(self.options["rope_base"]), q)
-            q, k = apply_rotary(q, cos[start:], sin[start:]), apply_rotary(k, cos[start:], sin[start:])
-        keys[:, :, start : start + n] = k.transpose(1, 2)
-        values[:, :, start : start + n] = v.transpose(1, 2)
-        return self.attend(q.transpose(1, 2), keys[:, :, : start + n], values[:, :, : start + n])
+        q, k, v, gate = self.heads(x, start)
+        keys[:, :, start : start + x.shape[1]] = k
+        values[:, :, start : start + x.shape[1]] = v
+        return self.attend(q, keys[:, :, : start + x.shape[1]], values[:, :, : start + x.shape[1]], gate)
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""
