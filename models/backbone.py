@@ -62,8 +62,9 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """down(act(up(x))), act erf GELU ("gelu") or its tanh approximation ("gelu_tanh"), or
-    down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if cfg.mlp_bias.
+    """down(act(up(x))), act erf GELU ("gelu"), its tanh approximation ("gelu_tanh") or squared
+    ReLU ("relu2"), or down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if
+    cfg.mlp_bias.
 
     Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) for swiglu), hook_post [B, T, F]
     the neurons down() reads, hook_out [B, T, d_model]."""
@@ -81,41 +82,88 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         if self.activation == "swiglu":
             hidden = F.silu(self.hook_pre(self.gate(x))) * self.up(x)
+        elif self.activation == "relu2":
+            hidden = F.relu(self.hook_pre(self.up(x))).square()
         else:
             hidden = F.gelu(self.hook_pre(self.up(x)), approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.hook_out(self.down(self.hook_post(hidden)))
 
 
+MIXER_SLOTS = ("mixer", "mixer2")
+
+
 class Block(nn.Module):
+    """One layer, in one of these layouts (cfg.mixers / cfg.mixer2s / cfg.mlps at the layer):
+
+        mixer [+ MLP]            x + mixer(norm_mixer(x)) [-> x + mlp(norm_mlp(x))]
+        mixer + mixer2 [+ MLP]   x + mixer(n) + mixer2(n), n = norm_mixer(x): two mixers in
+                                 parallel on one norm (Falcon-H1), then the MLP as above
+        MLP only                 x + mlp(norm_mlp(x)) (NemotronH's MLP layers); `mixer` is None
+
+    Hooks: hook_resid_pre, hook_resid_mid (the residual after the mixers: what the MLP reads; equal
+    to hook_resid_pre in an MLP-only block), hook_resid_post, and the sublayers' own under
+    norm_mixer / mixer / mixer2 / norm_mlp / mlp."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        cfg = cfg.layer_config(layer_idx)
-        mixer_cls, _ = MIXERS[cfg.mixer]
+        layer = cfg.layer_config(layer_idx)
         self.residual = cfg.residual
         self.hook_resid_pre = HookPoint()
-        self.norm_mixer = make_norm(cfg)
-        self.mixer = mixer_cls(cfg, layer_idx)
+        self.mixer = None
+        if layer.mixer is not None:
+            self.norm_mixer = make_norm(layer)
+            self.mixer = MIXERS[layer.mixer][0](layer, layer_idx)
+            if cfg.mixer2s[layer_idx] is not None:
+                mixer2 = cfg.layer_config(layer_idx, "mixer2")
+                self.mixer2 = MIXERS[mixer2.mixer][0](mixer2, layer_idx)
         self.hook_resid_mid = HookPoint()
-        if cfg.mlp:
-            self.norm_mlp = make_norm(cfg)
-            self.mlp = MLP(cfg)
+        if layer.mlp:
+            self.norm_mlp = make_norm(layer)
+            self.mlp = MLP(layer)
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        x = self.hook_resid_pre(x)
-        return self.after_mixer(x, self.mixer(self.norm_mixer(x)))
+    @property
+    def mixers(self) -> dict[str, nn.Module]:
+        """{slot: mixer} of this block's mixers ("mixer", "mixer2"), empty for an MLP-only block."""
+        return {slot: getattr(self, slot) for slot in MIXER_SLOTS if getattr(self, slot, None) is not None}
 
-    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def resume_context(self) -> int | None:
+        """The block inputs before a resume point its mixers read (None: all; 0 without mixers)."""
+        contexts = [mixer.resume_context for mixer in self.mixers.values()]
+        return None if None in contexts else max(contexts, default=0)
+
+    def forward(self, x: torch.Tensor, run=None) -> torch.Tensor:  # [B, T, D]
+        """run(slot, mixer, normed) -> [B, T, D]: how each mixer runs (default: mixer(normed));
+        models.decoding passes its decoder."""
+        x = self.hook_resid_pre(x)
+        if not self.mixers:
+            return self.after_mixer(x, None)
+        normed = self.norm_mixer(x)
+        outs = [mixer(normed) if run is None else run(slot, mixer, normed) for slot, mixer in self.mixers.items()]
+        return self.after_mixer(x, outs[0] if len(outs) == 1 else outs[0] + outs[1])
+
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
         """forward() at positions start, ... only: x [B, n, D] the block input there, before
-        [B, w, D] the block input at the positions just before (at least the mixer's
-        resume_context of them, all when that is None), carry the mixer's state after start - 1."""
+        [B, w, D] the block input at the positions just before (at least the block's
+        resume_context of them, all when that is None), carry {slot: the mixer's state after
+        start - 1} (a slot left out: its initial state)."""
         x = self.hook_resid_pre(x)
+        if not self.mixers:
+            return self.after_mixer(x, None)
         normed = self.norm_mixer(torch.cat([before, x], dim=1))  # one call: hook_scale holds the last positions
-        skip = before.shape[1]
-        return self.after_mixer(x, self.mixer.resume(normed[:, skip:], normed[:, :skip], carry))
+        skip, carry = before.shape[1], carry or {}
+        outs = []
+        for slot, mixer in self.mixers.items():
+            context = skip if mixer.resume_context is None else min(mixer.resume_context, skip)
+            outs.append(mixer.resume(normed[:, skip:], normed[:, skip - context : skip], carry.get(slot)))
+        return self.after_mixer(x, outs[0] if len(outs) == 1 else outs[0] + outs[1])
 
-    def after_mixer(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:  # [B, T, D] each
-        x = self.hook_resid_mid(x + mixed if self.residual else mixed)
+    def after_mixer(self, x: torch.Tensor, mixed: torch.Tensor | None) -> torch.Tensor:  # [B, T, D] each
+        """The residual after the mixers' output `mixed` (None: no mixer), then the MLP."""
+        if mixed is not None:
+            x = x + mixed if self.residual else mixed
+        x = self.hook_resid_mid(x)
         if hasattr(self, "mlp"):
             out = self.mlp(self.norm_mlp(x))
             x = x + out if self.residual else out
@@ -154,10 +202,11 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        for name in cfg.mixers:
+        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None]
+        for name in names:
             if name not in MIXERS:
                 raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
-        if cfg.positional == "rope" and not any(MIXERS[name][0].rotary_positions for name in cfg.mixers):
+        if cfg.positional == "rope" and not any(MIXERS[name][0].rotary_positions for name in names):
             raise ValueError(f"positional='rope' rotates attention queries and keys; the {cfg.mixer!r} mixer has "
                              f"none (allowed for it: 'none', 'learned')")
         self.cfg = cfg
@@ -204,12 +253,17 @@ class SequenceModel(HookedMixin, nn.Module):
         blocks = range(layer, len(self.blocks))
         return {
             "resid": [f"blocks.{j}.hook_resid_pre" for j in blocks],
-            "carry": [f"blocks.{j}.mixer.hook_state" for j in blocks if self._carries(j)],
+            "carry": [f"blocks.{j}.{slot}.hook_state" for j in blocks for slot in self._carrying(j)],
         }
 
+    def _carrying(self, layer: int) -> list[str]:
+        """The slots of block `layer` whose mixers resume from a carried state."""
+        return [slot for slot, mixer in self.blocks[layer].mixers.items()
+                if hasattr(mixer, "hook_state") and mixer.resume_context is not None]
+
     def _carries(self, layer: int) -> bool:
-        mixer = self.blocks[layer].mixer
-        return hasattr(mixer, "hook_state") and mixer.resume_context is not None
+        """Whether block `layer`'s (first) mixer resumes from a carried state."""
+        return "mixer" in self._carrying(layer)
 
     def resume_from(self, cache, examples: torch.Tensor, layer: int, start: int, end: int,
                     at: torch.Tensor | None = None) -> torch.Tensor:
@@ -232,10 +286,11 @@ class SequenceModel(HookedMixin, nn.Module):
                              f"(run_with_cache(tokens, names=hooks['resid'] + hooks['carry']))")
         x = cache[f"blocks.{layer}.hook_resid_pre"][examples, start:end]  # [R, n, D]
         for j in range(layer, len(self.blocks)):
-            context = self.blocks[j].mixer.resume_context
+            context = self.blocks[j].resume_context
             lo = 0 if context is None else max(start - context, 0)
             before = cache[f"blocks.{j}.hook_resid_pre"][examples, lo:start]  # [R, w, D]
-            carry = cache[f"blocks.{j}.mixer.hook_state"][examples, start - 1] if start and self._carries(j) else None
+            carry = {slot: cache[f"blocks.{j}.{slot}.hook_state"][examples, start - 1]
+                     for slot in (self._carrying(j) if start else ())}
             x = self.blocks[j].resume(x, before, carry)
         return self.read_out(x, at, offset=start)
 
@@ -281,5 +336,6 @@ class SequenceModel(HookedMixin, nn.Module):
         if path not in ("auto", "fast", "instrumented"):
             raise ValueError(f"path must be 'auto', 'fast' or 'instrumented'; got {path!r}")
         for block in self.blocks:
-            block.mixer.execution_path = path
+            for mixer in block.mixers.values():
+                mixer.execution_path = path
         return self

@@ -9,7 +9,7 @@ from typing import Any
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("none", "learned", "rope")
-MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "relu2")
 
 
 @dataclass
@@ -18,7 +18,13 @@ class ModelConfig:
 
     mixer: registered mixer name (see `models.mixers.MIXERS`), or one per layer (a list of
         n_layers names) for a hybrid stack; then mixer_options maps each listed mixer name to its
-        options ({"mamba": {...}, "attention": {...}}, names left out get none).
+        options ({"mamba": {...}, "attention": {...}}, names left out get none). A None in the
+        list: that layer has no mixer (an MLP-only block, hooks blocks.{l}.norm_mlp / mlp only).
+    mixer2: None, a mixer name or one per layer (None where a layer has none): a second mixer
+        in parallel with the first (Falcon-H1), reading the same norm_mixer output; the two
+        outputs are summed into the residual. Its hooks are blocks.{l}.mixer2.*; mixer_options
+        are then per mixer name (as for a hybrid). Block layouts per layer: mixer [+ mixer2]
+        [+ MLP], or MLP only (models.backbone.Block).
     d_hidden: recurrent width of RNN-style mixers (default d_model).
     d_head: per-head width (default d_model // n_heads).
     d_state: SSM state size per channel (Mamba N).
@@ -28,9 +34,10 @@ class ModelConfig:
     positional: positions for attention ("none", "learned", "rope"); max_len bounds "learned".
     norm_eps: epsilon of every norm (None: torch's default, 1e-5 for layernorm, finfo.eps for rmsnorm).
     residual: wrap mixer and MLP in residual connections (off gives a plain RNN stack).
-    mlp: an MLP after each mixer; d_mlp its width (default mlp_ratio * d_model); mlp_activation
-        "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's gelu_new) or "swiglu"
-        (down(silu(gate(x)) * up(x)), Llama's); mlp_bias: biases in its linear maps.
+    mlp: an MLP after each mixer (a bool, or one per layer); d_mlp its width (default mlp_ratio *
+        d_model); mlp_activation "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's
+        gelu_new), "swiglu" (down(silu(gate(x)) * up(x)), Llama's) or "relu2" (down(relu(up(x))^2),
+        NemotronH's); mlp_bias: biases in its linear maps.
     n_kv_heads: key/value heads of attention (grouped-query attention; default n_heads; it must
         divide n_heads, query head h reads key/value head h // (n_heads / n_kv_heads)).
     attention_bias: biases in attention's input and output projections.
@@ -38,7 +45,8 @@ class ModelConfig:
     mixer_options: extra keyword options passed to the mixer, documented in the mixer's file.
     """
 
-    mixer: str | list[str] = "tanh_rnn"
+    mixer: str | list[str | None] = "tanh_rnn"
+    mixer2: str | list[str | None] | None = None
     vocab_size: int = 16
     d_model: int = 64
     n_layers: int = 1
@@ -54,7 +62,7 @@ class ModelConfig:
     norm: str = "layernorm"
     norm_eps: float | None = None
     residual: bool = True
-    mlp: bool = False
+    mlp: bool | list[bool] = False
     mlp_ratio: int = 4
     d_mlp: int | None = None
     mlp_activation: str = "gelu"
@@ -75,7 +83,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
-        for name in ("residual", "mlp", "mlp_bias", "attention_bias", "tie_embeddings"):
+        for name in ("residual", "mlp_bias", "attention_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool; got {getattr(self, name)!r}")
         if self.norm not in NORMS:
@@ -111,38 +119,80 @@ class ModelConfig:
             )
 
     def _check_mixers(self) -> None:
-        """mixer a name or a list of n_layers names; mixer_options a dict (per mixer name for a list)."""
-        if isinstance(self.mixer, tuple):
-            self.mixer = list(self.mixer)
-        if isinstance(self.mixer, list):
-            if not self.mixer or not all(isinstance(m, str) for m in self.mixer):
-                raise TypeError(f"mixer must be a name or a non-empty list of names; got {self.mixer!r}")
-            if len(self.mixer) != self.n_layers:
-                raise ValueError(f"mixer lists {len(self.mixer)} mixers {self.mixer}, one per layer, but "
-                                 f"n_layers={self.n_layers}; give as many as n_layers")
-        elif not isinstance(self.mixer, str):
-            raise TypeError(f"mixer must be a name (str) or a list of names; got {type(self.mixer).__name__}")
+        """mixer a name or a list of n_layers names (None: no mixer); mixer2 likewise; mlp
+        a bool or one per layer; every layer has a mixer or an MLP, a mixer2 only beside a mixer;
+        mixer_options a dict (per mixer name for a hybrid)."""
+        self.mixer = self._per_layer("mixer", self.mixer)
+        self.mixer2 = self._per_layer("mixer2", self.mixer2)
+        if isinstance(self.mlp, tuple):
+            self.mlp = list(self.mlp)
+        if isinstance(self.mlp, list):
+            if len(self.mlp) != self.n_layers or not all(isinstance(m, bool) for m in self.mlp):
+                raise TypeError(f"mlp must be a bool or a list of n_layers={self.n_layers} bools; got {self.mlp!r}")
+        elif not isinstance(self.mlp, bool):
+            raise TypeError(f"mlp must be a bool or a list of n_layers={self.n_layers} bools; got {self.mlp!r}")
+        for layer, (mixer, mixer2, mlp) in enumerate(zip(self.mixers, self.mixer2s, self.mlps)):
+            if mixer is None and not mlp:
+                raise ValueError(f"layer {layer} has neither a mixer nor an MLP (mixer None needs mlp True there)")
+            if mixer is None and mixer2 is not None:
+                raise ValueError(f"layer {layer} has mixer2={mixer2!r} but no mixer: a parallel mixer goes beside one")
         if not isinstance(self.mixer_options, dict):
             raise TypeError(f"mixer_options must be a dict; got {type(self.mixer_options).__name__}")
-        if isinstance(self.mixer, list):
-            unknown = set(self.mixer_options) - set(self.mixer)
+        if self.hybrid:
+            names = {n for n in self.mixers + self.mixer2s if n is not None}
+            unknown = set(self.mixer_options) - names
             wrong = [name for name, opts in self.mixer_options.items() if not isinstance(opts, dict)]
             if unknown or wrong:
-                raise ValueError(f"mixer_options of a hybrid map mixer names in {sorted(set(self.mixer))} to "
+                raise ValueError(f"mixer_options of a hybrid map mixer names in {sorted(names)} to "
                                  f"dicts of their options; got {self.mixer_options!r}")
 
+    def _per_layer(self, field_name: str, value: Any) -> str | list[str | None] | None:
+        """A mixer field: None, a name, or a list of n_layers names / None (a tuple becomes a list)."""
+        if isinstance(value, tuple):
+            value = list(value)
+        if isinstance(value, list):
+            if not value or not all(m is None or isinstance(m, str) for m in value):
+                raise TypeError(f"{field_name} must be a name or a non-empty list of names (None: no mixer in "
+                                f"that layer); got {value!r}")
+            if len(value) != self.n_layers:
+                raise ValueError(f"{field_name} lists {len(value)} mixers {value}, one per layer, but "
+                                 f"n_layers={self.n_layers}; give as many as n_layers")
+        elif value is not None and not isinstance(value, str):
+            raise TypeError(f"{field_name} must be a name (str) or a list of names; got {type(value).__name__}")
+        return value
+
     @property
-    def mixers(self) -> list[str]:
-        """The mixer name of every layer."""
+    def hybrid(self) -> bool:
+        """Whether mixer_options are per mixer name: a list of mixers, or a parallel mixer2."""
+        return isinstance(self.mixer, list) or self.mixer2 is not None
+
+    @property
+    def mixers(self) -> list[str | None]:
+        """The mixer name of every layer (None: no mixer there)."""
         return list(self.mixer) if isinstance(self.mixer, list) else [self.mixer] * self.n_layers
 
-    def layer_config(self, layer: int) -> "ModelConfig":
-        """The config layer `layer` is built from: this one, with that layer's mixer and its
+    @property
+    def mixer2s(self) -> list[str | None]:
+        """The parallel mixer2 name of every layer (None: none there)."""
+        return list(self.mixer2) if isinstance(self.mixer2, list) else [self.mixer2] * self.n_layers
+
+    @property
+    def mlps(self) -> list[bool]:
+        """Whether each layer has an MLP."""
+        return list(self.mlp) if isinstance(self.mlp, list) else [self.mlp] * self.n_layers
+
+    def layer_config(self, layer: int, slot: str = "mixer") -> "ModelConfig":
+        """The config layer `layer`'s mixer in `slot` ("mixer" or "mixer2") is built from: this one
+        with that mixer as `mixer` (None: none there), that layer's mlp, and that mixer's
         mixer_options for a hybrid."""
-        if isinstance(self.mixer, str):
+        if slot not in ("mixer", "mixer2"):
+            raise ValueError(f"slot must be 'mixer' or 'mixer2'; got {slot!r}")
+        if not self.hybrid and not isinstance(self.mlp, list):
             return self
-        name = self.mixer[layer]
-        return dataclasses.replace(self, mixer=name, mixer_options=dict(self.mixer_options.get(name, {})))
+        name = (self.mixers if slot == "mixer" else self.mixer2s)[layer]
+        options = dict(self.mixer_options.get(name, {})) if self.hybrid else self.mixer_options
+        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer],
+                                   mixer_options=options)
 
     @property
     def hidden(self) -> int:

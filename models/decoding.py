@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
@@ -72,6 +72,8 @@ class DecodingState:
                      < `position` are valid; keys rotated for positional="rope")
         recompute   {"inputs": [B, position, D]} mixer inputs (before hook_in) at every position
 
+    A block with a parallel second mixer (Block.mixer2) keeps that mixer's entries in the same
+    layer dict under "mixer2." ("mixer2.keys", ...); an MLP-only block's dict stays empty.
     position: the number of positions consumed (the absolute position of the next token).
     Edit a layer's tensors in place or replace them (same shapes) to change what comes next;
     copy() and select(rows) give independent states; save(path) / load(path) use safetensors."""
@@ -95,7 +97,7 @@ class DecodingState:
 
     @property
     def batch(self) -> int:
-        return next(iter(self.layers[0].values())).shape[0]
+        return next(v for layer in self.layers for v in layer.values()).shape[0]  # MLP-only layers hold none
 
     @property
     def nbytes(self) -> int:
@@ -244,6 +246,29 @@ def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0
 RUNNERS = {"attention": run_attention, "recurrent": run_recurrent, "recompute": run_recompute}
 
 
+class Prefixed(MutableMapping):
+    """A layer dict's entries under `prefix` ("mixer2.": a block's parallel second mixer, whose
+    carried tensors sit beside the first mixer's in the same DecodingState layer)."""
+
+    def __init__(self, layer: dict, prefix: str) -> None:
+        self.layer, self.prefix = layer, prefix
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.layer[self.prefix + key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self.layer[self.prefix + key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.layer[self.prefix + key]
+
+    def __iter__(self):
+        return (k[len(self.prefix):] for k in list(self.layer) if k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all_logits: bool = False,
             room: int = 0):
     """Run tokens [B, n] at positions state.position, ... (0 with no state), continuing from
@@ -252,7 +277,7 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
     room: the positions a KV cache that grows makes space for at once (generate: all it runs)."""
     model.check_tokens(tokens)
     state = DecodingState([{} for _ in model.blocks], 0) if state is None else state
-    if state.layers and state.layers[0] and state.batch != tokens.shape[0]:
+    if any(state.layers) and state.batch != tokens.shape[0]:
         raise ValueError(f"tokens has {tokens.shape[0]} rows; the decoding state has {state.batch}")
     start, n = state.position, tokens.shape[1]
     if hasattr(model, "pos_embed") and start + n > model.cfg.max_len:
@@ -263,9 +288,8 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
             x = x + model.pos_embed(torch.arange(start, start + n, device=tokens.device))
         x = model.hook_embed(x)
         for block, layer in zip(model.blocks, state.layers):
-            x = block.hook_resid_pre(x)
-            mixed = RUNNERS[mixer_kind(block.mixer)](block.mixer, block.norm_mixer(x), layer, start, room)
-            x = block.after_mixer(x, mixed)
+            x = block(x, run=lambda slot, mixer, normed: RUNNERS[mixer_kind(mixer)](
+                mixer, normed, layer if slot == "mixer" else Prefixed(layer, f"{slot}."), start, room))
         if all_logits:
             logits = model.read_out(x)
         else:

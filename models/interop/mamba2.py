@@ -21,7 +21,7 @@ from models.config import ModelConfig
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.mamba import source_blocks  # the same backbone.layers
 
-__all__ = ["convert", "source_blocks"]
+__all__ = ["convert", "mixer_weights", "source_blocks"]
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -40,20 +40,29 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
                        "bias": bool(config.use_bias), "norm_eps": eps,
                        "dt_limit": None if limit == (0.0, math.inf) else list(limit)},
     )
-    names = {"in_proj.weight": "in_proj.weight", "conv1d.weight": "conv.weight", "dt_bias": "dt_bias",
-             "A_log": "A_log", "D": "D", "norm.weight": "norm_weight", "out_proj.weight": "out_proj.weight"}
-    if config.use_conv_bias:
-        names["conv1d.bias"] = "conv.bias"
-    if config.use_bias:
-        names |= {"in_proj.bias": "in_proj.bias", "out_proj.bias": "out_proj.bias"}
     weights = SourceWeights(source)
     state = {"embed.weight": weights.take("backbone.embeddings.weight")}
     for layer in range(cfg.n_layers):
         theirs, ours = f"backbone.layers.{layer}", f"blocks.{layer}"
         state[f"{ours}.norm_mixer.weight"] = weights.take(f"{theirs}.norm.weight")
-        state |= {f"{ours}.mixer.{mine}": weights.take(f"{theirs}.mixer.{name}") for name, mine in names.items()}
+        state |= mixer_weights(weights, f"{theirs}.mixer", f"{ours}.mixer", config.use_conv_bias, config.use_bias)
     state["norm_final.weight"] = weights.take("backbone.norm_f.weight")
     state["unembed.weight"] = weights.take("lm_head.weight")
     weights.check_all_taken()
     return cfg, state
 
+
+
+def mixer_weights(weights: SourceWeights, theirs: str, ours: str, conv_bias: bool, bias: bool,
+                  norm: bool = True) -> dict:
+    """A transformers Mamba-2 mixer's weights (Mamba2Mixer and the hybrids' copies of it) -> our
+    mamba2 mixer's (norm: the gated norm's weight, absent for gated_norm "none")."""
+    names = {"in_proj.weight": "in_proj.weight", "conv1d.weight": "conv.weight", "dt_bias": "dt_bias",
+             "A_log": "A_log", "D": "D", "out_proj.weight": "out_proj.weight"}
+    if norm:
+        names["norm.weight"] = "norm_weight"
+    if conv_bias:
+        names["conv1d.bias"] = "conv.bias"
+    if bias:
+        names |= {"in_proj.bias": "in_proj.bias", "out_proj.bias": "out_proj.bias"}
+    return {f"{ours}.{mine}": weights.take(f"{theirs}.{name}") for name, mine in names.items()}

@@ -31,6 +31,7 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gated_deltanet": ("models.interop.gated_deltanet", ("GatedDeltaNetForCausalLM",)),
     "falcon_mamba": ("models.interop.falcon_mamba", ("FalconMambaForCausalLM",)),
     "jamba": ("models.interop.jamba", ("JambaForCausalLM",)),
+    "nemotron_h": ("models.interop.nemotron_h", ("NemotronHForCausalLM",)),
 }
 
 

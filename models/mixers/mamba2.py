@@ -1,8 +1,8 @@
 """Mamba-2: the state-space dual mixer (Dao & Gu 2024), laid out exactly like transformers'
 Mamba2Mixer (so `models.interop` maps a Mamba2ForCausalLM 1:1).
 
-With E = expand * d_model = H * P (H = n_heads, P = E / H), G groups (n_groups, H % G == 0; head
-h reads group h // (H / G)), N = d_state, W = d_conv:
+With E = expand * d_model = H * P (H = n_heads, P = E / H; or H and P given as mixer_options, so
+E = H * P), G groups (n_groups, H % G == 0; head h reads group h // (H / G)), N = d_state, W = d_conv:
 
     z, xBC, dt = in_proj(u)                       [B, T, E], [B, T, E + 2 G N], [B, T, H]
     xBC    = SiLU(short_conv(xBC))                hook_conv [B, T, E + 2 G N] (bias: conv_bias)
@@ -12,6 +12,7 @@ h reads group h // (H / G)), N = d_state, W = d_conv:
     h_t    = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T h_t [B, H, P, N] (hook_state [B, T, H, P, N])
     y_t    = h_t C_t + D x_t                      [B, T, H, P], D [H]
     y      = GroupRMSNorm(y * SiLU(z))            G groups of E / G channels, weight [E], eps
+             (gated_norm "norm_first": GroupRMSNorm(y) * SiLU(z); "none": y * SiLU(z), no weight)
     out    = out_proj(y)                          hook_gate = SiLU(z) [B, T, E]
 
 hook_z [B, T, H, P]: the normed y per head (what out_proj reads); hook_result [B, T, H, d_model]:
@@ -38,7 +39,10 @@ The scan plumbing is models.mixers.diagonal.DiagonalScanMixer's.
 mixer_options: n_groups (1), conv_bias (True), bias (False: in/out projections), dt_min (0.001),
 dt_max (0.1), dt_init_floor (1e-4) (dt_bias init, as transformers), dt_limit (None, or a
 (min, max) pair: the clamp of dt; transformers' time_step_limit, whose default (0, inf) is
-None here), norm_eps (1e-5: the gated norm's eps), chunk_size (64: diag_scan's).
+None here), norm_eps (1e-5: the gated norm's eps), chunk_size (64: diag_scan's), n_heads and
+head_dim (None: cfg.n_heads and expand * d_model / n_heads; given, E = n_heads * head_dim and
+cfg.d_head is not read: in a hybrid those describe the attention), gated_norm ("gate_first",
+"norm_first" or "none", above).
 """
 
 from __future__ import annotations
@@ -64,14 +68,23 @@ OPTIONS = {
     "dt_limit": None,
     "norm_eps": 1e-5,
     "chunk_size": 64,
+    "n_heads": None,
+    "head_dim": None,
+    "gated_norm": "gate_first",
 }
+GATED_NORMS = ("gate_first", "norm_first", "none")
 
 
 def _options(cfg) -> dict:
     opts = mixer_options(cfg, OPTIONS)
+    for name in ("n_heads", "head_dim"):
+        value = opts[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"mamba2 mixer_options[{name!r}] must be None or a positive int; got {value!r}")
     groups = opts["n_groups"]
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or cfg.n_heads % groups:
-        raise ValueError(f"mamba2 mixer_options['n_groups'] must be a positive int dividing n_heads={cfg.n_heads}; "
+    heads = opts["n_heads"] or cfg.n_heads
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or heads % groups:
+        raise ValueError(f"mamba2 mixer_options['n_groups'] must be a positive int dividing n_heads={heads}; "
                          f"got {groups!r}")
     if not 0 < opts["dt_min"] <= opts["dt_max"]:
         raise ValueError(f"mamba2 mixer_options need 0 < dt_min <= dt_max; got {opts['dt_min']}, {opts['dt_max']}")
@@ -83,7 +96,23 @@ def _options(cfg) -> dict:
                          f"got {limit!r}")
     if not isinstance(opts["norm_eps"], (int, float)) or not opts["norm_eps"] > 0:
         raise ValueError(f"mamba2 mixer_options['norm_eps'] must be a positive float; got {opts['norm_eps']!r}")
+    if opts["gated_norm"] not in GATED_NORMS:
+        raise ValueError(f"mamba2 mixer_options['gated_norm'] must be one of {GATED_NORMS}; got {opts['gated_norm']!r}")
     return opts
+
+
+def head_layout(cfg, opts: dict) -> tuple[int, int]:
+    """(H, P) of a Mamba-2 mixer: mixer_options n_heads / head_dim where given, else cfg.n_heads
+    and expand * d_model / H (then cfg.d_head, when set, must equal it)."""
+    heads = opts["n_heads"] or cfg.n_heads
+    if opts["head_dim"] is not None:
+        return heads, opts["head_dim"]
+    inner = cfg.d_inner
+    if inner % heads:
+        raise ValueError(f"mamba2 needs expand * d_model = {inner} divisible by n_heads = {heads}")
+    if opts["n_heads"] is None and cfg.d_head is not None and cfg.d_head != inner // heads:
+        raise ValueError(f"mamba2's d_head is expand * d_model / n_heads = {inner // heads}; got d_head={cfg.d_head}")
+    return heads, inner // heads
 
 
 @register_mixer("mamba2", n_layers=2, n_heads=4, norm="rmsnorm")
@@ -94,14 +123,11 @@ class Mamba2(DiagonalScanMixer):
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
         self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         opts = _options(cfg)
-        inner, heads = cfg.d_inner, cfg.n_heads
-        if inner % heads:
-            raise ValueError(f"mamba2 needs expand * d_model = {inner} divisible by n_heads = {heads}")
-        head_dim = inner // heads
-        if cfg.d_head is not None and cfg.d_head != head_dim:
-            raise ValueError(f"mamba2's d_head is expand * d_model / n_heads = {head_dim}; got d_head={cfg.d_head}")
+        heads, head_dim = head_layout(cfg, opts)
+        inner = heads * head_dim
         self.d_inner, self.heads, self.head_dim, self.d_state = inner, heads, head_dim, cfg.d_state
         self.groups = opts["n_groups"]
+        self.gated_norm = opts["gated_norm"]
         self.dt_limit = None if opts["dt_limit"] is None else tuple(float(v) for v in opts["dt_limit"])
         self.norm_eps = float(opts["norm_eps"])
         self.chunk_size = opts["chunk_size"]
@@ -113,7 +139,8 @@ class Mamba2(DiagonalScanMixer):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
         self.A_log._no_weight_decay = True  # a decay rate, not a weight (interp.training make_optimizer)
         self.D = nn.Parameter(torch.ones(heads))
-        self.norm_weight = nn.Parameter(torch.ones(inner))
+        if self.gated_norm != "none":
+            self.norm_weight = nn.Parameter(torch.ones(inner))
         self.out_proj = nn.Linear(inner, cfg.d_model, bias=opts["bias"])
         self.hook_conv = HookPoint()
         self.hook_dt = HookPoint()
@@ -239,12 +266,19 @@ class Mamba2(DiagonalScanMixer):
         return self.finish(y, inputs)
 
     def finish(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """y [B, T, H, P] (before D) -> [B, T, d_model]: + D x, gate, group RMSNorm, out_proj."""
+        """y [B, T, H, P] (before D) -> [B, T, d_model]: + D x, gate and group RMSNorm (in the
+        gated_norm order), out_proj."""
         batch, length = y.shape[:2]
-        y = (y + self.D[:, None] * inputs["x"]).reshape(batch, length, self.d_inner) * inputs["gate"]
-        grouped = y.reshape(batch, length, self.groups, -1)  # [B, T, G, E / G]
-        grouped = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.norm_eps)
-        normed = (grouped.reshape(batch, length, self.d_inner) * self.norm_weight).view(batch, length, self.heads, -1)
+        y = (y + self.D[:, None] * inputs["x"]).reshape(batch, length, self.d_inner)
+        if self.gated_norm != "norm_first":
+            y = y * inputs["gate"]
+        if self.gated_norm != "none":
+            grouped = y.reshape(batch, length, self.groups, -1)  # [B, T, G, E / G]
+            grouped = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.norm_eps)
+            y = grouped.reshape(batch, length, self.d_inner) * self.norm_weight
+        if self.gated_norm == "norm_first":
+            y = y * inputs["gate"]
+        normed = y.view(batch, length, self.heads, -1)
         return head_outputs(normed, self.out_proj, self.hook_z, self.hook_result)  # normed [B, T, H, P]
 
 

@@ -1,0 +1,84 @@
+"""Block layouts the hybrid imports need (models.backbone.Block): MLP-only blocks (mixer None),
+per-layer MLPs, a parallel mixer2 beside the mixer; their configs, hooks, decoding state and
+resumed runs."""
+
+import pytest
+import torch
+
+import models
+from models.config import ModelConfig
+from models.decoding import DecodingState, advance
+
+VOCAB = 11
+LAYOUT = dict(mixer=["mamba2", None, "attention"], mixer2=["attention", None, None], mlp=[True, True, False],
+              n_layers=3, vocab_size=VOCAB, d_model=16, n_heads=4, d_state=4, norm="rmsnorm", mlp_activation="relu2",
+              mixer_options={"mamba2": {"n_heads": 2, "head_dim": 12}})
+
+
+def model(**overrides):
+    torch.manual_seed(0)
+    return models.SequenceModel(ModelConfig(**{**LAYOUT, **overrides})).eval()
+
+
+def tokens(length=12, seed=1):
+    return torch.randint(0, VOCAB, (3, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    (dict(mixer=["mamba2", None], mlp=False, n_layers=2), ValueError, "layer 1 has neither a mixer nor an MLP"),
+    (dict(mixer=["mamba2", None], mixer2=[None, "attention"], mlp=True, n_layers=2), ValueError, "no mixer"),
+    (dict(mixer="mamba2", mlp=[True], n_layers=2), TypeError, "mlp must be a bool or a list of n_layers=2"),
+    (dict(mixer="mamba2", mixer2=3, n_layers=2), TypeError, "mixer2 must be a name"),
+    (dict(mixer="mamba2", mixer2="attention", mixer_options={"mamba": {}}), ValueError, "mixer_options of a hybrid"),
+])
+def test_bad_layouts_raise(fields, error, message):
+    with pytest.raises(error, match=message):
+        ModelConfig(**fields)
+
+
+def test_layout_config_round_trips_and_builds_each_block():
+    cfg = ModelConfig(**LAYOUT)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    m = model()
+    assert [list(b.mixers) for b in m.blocks] == [["mixer", "mixer2"], [], ["mixer"]]
+    assert m.blocks[0].mixer.heads == 2 and m.blocks[0].mixer.d_inner == 24  # mixer_options over cfg.n_heads
+    assert [hasattr(b, "mlp") for b in m.blocks] == [True, True, False]
+    names = set(m.hook_names())
+    assert {"blocks.0.mixer2.hook_pattern", "blocks.0.mixer.hook_state", "blocks.1.mlp.hook_out"} <= names
+    assert not any(n.startswith(("blocks.1.mixer", "blocks.1.norm_mixer", "blocks.2.mlp")) for n in names)
+
+
+def test_parallel_mixers_sum_into_the_residual():
+    m = model()
+    _, cache = m.run_with_cache(tokens())
+    torch.testing.assert_close(cache["blocks.0.hook_resid_mid"], cache["blocks.0.hook_resid_pre"]
+                               + cache["blocks.0.mixer.hook_out"] + cache["blocks.0.mixer2.hook_out"])
+    assert torch.equal(cache["blocks.1.hook_resid_mid"], cache["blocks.1.hook_resid_pre"])
+    assert set(cache) == set(m.hook_names())
+
+
+def test_decoding_carries_both_mixers_and_saves(tmp_path):
+    m = model()
+    seq = tokens()
+    with torch.no_grad():
+        logits, state = advance(m, seq[:, :7])
+        assert {"state", "conv", "mixer2.keys", "mixer2.values"} <= set(state.layers[0]) and not state.layers[1]
+        state.save(tmp_path / "state.safetensors")
+        loaded = DecodingState.load(tmp_path / "state.safetensors")
+        for t in range(7, seq.shape[1]):
+            torch.testing.assert_close(logits, m(seq[:, :t])[:, -1], atol=1e-5, rtol=0)
+            logits, state = advance(m, seq[:, t : t + 1], state)
+        torch.testing.assert_close(advance(m, seq[:, 7:], loaded)[0], m(seq)[:, -1], atol=1e-5, rtol=0)
+        assert loaded.batch == 3
+
+
+def test_resume_from_a_parallel_block_equals_the_full_forward():
+    m = model()
+    seq = tokens()
+    hooks = m.resume_hooks(0)
+    assert hooks["carry"] == ["blocks.0.mixer.hook_state"]
+    with torch.no_grad():
+        full, cache = m.run_with_cache(seq, names=hooks["resid"] + hooks["carry"])
+        for layer in range(3):
+            resumed = m.resume_from(cache, torch.arange(3), layer, 5, seq.shape[1])
+            torch.testing.assert_close(resumed, full[:, 5:], atol=1e-5, rtol=0)
