@@ -1,0 +1,217 @@
+"""The computational graph of a model for circuit discovery, built from its hook grammar.
+
+Senders write additively into the residual stream; receivers read it. With a residual stream,
+
+    input of a receiver in block l = hook_embed + sum over blocks j < l of (mixer out + MLP out)
+                                      (+ block l's mixer out, for block l's MLP)
+
+and each mixer's output splits further into one term per head where the mixer reports
+`hook_result` [B, T, H, d_model] (their sum plus the output bias is hook_out). So the senders are:
+
+    embed                 hook_embed
+    a{l}.h{i}             attention head i of block l (its hook_result slice)
+    s{l}.h{i}             recurrent head i (Mamba-2, DeltaNet, Gated DeltaNet: the read-out of
+                          that head's state, its hook_result slice)
+    m{l}                  a mixer without per-head outputs, whole (Mamba, RNNs, convolutions)
+    mlp{l}                the MLP of block l
+
+and the receivers (each one reads its own copy of the residual stream, through the block's norm):
+
+    a{l}.h{i}.q / .k / .v     an attention head's query, key, value inputs (EAP's split inputs;
+                              k / v per key-value head with grouped queries)
+    s{l}.h{i}.write           what a recurrent head writes into its state (DeltaNet: k, v, beta;
+                              Gated DeltaNet: k, v, beta, dt; Mamba-2: its x channels and dt)
+    s{l}.h{i}.read            the read-out query of its state (DeltaNet / GDN q)
+    s{l}.g{g}.B / .read       Mamba-2's per-group input and read-out vectors B, C (shared by the
+                              group's heads)
+    s{l}.rest                 every other path through the mixer's input (output gates, the
+                              D x skip's z gate): the mixer as called on its input
+    m{l}.in                   a whole mixer's input
+    mlp{l}.in                 an MLP's input
+    logits                    the final norm's input at the answer position
+
+A receiver inside a mixer is a *slot*: a set of (hook, axis, indices) whose values it sets (e.g.
+hook_q at head i); its input passes through the norm and the mixer's own maps up to those hooks
+(`interp.analysis.circuits.passes`). Every sender upstream of a receiver has an edge to it:
+senders of blocks before l (and embed) to block l's mixer receivers, plus block l's mixer senders
+to its MLP, and every sender to the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SLOT_HOOKS = {  # mixer name -> {role: hooks}, each hook with its head axis (2) unless listed in CHANNELS
+    "attention": {"q": ("hook_q",), "k": ("hook_k",), "v": ("hook_v",)},
+    "deltanet": {"write": ("hook_k", "hook_v", "hook_beta"), "read": ("hook_q",)},
+    "gated_deltanet": {"write": ("hook_k", "hook_v", "hook_beta", "hook_dt"), "read": ("hook_q",)},
+}
+HAS_REST = {"deltanet": "gate", "gated_deltanet": "gate", "mamba2": "gate"}  # mixer -> option or None
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A node writing into the residual stream: hook [B, T, (H,) D] and head (None: whole)."""
+
+    name: str
+    layer: int  # -1 for embed
+    hook: str
+    head: int | None = None
+    kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp"
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """A node input reading the residual stream of block `layer` (n_layers for the logits).
+
+    site: "mixer", "mlp" or "logits" - where its copy of the stream enters. slots: for a slot
+    inside a mixer, ((hook, axis, indices), ...) whose values it sets; empty for a whole input
+    ("in", "rest", "mlp", "logits"). node: the sender it feeds (None for the logits and for
+    shared slots, which feed `feeds`)."""
+
+    name: str
+    layer: int
+    site: str
+    slots: tuple = ()
+    feeds: tuple[str, ...] = ()
+
+
+@dataclass
+class Graph:
+    """Senders, receivers and the edges between them.
+
+    edges [E, 2] int64: (sender index, receiver index), receiver-major in block order.
+    """
+
+    senders: list[Sender]
+    receivers: list[Receiver]
+    edges: torch.Tensor
+    n_layers: int
+    _index: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.edges)
+
+    def edge_names(self) -> list[str]:
+        return [f"{self.senders[s].name}->{self.receivers[r].name}" for s, r in self.edges.tolist()]
+
+    def edge_index(self, name: str) -> int:
+        """The index of an edge named "sender->receiver"."""
+        if not self._index:
+            self._index.update({n: i for i, n in enumerate(self.edge_names())})
+        if name not in self._index:
+            from models.cache import unknown_name_message
+
+            raise ValueError(unknown_name_message("edge", name, list(self._index)))
+        return self._index[name]
+
+    def incoming(self, receiver: int) -> torch.Tensor:
+        """Edge indices into receiver [k]."""
+        return torch.nonzero(self.edges[:, 1] == receiver)[:, 0]
+
+    def mixer_receivers(self, layer: int) -> list[int]:
+        return [i for i, r in enumerate(self.receivers) if r.layer == layer and r.site == "mixer"]
+
+    def __repr__(self) -> str:
+        return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges)"
+
+
+def build_graph(model) -> Graph:
+    """The circuit graph of a SequenceModel (module docstring). ValueError for a model without a
+    residual stream (its blocks' inputs are not sums of upstream outputs)."""
+    cfg = model.cfg
+    if not getattr(cfg, "residual", True):
+        raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
+                         "residual=False, so a block's input is not a sum of upstream outputs")
+    senders = [Sender("embed", -1, "hook_embed", kind="embed")]
+    receivers: list[Receiver] = []
+    for layer, block in enumerate(model.blocks):
+        mixer_senders, mixer_receivers = _mixer_nodes(block.mixer, layer)
+        receivers += mixer_receivers
+        senders += mixer_senders
+        if hasattr(block, "mlp"):
+            receivers.append(Receiver(f"mlp{layer}.in", layer, "mlp", feeds=(f"mlp{layer}",)))
+            senders.append(Sender(f"mlp{layer}", layer, f"blocks.{layer}.mlp.hook_out", kind="mlp"))
+    receivers.append(Receiver("logits", len(model.blocks), "logits"))
+    edges = [(s, r) for r, rec in enumerate(receivers) for s, snd in enumerate(senders) if _upstream(snd, rec)]
+    return Graph(senders, receivers, torch.tensor(edges, dtype=torch.long).reshape(-1, 2), len(model.blocks))
+
+
+def _upstream(sender: Sender, receiver: Receiver) -> bool:
+    if sender.layer < receiver.layer:
+        return True
+    return sender.layer == receiver.layer and receiver.site == "mlp" and sender.kind != "mlp"
+
+
+def _mixer_nodes(mixer, layer: int) -> tuple[list[Sender], list[Receiver]]:
+    """The senders and receivers of one block's mixer."""
+    name, prefix = mixer.mixer_name, f"blocks.{layer}.mixer."
+    per_head = hasattr(mixer, "hook_result")
+    kind = "attention" if name == "attention" else ("state" if hasattr(mixer, "hook_state") else "mixer")
+    tag = {"attention": "a", "state": "s"}.get(kind, "m")
+    heads = _result_heads(mixer) if per_head else 0
+    if not per_head:
+        return ([Sender(f"m{layer}", layer, prefix + "hook_out", kind=kind)],
+                [Receiver(f"m{layer}.in", layer, "mixer", feeds=(f"m{layer}",))])
+    senders = [Sender(f"{tag}{layer}.h{i}", layer, prefix + "hook_result", i, kind) for i in range(heads)]
+    if name == "mamba2":
+        receivers = _mamba2_slots(mixer, layer, prefix)
+    elif name in SLOT_HOOKS:
+        receivers = _head_slots(mixer, layer, prefix, tag, SLOT_HOOKS[name])
+    else:  # per-head outputs but no known input slots: the mixer's input, whole
+        feeds = tuple(s.name for s in senders)
+        return senders, [Receiver(f"{tag}{layer}.in", layer, "mixer", feeds=feeds)]
+    rest = HAS_REST.get(name)
+    if rest is not None and _option(mixer, rest):
+        receivers.append(Receiver(f"{tag}{layer}.rest", layer, "mixer", feeds=tuple(s.name for s in senders)))
+    return senders, receivers
+
+
+def _option(mixer, name: str) -> bool:
+    options = getattr(mixer, "options", None) or {}
+    return bool(options.get(name, True))
+
+
+def _result_heads(mixer) -> int:
+    for attr in ("v_heads", "n_heads", "heads"):
+        if isinstance(getattr(mixer, attr, None), int):
+            return getattr(mixer, attr)
+    raise ValueError(f"cannot tell the number of heads of the {mixer.mixer_name!r} mixer")
+
+
+def _hook_heads(mixer, role_hook: str) -> int:
+    """Heads on axis 2 of one of a mixer's per-head hooks."""
+    name = mixer.mixer_name
+    if name == "attention":
+        return mixer.n_heads if role_hook == "hook_q" else mixer.n_kv
+    return _result_heads(mixer)  # DeltaNet, GDN: every per-head hook has one entry per (value) head
+
+
+def _head_slots(mixer, layer: int, prefix: str, tag: str, roles: dict) -> list[Receiver]:
+    receivers = []
+    n_out = _result_heads(mixer)
+    for role, hooks in roles.items():
+        n = _hook_heads(mixer, hooks[0])
+        for i in range(n):
+            feeds = tuple(f"{tag}{layer}.h{j}" for j in range(n_out) if j * n // n_out == i)
+            slots = tuple((prefix + hook, 2, (i,)) for hook in hooks)
+            receivers.append(Receiver(f"{tag}{layer}.h{i}.{role}", layer, "mixer", slots, feeds))
+    return receivers
+
+
+def _mamba2_slots(mixer, layer: int, prefix: str) -> list[Receiver]:
+    """Mamba-2: per head its x channels of hook_conv and its dt; per group B and C (read)."""
+    heads, groups, p, n, e = mixer.heads, mixer.groups, mixer.head_dim, mixer.d_state, mixer.d_inner
+    per_group = heads // groups
+    receivers = [Receiver(f"s{layer}.h{i}.write", layer, "mixer",
+                          ((prefix + "hook_conv", 2, tuple(range(i * p, (i + 1) * p))), (prefix + "hook_dt", 2, (i,))),
+                          (f"s{layer}.h{i}",)) for i in range(heads)]
+    for g in range(groups):
+        feeds = tuple(f"s{layer}.h{i}" for i in range(g * per_group, (g + 1) * per_group))
+        for role, start in (("B", e + g * n), ("read", e + groups * n + g * n)):
+            receivers.append(Receiver(f"s{layer}.g{g}.{role}", layer, "mixer",
+                                      ((prefix + "hook_conv", 2, tuple(range(start, start + n))),), feeds))
+    return receivers

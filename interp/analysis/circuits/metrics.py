@@ -1,0 +1,93 @@
+"""The metrics a circuit is scored and evaluated with, per example at the answer position (as
+interchange's: interp.analysis.interventions.interchange):
+
+    "prob"        p(y_b), y_b the clean answer
+    "logit_diff"  logit(y_b) - logit(y'_b), y'_b the corrupted answer (sites.rival_answers)
+    "kl"          KL(p_clean,b || p_b) over the vocabulary (0 at the clean run)
+
+A `Setup` fixes a (clean, corrupt) pair: answer positions (the same in both: edges join equal
+positions), the answer tokens and the metric as a function of answer logits [R, V] and the
+examples [R] the rows belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from interp.analysis.circuits.graph import Graph, build_graph
+from interp.analysis.circuits.passes import edge_pass
+from interp.analysis.interventions.sites import answer_positions, check_pair, rival_answers
+from interp.tasks.base import Batch
+
+METRICS = ("prob", "logit_diff", "kl")
+
+
+@dataclass
+class Setup:
+    """A scored pair: graph, answer positions at [N], clean / corrupt activations of every sender
+    ({hook: [N, T, ...]}, detached), the metric per example of the clean and corrupted runs [N]
+    float64, and metric(logits [R, V], examples [R]) -> [R]."""
+
+    graph: Graph
+    clean: Batch
+    corrupt: Batch
+    at: torch.Tensor
+    metric_name: str
+    metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    clean_acts: dict
+    corrupt_acts: dict
+    clean_metric: torch.Tensor
+    corrupt_metric: torch.Tensor
+
+
+def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
+          answer: str | None = None) -> Setup:
+    """Check the pair, run it once each (no gradient) and fix the metric (module docstring)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
+    check_pair(clean, corrupt)
+    graph = build_graph(model) if graph is None else graph
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be an interp.analysis.circuits.Graph or None; got {type(graph).__name__}")
+    at = answer_positions(clean, answer, "clean")
+    corrupt_at = answer_positions(corrupt, answer, "corrupt")
+    if not torch.equal(at, corrupt_at):
+        raise ValueError("clean and corrupt must have their answers at the same positions (edges join equal "
+                         f"positions); got clean {at.tolist()[:8]} and corrupt {corrupt_at.tolist()[:8]}")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        clean_logits, clean_acts = edge_pass(model, graph, clean.tokens.to(device), at.to(device), _none)
+        corrupt_logits, corrupt_acts = edge_pass(model, graph, corrupt.tokens.to(device), at.to(device), _none)
+    y = clean.targets[torch.arange(len(clean)), at].to(device)  # [N] the clean answers
+    rival = rival_answers(corrupt, corrupt_logits.double().cpu(), y.cpu(), at).to(device)
+    clean_logp = clean_logits.double().log_softmax(-1)  # [N, V]
+    fn = _metric(metric, y, rival, clean_logp)
+    rows = torch.arange(len(clean), device=device)
+    return Setup(graph, clean, corrupt, at.to(device), metric, fn, _detached(clean_acts), _detached(corrupt_acts),
+                 fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu())
+
+
+def _none(receiver, x, current):
+    return None
+
+
+def _detached(acts: dict) -> dict:
+    return {name: value.detach() for name, value in acts.items()}
+
+
+def _metric(name: str, y: torch.Tensor, rival: torch.Tensor, clean_logp: torch.Tensor):
+    def prob(logits, ex):
+        return logits.double().softmax(-1).gather(1, y[ex, None])[:, 0]
+
+    def logit_diff(logits, ex):
+        logits = logits.double()
+        return (logits.gather(1, y[ex, None]) - logits.gather(1, rival[ex, None]))[:, 0]
+
+    def kl(logits, ex):
+        logp = clean_logp[ex]
+        return (logp.exp() * (logp - logits.double().log_softmax(-1))).sum(-1)
+
+    return {"prob": prob, "logit_diff": logit_diff, "kl": kl}[name]

@@ -1,0 +1,161 @@
+"""One forward pass in which every receiver of a circuit graph reads its own copy of the stream.
+
+`edge_pass(model, graph, tokens, at, delta_of)` runs tokens [B, T] and returns the logits [B, V]
+at positions at [B]. Before each receiver r reads the residual stream x (the input of its block's
+norm), `delta_of(r, x, current)` may return a tensor d of x's shape; r then reads x + d instead
+of x, and only r does:
+
+    whole inputs (m{l}.in, mlp{l}.in, logits, the mixer's rest)   the norm's input becomes x + d
+    slots (a{l}.h{i}.q, s{l}.h{i}.write, ...)                      the mixer is run once more on
+        norm(x + d_r) for every slot r of the block at once (stacked on the batch axis, stopped
+        after the slot hooks fired), and in the pass itself each slot's hook values (its head or
+        channels) are replaced by those of its own copy
+
+`current` maps each sender hook to its value in this pass so far (senders upstream of r have
+fired), so edge patching is d_r = sum over r's patched edges (u, r) of (source_u - current_u),
+and EAP's gradient is that of a zero leaf d_r. Senders are read as they fire (hook_embed,
+mixer.hook_out / hook_result, mlp.hook_out), keeping the autograd graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from interp.analysis.circuits.graph import Graph, Receiver, Sender
+
+
+class _Stop(Exception):
+    """Raised by a slot hook once every slot hook of a side run has fired."""
+
+
+class _PassState:
+    def __init__(self) -> None:
+        self.side = False
+        self.needed: set[str] = set()
+        self.side_values: dict[str, torch.Tensor] = {}
+        self.overrides: dict[str, list[tuple[Receiver, int, int]]] = {}  # hook -> (slot receiver, copy, batch)
+        self.current: dict[str, torch.Tensor] = {}
+
+
+def sender_value(sender: Sender, acts: dict[str, torch.Tensor], at: torch.Tensor | None = None) -> torch.Tensor:
+    """The sender's output [B, T, D] from acts (hook -> activation), or [B, 1, D] at positions at [B]."""
+    value = acts[sender.hook]
+    if sender.head is not None:
+        value = value[:, :, sender.head]
+    if at is None:
+        return value
+    return value[torch.arange(len(at), device=value.device), at.to(value.device)][:, None]
+
+
+def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
+              delta_of: Callable[[int, torch.Tensor, dict], torch.Tensor | None],
+              fwd_hooks: list = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(logits [B, V] at `at` of tokens [B, T] with each receiver reading x + delta_of(r, x,
+    current), the senders' hook values of the pass {hook: [B, T, ...]}). fwd_hooks: more
+    patches for the pass (EAP-IG's interpolated embedding)."""
+    state = _PassState()
+    fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in sorted({s.hook for s in graph.senders})]
+    slot_hooks = sorted({hook for r in graph.receivers for hook, _, _ in r.slots})
+    fwd += [(h, _slot_hook(state, h)) for h in slot_hooks]
+    handles = []
+    try:
+        for layer, block in enumerate(model.blocks):
+            mixer_rs = graph.mixer_receivers(layer)
+            if mixer_rs:
+                handles.append(block.norm_mixer.register_forward_pre_hook(
+                    _mixer_pre_hook(state, graph, block, mixer_rs, delta_of)))
+            mlp = [i for i, r in enumerate(graph.receivers) if r.layer == layer and r.site == "mlp"]
+            if mlp:
+                handles.append(block.norm_mlp.register_forward_pre_hook(_whole_pre_hook(state, mlp[0], delta_of)))
+        logits_r = next(i for i, r in enumerate(graph.receivers) if r.site == "logits")
+        handles.append(model.norm_final.register_forward_pre_hook(_whole_pre_hook(state, logits_r, delta_of)))
+        with model.hooks(fwd):
+            return model(tokens, at=at), state.current
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _sender_hook(state: _PassState):
+    def capture(x: torch.Tensor, hook) -> None:
+        if not state.side:
+            state.current[hook.name] = x
+
+    return capture
+
+
+def _slot_hook(state: _PassState, name: str):
+    def slot(x: torch.Tensor, hook) -> torch.Tensor | None:
+        if state.side:
+            if name in state.needed:
+                state.side_values[name] = x
+                state.needed.discard(name)
+                if not state.needed:
+                    raise _Stop
+            return None
+        overrides = state.overrides.get(name)
+        if not overrides:
+            return None
+        out = x.clone()
+        side = state.side_values[name]
+        for receiver, copy, batch in overrides:
+            for hook_name, axis, indices in receiver.slots:
+                if hook_name == name:
+                    index = torch.tensor(indices, device=x.device)
+                    rows = side[copy * batch:(copy + 1) * batch]
+                    out.index_copy_(axis, index, rows.index_select(axis, index))
+        return out
+
+    return slot
+
+
+def _whole_pre_hook(state: _PassState, receiver: int, delta_of):
+    def pre(module, args):
+        delta = delta_of(receiver, args[0], state.current)
+        return None if delta is None else (args[0] + delta,) + tuple(args[1:])
+
+    return pre
+
+
+def _mixer_pre_hook(state: _PassState, graph: Graph, block, receivers: list[int], delta_of):
+    """The block's mixer receivers: a whole input (or the rest) moves the norm's input; slots run
+    the side pass whenever any of the block's receivers is moved."""
+    slots = [r for r in receivers if graph.receivers[r].slots]
+    whole = [r for r in receivers if not graph.receivers[r].slots]
+
+    def pre(module, args):
+        x = args[0]  # [B, T, D] the block's residual stream
+        deltas = {r: delta_of(r, x, state.current) for r in receivers}
+        for hook in {h for r in slots for h, _, _ in graph.receivers[r].slots}:
+            state.overrides.pop(hook, None)
+        if slots and any(d is not None for d in deltas.values()):
+            _side_run(state, graph, block, x, [(r, deltas[r]) for r in slots])
+        moved = [deltas[r] for r in whole if deltas[r] is not None]
+        return (x + sum(moved),) + tuple(args[1:]) if moved else None
+
+    return pre
+
+
+def _side_run(state: _PassState, graph: Graph, block, x: torch.Tensor, slots: list[tuple[int, torch.Tensor | None]]):
+    """Run the mixer on norm(x + d_r) for every slot r (stacked), keep the slot hooks' values and
+    set the overrides the pass's slot hooks apply."""
+    stacked = torch.cat([x if d is None else x + d for _, d in slots])  # [S B, T, D]
+    normed = block.norm_mixer.forward(stacked)  # .forward: not through this pre-hook again
+    state.needed = {h for r, _ in slots for h, _, _ in graph.receivers[r].slots}
+    state.side_values = {}
+    state.side = True
+    try:
+        with contextlib.suppress(_Stop):
+            block.mixer(normed)
+    finally:
+        state.side = False
+    missing = state.needed
+    if missing:
+        raise RuntimeError(f"slot hooks {sorted(missing)} did not fire in the mixer's side run (internal error)")
+    for copy, (r, _) in enumerate(slots):
+        receiver = graph.receivers[r]
+        for hook in {h for h, _, _ in receiver.slots}:
+            state.overrides.setdefault(hook, []).append((receiver, copy, len(x)))

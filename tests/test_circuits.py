@@ -1,0 +1,202 @@
+"""Circuits (interp.analysis.circuits) on tiny float64 models of every family: the full graph gives
+the clean run and the empty graph the corrupted one; a single patched edge equals a manual
+two-pass computation written here with plain hooks; EAP equals the derivative of the edge-patched
+metric (central differences); EAP-IG is complete (its embedding scores sum to the effect)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from interp.analysis.circuits import build_graph, eap, eap_ig, edge_effects, patched_metric, setup
+from interp.analysis.circuits.edge_patching import _run
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_interventions import TASK, VOCAB, ar_batch, corrupt_ar  # noqa: E402
+
+FAMILIES = {
+    "attention": dict(mixer="attention"),
+    "mamba": dict(mixer="mamba"),
+    "mamba2": dict(mixer="mamba2", mlp=True),
+    "deltanet": dict(mixer="deltanet"),
+    "gated_deltanet": dict(mixer="gated_deltanet"),
+    "lstm": dict(mixer="lstm", residual=True, norm="layernorm"),
+    "hybrid": dict(mixer=["attention", "mamba2"]),
+}
+
+
+def tiny(family: str, seed: int = 0):
+    torch.manual_seed(seed)
+    options = dict(FAMILIES[family])
+    mixer = options.pop("mixer")
+    name = mixer if isinstance(mixer, str) else mixer[0]
+    kwargs = {} if isinstance(mixer, str) else {"mixer": mixer}
+    return models.build(name, vocab_size=VOCAB, d_model=16, n_layers=2, **kwargs, **options).double().eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    clean = ar_batch(4, 3, seed=0)
+    return clean, corrupt_ar(clean, TASK, seed=1)
+
+
+def test_graph_of_attention_counts_every_edge():
+    model = tiny("attention")
+    graph = build_graph(model)
+    layers, heads = model.cfg.n_layers, model.cfg.n_heads
+    assert len(graph.senders) == 1 + layers * (heads + 1)  # embed, heads, MLPs
+    assert len(graph.receivers) == layers * (3 * heads + 1) + 1  # q / k / v per head, MLP inputs, logits
+    # block l's heads read embed and every sender of earlier blocks; its MLP also its own heads
+    into_heads = sum(3 * heads * (1 + l * (heads + 1)) for l in range(layers))
+    into_mlps = sum(1 + l * (heads + 1) + heads for l in range(layers))
+    assert graph.n_edges == into_heads + into_mlps + len(graph.senders)
+    assert "a0.h1->a1.h2.k" in graph.edge_names() and "mlp1->logits" in graph.edge_names()
+    assert "a1.h0->a0.h0.q" not in graph.edge_names()
+
+
+def test_graph_of_recurrent_mixers_has_state_nodes():
+    names = [r.name for r in build_graph(tiny("mamba2")).receivers]
+    assert {"s0.h0.write", "s0.g0.B", "s0.g0.read", "s0.rest"} <= set(names)
+    names = [r.name for r in build_graph(tiny("gated_deltanet")).receivers]
+    assert {"s1.h3.write", "s1.h3.read", "s1.rest"} <= set(names)
+    assert [s.name for s in build_graph(tiny("lstm")).senders] == ["embed", "m0", "m1"]
+
+
+def test_graph_refuses_a_model_without_residual_stream():
+    model = models.build("tanh_rnn", vocab_size=VOCAB, d_model=8, n_layers=1, residual=False)
+    with pytest.raises(ValueError, match="residual"):
+        build_graph(model)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_full_graph_is_clean_and_empty_graph_is_corrupt(family, pair):
+    model = tiny(family)
+    scored = setup(model, *pair, metric="logit_diff")
+    n = scored.graph.n_edges
+    masks = torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)])
+    full, empty = patched_metric(model, scored, masks)
+    assert torch.allclose(full, scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(empty, scored.corrupt_metric, atol=1e-10, rtol=0)
+    assert (scored.clean_metric - scored.corrupt_metric).abs().max() > 1e-3  # the pair differs
+
+
+def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of) -> torch.Tensor:
+    """The corrupted run with edge u -> r carrying u's clean output, with plain hooks: cache both
+    runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in."""
+    u, r = graph.edges[edge].tolist()
+    sender, receiver = graph.senders[u], graph.receivers[r]
+    names = sorted({sender.hook} | {f"blocks.{l}.hook_resid_pre" for l in range(graph.n_layers)}
+                   | {f"blocks.{l}.hook_resid_mid" for l in range(graph.n_layers)}
+                   | {f"blocks.{graph.n_layers - 1}.hook_resid_post"})
+    names = [n for n in names if n in model.hook_dict]
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean.tokens, names=names)
+        _, corrupt_cache = model.run_with_cache(corrupt.tokens, names=names)
+        diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
+        diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
+        block = model.blocks[receiver.layer] if receiver.site != "logits" else None
+        if receiver.site == "logits":
+            final = model.norm_final(corrupt_cache[f"blocks.{graph.n_layers - 1}.hook_resid_post"] + diff)
+            hooks = [("hook_final", lambda x, hook: final)]
+        elif receiver.site == "mlp":
+            out = block.mlp(block.norm_mlp(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_mid"] + diff))
+            hooks = [(f"blocks.{receiver.layer}.mlp.hook_out", lambda x, hook: out)]
+        else:
+            normed = block.norm_mixer(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"] + diff)
+            if not receiver.slots:  # a whole input, or the rest: the slots' hooks at their corrupted values
+                slot_hooks = sorted({h for i in graph.mixer_receivers(receiver.layer)
+                                     for h, _, _ in graph.receivers[i].slots})
+                _, slot_cache = model.run_with_cache(corrupt.tokens, names=slot_hooks) if slot_hooks else (None, {})
+                with model.hooks([(h, lambda x, hook: slot_cache[hook.name]) for h in slot_hooks]):
+                    out = block.mixer(normed)
+                hooks = [(f"blocks.{receiver.layer}.mixer.hook_out", lambda x, hook: out)]
+            else:
+                seen = {}
+                with model.hooks(readers=[(h, lambda x, hook: seen.__setitem__(hook.name, x.clone()))
+                                          for h, _, _ in receiver.slots]):
+                    block.mixer(normed)
+                hooks = [(h, _replace(seen[h], axis, idx)) for h, axis, idx in receiver.slots]
+        logits = model.run_with_hooks(corrupt.tokens, fwd_hooks=hooks)
+    at = torch.full((len(clean),), clean.tokens.shape[1] - 1)
+    return metric_of(logits[torch.arange(len(clean)), at], torch.arange(len(clean)))
+
+
+def _replace(value, axis, indices):
+    def patch(x, hook):
+        out = x.clone()
+        index = torch.tensor(indices)
+        return out.index_copy_(axis, index, value.index_select(axis, index))
+
+    return patch
+
+
+@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "deltanet", "gated_deltanet", "lstm"])
+def test_single_edge_patch_equals_manual_two_pass(family, pair):
+    model = tiny(family, seed=1)
+    scored = setup(model, *pair, metric="logit_diff")
+    graph = scored.graph
+    kinds = {}
+    for e, (u, r) in enumerate(graph.edges.tolist()):  # one edge into each kind of receiver, not from embed
+        receiver = graph.receivers[r]
+        kind = receiver.name.split(".")[-1] if receiver.slots else receiver.site + receiver.name[-3:]
+        if graph.senders[u].name != "embed" or kind not in kinds:
+            kinds[kind] = e
+    edges = sorted(kinds.values())
+    effects = edge_effects(model, scored, edges)  # [k, N]
+    for row, e in enumerate(edges):
+        manual = _manual_single_edge(model, graph, e, *pair, scored.metric)
+        assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), \
+            graph.edge_names()[e]
+    assert effects.abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("metric", ["logit_diff", "prob", "kl"])
+def test_eap_is_the_derivative_of_the_edge_patched_metric(family, metric, pair):
+    model = tiny(family, seed=2)
+    scores = eap(model, *pair, metric=metric)
+    scored = scores.setup
+    top = scores.scores.abs().argsort(descending=True)[:3].tolist()
+    eps = 1e-5
+    for e in top:
+        mask = torch.zeros(1, scored.graph.n_edges, dtype=torch.bool)
+        mask[0, e] = True
+        ends = [_run(model, scored, pair[1].tokens, {h: scored.corrupt_acts[h] + s * eps * (scored.clean_acts[h]
+                                                      - scored.corrupt_acts[h]) for h in scored.clean_acts}, mask)
+                for s in (1, -1)]
+        derivative = (ends[0] - ends[1])[0] / (2 * eps)  # [N]
+        assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), scored.graph.edge_names()[e]
+
+
+def test_eap_per_position_sums_to_the_scores(pair):
+    scores = eap(tiny("hybrid"), *pair, per_position=True)
+    assert torch.allclose(scores.per_position.sum(1), scores.scores, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["attention", "mamba2", "gated_deltanet"])
+def test_eap_ig_is_complete_over_the_embedding(family, pair):
+    model = tiny(family, seed=3)
+    scores = eap_ig(model, *pair, steps=48, rows=4 * 16, progress=False)
+    graph = scores.graph
+    from_embed = graph.edges[:, 0] == 0
+    total = scores.per_example[from_embed].sum(0)  # [N]
+    effect = scores.setup.clean_metric - scores.setup.corrupt_metric
+    assert torch.allclose(total, effect, atol=2e-3 * effect.abs().max().item(), rtol=0)
+    one_step = eap_ig(model, *pair, steps=1, progress=False)
+    plain = eap(model, *pair)
+    assert not torch.allclose(one_step.scores, plain.scores)  # the midpoint, not the corrupted end
+
+
+def test_bad_arguments_raise(pair):
+    model = tiny("attention")
+    with pytest.raises(ValueError, match="metric"):
+        eap(model, *pair, metric="accuracy")
+    with pytest.raises(ValueError, match="steps"):
+        eap_ig(model, *pair, steps=0)
+    scored = setup(model, *pair)
+    with pytest.raises(ValueError, match="masks"):
+        patched_metric(model, scored, torch.zeros(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="source"):
+        patched_metric(model, scored, torch.zeros(1, scored.graph.n_edges, dtype=torch.bool), source="zero")
