@@ -200,3 +200,43 @@ def test_bad_arguments_raise(pair):
         patched_metric(model, scored, torch.zeros(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="source"):
         patched_metric(model, scored, torch.zeros(1, scored.graph.n_edges, dtype=torch.bool), source="zero")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_pruning_keeps_faithfulness_and_the_ends_are_one_and_zero(family, pair):
+    from interp.analysis.circuits import faithfulness, prune_edges
+
+    model = tiny(family, seed=4)
+    scored = setup(model, *pair)
+    n = scored.graph.n_edges
+    generator = torch.Generator().manual_seed(0)
+    raw = torch.rand(6, n, generator=generator) < torch.tensor([0.1, 0.2, 0.3, 0.5, 0.7, 0.9])[:, None]
+    pruned = torch.stack([prune_edges(scored.graph, m) for m in raw])
+    assert (pruned <= raw).all() and (pruned.sum(1) < raw.sum(1)).any()
+    ends = torch.stack([torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)])
+    values = faithfulness(model, scored, torch.cat([raw, pruned, ends]))
+    assert torch.allclose(values[:6], values[6:12], atol=1e-9, rtol=0)
+    assert torch.allclose(values[12:], torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9, rtol=0)
+
+
+def test_extract_rescore_and_curve(pair):
+    from interp.analysis.circuits import extract, faithfulness_curve, rescore
+
+    model = tiny("hybrid", seed=5)
+    scores = eap(model, *pair)
+    circuit = extract(scores, n=10, prune=False)
+    assert circuit.n_edges == 10 and set(circuit.edge_names()) == {name for name, _ in scores.top(10)}
+    assert extract(scores, threshold=float("inf")).n_edges == 0
+    exact = rescore(model, scores, k=5)
+    top = scores.scores.abs().argsort(descending=True)[:5]
+    assert torch.allclose(exact.per_example[top], edge_effects(model, scores.setup, top), atol=1e-12)
+    rest = torch.ones(scores.graph.n_edges, dtype=torch.bool)
+    rest[top] = False
+    assert torch.equal(exact.per_example[rest], scores.per_example[rest])
+    curve = faithfulness_curve(model, {"eap": scores, "exact": exact}, fractions=(0.0, 0.3, 1.0))
+    assert [(row["method"], row["fraction"]) for row in curve] == [(m, f) for m in ("eap", "exact") for f in (0, 0.3, 1)]
+    assert [row["faithfulness"] for row in curve if row["fraction"] in (0.0, 1.0)] == pytest.approx([0, 1, 0, 1], abs=1e-9)
+    with pytest.raises(ValueError, match="exactly one"):
+        extract(scores, n=3, fraction=0.1)
+    with pytest.raises(ValueError, match="n must"):
+        extract(scores, n=-1)

@@ -5,13 +5,15 @@ and read-out, whole inputs, logits), scored by EAP and EAP-IG, verified by exact
 Modules: `graph` (build_graph: the nodes and edges from the hook grammar), `passes` (one forward
 in which each receiver reads its own copy of the residual stream), `metrics` (the pair and the
 metric: p(y), logit difference, KL), `eap` (eap, eap_ig), `edge_patching` (patched_metric,
-edge_effects).
+edge_effects), `circuit` (extract with pruning, faithfulness, faithfulness_curve, rescore).
 """
 
+from interp.analysis.circuits.circuit import (Circuit, extract, faithfulness, faithfulness_curve, prune_edges,
+                                              rescore)
 from interp.analysis.circuits.eap import EdgeScores, eap, eap_ig
 from interp.analysis.circuits.edge_patching import edge_effects, patched_metric
 from interp.analysis.circuits.graph import Graph, Receiver, Sender, build_graph
 from interp.analysis.circuits.metrics import METRICS, Setup, setup
 
-__all__ = ["EdgeScores", "Graph", "METRICS", "Receiver", "Sender", "Setup", "build_graph", "eap", "eap_ig",
+__all__ = ["Circuit", "EdgeScores", "extract", "faithfulness", "faithfulness_curve", "prune_edges", "rescore", "Graph", "METRICS", "Receiver", "Sender", "Setup", "build_graph", "eap", "eap_ig",
            "edge_effects", "patched_metric", "setup"]

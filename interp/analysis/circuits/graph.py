@@ -68,8 +68,8 @@ class Receiver:
 
     site: "mixer", "mlp" or "logits" - where its copy of the stream enters. slots: for a slot
     inside a mixer, ((hook, axis, indices), ...) whose values it sets; empty for a whole input
-    ("in", "rest", "mlp", "logits"). node: the sender it feeds (None for the logits and for
-    shared slots, which feed `feeds`)."""
+    ("in", "rest", "mlp", "logits"). feeds: the senders whose outputs its input reaches
+    (none for the logits)."""
 
     name: str
     layer: int
@@ -203,14 +203,18 @@ def _head_slots(mixer, layer: int, prefix: str, tag: str, roles: dict) -> list[R
 
 
 def _mamba2_slots(mixer, layer: int, prefix: str) -> list[Receiver]:
-    """Mamba-2: per head its x channels of hook_conv and its dt; per group B and C (read)."""
+    """Mamba-2: per head its x channels of hook_conv and its dt; per group B and C (read). Every
+    one feeds the heads of its group (the group norm divides each head's output by the group's
+    norm)."""
     heads, groups, p, n, e = mixer.heads, mixer.groups, mixer.head_dim, mixer.d_state, mixer.d_inner
     per_group = heads // groups
+    group_of = [tuple(f"s{layer}.h{i}" for i in range(g * per_group, (g + 1) * per_group)) for g in range(groups)]
+    # the gated group norm mixes the heads of a group: a head's write reaches its group's outputs
     receivers = [Receiver(f"s{layer}.h{i}.write", layer, "mixer",
                           ((prefix + "hook_conv", 2, tuple(range(i * p, (i + 1) * p))), (prefix + "hook_dt", 2, (i,))),
-                          (f"s{layer}.h{i}",)) for i in range(heads)]
+                          group_of[i // per_group]) for i in range(heads)]
     for g in range(groups):
-        feeds = tuple(f"s{layer}.h{i}" for i in range(g * per_group, (g + 1) * per_group))
+        feeds = group_of[g]
         for role, start in (("B", e + g * n), ("read", e + groups * n + g * n)):
             receivers.append(Receiver(f"s{layer}.g{g}.{role}", layer, "mixer",
                                       ((prefix + "hook_conv", 2, tuple(range(start, start + n))),), feeds))
