@@ -106,17 +106,17 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of) -> t
         else:
             normed = block.norm_mixer(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"] + diff)
             if not receiver.slots:  # a whole input, or the rest: the slots' hooks at their corrupted values
-                slot_hooks = sorted({h for i in graph.mixer_receivers(receiver.layer)
+                slot_hooks = sorted({h for i in graph.mixer_receivers(receiver.layer, receiver.module)
                                      for h, _, _ in graph.receivers[i].slots})
                 _, slot_cache = model.run_with_cache(corrupt.tokens, names=slot_hooks) if slot_hooks else (None, {})
                 with model.hooks([(h, lambda x, hook: slot_cache[hook.name]) for h in slot_hooks]):
-                    out = block.mixer(normed)
-                hooks = [(f"blocks.{receiver.layer}.mixer.hook_out", lambda x, hook: out)]
+                    out = getattr(block, receiver.module)(normed)
+                hooks = [(f"blocks.{receiver.layer}.{receiver.module}.hook_out", lambda x, hook: out)]
             else:
                 seen = {}
                 with model.hooks(readers=[(h, lambda x, hook: seen.__setitem__(hook.name, x.clone()))
                                           for h, _, _ in receiver.slots]):
-                    block.mixer(normed)
+                    getattr(block, receiver.module)(normed)
                 hooks = [(h, _replace(seen[h], axis, idx)) for h, axis, idx in receiver.slots]
         logits = model.run_with_hooks(corrupt.tokens, fwd_hooks=hooks)
     at = torch.full((len(clean),), clean.tokens.shape[1] - 1)
@@ -240,3 +240,24 @@ def test_extract_rescore_and_curve(pair):
         extract(scores, n=3, fraction=0.1)
     with pytest.raises(ValueError, match="n must"):
         extract(scores, n=-1)
+
+
+def test_block_layouts_mlp_only_and_parallel_mixers(pair):
+    torch.manual_seed(6)
+    model = models.build("attention", mixer=["deltanet", None, "attention"], mixer2=[None, None, "mamba2"],
+                         mlp=[False, True, True], vocab_size=VOCAB, d_model=16, n_layers=3).double()
+    graph = build_graph(model)
+    names = [s.name for s in graph.senders]
+    assert "mlp1" in names and "a2.h0" in names and "s2b.h0" in names and not any(n.startswith(("a1", "s1")) for n in names)
+    assert "s2b.h1.write" in [r.name for r in graph.receivers]
+    scored = setup(model, *pair)
+    n = graph.n_edges
+    ends = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(ends[0], scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(ends[1], scored.corrupt_metric, atol=1e-10, rtol=0)
+    edges = [graph.edge_index("mlp1->s2b.h1.write"),
+             graph.edge_index("mlp1->a2.h0.q"), graph.edge_index("s0.h0->mlp1.in")]
+    effects = edge_effects(model, scored, edges)
+    for row, e in enumerate(edges):
+        manual = _manual_single_edge(model, graph, e, *pair, scored.metric)
+        assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), graph.edge_names()[e]

@@ -39,7 +39,7 @@ to its MLP, and every sender to the logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -76,6 +76,7 @@ class Receiver:
     site: str
     slots: tuple = ()
     feeds: tuple[str, ...] = ()
+    module: str = "mixer"  # the block's mixer it belongs to ("mixer" / "mixer2"), for site "mixer"
 
 
 @dataclass
@@ -112,8 +113,10 @@ class Graph:
         """Edge indices into receiver [k]."""
         return torch.nonzero(self.edges[:, 1] == receiver)[:, 0]
 
-    def mixer_receivers(self, layer: int) -> list[int]:
-        return [i for i, r in enumerate(self.receivers) if r.layer == layer and r.site == "mixer"]
+    def mixer_receivers(self, layer: int, module: str | None = None) -> list[int]:
+        """Receivers of block `layer`'s mixers (of one, "mixer" / "mixer2", when given)."""
+        return [i for i, r in enumerate(self.receivers) if r.layer == layer and r.site == "mixer"
+                and (module is None or r.module == module)]
 
     def __repr__(self) -> str:
         return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges)"
@@ -129,9 +132,10 @@ def build_graph(model) -> Graph:
     senders = [Sender("embed", -1, "hook_embed", kind="embed")]
     receivers: list[Receiver] = []
     for layer, block in enumerate(model.blocks):
-        mixer_senders, mixer_receivers = _mixer_nodes(block.mixer, layer)
-        receivers += mixer_receivers
-        senders += mixer_senders
+        for slot, mixer in block_mixers(block).items():
+            mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot)
+            receivers += mixer_receivers
+            senders += mixer_senders
         if hasattr(block, "mlp"):
             receivers.append(Receiver(f"mlp{layer}.in", layer, "mlp", feeds=(f"mlp{layer}",)))
             senders.append(Sender(f"mlp{layer}", layer, f"blocks.{layer}.mlp.hook_out", kind="mlp"))
@@ -146,12 +150,30 @@ def _upstream(sender: Sender, receiver: Receiver) -> bool:
     return sender.layer == receiver.layer and receiver.site == "mlp" and sender.kind != "mlp"
 
 
-def _mixer_nodes(mixer, layer: int) -> tuple[list[Sender], list[Receiver]]:
-    """The senders and receivers of one block's mixer."""
-    name, prefix = mixer.mixer_name, f"blocks.{layer}.mixer."
+def block_mixers(block) -> dict:
+    """{slot: mixer} of a block ("mixer", "mixer2"; none in an MLP-only block)."""
+    if hasattr(block, "mixers"):
+        return block.mixers
+    return {"mixer": block.mixer} if getattr(block, "mixer", None) is not None else {}
+
+
+def _mixer_nodes(mixer, layer: int, slot: str = "mixer") -> tuple[list[Sender], list[Receiver]]:
+    """The senders and receivers of one of a block's mixers (slot "mixer" or "mixer2": its nodes'
+    names then end their layer with "b", e.g. s3b.h0)."""
+    name, prefix = mixer.mixer_name, f"blocks.{layer}.{slot}."
     per_head = hasattr(mixer, "hook_result")
     kind = "attention" if name == "attention" else ("state" if hasattr(mixer, "hook_state") else "mixer")
     tag = {"attention": "a", "state": "s"}.get(kind, "m")
+    layer_tag = f"{layer}b" if slot == "mixer2" else f"{layer}"
+    senders, receivers = _named_nodes(mixer, layer, prefix, kind, tag, per_head)
+    return ([replace(s, name=s.name.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1)) for s in senders],
+            [replace(r, name=r.name.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1), module=slot,
+                     feeds=tuple(f.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1) for f in r.feeds))
+             for r in receivers])
+
+
+def _named_nodes(mixer, layer: int, prefix: str, kind: str, tag: str, per_head: bool):
+    name = mixer.mixer_name
     heads = _result_heads(mixer) if per_head else 0
     if not per_head:
         return ([Sender(f"m{layer}", layer, prefix + "hook_out", kind=kind)],

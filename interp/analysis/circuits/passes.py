@@ -5,7 +5,9 @@ at positions at [B]. Before each receiver r reads the residual stream x (the inp
 norm), `delta_of(r, x, current)` may return a tensor d of x's shape; r then reads x + d instead
 of x, and only r does:
 
-    whole inputs (m{l}.in, mlp{l}.in, logits, the mixer's rest)   the norm's input becomes x + d
+    whole inputs (mlp{l}.in, logits)                               the norm's input becomes x + d
+    whole mixer inputs (m{l}.in, a mixer's rest)                   the mixer's input becomes
+        norm(x + d) (a block's parallel mixers read one norm, each its own copy)
     slots (a{l}.h{i}.q, s{l}.h{i}.write, ...)                      the mixer is run once more on
         norm(x + d_r) for every slot r of the block at once (stacked on the batch axis, stopped
         after the slot hooks fired), and in the pass itself each slot's hook values (its head or
@@ -24,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from interp.analysis.circuits.graph import Graph, Receiver, Sender
+from interp.analysis.circuits.graph import Graph, Receiver, Sender, block_mixers
 
 
 class _Stop(Exception):
@@ -38,6 +40,7 @@ class _PassState:
         self.side_values: dict[str, torch.Tensor] = {}
         self.overrides: dict[str, list[tuple[Receiver, int, int]]] = {}  # hook -> (slot receiver, copy, batch)
         self.current: dict[str, torch.Tensor] = {}
+        self.stream: dict[int, torch.Tensor] = {}  # block -> its residual stream (norm_mixer's input)
 
 
 def sender_value(sender: Sender, acts: dict[str, torch.Tensor], at: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,10 +66,12 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
     handles = []
     try:
         for layer, block in enumerate(model.blocks):
-            mixer_rs = graph.mixer_receivers(layer)
-            if mixer_rs:
-                handles.append(block.norm_mixer.register_forward_pre_hook(
-                    _mixer_pre_hook(state, graph, block, mixer_rs, delta_of)))
+            mixers = {slot: m for slot, m in block_mixers(block).items() if graph.mixer_receivers(layer, slot)}
+            if mixers:
+                handles.append(block.norm_mixer.register_forward_pre_hook(_record_stream(state, layer)))
+            for slot, mixer in mixers.items():
+                handles.append(mixer.register_forward_pre_hook(
+                    _mixer_pre_hook(state, graph, block, layer, mixer, graph.mixer_receivers(layer, slot), delta_of)))
             mlp = [i for i, r in enumerate(graph.receivers) if r.layer == layer and r.site == "mlp"]
             if mlp:
                 handles.append(block.norm_mlp.register_forward_pre_hook(_whole_pre_hook(state, mlp[0], delta_of)))
@@ -120,26 +125,37 @@ def _whole_pre_hook(state: _PassState, receiver: int, delta_of):
     return pre
 
 
-def _mixer_pre_hook(state: _PassState, graph: Graph, block, receivers: list[int], delta_of):
-    """The block's mixer receivers: a whole input (or the rest) moves the norm's input; slots run
-    the side pass whenever any of the block's receivers is moved."""
-    slots = [r for r in receivers if graph.receivers[r].slots]
-    whole = [r for r in receivers if not graph.receivers[r].slots]
-
+def _record_stream(state: _PassState, layer: int):
     def pre(module, args):
-        x = args[0]  # [B, T, D] the block's residual stream
-        deltas = {r: delta_of(r, x, state.current) for r in receivers}
-        for hook in {h for r in slots for h, _, _ in graph.receivers[r].slots}:
-            state.overrides.pop(hook, None)
-        if slots and any(d is not None for d in deltas.values()):
-            _side_run(state, graph, block, x, [(r, deltas[r]) for r in slots])
-        moved = [deltas[r] for r in whole if deltas[r] is not None]
-        return (x + sum(moved),) + tuple(args[1:]) if moved else None
+        if not state.side:
+            state.stream[layer] = args[0]  # [B, T, D] the block's residual stream
 
     return pre
 
 
-def _side_run(state: _PassState, graph: Graph, block, x: torch.Tensor, slots: list[tuple[int, torch.Tensor | None]]):
+def _mixer_pre_hook(state: _PassState, graph: Graph, block, layer: int, mixer, receivers: list[int], delta_of):
+    """One mixer's receivers: a whole input (or the rest) replaces the mixer's input by
+    norm(x + d); slots run the side pass whenever any of the mixer's receivers is moved."""
+    slots = [r for r in receivers if graph.receivers[r].slots]
+    whole = [r for r in receivers if not graph.receivers[r].slots]
+
+    def pre(module, args):
+        if state.side:  # the side run's own call
+            return None
+        x = state.stream[layer]
+        deltas = {r: delta_of(r, x, state.current) for r in receivers}
+        for hook in {h for r in slots for h, _, _ in graph.receivers[r].slots}:
+            state.overrides.pop(hook, None)
+        if slots and any(d is not None for d in deltas.values()):
+            _side_run(state, graph, block, mixer, x, [(r, deltas[r]) for r in slots])
+        moved = [deltas[r] for r in whole if deltas[r] is not None]
+        return (block.norm_mixer.forward(x + sum(moved)),) + tuple(args[1:]) if moved else None
+
+    return pre
+
+
+def _side_run(state: _PassState, graph: Graph, block, mixer, x: torch.Tensor,
+              slots: list[tuple[int, torch.Tensor | None]]):
     """Run the mixer on norm(x + d_r) for every slot r (stacked), keep the slot hooks' values and
     set the overrides the pass's slot hooks apply."""
     stacked = torch.cat([x if d is None else x + d for _, d in slots])  # [S B, T, D]
@@ -149,7 +165,7 @@ def _side_run(state: _PassState, graph: Graph, block, x: torch.Tensor, slots: li
     state.side = True
     try:
         with contextlib.suppress(_Stop):
-            block.mixer(normed)
+            mixer(normed)
     finally:
         state.side = False
     missing = state.needed
