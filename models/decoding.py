@@ -409,10 +409,50 @@ def call_patches(model, patches, start: int, n: int) -> list[tuple[str, StatePat
     return out
 
 
+def prompt_layout(tokens: torch.Tensor, prompt_lengths, attention_mask, pad: int | None):
+    """(tokens [B, T] with each row's prompt first, lengths [B] long or None when every row is
+    T long) from generate's prompt_lengths (B ints in [1, T]; tokens right-padded) or
+    attention_mask [B, T] (1 on each row's prompt: one contiguous run, moved to the front)."""
+    if prompt_lengths is None and attention_mask is None:
+        return tokens, None
+    if prompt_lengths is not None and attention_mask is not None:
+        raise ValueError("give prompt_lengths or attention_mask, not both")
+    batch, length = tokens.shape
+    if attention_mask is not None:
+        mask = torch.as_tensor(attention_mask, device=tokens.device)
+        if tuple(mask.shape) != (batch, length) or not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"attention_mask must be a 0/1 [B, T]={(batch, length)} tensor; got "
+                             f"{tuple(mask.shape)} {mask.dtype}")
+        mask = mask.bool()
+        lengths = mask.sum(1)
+        starts = mask.int().argmax(1)  # each row's first prompt position
+        ends = starts + lengths
+        inside = (torch.arange(length, device=tokens.device) >= starts[:, None]) & \
+                 (torch.arange(length, device=tokens.device) < ends[:, None])
+        if bool((lengths == 0).any()) or not bool((inside == mask).all()):
+            raise ValueError("attention_mask must mark one contiguous, non-empty run of prompt positions per row")
+        index = (starts[:, None] + torch.arange(length, device=tokens.device)).clamp(max=length - 1)
+        tokens = tokens.gather(1, index)  # [B, T], each row's prompt first
+    else:
+        lengths = torch.as_tensor(prompt_lengths, device=tokens.device)
+        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or tuple(lengths.shape) != (batch,) \
+                or bool(((lengths < 1) | (lengths > length)).any()):
+            raise ValueError(f"prompt_lengths must be {batch} ints in [1, {length}] (tokens [B, T]={(batch, length)}); "
+                             f"got {torch.as_tensor(prompt_lengths).tolist()}")
+    lengths = lengths.long()
+    if bool((lengths == length).all()):
+        return tokens, None
+    if pad is None:
+        raise ValueError("prompts of different lengths need pad_token_id (or eos_token_id) for the rows that end "
+                         "before the longest; got neither")
+    return tokens, lengths
+
+
 def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              eos_token_id: int | None = None, pad_token_id: int | None = None, fwd_hooks: Sequence[tuple] = (),
              cache_names=None, state: DecodingState | None = None, return_state: bool = False,
+             prompt_lengths=None, attention_mask: torch.Tensor | None = None,
              allow_nonfinite: bool = False, progress: bool = True):
     """Continue tokens [B, T] by up to max_new_tokens tokens -> tokens [B, T + N] (N <= max_new_tokens).
 
@@ -428,6 +468,15 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: boo
     named). state: a DecodingState to continue from (tokens are then the tokens at positions
     state.position, ...; it is advanced in place); return_state=True appends the final state
     to what is returned.
+
+    Prompts of different lengths: prompt_lengths (B ints, tokens right-padded) or attention_mask
+    [B, T] (1 on each row's prompt, one contiguous run: left or right padding, as a tokenizer
+    gives). Every row generates as it would alone: all rows share absolute positions, the
+    common prefix of the shortest prompt runs at once and a longer row's remaining prompt
+    tokens are fed one per step in place of the token it would have chosen (prompt_layout).
+    Row b of the result is its prompt, up to max_new_tokens new tokens, then pad_token_id (or
+    the eos id; one of them is required): [B, max length + N]. Hooks and the Cache see every
+    row at every position; a row's positions past its end run on pad tokens.
     """
     check_sampling(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
     for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
@@ -435,6 +484,8 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: boo
                                   or not 0 <= value < model.cfg.vocab_size):
             raise ValueError(f"{name} must be None or a token id in [0, {model.cfg.vocab_size}); got {value!r}")
     model.check_tokens(tokens)
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    tokens, lengths = prompt_layout(tokens, prompt_lengths, attention_mask, pad)
     last = (0 if state is None else state.position) + tokens.shape[1] + max_new_tokens - 1  # positions run
     if hasattr(model, "pos_embed") and last > model.cfg.max_len:
         raise ValueError(f"{tokens.shape[1]} tokens + max_new_tokens={max_new_tokens} run {last} positions; the "
@@ -445,25 +496,33 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: boo
     hooked_names = {n for n in names} | {n for n, _ in functions if isinstance(n, str)}
     full_read_out = any(n.endswith(READ_OUT_HOOKS) for n in hooked_names) or any(callable(n) for n, _ in functions)
     generator = torch.Generator().manual_seed(seed) if do_sample and seed is not None else None
-    pad = eos_token_id if pad_token_id is None else pad_token_id
-    out, feed = tokens, tokens
+    first = tokens.shape[1] if lengths is None else int(lengths.min())  # run at once
+    out = feed = tokens[:, :first]
+    steps = tokens.shape[1] - first + max_new_tokens
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     with torch.no_grad(), model.hooks(functions, readers=recorder.readers(), allow_nonfinite=allow_nonfinite), \
-            progress_bar(max_new_tokens, progress, desc="generate", unit="tok") as bar:
-        for step in range(max_new_tokens):
+            progress_bar(steps, progress, desc="generate", unit="tok") as bar:
+        for step in range(steps):
             start = 0 if state is None else state.position
             recorder.call_start = start
             with model.hooks(call_patches(model, patches, start, feed.shape[1]), allow_nonfinite=allow_nonfinite):
                 logits, state = advance(model, feed, state, all_logits=full_read_out and step == 0, room=last)
             logits = logits[:, -1] if logits.dim() == 3 else logits
             new = next_tokens(logits, do_sample, temperature, top_k, top_p, generator)
-            if eos_token_id is not None:
+            prompted = torch.zeros_like(finished)
+            if lengths is not None:  # rows still in their prompt take it; rows past their N take pad
+                column, position = min(out.shape[1], tokens.shape[1] - 1), out.shape[1]
+                prompted = position < lengths
+                new = torch.where(prompted, tokens[:, column], new)
+                finished |= position >= lengths + max_new_tokens
+            if eos_token_id is not None or lengths is not None:
                 new = torch.where(finished, torch.full_like(new, pad), new)
-                finished |= new == eos_token_id
+            if eos_token_id is not None:
+                finished |= (new == eos_token_id) & ~prompted
             out = torch.cat([out, new[:, None]], dim=1)
             feed = new[:, None]
             bar.update(1)
-            if eos_token_id is not None and bool(finished.all()):
+            if bool(finished.all()):
                 break
     result = [out]
     if cache_names is not None:
