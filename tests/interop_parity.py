@@ -59,15 +59,18 @@ def our_run(model, tokens, weights, path):
     return logits.detach(), [cache[n] for n in names], grad
 
 
-def assert_parity(source, model, tokens, atol: float) -> None:
+def assert_parity(source, model, tokens, atol: float, embed_scale: float = 1.0) -> None:
     """Logits, every block's output and the input-embedding gradients agree within atol (relative
-    to each tensor's scale for the gradients), on our fast and instrumented paths."""
+    to each tensor's scale for the gradients), on our fast and instrumented paths. embed_scale:
+    our embedding output is the source's times this (a multiplier folded into our embedding), so
+    our gradient times it is the source's."""
     weights = torch.randn(*tokens.shape, source.config.vocab_size, generator=torch.Generator().manual_seed(5),
                           dtype=model.embed.weight.dtype)
     logits, blocks, grad = source_run(source, tokens, weights)
     assert len(blocks) == len(model.blocks)
     for path in ("fast", "instrumented"):
         ours, our_blocks, our_grad = our_run(model, tokens, weights, path)
+        our_grad = our_grad * embed_scale
         torch.testing.assert_close(ours, logits, atol=atol, rtol=0, msg=f"{path} logits")
         for l, (a, b) in enumerate(zip(our_blocks, blocks)):
             torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=f"{path} block {l}")

@@ -38,8 +38,33 @@ def nemotron_h_source(**overrides):
     return jitter(tf.NemotronHForCausalLM(tf.NemotronHConfig(**{**fields, **overrides})))
 
 
-# family -> (source, a Mamba-2 layer, its state shape [H, P, N])
-FAMILIES = {"nemotron_h": (nemotron_h_source, 4, (4, 6, 4))}
+def bamba_source(**overrides):
+    """attention (partial RoPE), mamba2, attention, mamba2, each with a SwiGLU MLP."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=4, attn_layer_indices=[0, 2],
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, mamba_n_heads=4,
+                  mamba_d_state=4, mamba_n_groups=2, mamba_d_conv=3, mamba_chunk_size=16, **IDS)
+    return jitter(tf.BambaForCausalLM(tf.BambaConfig(**{**fields, **overrides})))
+
+
+def granite_source(**overrides):
+    """attention (RoPE), mamba2, attention, mamba2, each with a dense SwiGLU MLP, every Granite
+    multiplier away from 1."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=4,
+                  layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"],
+                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=0, shared_intermediate_size=24,
+                  mamba_n_heads=4, mamba_d_state=4, mamba_n_groups=2, mamba_d_conv=3, mamba_chunk_size=16,
+                  position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.6,
+                  attention_multiplier=0.2, logits_scaling=2.5, **IDS)
+    return jitter(tf.GraniteMoeHybridForCausalLM(tf.GraniteMoeHybridConfig(**{**fields, **overrides})))
+
+
+# family -> (source, its last layer: a Mamba-2 one, its state shape [H, P, N]); the last, because
+# ours reads a state patched at t out at t too, which the source stepped from a patched cache
+# cannot: with a later attention layer that read-out would reach every later position's keys.
+FAMILIES = {"nemotron_h": (nemotron_h_source, 4, (4, 6, 4)), "bamba": (bamba_source, 3, (4, 8, 4)),
+            "granitemoehybrid": (granite_source, 3, (4, 8, 4))}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -51,7 +76,8 @@ def imported(request):
 
 def test_parity_in_float32(imported):
     _, source, model, _, _ = imported
-    assert_parity(source, model, tokens(), atol=1e-4)
+    scale = getattr(source.config, "embedding_multiplier", 1.0)  # folded into our embedding
+    assert_parity(source, model, tokens(), atol=1e-4, embed_scale=scale)
 
 
 def test_every_hook_fires_and_states_are_the_source_cache(imported):
@@ -64,14 +90,28 @@ def test_every_hook_fires_and_states_are_the_source_cache(imported):
                                out.cache.get_recurrent_state(layer, state_idx=0), atol=1e-5, rtol=0)
 
 
+class Positioned:
+    """The source called with the absolute position_ids of the tokens it is fed (Bamba's forward
+    numbers a call's tokens from 0 when it is not told; HF generate tells it)."""
+
+    def __init__(self, source) -> None:
+        self.source, self.seen = source, 0
+
+    def __call__(self, input_ids, cache=None, use_cache=True):
+        self.seen = 0 if cache is None else self.seen
+        positions = torch.arange(self.seen, self.seen + input_ids.shape[1])[None]
+        self.seen += input_ids.shape[1]
+        return self.source(input_ids=input_ids, cache=cache, use_cache=use_cache, position_ids=positions)
+
+
 def test_causal_state_patch_equals_the_source_continued_from_it(imported):
     _, source, model, layer, shape = imported
     t, hook = 9, f"blocks.{layer}.mixer.hook_state"
-    assert_causal_state_patch(model, tokens(), hook, t, shape)
+    assert_causal_state_patch(model, tokens(length=t + 6), hook, t, shape)  # (exp(dt A) ~ e^-5 a step here)
     donor = torch.randn(2, *shape, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ours = model.run_with_hooks(tokens(), fwd_hooks=[(hook, StatePatch([0, 1], [t, t], values=donor))])
-    reference = stepwise_logits(source, tokens(), {(layer, t): donor.clone()}, prefill=t + 1)
+    reference = stepwise_logits(Positioned(source), tokens(), {(layer, t): donor.clone()}, prefill=t + 1)
     torch.testing.assert_close(ours[:, t + 1:], reference[:, t + 1:], atol=1e-4, rtol=0)
 
 
@@ -145,7 +185,31 @@ def test_nemotron_h_layout_and_hook_names():
     assert model.resume_hooks(0)["carry"] == ["blocks.0.mixer.hook_state", "blocks.4.mixer.hook_state"]
 
 
+@pytest.mark.parametrize("make", [
+    lambda: nemotron_h_source(mlp_bias=True, use_bias=True, use_conv_bias=False, tie_word_embeddings=True),
+    lambda: bamba_source(time_step_limit=(0.05, 0.6), mamba_proj_bias=True, attention_bias=True, mlp_bias=True),
+    lambda: granite_source(tie_word_embeddings=True, position_embedding_type=None, mamba_conv_bias=False),
+])
+def test_variants_parity(make):
+    source = make()
+    model = models.from_pretrained(source)
+    assert_parity(source, model, tokens(length=24), atol=1e-4,
+                  embed_scale=getattr(source.config, "embedding_multiplier", 1.0))
+
+
+def test_bamba_and_granite_layouts():
+    bamba = models.from_pretrained(bamba_source())
+    assert bamba.cfg.mixers == ["attention", "mamba2"] * 2 and bamba.cfg.positional == "rope"
+    assert bamba.cfg.mixer_options["attention"]["partial_rotary_factor"] == 0.5
+    granite = models.from_pretrained(granite_source(position_embedding_type=None))
+    assert granite.cfg.positional == "none" and "attention" not in granite.cfg.mixer_options
+
+
 @pytest.mark.parametrize("make, message", [
+    (lambda: bamba_source(hidden_act="gelu"), "hidden_act='gelu'"),
+    (lambda: bamba_source(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+     "rope_type 'default'"),
+    (lambda: granite_source(num_local_experts=2), "num_local_experts=2"),
     (lambda: nemotron_h_source(layers_block_type=["linear_attention", "moe"]), "layers_block_type=.*no 'moe'"),
     (lambda: nemotron_h_source(mlp_hidden_act="gelu"), "mlp_hidden_act='gelu'"),
 ])

@@ -10,7 +10,8 @@ mamba_num_heads / mamba_head_dim (E = H * P, not expand * hidden_size: mixer_opt
 head_dim), n_groups, use_conv_bias, use_bias (in/out projections), the gated norm's eps
 layer_norm_epsilon, and the dt clamp (time_step_min, inf) transformers' scan applies (its
 one-token decoding step does not clamp; the clamp binds only where softplus(dt + dt_bias) <
-time_step_min). embeddings -> embed, norm_f -> norm_final, lm_head -> unembed.
+time_step_min). embeddings -> embed, norm_f -> norm_final, lm_head -> unembed (tied only where
+the source ties them: NemotronH declares no tied weights, so tie_word_embeddings alone does not).
 
 Refused (UnsupportedConfig): "moe" layers (routed experts; no MoE MLP here yet), multi-token
 prediction layers (num_nextn_predict_layers > 0), activations other than relu2 (MLP) and silu
@@ -46,7 +47,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_head=config.head_dim,
         attention_bias=False, d_state=config.ssm_state_size, d_conv=config.conv_kernel, norm="rmsnorm",
         norm_eps=eps, mlp=[kind is None for kind in kinds], d_mlp=config.intermediate_size, mlp_activation="relu2",
-        mlp_bias=bool(config.mlp_bias), tie_embeddings=bool(config.tie_word_embeddings),
+        mlp_bias=bool(config.mlp_bias), tie_embeddings=source.lm_head.weight is source.model.embeddings.weight,
         mixer_options={"mamba2": {"n_heads": config.mamba_num_heads, "head_dim": config.mamba_head_dim,
                                   "n_groups": config.n_groups, "conv_bias": bool(config.use_conv_bias),
                                   "bias": bool(config.use_bias), "norm_eps": eps,

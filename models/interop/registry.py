@@ -31,6 +31,8 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gated_deltanet": ("models.interop.gated_deltanet", ("GatedDeltaNetForCausalLM",)),
     "falcon_mamba": ("models.interop.falcon_mamba", ("FalconMambaForCausalLM",)),
     "jamba": ("models.interop.jamba", ("JambaForCausalLM",)),
+    "bamba": ("models.interop.bamba", ("BambaForCausalLM",)),
+    "granitemoehybrid": ("models.interop.granitemoehybrid", ("GraniteMoeHybridForCausalLM",)),
     "nemotron_h": ("models.interop.nemotron_h", ("NemotronHForCausalLM",)),
     "lfm2": ("models.interop.lfm2", ("Lfm2ForCausalLM",)),
 }

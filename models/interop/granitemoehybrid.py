@@ -1,0 +1,87 @@
+"""transformers GraniteMoeHybridForCausalLM (dense: num_local_experts 0) -> Bamba's layout
+(models.interop.bamba: "mamba2" / "attention" per layer, each followed by a SwiGLU MLP, RMSNorm),
+with Granite's scalar multipliers folded into the weights, so every hook holds what the source
+computes at that point:
+
+    embedding_multiplier e   embed = e * embed_tokens (hook_embed: the scaled embedding)
+    residual_multiplier r    each sublayer's output map (o_proj, the Mamba out_proj, the MLP's
+                             output_linear) times r: mixer / mlp hook_out is what is added
+    attention_multiplier m   the score scale (in place of 1 / sqrt(d_head)): q_proj times
+                             m * sqrt(d_head) (hook_q holds q scaled so; scores and pattern exact)
+    logits_scaling s         logits / s: unembed = lm_head / s, or with tied embeddings the final
+                             norm's weight times 1 / (e s) (the unembedding is e * embed_tokens)
+
+shared_mlp.input_linear [gate | up] -> mlp.gate / mlp.up, output_linear -> mlp.down;
+post_attention_layernorm -> norm_mlp, model.norm -> norm_final. position_embedding_type "rope"
+-> positional "rope" (rope_theta; scaling raises), None -> no positions.
+
+Refused (UnsupportedConfig): mixture-of-experts layers (num_local_experts > 0: no MoE MLP here
+yet), hidden_act other than silu, embedding_multiplier 0 with tied embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from models.config import ModelConfig
+from models.interop.bamba import layer_kinds, mamba2_options, mixer_weights, rotary_options
+from models.interop.convert import SourceWeights, require, unsupported
+
+
+def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
+    config = source.config
+    require(config, "hidden_act", "silu")
+    if config.num_local_experts:
+        raise unsupported(config, "num_local_experts", config.num_local_experts, "0 (a dense shared MLP only)")
+    position = require(config, "position_embedding_type", "rope", None)
+    kinds = layer_kinds(config)
+    eps = float(config.rms_norm_eps)
+    rope = position == "rope" and "attention" in kinds
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    tied, e, s = bool(config.tie_word_embeddings), float(config.embedding_multiplier), float(config.logits_scaling)
+    if tied and e == 0:
+        raise unsupported(config, "embedding_multiplier", e, "a nonzero multiplier with tied embeddings")
+    cfg = ModelConfig(
+        mixer=kinds, vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=len(kinds),
+        n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_head=d_head,
+        attention_bias=bool(config.attention_bias), positional="rope" if rope else "none",
+        d_state=config.mamba_d_state, d_conv=config.mamba_d_conv, norm="rmsnorm", norm_eps=eps, mlp=True,
+        d_mlp=config.shared_intermediate_size, mlp_activation="swiglu", mlp_bias=False, tie_embeddings=tied,
+        mixer_options={"mamba2": mamba2_options(config, eps)} | ({"attention": rotary_options(config)} if rope else {}),
+    )
+    weights = SourceWeights(source)
+    take = weights.take
+    r, q_scale = float(config.residual_multiplier), float(config.attention_multiplier) * math.sqrt(d_head)
+    state = {"embed.weight": take("model.embed_tokens.weight", lambda w: w * e)}
+    for layer, kind in enumerate(kinds):
+        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
+        mixer = mixer_weights(weights, config, kind, theirs, ours)
+        out = "out_proj"
+        if kind == "attention":
+            mixer[f"{ours}.mixer.qkv.weight"] = scaled_rows(mixer[f"{ours}.mixer.qkv.weight"], cfg, q_scale)
+            if cfg.attention_bias:
+                mixer[f"{ours}.mixer.qkv.bias"] = scaled_rows(mixer[f"{ours}.mixer.qkv.bias"], cfg, q_scale)
+        state |= {name: value * r if name.startswith(f"{ours}.mixer.{out}.") else value for name, value in mixer.items()}
+        gate, up = take(f"{theirs}.shared_mlp.input_linear.weight").chunk(2, dim=0)
+        state |= {f"{ours}.mlp.gate.weight": gate, f"{ours}.mlp.up.weight": up,
+                  f"{ours}.mlp.down.weight": take(f"{theirs}.shared_mlp.output_linear.weight", lambda w: w * r)}
+        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
+        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.post_attention_layernorm.weight")
+    state["norm_final.weight"] = take("model.norm.weight", lambda w: w / (e * s) if tied else w)
+    state["unembed.weight"] = take("lm_head.weight", lambda w: w * e if tied else w / s)
+    weights.check_all_taken()
+    return cfg, state
+
+
+def scaled_rows(qkv, cfg: ModelConfig, scale: float):
+    """Our fused qkv weight or bias [(H + 2 G) d_head, ...] with the query rows times scale."""
+    queries = cfg.n_heads * cfg.head_dim
+    out = qkv.clone()
+    out[:queries] = qkv[:queries] * scale
+    return out
+
+
+def source_blocks(source: nn.Module) -> list[nn.Module]:
+    return list(source.model.layers)
