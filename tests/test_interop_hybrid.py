@@ -60,11 +60,23 @@ def granite_source(**overrides):
     return jitter(tf.GraniteMoeHybridForCausalLM(tf.GraniteMoeHybridConfig(**{**fields, **overrides})))
 
 
+def falcon_h1_source(**overrides):
+    """Mamba-2 and attention in parallel in each of 2 layers, every muP multiplier away from 1."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=24, mamba_d_ssm=24, mamba_n_heads=4, mamba_d_state=4, mamba_n_groups=2,
+                  mamba_d_conv=3, mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                  embedding_multiplier=2.0, lm_head_multiplier=0.7, mlp_multipliers=[1.5, 0.5], key_multiplier=1.3,
+                  attention_in_multiplier=0.8, attention_out_multiplier=1.2, ssm_multipliers=[0.5, 1.5, 0.8, 1.3, 0.6],
+                  ssm_in_multiplier=1.4, ssm_out_multiplier=0.9, **IDS)
+    return jitter(tf.FalconH1ForCausalLM(tf.FalconH1Config(**{**fields, **overrides})))
+
+
 # family -> (source, its last layer: a Mamba-2 one, its state shape [H, P, N]); the last, because
 # ours reads a state patched at t out at t too, which the source stepped from a patched cache
 # cannot: with a later attention layer that read-out would reach every later position's keys.
 FAMILIES = {"nemotron_h": (nemotron_h_source, 4, (4, 6, 4)), "bamba": (bamba_source, 3, (4, 8, 4)),
-            "granitemoehybrid": (granite_source, 3, (4, 8, 4))}
+            "granitemoehybrid": (granite_source, 3, (4, 8, 4)), "falcon_h1": (falcon_h1_source, 1, (4, 6, 4))}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -189,12 +201,26 @@ def test_nemotron_h_layout_and_hook_names():
     lambda: nemotron_h_source(mlp_bias=True, use_bias=True, use_conv_bias=False, tie_word_embeddings=True),
     lambda: bamba_source(time_step_limit=(0.05, 0.6), mamba_proj_bias=True, attention_bias=True, mlp_bias=True),
     lambda: granite_source(tie_word_embeddings=True, position_embedding_type=None, mamba_conv_bias=False),
+    lambda: falcon_h1_source(mamba_rms_norm=False, tie_word_embeddings=True),
+    lambda: falcon_h1_source(mamba_norm_before_gate=True, mamba_proj_bias=True, projectors_bias=True,
+                             attention_bias=True, mlp_bias=True),
 ])
 def test_variants_parity(make):
     source = make()
     model = models.from_pretrained(source)
     assert_parity(source, model, tokens(length=24), atol=1e-4,
                   embed_scale=getattr(source.config, "embedding_multiplier", 1.0))
+
+
+def test_falcon_h1_names_both_branches():
+    model = models.from_pretrained(falcon_h1_source(mamba_rms_norm=False))
+    assert model.cfg.mixer == "mamba2" and model.cfg.mixer2 == "attention"
+    assert model.cfg.mixer_options["mamba2"]["gated_norm"] == "none"
+    assert not hasattr(model.blocks[0].mixer, "norm_weight")
+    _, cache = model.run_with_cache(tokens(), names=lambda n: n.startswith("blocks.1."))
+    assert {"blocks.1.mixer.hook_state", "blocks.1.mixer2.hook_pattern"} <= set(cache)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_mid"], cache["blocks.1.hook_resid_pre"]
+                               + cache["blocks.1.mixer.hook_out"] + cache["blocks.1.mixer2.hook_out"])
 
 
 def test_bamba_and_granite_layouts():
@@ -210,6 +236,7 @@ def test_bamba_and_granite_layouts():
     (lambda: bamba_source(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
      "rope_type 'default'"),
     (lambda: granite_source(num_local_experts=2), "num_local_experts=2"),
+    (lambda: falcon_h1_source(projectors_bias=True), "projectors_bias=True.*mamba_proj_bias=False"),
     (lambda: nemotron_h_source(layers_block_type=["linear_attention", "moe"]), "layers_block_type=.*no 'moe'"),
     (lambda: nemotron_h_source(mlp_hidden_act="gelu"), "mlp_hidden_act='gelu'"),
 ])

@@ -32,6 +32,7 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "falcon_mamba": ("models.interop.falcon_mamba", ("FalconMambaForCausalLM",)),
     "jamba": ("models.interop.jamba", ("JambaForCausalLM",)),
     "bamba": ("models.interop.bamba", ("BambaForCausalLM",)),
+    "falcon_h1": ("models.interop.falcon_h1", ("FalconH1ForCausalLM",)),
     "granitemoehybrid": ("models.interop.granitemoehybrid", ("GraniteMoeHybridForCausalLM",)),
     "nemotron_h": ("models.interop.nemotron_h", ("NemotronHForCausalLM",)),
     "lfm2": ("models.interop.lfm2", ("Lfm2ForCausalLM",)),
