@@ -41,6 +41,7 @@ def brute_force_beliefs(task, tokens):
     {"n_items": 3, "p": 0.5, "init": "uniform", "reveal_every": 1},
     {"n_items": 4, "p": 0.7, "reveal": "adversarial", "init": "uniform"},
     {"n_items": 2, "p": 1.0},
+    {"n_items": 3, "p": 0.5, "reveal_every": 2, "full_every": 3},
 ])
 def test_beliefs_equal_brute_force(options):
     task = make_task("PFSA", **options)
@@ -73,6 +74,19 @@ def test_layout_targets_and_marginals():
     assert torch.allclose(b.states.sum(-1), torch.ones(4, 11))
     marg = task.marginals(b.states)
     assert torch.allclose(marg.sum(-1), torch.ones(4, 11, 3)) and torch.allclose(marg.sum(-2), torch.ones(4, 11, 3))
+
+
+def test_full_reveals_print_every_slot_and_pin_the_arrangement_down():
+    task = make_task("PFSA", n_items=3, reveal_every=2, full_every=3)
+    b = task.sample(5, 8, seed=2)
+    # 8 swaps, reveals after swaps 2, 4, 6 (full), 8: S S A I S S A I S S A0 I A1 I A2 I S S A I
+    assert task.layout(8)[1].tolist() == b.roles["reveal"][0].tolist() == [2, 6, 10, 12, 14, 18]
+    assert task.since_full(8).tolist() == [0, 1, 2, 2, 2, 0] and task.fixed_slots(8).tolist() == [-1, -1, 0, 1, 2, -1]
+    assert (b.tokens[:, [10, 12, 14]] - task.ask_ids.start).tolist() == [[0, 1, 2]] * 5
+    assert torch.equal(b.states[:, 15].max(-1).values, torch.ones(5))        # the full print leaves one arrangement
+    assert task.sample(5, 8, seed=2).tokens.equal(b.tokens)
+    with pytest.raises(ValueError, match="full_every"):
+        make_task("PFSA", full_every=-1)
 
 
 def test_determinism_and_roundtrip():

@@ -25,11 +25,21 @@ Belief analysis of PFSA-SR (`interp.tasks.pfsa`). The exact belief is the normal
 recursion drops the renormalisation:
 
     u_0 = b_0;  swap:  u <- (1 - p) u + p (u o s);  ASK: u unchanged;  ITEM_v at slot i:  u <- u * [g_i = v]
+    full reveal (every slot printed since the last swap):  u <- onehot(the printed arrangement)
 
-so u_t = b_t * sum(u_t), and its mass ||u_t||_1 = P(reveals so far) decays exponentially
-whenever reveals are partial (`linear_belief`, `belief_mass`, `decay_rate`). Trained models are
-compared through `state_norms` (the norm of hook_state over time) and `belief_probe` (ridge probe
-from hidden states to the true belief, R^2 per position).
+so u_t = b_t * sum(u_t), and its mass ||u_t||_1 = P(partial reveals since the last full reveal)
+decays exponentially whenever reveals are partial (`linear_belief`, `belief_mass`, `decay_rate`).
+A full reveal determines the arrangement from the input alone, so the affine injection B(x)
+restores the mass; a partial one cannot (the surviving mass depends on the state).
+The marginal representation (`linear_marginals`, [n slots, n items], SCIENCE.md section 4):
+
+    M_0 = I (known start) or 1/n;  swap (i j):  rows i, j <- (1 - p) M_i + p M_j, (1 - p) M_j + p M_i
+    ITEM_v at slot i:  row i <- e_v (injected),  column v of every other row <- 0 (not renormalised)
+
+so an unrevealed slot keeps losing the mass the swaps moved onto revealed items
+(`adversarial_tokens`: swap (0 2), reveal slot 0, repeated: slot 2's mass is (1 - p)^k).
+Trained models are compared through `state_norms` (the norm of hook_state over time) and
+`belief_probe` (ridge probe from hidden states to the true belief, R^2 per position).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import torch
 from interp.training.evaluate import eval_seed, predictions
 from interp.tasks.base import Batch
 from interp.tasks.pfsa import PfsaSwaps, swap_update
+from interp.tasks.repl import permutation_ids
 from probes import heads as head_probes
 from probes.linear import ProbeReport, probe_state
 
@@ -200,12 +211,18 @@ def _check_pfsa(task) -> PfsaSwaps:
     return task
 
 
-def linear_belief(task: PfsaSwaps, tokens: torch.Tensor) -> np.ndarray:
-    """The unnormalised linear belief recursion u_t over the n! arrangements: tokens [N, T] -> [N, T, n!] float64."""
-    task = _check_pfsa(task)
+def _tokens(task, tokens) -> np.ndarray:
+    _check_pfsa(task)
     tokens = np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [N, T]; got shape {tokens.shape}")
+    return tokens
+
+
+def linear_belief(task: PfsaSwaps, tokens: torch.Tensor) -> np.ndarray:
+    """The unnormalised linear belief recursion u_t over the n! arrangements (reset at full
+    reveals; module docstring): tokens [N, T] -> [N, T, n!] float64."""
+    tokens = _tokens(task, tokens)
     n, length = tokens.shape
     G = task.group
     u = np.zeros((n, task.n_states))
@@ -215,19 +232,71 @@ def linear_belief(task: PfsaSwaps, tokens: torch.Tensor) -> np.ndarray:
         u[:] = 1.0 / task.n_states
     out = np.empty((n, length, task.n_states))
     slot = np.zeros(n, dtype=np.int64)
+    printed = np.full((n, task.n_items), -1)          # items printed per slot since the last swap (-1: none)
     for t in range(length):
         tok = tokens[:, t]
-        is_swap, is_ask = tok < task.ask_ids.start, (tok >= task.ask_ids.start) & (tok < task.item_ids.start)
-        is_item = tok >= task.item_ids.start
+        is_swap, is_ask, is_item = _kinds(task, tok)
         if is_swap.any():
             swapped = swap_update(u, task.swap_element[np.where(is_swap, tok, 0)], task.p, G)
             u = np.where(is_swap[:, None], swapped, u)
+            printed[is_swap] = -1
         slot = np.where(is_ask, tok - task.ask_ids.start, slot)
         if is_item.any():
             consistent = G.perms[:, slot].T == (tok - task.item_ids.start)[:, None]   # [N, n!]
             u = np.where(is_item[:, None] & ~consistent, 0.0, u)
+            rows = np.nonzero(is_item)[0]
+            printed[rows, slot[rows]] = tok[rows] - task.item_ids.start
+            full = is_item & (printed >= 0).all(1) & _is_permutation(printed)
+            if full.any():
+                u[full] = 0.0
+                u[full, permutation_ids(printed[full], G.perms)] = 1.0
         out[:, t] = u
     return out
+
+
+def _kinds(task, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masks [N] of swap, ASK and ITEM tokens."""
+    is_item = tok >= task.item_ids.start
+    return tok < task.ask_ids.start, (tok >= task.ask_ids.start) & ~is_item, is_item
+
+
+def _is_permutation(printed: np.ndarray) -> np.ndarray:
+    return np.array([sorted(row) == list(range(len(row))) for row in printed.tolist()])
+
+
+def linear_marginals(task: PfsaSwaps, tokens: torch.Tensor, dtype=np.float64) -> np.ndarray:
+    """The linear marginal recursion M_t (module docstring) in `dtype`: tokens [N, T] -> [N, T, n, n]
+    (slot, item); rows of unrevealed slots lose mass, nothing renormalises."""
+    tokens = _tokens(task, tokens)
+    n, length = tokens.shape
+    k, p = task.n_items, dtype(task.p)
+    M = np.broadcast_to(np.eye(k, dtype=dtype) if task.init == "identity" else np.full((k, k), 1 / k, dtype=dtype),
+                        (n, k, k)).copy()
+    out = np.empty((n, length, k, k), dtype=dtype)
+    slot, rows = np.zeros(n, dtype=np.int64), np.arange(n)
+    for t in range(length):
+        tok = tokens[:, t]
+        is_swap, is_ask, is_item = _kinds(task, tok)
+        for r in np.nonzero(is_swap)[0]:
+            i, j = task.pairs[tok[r]]
+            M[r, [i, j]] = (dtype(1) - p) * M[r, [i, j]] + p * M[r, [j, i]]
+        slot = np.where(is_ask, tok - task.ask_ids.start, slot)
+        item = tok - task.item_ids.start
+        for r in rows[is_item]:
+            M[r, :, item[r]] = 0
+            M[r, slot[r]] = 0
+            M[r, slot[r], item[r]] = 1
+        out[:, t] = M
+    return out
+
+
+def adversarial_tokens(task: PfsaSwaps, rounds: int, swap: tuple[int, int] = (0, 2), slot: int = 0) -> torch.Tensor:
+    """One sequence [1, 3 * rounds]: SWAP_swap ASK_slot ITEM_slot, repeated (the reveal says the
+    swap did not happen, a path of probability (1 - p)^rounds)."""
+    task = _check_pfsa(task)
+    pair = [tuple(x) for x in task.pairs.tolist()].index(tuple(sorted(swap)))
+    step = [pair, task.ask_ids.start + slot, task.item_ids.start + slot]
+    return torch.tensor([step * rounds])
 
 
 def belief_mass(unnormalised: np.ndarray) -> np.ndarray:

@@ -11,7 +11,10 @@ Tokens (`length` = number of swap actions; a reveal after every `reveal_every` a
     ITEM_v       ... answered with the item v it holds     ids P+n .. P+2n-1   vocab_size = P + 2n
 A reveal is the two tokens ASK_i ITEM_v, v the true item (reveals are deterministic). The slot is
 uniform per reveal (`reveal="random"`) or always slot 0 (`reveal="adversarial"`: one item revealed
-over and over while the swaps stay random). The initial arrangement is the identity and known
+over and over while the swaps stay random). With `full_every=m` (0: never) every m-th reveal is
+full: ASK_0 ITEM ASK_1 ITEM ... ASK_{n-1} ITEM, every slot in order, which pins the arrangement
+down; the others are partial (one slot). `since_full(length)` counts, per ASK token, the partial
+reveals before it since the last full reveal (or the start). The initial arrangement is the identity and known
 (`init="identity"`) or uniform and unknown (`init="uniform"`: drawn uniformly, prior uniform).
 
 Belief b_t over the n! arrangements, the posterior given the tokens up to and including t
@@ -62,11 +65,11 @@ def reveal_update(belief: np.ndarray, slots: np.ndarray, items: np.ndarray, grou
 class PfsaSwaps:
     """PFSA-SR with probabilistic swaps and exact beliefs; see the module docstring."""
 
-    OPTIONS = ("n_items", "p", "reveal_every", "reveal", "init", "loss")
+    OPTIONS = ("n_items", "p", "reveal_every", "reveal", "init", "loss", "full_every")
     name = "PFSA"
 
     def __init__(self, n_items: int = 3, p: float = 0.5, reveal_every: int = 2,
-                 reveal: str = "random", init: str = "identity", loss: str = "reveals") -> None:
+                 reveal: str = "random", init: str = "identity", loss: str = "reveals", full_every: int = 0) -> None:
         self.n_items = check_count("n_items", n_items, minimum=2)
         if self.n_items > 6:
             raise ValueError(f"n_items must be <= 6 (beliefs are over n! arrangements); got {n_items}")
@@ -74,6 +77,7 @@ class PfsaSwaps:
             raise ValueError(f"p (swap probability) must be a number in [0, 1]; got {p!r}")
         self.p = float(p)
         self.reveal_every = check_count("reveal_every", reveal_every)
+        self.full_every = check_count("full_every", full_every, minimum=0)
         self.reveal = check_choice("reveal", reveal, REVEALS)
         self.init = check_choice("init", init, INITS)
         self.loss = check_choice("loss", loss, LOSSES)
@@ -95,7 +99,7 @@ class PfsaSwaps:
 
     def options(self) -> dict:
         return {"n_items": self.n_items, "p": self.p, "reveal_every": self.reveal_every,
-                "reveal": self.reveal, "init": self.init, "loss": self.loss}
+                "reveal": self.reveal, "init": self.init, "loss": self.loss, "full_every": self.full_every}
 
     def marginals(self, states: torch.Tensor) -> torch.Tensor:
         """P(slot i holds item v) from joint beliefs [..., n!].  -> [..., n, n]"""
@@ -105,12 +109,33 @@ class PfsaSwaps:
         onehot[torch.arange(self.n_states)[:, None], torch.arange(n)[None, :], perms] = 1
         return torch.einsum("...g,giv->...iv", states, onehot)
 
+    def full_reveals(self, length: int) -> np.ndarray:
+        """Which of the length // reveal_every reveals are full: bool [R]."""
+        number = np.arange(1, length // self.reveal_every + 1)
+        return number % self.full_every == 0 if self.full_every else np.zeros(len(number), dtype=bool)
+
     def layout(self, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of the swap tokens [L] and of the ASK tokens [R] for `length` swaps."""
-        reveals_before = np.arange(length) // self.reveal_every        # reveals before swap j
-        swap_pos = np.arange(length) + 2 * reveals_before
-        ask_pos = swap_pos[self.reveal_every - 1::self.reveal_every] + 1
+        """Positions of the swap tokens [L] and of the ASK tokens [A] for `length` swaps
+        (A = R partial reveals + n per full reveal)."""
+        sizes = np.where(self.full_reveals(length), self.n_items, 1)                # ASK tokens per reveal
+        asks_before = np.concatenate([[0], np.cumsum(sizes)])                       # [R + 1]
+        swap_pos = np.arange(length) + 2 * asks_before[np.arange(length) // self.reveal_every]
+        first = swap_pos[self.reveal_every - 1::self.reveal_every] + 1               # [R] first ASK per reveal
+        ask_pos = np.concatenate([start + 2 * np.arange(size) for start, size in zip(first, sizes)]).astype(np.int64)
         return swap_pos, ask_pos
+
+    def fixed_slots(self, length: int) -> np.ndarray:
+        """Per ASK token [A]: its slot in a full reveal, -1 in a partial one (drawn per sequence)."""
+        return np.concatenate([np.arange(self.n_items) if full else [-1]
+                               for full in self.full_reveals(length)]).astype(np.int64)
+
+    def since_full(self, length: int) -> np.ndarray:
+        """Per ASK token [A]: partial reveals before it since the last full reveal (or the start)."""
+        counts, k = [], 0
+        for full in self.full_reveals(length):
+            counts += [k] * (self.n_items if full else 1)
+            k = 0 if full else k + 1
+        return np.array(counts, dtype=np.int64)
 
     def sample(self, n: int, length: int, seed) -> Batch:
         check_count("n", n)
@@ -118,11 +143,13 @@ class PfsaSwaps:
         rng = make_rng(seed)
         k, G = self.n_items, self.group
         swap_pos, ask_pos = self.layout(length)
-        R, T = len(ask_pos), length + 2 * len(ask_pos)
+        R, T = len(ask_pos), length + 2 * len(ask_pos)                            # R: ASK tokens
         pair = rng.integers(0, len(self.pairs), size=(n, length))                 # [N, L]
         happens = rng.random((n, length)) < self.p                                # [N, L]
         slot = (rng.integers(0, k, size=(n, R)) if self.reveal == "random"
                 else np.zeros((n, R), dtype=np.int64))                            # [N, R]
+        fixed = self.fixed_slots(length)
+        slot = np.where(fixed >= 0, fixed, slot)
         start = (rng.integers(0, self.n_states, size=n) if self.init == "uniform"
                  else np.zeros(n, dtype=np.int64))
         if self.init == "identity":
