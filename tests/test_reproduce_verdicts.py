@@ -2,6 +2,7 @@
 the seeds claim gives "reproduces", the opposite does not, runs that never fit are never counted as
 failures to generalise, and derived quantities appear only where their premise holds."""
 
+import numpy as np
 import pytest
 
 from interp.reproduce import claim_module
@@ -226,3 +227,37 @@ def test_retrieval_reading_of_no_kept_pairs_is_none():
     claims, sections = claim_module("retrieval").judge(done, plan)
     assert all(o.measures["reading"] == "none (no pairs kept)" for o in done if o.run.info["model"] == "attention")
     assert any(getattr(s, "heading", "") == "AR4-attention-s0: no restoration profile" for s in sections)
+
+
+def test_error_control_medium_profile_is_the_papers_s3_size():
+    module = claim_module("error-control")
+    plan = module.plan("medium")
+    assert {r.info["group"] for r in plan.runs} == {"S3", "C6"} and {r.info["depth"] for r in plan.runs} == {1, 2}
+    assert {r.info["model"] for r in plan.runs} == {"negative_mamba", "token_gated_rnn", "mamba3", "aussm", "mamba"}
+    assert len(plan.runs) == 2 * 2 * 5 * 3 and plan.early_stop == module.EARLY_STOP
+    for run in plan.runs:
+        assert run.model["d_model"] == 64 and run.model.get("d_state", 16) == 16
+        assert run.train["batch_size"] == 256 and run.train["steps"] == 10_000
+    # seeds outermost: the first 10 runs are every S3 model at both depths for seed 0
+    assert {r.info["seed"] for r in plan.runs[:10]} == {0} and {r.info["group"] for r in plan.runs[:30]} == {"S3"}
+    # the claims about kinds this profile does not train say so instead of "did not fit"
+    found, claims = verdicts_of(module, plan, lambda run: "fit", ec_measures)
+    assert found[0] == found[2] == found[5] == "inconclusive" and "medium profile" in claims[0].measured
+
+
+def verdicts_of(module, plan, status, measures):
+    done = [Outcome(run, status(run), None, run.train["lr"], run.train["train_length"], 1.0, [], 1.0,
+                    measures=measures(run, status(run))) for run in plan.runs]
+    claims, _ = module.judge(done, plan)
+    return [c.verdict for c in claims], claims
+
+
+def test_bootstrap_interval_of_r_brackets_r_and_needs_four_runs():
+    module = claim_module("error-control")
+    rng = np.random.default_rng(1)
+    mp = np.exp(rng.uniform(4, 7, size=12))
+    tcross = mp * np.exp(rng.normal(0, 0.3, size=12))
+    lo, hi = module.bootstrap_interval(mp, tcross)
+    r = np.corrcoef(np.log(mp), np.log(tcross))[0, 1]
+    assert lo < r < hi <= 1 and hi - lo < 0.5
+    assert module.bootstrap_interval(mp[:3], tcross[:3]) is None

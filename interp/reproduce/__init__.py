@@ -1,8 +1,9 @@
-"""One command per seed claim: `interp reproduce NAME [--scale cpu|paper]` (engine: `engine`).
+"""One command per seed claim: `interp reproduce NAME [--scale cpu|medium|paper]` (engine: `engine`).
 
     reproduce("parity", scale="cpu", out="runs/reproduce/parity-cpu") -> Path of report.html
     names() -> the reproductions
 
+Runs committed under results/reproduce/NAME-SCALE (`results`) are loaded instead of trained.
 Each reproduction is one module here (its plan of runs, measurements and verdicts); the engine
 trains (reusing finished runs, resuming interrupted ones), measures, judges and writes the report.
 
@@ -20,7 +21,7 @@ from interp.reproduce import engine
 
 MODULES = {"error-control": "error_control", "retrieval": "retrieval", "deltanet-heads": "deltanet_heads",
            "parity": "parity", "reveal-gap": "reveal_gap", "selective-copy": "selective_copy",
-           "sample-efficiency": "sample_efficiency"}
+           "sample-efficiency": "sample_efficiency", "pfsa": "pfsa"}
 
 
 def names() -> tuple[str, ...]:
@@ -37,10 +38,12 @@ def claim_module(name: str):
 
 
 def reproduce(name: str, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
-              progress: bool = True, log=print) -> Path:
-    """Run the reproduction `name` at `scale` ("quick", "cpu", "paper"); see `engine.reproduce`."""
-    engine.check_scale(scale)
-    return engine.reproduce(claim_module(name), scale, out, device, progress, log)
+              progress: bool = True, log=print, results: str | Path | None = None) -> Path:
+    """Run the reproduction `name` at `scale` ("quick", "cpu", "medium" where defined, "paper"), loading
+    the runs committed under `results` (default results/reproduce/NAME-SCALE); see `engine.reproduce`."""
+    module = claim_module(name)
+    engine.check_scale(scale, module)
+    return engine.reproduce(module, scale, out, device, progress, log, results)
 
 
 __all__ = ["reproduce", "names", "claim_module", "engine"]

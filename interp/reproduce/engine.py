@@ -13,7 +13,9 @@ A claim module (one per reproduction, `interp.reproduce.<name>`) defines
                                           (its own resumable sweep); the result is plan.settings["study"]
 
 Scales: "quick" (tiny, a smoke test in seconds; numbers mean nothing), "cpu" (about 30 minutes
-on 2 cores) and "paper" (the sizes the seeds or their papers state; meant for a GPU).
+on 2 cores), "medium" (where a claim defines it: the runs a claim rests on at the size where the
+source paper's model fits, early-stopped at fit; CPU hours, meant to be trained across sessions
+and committed under results/) and "paper" (the sizes the seeds or their papers state; for a GPU).
 
 Training (`train_run`): every run trains with the length curriculum (or at its length when the
 task has none) into out/runs/<label>. A finished run is reused as it is; an interrupted one
@@ -30,6 +32,10 @@ the run *fits* when the curriculum reached the training length and the in-distri
 (`plan.fit_metric`, final-state accuracy at the training length on fresh data by default) is at
 least `FIT_THRESHOLD`; otherwise its status is "did not fit", with the length reached, and no
 claim counts it as a model that fit and then failed to generalise.
+
+Committed runs (interp.reproduce.results): before training, a run committed under
+results/reproduce/<NAME>-<scale>/<label> (config, final weights, metrics, measurement cache) with
+the config the plan would train is loaded instead; `results.commit_finished` commits finished runs.
 
 Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the claim, the
 scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
@@ -49,13 +55,14 @@ from typing import Any
 
 import models
 from interp.report.html import Table, Text, write_report
+from interp.reproduce import results as committed_runs
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, TrainingDiverged, train
 from models.paths import inside
 
-SCALES = ("quick", "cpu", "paper")
+SCALES = ("quick", "cpu", "medium", "paper")   # "medium": only the claims whose SCALE defines it
 VERDICTS = ("reproduces", "partly reproduces", "does not reproduce", "did not fit", "diverged",
             "premise fails", "inconclusive")
 FIT_THRESHOLD = 0.9
@@ -135,6 +142,7 @@ class Outcome:
     task: Any = None
     metrics: list[dict] = field(default_factory=list)
     measures: dict[str, Any] = field(default_factory=dict)
+    committed: Path | None = None           # results/<claim>-<scale>/<label> when loaded from there (not trained)
 
     @property
     def fit(self) -> bool:
@@ -167,9 +175,16 @@ class Claim:
         return {"claim": claim, "what was measured": self.measured, "verdict": self.verdict}
 
 
-def check_scale(scale: str) -> str:
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
+def claim_scales(claim) -> tuple[str, ...]:
+    """The scales `claim` (a claim module) defines, in SCALES order."""
+    return tuple(s for s in SCALES if s in getattr(claim, "SCALE", dict.fromkeys(("quick", "cpu", "paper"))))
+
+
+def check_scale(scale: str, claim=None) -> str:
+    allowed = SCALES if claim is None else claim_scales(claim)
+    if scale not in allowed:
+        name = "" if claim is None else f" for {claim.NAME}"
+        raise ValueError(f"scale must be one of {', '.join(allowed)}{name}; got {scale!r}")
     return scale
 
 
@@ -269,8 +284,9 @@ def _training_seconds(run_dir: Path, added: float) -> float | None:
 
 
 def _cached(outcome: Outcome, key: dict) -> dict | None:
-    path = outcome.run_dir / CACHE
-    if not path.exists():
+    paths = [outcome.run_dir / CACHE] + ([outcome.committed / CACHE] if outcome.committed else [])
+    path = next((p for p in paths if p.exists()), None)
+    if path is None:
         return None
     saved = ckpt.read_json(path)   # a corrupt file: CheckpointError naming it
     if not isinstance(saved, dict) or "measures" not in saved:
@@ -288,6 +304,7 @@ def measured(outcome: Outcome, claim, plan: Plan, name: str) -> dict[str, Any]:
     if cached is not None:
         return cached
     values = claim.measure(outcome, plan)
+    outcome.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt.write_json(outcome.run_dir / CACHE, {"key": key, "measures": values})
     return values
 
@@ -297,23 +314,29 @@ def sizes_table(plan: Plan) -> Table:
 
 
 def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
-              progress: bool = True, log: Callable[[str], None] = print) -> Path:
+              progress: bool = True, log: Callable[[str], None] = print, results: str | Path | None = None) -> Path:
     """Run the reproduction `claim` (a claim module) at `scale`; returns the report's path.
 
     Writes out/report.html, out/claims.json (the claim table and every run's row and measures) and
-    out/runs/<label>/ per run. Rerunning reuses finished runs and cached measurements.
+    out/runs/<label>/ per run. A run committed under `results` (default results/reproduce/NAME-SCALE,
+    interp.reproduce.results) with the plan's config is loaded, not trained. Rerunning reuses
+    finished runs and cached measurements.
     """
-    scale = check_scale(scale)
+    scale = check_scale(scale, claim)
     out = Path(out or f"runs/reproduce/{claim.NAME}-{scale}")
+    kept = committed_runs.results_dir(claim.NAME, scale) if results is None else Path(results)
     plan = claim.plan(scale)
     labels = [r.label for r in plan.runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{claim.NAME}: run labels must be unique; got {labels}")
     started, done = time.perf_counter(), []
     for index, run in enumerate(plan.runs, 1):
-        reused = (out / "runs" / run.label / ckpt.CONFIG).exists()
-        log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {'resuming/reusing' if reused else 'training'}")
-        outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
+        outcome = committed_runs.committed_outcome(run, kept, inside(out, "runs"), device, log)
+        reused = "committed in " + str(kept) if outcome else (
+            "resuming/reusing" if (out / "runs" / run.label / ckpt.CONFIG).exists() else "training")
+        log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {reused}")
+        if outcome is None:
+            outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "
