@@ -24,7 +24,7 @@ def test_every_required_reproduction_is_registered():
     assert REQUIRED <= set(names())
 
 
-@pytest.mark.parametrize("name", sorted(REQUIRED | {"sample-efficiency"}))
+@pytest.mark.parametrize("name", sorted(REQUIRED | {"sample-efficiency", "pfsa"}))
 def test_quick_run_writes_report_and_claim_table(name, tmp_path):
     torch.set_num_threads(1)
     report = reproduce(name, "quick", tmp_path, progress=False, log=quiet)
@@ -114,7 +114,11 @@ def test_bad_name_and_scale_list_the_choices(tmp_path, capsys):
     assert main(["reproduce", "nope", "--out", str(tmp_path)]) == 2
     assert "choose from error-control" in capsys.readouterr().err
     assert main(["reproduce", "parity", "--scale", "gpu", "--out", str(tmp_path)]) == 2
-    assert "choose from cpu, paper" in capsys.readouterr().err
+    assert "choose from cpu, medium, paper" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="scale must be one of quick, cpu, medium, paper for error-control"):
+        reproduce("error-control", "gpu", tmp_path)
+    assert main(["reproduce", "parity", "--scale", "medium", "--out", str(tmp_path)]) == 2   # parity has no medium
+    assert "scale must be one of quick, cpu, paper for parity" in capsys.readouterr().err
     with pytest.raises(ValueError, match="verdict must be one of"):
         engine.Claim("x.txt", "q", verdict="sort of")
 

@@ -1,0 +1,99 @@
+"""Committed runs (interp.reproduce.results): a run committed under the results folder is loaded by
+`interp reproduce` and never retrained nor re-measured; a committed run with another config, or
+with weights that do not match their digest, is not used; only trained runs can be committed."""
+
+import json
+
+import pytest
+import torch
+
+from interp.reproduce import claim_module, engine, reproduce
+from interp.reproduce import results as committed
+
+
+def quiet(_line):
+    pass
+
+
+@pytest.fixture(scope="module")
+def committed_parity(tmp_path_factory):
+    """The parity --quick runs trained once into out/ and committed into results/."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("committed")
+    reproduce("parity", "quick", root / "out", progress=False, log=quiet, results=root / "none")
+    labels = committed.commit_finished(claim_module("parity"), "quick", root / "out", root / "results",
+                                       extra={"deltanet-1_1-s0": {"cpu_seconds": 1.5}})
+    return root, labels
+
+
+def never_train(*_args, **_kwargs):
+    raise AssertionError("a committed run must not be trained")
+
+
+def test_committed_runs_are_loaded_not_retrained(committed_parity, tmp_path, monkeypatch):
+    root, labels = committed_parity
+    module = claim_module("parity")
+    assert sorted(labels) == sorted(r.label for r in module.plan("quick").runs)
+    kept = root / "results" / labels[0]
+    assert {p.name for p in kept.iterdir()} >= {"config.json", "model.safetensors", "metrics.jsonl", "outcome.json",
+                                                "reproduce.json"}
+    assert not (kept / "checkpoints").exists() and not (kept / "optimizer.safetensors").exists()
+    assert json.loads((root / "results" / "deltanet-1_1-s0" / "outcome.json").read_text())["cpu_seconds"] == 1.5
+
+    monkeypatch.setattr(engine, "train_run", never_train)
+    monkeypatch.setattr(module, "measure", never_train)      # the measurements come from the committed cache
+    lines = []
+    reproduce("parity", "quick", tmp_path / "fresh", progress=False, log=lines.append, results=root / "results")
+    assert sum("committed in" in line for line in lines) == len(labels)
+    before = json.loads((root / "out" / "claims.json").read_text())
+    after = json.loads((tmp_path / "fresh" / "claims.json").read_text())
+    assert [c["verdict"] for c in after["claims"]] == [c["verdict"] for c in before["claims"]]
+    for old, new in zip(before["runs"], after["runs"]):
+        assert (old["run"], old["status"], old["in-dist acc"], old["measures"]) == \
+               (new["run"], new["status"], new["in-dist acc"], new["measures"])
+    assert not list((tmp_path / "fresh").rglob("*.safetensors"))                    # nothing was trained there
+
+
+def test_committed_weights_are_the_trained_weights(committed_parity):
+    root, labels = committed_parity
+    run = next(r for r in claim_module("parity").plan("quick").runs if r.label == labels[0])
+    outcome = committed.committed_outcome(run, root / "results", root / "again", log=quiet)
+    trained = engine.train_run(run, root / "out" / "runs", progress=False)
+    for (name, a), (_, b) in zip(outcome.model.state_dict().items(), trained.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert outcome.committed == root / "results" / labels[0] and outcome.status == trained.status
+
+
+def test_a_committed_run_with_another_config_trains(committed_parity, tmp_path, monkeypatch):
+    root, labels = committed_parity
+    results = tmp_path / "results"
+    for label in labels:
+        committed.shutil.copytree(root / "results" / label, results / label)
+    config = json.loads((results / labels[0] / "config.json").read_text())
+    config["train"]["steps"] += 1
+    (results / labels[0] / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(engine, "train_run", never_train)
+    lines = []
+    with pytest.raises(AssertionError, match="must not be trained"):
+        reproduce("parity", "quick", tmp_path / "out", progress=False, log=lines.append, results=results)
+    assert any("another config" in line and "train.steps" in line for line in lines)
+
+
+def test_tampered_weights_and_diverged_runs_are_refused(committed_parity, tmp_path):
+    root, labels = committed_parity
+    target = tmp_path / labels[0]
+    committed.shutil.copytree(root / "results" / labels[0], target)
+    data = bytearray((target / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (target / "model.safetensors").write_bytes(bytes(data))
+    run = next(r for r in claim_module("parity").plan("quick").runs if r.label == labels[0])
+    with pytest.raises(ValueError, match="sha256|digest"):
+        committed.committed_outcome(run, tmp_path, tmp_path / "out", log=quiet)
+    diverged = engine.Outcome(run, "diverged", None, 1e-3, 0, None, ["diverged"], 1.0)
+    with pytest.raises(ValueError, match="only a trained run"):
+        committed.commit_run(diverged, tmp_path / "elsewhere")
+
+
+def test_default_results_folder_is_in_the_repository():
+    assert committed.results_dir("error-control", "medium") == committed.RESULTS / "error-control-medium"
+    assert committed.RESULTS.parent.parent == engine.Path(engine.__file__).resolve().parents[2]
