@@ -1,7 +1,8 @@
 """Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025), laid out exactly like fla's GatedDeltaNet layer
 (so `models.interop` maps an fla GatedDeltaNetForCausalLM 1:1).
 
-H = n_heads query/key heads of width K = d_head; HV = num_v_heads value heads (H by default; a
+H = n_heads query/key heads of width K = d_head (mixer_options num_heads / head_dim override them,
+for a hybrid whose attention heads differ); HV = num_v_heads value heads (H by default; a
 multiple of H: value head i reads query/key head i // (HV / H), fla's GVA) of width
 V = expand_v * K. From the mixer input x_t [d_model]:
 
@@ -37,10 +38,10 @@ outputs only; instrumented = the same kernel with every step's state exported an
 pins honoured (a patch at t re-runs the recurrence from the pinned state, so every later step
 changes and nothing before t).
 
-mixer_options: expand_v (2.0, fla's default), num_v_heads (None: n_heads), gate (True: fla's
-use_gate), gate_activation ("swish" / "silu" / "sigmoid"), conv_bias (False), norm_eps (1e-5: the
-output norm's eps), chunk_size (64), impl (delta_rule's: "auto", "naive", "chunked", "native",
-"triton").
+mixer_options: num_heads (None: cfg.n_heads), head_dim (None: cfg.head_dim), expand_v (2.0, fla's
+default), num_v_heads (None: H), gate (True: fla's use_gate), gate_activation ("swish" / "silu" /
+"sigmoid"), conv_bias (False), norm_eps (1e-5: the output norm's eps), chunk_size (64), impl
+(delta_rule's: "auto", "naive", "chunked", "native", "triton").
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ from models.mixers.base import mixer_options, register_mixer
 from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {
+    "num_heads": None,
+    "head_dim": None,
     "expand_v": 2.0,
     "num_v_heads": None,
     "gate": True,
@@ -72,15 +75,20 @@ ACTIVATIONS = ("swish", "silu", "sigmoid")
 
 def _options(cfg) -> dict:
     opts = mixer_options(cfg, OPTIONS)
-    heads = cfg.n_heads
+    for name in ("num_heads", "head_dim"):
+        value = opts[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"gated_deltanet mixer_options[{name!r}] must be None or a positive int; got {value!r}")
+    heads = opts["num_heads"] or cfg.n_heads
+    d_k = opts["head_dim"] or cfg.head_dim
     v_heads = opts["num_v_heads"] if opts["num_v_heads"] is not None else heads
     if not isinstance(v_heads, int) or isinstance(v_heads, bool) or v_heads < heads or v_heads % heads:
-        raise ValueError(f"gated_deltanet mixer_options['num_v_heads'] must be None or a multiple of "
-                         f"n_heads={heads}; got {opts['num_v_heads']!r}")
-    d_v = opts["expand_v"] * cfg.head_dim
+        raise ValueError(f"gated_deltanet mixer_options['num_v_heads'] must be None or a multiple of the "
+                         f"{heads} query/key heads; got {opts['num_v_heads']!r}")
+    d_v = opts["expand_v"] * d_k
     if not isinstance(opts["expand_v"], (int, float)) or d_v < 1 or not math.isclose(d_v, round(d_v)):
         raise ValueError(f"gated_deltanet mixer_options['expand_v'] * d_head must be a positive int; got "
-                         f"{opts['expand_v']!r} * {cfg.head_dim}")
+                         f"{opts['expand_v']!r} * {d_k}")
     for name in ("gate", "conv_bias"):
         if not isinstance(opts[name], bool):
             raise TypeError(f"gated_deltanet mixer_options[{name!r}] must be a bool; got {opts[name]!r}")
@@ -89,11 +97,12 @@ def _options(cfg) -> dict:
                          f"got {opts['gate_activation']!r}")
     if opts["impl"] not in IMPLS:
         raise ValueError(f"gated_deltanet mixer_options['impl'] must be one of {IMPLS}; got {opts['impl']!r}")
-    scales = cfg.beta_scales
-    if v_heads != heads and len(set(scales)) > 1:
-        raise ValueError(f"gated_deltanet with num_v_heads={v_heads} != n_heads={heads} needs one beta_scale "
-                         f"for every head; got {cfg.beta_scale!r}")
-    return {**opts, "num_v_heads": v_heads, "d_v": int(round(d_v)),
+    scales = cfg.beta_scales  # one per cfg.n_heads
+    if (v_heads != heads or heads != cfg.n_heads) and len(set(scales)) > 1:
+        raise ValueError(f"gated_deltanet with num_v_heads={v_heads} or num_heads={heads} != n_heads={cfg.n_heads} "
+                         f"needs one beta_scale for every head; got {cfg.beta_scale!r}")
+    scales = scales if heads == cfg.n_heads else scales[:1] * heads
+    return {**opts, "num_heads": heads, "head_dim": d_k, "num_v_heads": v_heads, "d_v": int(round(d_v)),
             "beta_scales": [scales[i * heads // v_heads] for i in range(v_heads)]}
 
 
@@ -108,7 +117,7 @@ class GatedDeltaNet(DeltaRuleMixer):
         self.resume_context = cfg.d_conv - 1  # prepare()'s short conv reads d_conv - 1 earlier inputs
         self.carries_conv = True  # ... through convolve: a decoder carries its window (models.decoding)
         opts = self.options = _options(cfg)
-        self.heads, self.v_heads, self.d_k, self.d_v = cfg.n_heads, opts["num_v_heads"], cfg.head_dim, opts["d_v"]
+        self.heads, self.v_heads, self.d_k, self.d_v = opts["num_heads"], opts["num_v_heads"], opts["head_dim"], opts["d_v"]
         self.state_shape = (self.v_heads, self.d_v, self.d_k)
         key_dim, value_dim = self.heads * self.d_k, self.v_heads * self.d_v
         self.split = [key_dim, key_dim, value_dim]
