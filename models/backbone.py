@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from models.config import ModelConfig
 from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.mixers import MIXERS
+from models.moe import MoE, uses_moe
 
 
 class ScaleHooked:
@@ -119,7 +120,7 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         if layer.mlp:
             self.norm_mlp = make_norm(layer)
-            self.mlp = MLP(layer)
+            self.mlp = MoE(layer, MLP) if uses_moe(layer, layer_idx) else MLP(layer)
         self.hook_resid_post = HookPoint()
 
     @property

@@ -43,6 +43,8 @@ class ModelConfig:
     attention_bias: biases in attention's input and output projections.
     tie_embeddings: the unembedding shares the embedding's weight.
     mixer_options: extra keyword options passed to the mixer, documented in the mixer's file.
+    moe: a sparse mixture-of-experts MLP in place of the dense one ({"experts", "top_k",
+        "d_expert", ...}: the keys are documented and checked in models/moe.py); None: dense.
     """
 
     mixer: str | list[str | None] = "tanh_rnn"
@@ -71,6 +73,7 @@ class ModelConfig:
     attention_bias: bool = True
     tie_embeddings: bool = False
     mixer_options: dict[str, Any] = field(default_factory=dict)
+    moe: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_state", "expand",
@@ -79,6 +82,10 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
         self._check_mixers()
+        if self.moe is not None:
+            from models.moe import moe_options  # the keys are documented and checked there
+
+            moe_options(self)
         for name in ("d_hidden", "d_head", "d_mlp", "n_kv_heads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

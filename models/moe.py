@@ -1,0 +1,154 @@
+"""A sparse mixture-of-experts MLP (the Qwen2-MoE / Qwen3-MoE / Qwen3-Next block), chosen per
+layer by ModelConfig.moe in place of the dense MLP.
+
+For a token x [D], E experts of width F (SwiGLU, no biases), k of them chosen per token:
+
+    l    = W_r x                                   [E]     router logits
+    p    = softmax(l)                              [E]
+    i    = the k largest p (descending)            [k]     chosen experts
+    w_j  = p_{i_j}, / sum_j p_{i_j} with norm_topk_prob    [k]     routing weights
+    h_j  = silu(G_{i_j} x) * U_{i_j} x             [k, F]  each chosen expert's neurons
+    o_j  = W_{i_j} h_j                             [k, D]  each chosen expert's output
+    y    = sum_j w_j o_j  (+ sigmoid(w_s . x) * shared(x) with a shared expert)
+
+The shared expert is an ordinary dense MLP (models.backbone.MLP, cfg.mlp_activation, width
+d_shared), its gate a [1, D] map (shared_gate False: the shared expert is added ungated).
+
+Hooks (time on axis 1 as everywhere; the k slots of a token are in the router's order):
+  hook_router_logits   [B, T, E]     l
+  hook_expert_indices  [B, T, k]     i (int64): a patch reroutes the token to the experts it names,
+                                     weighted by their router probabilities
+  hook_expert_weights  [B, T, k]     w
+  hook_expert_post     [B, T, k, F]  h, the neurons each chosen expert's down map reads
+  hook_expert_out      [B, T, k, D]  o, unweighted (expert e's output at a token is the slot
+                                     where hook_expert_indices == e)
+  hook_shared_gate     [B, T, 1]     sigmoid(w_s . x), with a gated shared expert
+  shared_expert.hook_pre | hook_post | hook_out   the shared expert's own (models.backbone.MLP)
+  hook_out             [B, T, D]     y
+
+ModelConfig.moe keys: experts (E), top_k (k), d_expert (F), norm_topk_prob (True), d_shared
+(None: no shared expert), shared_gate (True), layers (None: every layer; else the layer indices
+whose MLP is sparse, the others dense with d_mlp; a layer without an MLP has neither).
+Parameters: router.weight [E, D], experts.gate, experts.up [E, F, D], experts.down [E, D, F],
+shared_expert.*, shared_gate.weight [1, D].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.hooks import HookPoint
+
+OPTIONS: dict[str, Any] = {"experts": None, "top_k": None, "d_expert": None, "norm_topk_prob": True,
+                           "d_shared": None, "shared_gate": True, "layers": None}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def moe_options(cfg) -> dict[str, Any]:
+    """cfg.moe over the defaults, checked (ValueError / TypeError naming the key)."""
+    if not isinstance(cfg.moe, dict):
+        raise TypeError(f"moe must be None or a dict of {sorted(OPTIONS)}; got {cfg.moe!r}")
+    unknown = set(cfg.moe) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"moe: unknown keys {sorted(unknown)}; allowed: {sorted(OPTIONS)}")
+    opts = {**OPTIONS, **cfg.moe}
+    for name in ("experts", "top_k", "d_expert"):
+        if not _positive_int(opts[name]):
+            raise ValueError(f"moe[{name!r}] must be a positive int; got {opts[name]!r}")
+    if opts["top_k"] > opts["experts"]:
+        raise ValueError(f"moe['top_k'] must be at most moe['experts']={opts['experts']}; got {opts['top_k']}")
+    if opts["d_shared"] is not None and not _positive_int(opts["d_shared"]):
+        raise ValueError(f"moe['d_shared'] must be None or a positive int; got {opts['d_shared']!r}")
+    for name in ("norm_topk_prob", "shared_gate"):
+        if not isinstance(opts[name], bool):
+            raise TypeError(f"moe[{name!r}] must be a bool; got {opts[name]!r}")
+    layers = opts["layers"]
+    if layers is not None and (not isinstance(layers, list)
+                               or not all(isinstance(l, int) and 0 <= l < cfg.n_layers for l in layers)):
+        raise ValueError(f"moe['layers'] must be None or a list of layer indices in [0, {cfg.n_layers}); "
+                         f"got {layers!r}")
+    return opts
+
+
+def uses_moe(cfg, layer: int) -> bool:
+    """Whether layer `layer`'s MLP is the sparse one."""
+    return cfg.moe is not None and (cfg.moe.get("layers") is None or layer in cfg.moe["layers"])
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts of width F without biases: gate, up [E, F, D], down [E, D, F]."""
+
+    def __init__(self, experts: int, width: int, d_model: int) -> None:
+        super().__init__()
+        bound = d_model ** -0.5  # nn.Linear's init, per expert
+        self.gate = nn.Parameter(torch.empty(experts, width, d_model).uniform_(-bound, bound))
+        self.up = nn.Parameter(torch.empty(experts, width, d_model).uniform_(-bound, bound))
+        self.down = nn.Parameter(torch.empty(experts, d_model, width).uniform_(-width ** -0.5, width ** -0.5))
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor, hook_post: HookPoint) -> torch.Tensor:
+        """Each chosen expert's output [B, T, k, D] for x [B, T, D] and index [B, T, k], the neurons
+        [B, T, k, F] through hook_post on the way: the (token, slot) pairs sorted by expert, one
+        matmul chain per expert in use."""
+        batch, length, k = index.shape
+        flat = index.reshape(-1)  # [N k]
+        order = flat.argsort(stable=True)
+        inverse = order.argsort()
+        counts = torch.bincount(flat, minlength=self.gate.shape[0]).tolist()
+        used = [e for e, n in enumerate(counts) if n]
+        sizes = [counts[e] for e in used]
+        tokens = x.reshape(batch * length, -1)[order // k].split(sizes)  # grouped by expert
+        hidden = torch.cat([F.silu(t @ self.gate[e].T) * (t @ self.up[e].T) for e, t in zip(used, tokens)])
+        hidden = hook_post(hidden[inverse].view(batch, length, k, -1)).reshape(batch * length * k, -1)
+        out = torch.cat([h @ self.down[e].T for e, h in zip(used, hidden[order].split(sizes))])
+        return out[inverse].view(batch, length, k, -1)
+
+
+class MoE(nn.Module):
+    """The sparse MLP of the module docstring; dense_mlp: the dense MLP class (models.backbone.MLP),
+    which builds the shared expert."""
+
+    def __init__(self, cfg, dense_mlp: type[nn.Module]) -> None:
+        super().__init__()
+        opts = self.options = moe_options(cfg)
+        self.top_k = opts["top_k"]
+        self.router = nn.Linear(cfg.d_model, opts["experts"], bias=False)
+        self.experts = Experts(opts["experts"], opts["d_expert"], cfg.d_model)
+        if opts["d_shared"] is not None:
+            self.shared_expert = dense_mlp(cfg.replace(d_mlp=opts["d_shared"], moe=None))
+            if opts["shared_gate"]:
+                self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False)
+                self.hook_shared_gate = HookPoint()
+        for name in ("hook_router_logits", "hook_expert_indices", "hook_expert_weights", "hook_expert_post",
+                     "hook_expert_out", "hook_out"):
+            setattr(self, name, HookPoint())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+        probs = self.hook_router_logits(self.router(x)).softmax(-1)  # [B, T, E]
+        index = self.hook_expert_indices(probs.topk(self.top_k, dim=-1).indices)  # [B, T, k]
+        if self.hook_expert_indices.has_patches:
+            self.check_indices(index)
+        weights = probs.gather(-1, index)  # [B, T, k]
+        if self.options["norm_topk_prob"]:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = self.hook_expert_weights(weights)
+        out = self.hook_expert_out(self.experts(x, index, self.hook_expert_post))  # [B, T, k, D]
+        y = (weights[..., None] * out).sum(-2)
+        if hasattr(self, "shared_expert"):
+            shared = self.shared_expert(x)
+            if hasattr(self, "shared_gate"):
+                shared = self.hook_shared_gate(torch.sigmoid(self.shared_gate(x))) * shared
+            y = y + shared
+        return self.hook_out(y)
+
+    def check_indices(self, index: torch.Tensor) -> None:
+        experts = self.router.out_features
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= experts):
+            raise ValueError(f"a patch of {self.hook_expert_indices.name!r} must name experts in [0, {experts}); "
+                             f"got values in [{int(index.min())}, {int(index.max())}]")
