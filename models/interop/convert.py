@@ -44,13 +44,13 @@ def require(config: Any, field: str, *allowed: Any) -> Any:
     return value
 
 
-def rope_base(config: Any) -> float:
+def rope_base(config: Any, partial: bool = False) -> float:
     """The rotary base of a transformers config with plain RoPE (rope_parameters of type "default";
-    any scaling raises)."""
+    any scaling raises; a partial_rotary_factor other than 1 too unless `partial`: the caller reads it)."""
     params = getattr(config, "rope_parameters", None) or {}
     if params.get("rope_type", "default") != "default":
         raise unsupported(config, "rope_parameters", params, "rope_type 'default' (no scaling)")
-    if "partial_rotary_factor" in params and params["partial_rotary_factor"] != 1.0:
+    if not partial and params.get("partial_rotary_factor", 1.0) != 1.0:
         raise unsupported(config, "rope_parameters", params, "partial_rotary_factor 1.0")
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
