@@ -5,6 +5,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
     inside(run_dir, pointer["path"], what="checkpoint.json path")
     in_place_file(run_dir, "metrics.jsonl")                -> a path safe to append to or truncate
     open_appending(path, "a+b")                            open it so that a link put there since fails
+    read_regular(path); regular_file(path)                 reading: no final link, a regular file only
     with locked(run_dir, "run directory"): ...             one writer at a time (DirectoryLocked)
     sha256_of(path); check_sha256(path, expected, where)   weights checked against the digest recorded
 
@@ -14,6 +15,13 @@ symbolic link, so nothing reached through it can be outside. The run directory i
 link (the user named it). `in_place_file` also refuses a file with other hard links, whose data a
 truncation or an append would change elsewhere. Files replaced by an atomic rename need no more
 than `inside` for their directory: a rename replaces a link, never its target.
+
+Reads are confined too: a file read inside a run directory (config.json, checkpoint.json,
+trainer_state.json, metrics.jsonl, the weights, reproduce.json, results.jsonl) is reached through
+`inside` and opened by `read_regular` without following a final symbolic link (O_NOFOLLOW, so a
+link put there after the check fails too) and only when it is a regular file: a FIFO or a device
+put in its place (/dev/zero as the weights) is refused in one line instead of blocking or being
+read forever. Files handed to another library by name (safetensors) are checked by `regular_file`.
 
 `locked` holds an exclusive `fcntl.flock` on DIR/.interp.lock (created once and left in place; the
 holder writes its pid into it) for as long as a training run, a resume or a sweep writes into DIR;
@@ -26,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath
@@ -79,6 +88,41 @@ def open_appending(path: str | os.PathLike, mode: str = "a+b"):
             raise PathRefused(f"{path} is a symbolic link; refusing to write through it") from None
         raise error
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file at `path`, opened without following a final symbolic link;
+    PathRefused for a link or another kind of file, FileNotFoundError when nothing is there."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)   # O_NONBLOCK: opening a FIFO does not wait for a writer
+    except OSError as error:
+        if os.path.islink(path):
+            raise PathRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}); refusing to read through "
+                              "it (replace it by the file itself)") from None
+        raise error
+    with os.fdopen(fd, "rb") as handle:
+        _require_regular(path, os.fstat(fd).st_mode)
+        return handle.read()
+
+
+def regular_file(path: str | os.PathLike) -> Path:
+    """`path` itself (not a link to one) when it is a regular file, for a library that opens it by
+    name; PathRefused for a link or another kind of file, FileNotFoundError when nothing is there."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise PathRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}); refusing to read through it "
+                          "(replace it by the file itself)")
+    _require_regular(path, mode)
+    return Path(path)
+
+
+def _require_regular(path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise PathRefused(f"{path} is {kind}, not a regular file; refusing to read it")
 
 
 class DirectoryLocked(RuntimeError):

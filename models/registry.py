@@ -15,7 +15,7 @@ from models.config import ModelConfig
 from models.devices import check_device
 from models.hooks import unknown_name_message
 from models.mixers import PRESETS
-from models.paths import check_sha256, inside, sha256_of
+from models.paths import check_sha256, inside, read_regular, regular_file, sha256_of
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -97,27 +97,34 @@ def weights_file(run_dir: str | Path) -> Path:
     """model.safetensors of a run directory's current checkpoint (the one its checkpoint.json names,
     see `interp.training.checkpoint`), or of a plain model directory (config.json + model.safetensors).
     The pointer is confined to the run directory (`models.paths.inside`): a path that is absolute,
-    climbs with "..", or passes a symbolic link raises PathRefused (a ValueError)."""
+    climbs with "..", or passes a symbolic link raises PathRefused (a ValueError), and the pointer
+    itself is read only as a regular file, not through a link (`models.paths.read_regular`)."""
     run_dir = Path(run_dir)
-    pointer = run_dir / "checkpoint.json"
-    if not pointer.is_file():
+    pointer = inside(run_dir, "checkpoint.json")
+    if not _is_run(run_dir):
         return run_dir / "model.safetensors"
     try:
-        path = json.loads(pointer.read_text())["path"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        path = json.loads(read_regular(pointer))["path"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{pointer} is not a checkpoint pointer (corrupt?): {error}") from error
     if not isinstance(path, str) or not path:
         raise ValueError(f"{pointer} is not a checkpoint pointer: its path is {path!r}, not a directory name")
     return inside(run_dir, path, "model.safetensors", what=f"{pointer} path")
 
 
+def _is_run(run_dir: Path) -> bool:
+    """A run directory of interp.training (a checkpoint pointer; its files are confined, see
+    models.paths), not a model directory of `save` (whose files may be links, as in a model cache)."""
+    return os.path.lexists(run_dir / "checkpoint.json")
+
+
 def _recorded_digest(run_dir: Path, config: dict, weights_path: Path) -> tuple[str | None, str]:
     """(the sha256 recorded for weights_path, where): a checkpoint's trainer_state.json, or the
     "weights_sha256" of a model directory's config.json; None for directories written before."""
     state = weights_path.parent / "trainer_state.json"
-    if weights_path.parent != run_dir and state.is_file():
+    if weights_path.parent != run_dir and os.path.lexists(state):
         try:
-            digests = json.loads(state.read_text()).get("sha256", {})
+            digests = json.loads(read_regular(state)).get("sha256", {})
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
             raise ValueError(f"{state} is not a trainer state (truncated or corrupt?): {error}") from None
         return (digests.get("model.safetensors") if isinstance(digests, dict) else None), str(state)
@@ -134,13 +141,16 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
 
     device = str(check_device(device))
     run_dir = Path(run_dir)
-    config_path, weights_path = run_dir / "config.json", weights_file(run_dir)
+    run, weights_path = _is_run(run_dir), weights_file(run_dir)
+    config_path = inside(run_dir, "config.json") if run else run_dir / "config.json"
     for path in (config_path, weights_path):
-        if not path.is_file():
+        if not (os.path.lexists(path) if run else path.is_file()):
             raise FileNotFoundError(f"run_dir {str(run_dir)!r} has no {path.relative_to(run_dir)}")
+        if run:
+            regular_file(path)   # inside a run directory: no link to follow, no FIFO or device to read
     try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
+        config = json.loads(read_regular(config_path) if run else config_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_path} is not valid JSON (truncated?): {error}") from error
     if not isinstance(config, dict) or "model" not in config:
         raise ValueError(f"{config_path} has no 'model' entry; is it a run directory?")

@@ -150,7 +150,11 @@ def test_resume_with_more_steps_extends_a_finished_run(tmp_path, capsys):
     assert main([*argv, "--steps", "20"]) == 0
     longer = [*argv, "--steps", "30"]
     assert main([*longer, "--resume"]) == 0
-    assert "for 30 steps" in capsys.readouterr().out
+    # issue 28 item 5: it said "trained tanh_rnn on C2 for 30 steps" although this call ran 10
+    printed = capsys.readouterr().out
+    assert "resumed tanh_rnn on C2 at step 20 and trained 10 more steps" in printed and "(30 in all)" in printed
+    assert main([*longer, "--resume"]) == 0
+    assert "already trained for 30 steps; nothing to resume" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["warmup"] == 2 and config["extensions"][0]["to_steps"] == 30
     assert main([*longer, "--resume", "--lr", "0.01"]) == 2

@@ -223,7 +223,7 @@ class Reached(Exception):
 def test_cli_argument_vectors(command, data, monkeypatch_module):
     flag = data.draw(st.sampled_from(FLAGS[command] + ["--no-such-flag"]))
     value = data.draw(flag_values)
-    argv = TRAIN if command == "train" else [command, str(monkeypatch_module)]
+    argv = TRAIN if command == "train" else [command, str(monkeypatch_module[command == "heads"])]
     argv = [*argv, flag, value] if flag != "--no-such-flag" else [*argv, flag]
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
@@ -241,15 +241,16 @@ def test_cli_argument_vectors(command, data, monkeypatch_module):
 @pytest.fixture(scope="module")
 def monkeypatch_module(tmp_path_factory):
     """Stub the work: a valid command stops where it would start training or load a model (of a run
-    directory of a 1-step run, which is yielded)."""
+    directory of a 1-step run: a C2 run, and a REPL run for `interp heads`, which are yielded)."""
     from interp.training import train as train_module
 
     from interp.training.train import TrainConfig
 
-    run_dir = tmp_path_factory.mktemp("fuzz") / "run"
+    runs = tmp_path_factory.mktemp("fuzz") / "run", tmp_path_factory.mktemp("fuzz") / "repl"
     cfg = TrainConfig(steps=1, batch_size=2, warmup=0, train_length=4, eval_size=2)
-    train_module.train(models.preset_config("tanh_rnn", vocab_size=2, d_model=4), make_task("C2"), cfg, run_dir,
-                       progress=False)
+    for run_dir, task in zip(runs, (make_task("C2"), make_task("REPL"))):
+        train_module.train(models.preset_config("tanh_rnn", vocab_size=task.vocab_size, d_model=4), task, cfg,
+                           run_dir, progress=False)
     patch = pytest.MonkeyPatch()
 
     def reached(*args, **kwargs):
@@ -257,7 +258,7 @@ def monkeypatch_module(tmp_path_factory):
 
     patch.setattr(train_module, "train", reached)
     patch.setattr(models, "load", reached)
-    yield run_dir
+    yield runs
     patch.undo()
 
 

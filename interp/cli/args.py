@@ -1,13 +1,21 @@
 """Argument types shared by the subcommands (each parses one flag's text or names what is allowed),
 the parser class (a user error is one line on stderr, exit status 2) and the help formatter (every
-flag shows its default; "{models}" / "{tasks}" in a help text list the choices, looked up only
-when help is printed, so that building the parser stays free of heavy imports)."""
+flag shows its default; "{models}" / "{tasks}" / "{reproductions}" in a help text or description
+list the choices, looked up only when help is printed).
+
+Parsing stays free of heavy imports (torch, the model registry), so that a mistyped command fails
+in a fraction of a second: a flag whose check needs them (`model_name`, `device_name`) is a
+`Deferred` type, kept as text until every flag has parsed and checked then (`Parser.parse_args`).
+A flag the command does not have is named with the closest ones (`--stpes`: did you mean
+--steps?) before anything else is checked, so a typo is not reported as a missing flag.
+"""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import sys
+from pathlib import Path
 
 
 def checked_number(parse, allowed, what: str):
@@ -34,8 +42,6 @@ fraction = checked_number(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 def output_path(text: str):
     """--out: a non-empty path (pathlib.Path); argparse's Path would turn '' into '.'."""
-    from pathlib import Path
-
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or directory; got {text!r}")
     if "\0" in text:
@@ -55,6 +61,21 @@ def check_out(command: str, out, file: bool = False) -> int | None:
     return None
 
 
+def check_run_free(command: str, run_dir) -> int | None:
+    """None when no other process holds the run directory's lock (models.paths.locked; checked up
+    front so that an analysis does not run only to be refused its write), else the exit status of
+    the one-line error naming the holder."""
+    from models.paths import DirectoryLocked, locked
+
+    if not Path(run_dir).is_dir():
+        return None   # the command's own reading names what is missing
+    try:
+        with locked(run_dir, "run directory"):
+            return None
+    except (DirectoryLocked, OSError) as error:
+        return fail(command, error)
+
+
 def length_list(text: str) -> list[int]:
     """'60,100,200' -> [60, 100, 200] (positive, comma-separated)."""
     try:
@@ -67,7 +88,27 @@ def length_list(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def model_name(text: str) -> str:
+class Deferred:
+    """A flag's text kept as given while parsing; `Parser.parse_args` replaces it by check(text)."""
+
+    def __init__(self, check, text: str) -> None:
+        self.check, self.text = check, text
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+
+def deferred(check):
+    """An argparse type that defers `check` (which may import torch) until parsing is done."""
+
+    def keep(text: str) -> Deferred:
+        return Deferred(check, text)
+
+    keep.__name__ = check.__name__
+    return keep
+
+
+def _model_name(text: str) -> str:
     import models
 
     names = models.list_models()
@@ -78,11 +119,56 @@ def model_name(text: str) -> str:
     return text
 
 
+model_name = deferred(_model_name)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: `interp train: error: ... (see --help)`."""
+    """An ArgumentParser whose errors are one line: `interp train: error: ... (see --help)`; unknown
+    flags named first, with suggestions; Deferred flags checked after parsing (module docstring)."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        self._refuse_unknown_flags(args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for parser in self._chosen(parsed):
+            for action in parser._actions:   # noqa: SLF001 - argparse keeps its actions there
+                value = getattr(parsed, action.dest, None)
+                if isinstance(value, Deferred):
+                    try:
+                        setattr(parsed, action.dest, value.check(value.text))
+                    except argparse.ArgumentTypeError as error:
+                        parser.error(f"argument {'/'.join(action.option_strings) or action.dest}: {error}")
+        return parsed
+
+    def _chosen(self, parsed) -> list[argparse.ArgumentParser]:
+        """This parser and the subcommand's parser that `parsed` came from."""
+        chosen = [self]
+        for action in self._actions:   # noqa: SLF001
+            if isinstance(action, argparse._SubParsersAction):   # noqa: SLF001
+                chosen.append(action.choices[getattr(parsed, action.dest)])
+        return chosen
+
+    def _refuse_unknown_flags(self, args: list[str]) -> None:
+        """error() naming the first `--flag` this parser lacks, with the closest it has (for the
+        top-level parser: only the flags before the subcommand)."""
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]   # noqa: SLF001
+        commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)   # noqa: SLF001
+        for token in args:
+            if token == "--" or (commands and not token.startswith("-")):
+                return
+            flag = token.split("=", 1)[0]
+            if not flag.startswith("--") or flag in known or (
+                    self.allow_abbrev and any(k.startswith(flag) for k in known)):
+                continue
+            close = difflib.get_close_matches(flag, known, n=2, cutoff=0.7)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f"; {self.prog}'s flags: {', '.join(known)}"
+            self.error(f"unrecognized arguments: {flag}{hint}")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -90,13 +176,29 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     description kept as written, and the choice placeholders filled in."""
 
     def _get_help_string(self, action):
-        text = action.help or ""
-        if "{models}" in text or "{tasks}" in text:
-            text = text.replace("{models}", ", ".join(_models())).replace("{tasks}", _tasks())
+        text = _fill(action.help or "")
         if ("default" in text or action.default is None or action.default is False
                 or action.default == argparse.SUPPRESS or not action.option_strings or action.nargs == 0):
             return text
         return f"{text} (default: %(default)s)"
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(_fill(text))
+
+
+def _fill(text: str) -> str:
+    """The placeholders {models}, {tasks}, {reproductions} of a help text replaced by the choices."""
+    for placeholder, choices in (("{models}", lambda: ", ".join(_models())), ("{tasks}", _tasks),
+                                 ("{reproductions}", _reproductions)):
+        if placeholder in text:
+            text = text.replace(placeholder, choices())
+    return text
+
+
+def _reproductions() -> str:
+    from interp.reproduce import names
+
+    return ", ".join(names())
 
 
 def _models() -> list[str]:
@@ -112,7 +214,7 @@ def _tasks() -> str:
             "direct products such as A4xZ5")
 
 
-def device_name(text: str) -> str:
+def _device_name(text: str) -> str:
     """A torch device that exists here (cpu, cuda:0, ...); else the available ones are named."""
     from models.devices import check_device
 
@@ -121,6 +223,9 @@ def device_name(text: str) -> str:
     except (ValueError, TypeError) as error:
         raise argparse.ArgumentTypeError(str(error).removeprefix("device ")) from None
     return text
+
+
+device_name = deferred(_device_name)
 
 
 def fail(command: str, error: Exception | str) -> int:

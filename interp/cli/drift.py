@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_out, device_name, fail, length_list, non_negative_int, output_path, positive_int
+from interp.cli.args import (check_out, check_run_free, device_name, fail, length_list, non_negative_int, output_path,
+                            positive_int)
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -79,8 +80,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from models.paths import DirectoryLocked
+
     out = args.out or args.run_dir / "drift.html"
-    refused = check_out("drift", out, file=True)
+    refused = check_out("drift", out, file=True) or check_run_free("drift", args.run_dir)
     if refused is not None:
         return refused
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
@@ -89,27 +92,87 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         options["seed"] = args.seed
     try:
+        unfit = task_misfit(args.run_dir)
+        if unfit is not None:
+            return fail("drift", unfit)
         result = drift_run(args.run_dir, args.lengths, out, device=args.device, **options)
-    except (ValueError, TypeError, FileNotFoundError, KeyError) as error:
-        return fail("drift", error)
+    except (ValueError, TypeError, FileNotFoundError, KeyError, DirectoryLocked) as error:
+        return fail("drift", reference_hint(args.run_dir, error))
     for key, value in result.summary().items():
         print(f"{key:>18}: {value}")
     print(f"wrote {out} and {args.run_dir / 'drift.json'}")
     return 0
 
 
+def task_misfit(run_dir: Path) -> str | None:
+    """Why the run's task cannot be analysed (what drift needs), or None when it can."""
+    from interp.tasks import make_task
+    from interp.training import checkpoint as ckpt
+
+    config = ckpt.read_config(run_dir)
+    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+    if hasattr(task, "n_states"):
+        return None
+    other = " (`interp patch` analyses retrieval runs: AR, MQAR, ATR)" if task.name in ("AR", "MQAR", "ATR") else ""
+    return (f"{run_dir} was trained on {task.name!r}, which has no group-valued state at every step; interp drift "
+            "needs a run of a task that has one (its centroids and subspace U are those states'): a group word "
+            f"problem such as S3, Z5 or A4xZ5, REPL or PFSA{other}")
+
+
+def reference_hint(run_dir: Path, error: Exception) -> str:
+    """The error, and for a time-indexed separation of 0 (the model's states of two classes coincide at
+    the reference step) what the drift needs: a --reference-step from which the tokens seen so far
+    determine the state (on REPL / PFSA not before the first reveal)."""
+    text = str(error)
+    if "reference_step" not in text or not ("M_ref = 0" in text or "class present" in text):
+        return text
+    from interp.tasks import make_task
+    from interp.training import checkpoint as ckpt
+
+    config = ckpt.read_config(run_dir)
+    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+    length = config["train"]["train_length"]
+    step = determined_from(task, length, int(config.get("seed", 0)))
+    where = (f"on {task.name} at length {length} the tokens determine the state from step {step} on: pass "
+             f"--reference-step {step} or later" if step is not None else
+             f"on {task.name} at length {length} the tokens never determine the state in 256 samples")
+    return (f"argument --reference-step: {text}. The time-indexed drift needs the states of different classes to "
+            f"differ at its reference step (default: the first step with the most classes present); {where}")
+
+
+def determined_from(task, length: int, seed: int = 0, n: int = 256) -> int | None:
+    """The first step (1-based position) from which, in n sampled sequences, any two sequences with
+    the same tokens so far have the same state (the state is readable from the tokens at all); None
+    when that never holds to the end."""
+    import numpy as np
+
+    batch = task.sample(n, length, seed)
+    tokens = batch.tokens.numpy()                                                    # [N, T]
+    states = batch.states.reshape(n, tokens.shape[1], -1).numpy()                    # [N, T, S]
+    prefix, first = np.zeros(n, dtype=np.int64), None
+    for t in range(tokens.shape[1]):
+        _, prefix = np.unique(np.stack([prefix, tokens[:, t]], 1), axis=0, return_inverse=True)
+        prefix = prefix.reshape(-1)                                                  # [N] id of tokens[:, :t+1]
+        pairs = np.unique(np.column_stack([prefix, states[:, t]]), axis=0)
+        determined = len(pairs) == len(np.unique(prefix))
+        first = (first or t + 1) if determined else None
+    return first
+
+
 def drift_run(run_dir: str | Path, lengths, out: str | Path | None = None,
               device: str = "cpu", **options):
     """`interp drift`: analyse a run, write the HTML report (default RUN_DIR/drift.html) and
-    RUN_DIR/drift.json (the summary)."""
+    RUN_DIR/drift.json (the summary), both under the run directory's lock (models.paths.locked)."""
     from interp.analysis.error_control import analyze, load_run
     from interp.report.dynamics import write_drift_report
     from interp.training import checkpoint as ckpt
+    from models.paths import inside, locked
 
     model, task, config = load_run(run_dir, device)
     options.setdefault("name", config["model"]["mixer"])
     options.setdefault("seed", int(config.get("seed", 0)))
     result = analyze(model, task, config["train"]["train_length"], lengths, **options)
-    write_drift_report(result, out or Path(run_dir) / "drift.html", model=model, task=task)
-    ckpt.write_json(Path(run_dir) / "drift.json", result.summary())
+    with locked(run_dir, "run directory"):
+        write_drift_report(result, out or inside(run_dir, "drift.html"), model=model, task=task)
+        ckpt.write_json(inside(run_dir, "drift.json"), result.summary())
     return result

@@ -1,11 +1,12 @@
-"""`interp eval RUN_DIR`: final-state accuracy by length and mp of a trained run (RUN_DIR/eval.json)."""
+"""`interp eval RUN_DIR`: final-state accuracy by length and mp of a trained run (RUN_DIR/eval.json,
+written under the run directory's lock: models.paths.locked)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, fraction, length_list, non_negative_int, positive_int
+from interp.cli.args import check_run_free, device_name, fail, fraction, length_list, non_negative_int, positive_int
 
 
 def add_parser(sub) -> None:
@@ -28,15 +29,20 @@ def run(args: argparse.Namespace) -> int:
     from interp.training.evaluate import evaluate_lengths
     from interp.report.evaluation import mp_rows
     from interp.tasks import make_task
+    from models.paths import DirectoryLocked, inside, locked
 
+    refused = check_run_free("eval", args.run_dir)
+    if refused is not None:
+        return refused
     try:
         config = ckpt.read_config(args.run_dir)
         task = make_task(config["task"]["name"], **config["task"].get("options", {}))
         model = models.load(args.run_dir, device=args.device)
         result = evaluate_lengths(model, task, args.lengths, n=args.n, seed=args.seed,
                                   threshold=args.threshold, device=args.device)
-        ckpt.write_json(args.run_dir / "eval.json", result.to_dict())
-    except (ValueError, TypeError, FileNotFoundError) as error:
+        with locked(args.run_dir, "run directory"):
+            ckpt.write_json(inside(args.run_dir, "eval.json"), result.to_dict())
+    except (ValueError, TypeError, FileNotFoundError, DirectoryLocked) as error:
         return fail("eval", error)
     row = mp_rows({config["model"]["mixer"]: result}, args.threshold)[0]
     for key, value in row.items():

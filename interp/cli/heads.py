@@ -34,6 +34,20 @@ def add_parser(sub) -> None:
     heads.set_defaults(func=run)
 
 
+def task_misfit(run_dir: Path) -> str | None:
+    """Why the run's task does not fit the head analysis (what it needs), or None when it does."""
+    from interp.tasks import make_task
+    from interp.training import checkpoint as ckpt
+
+    config = ckpt.read_config(run_dir)
+    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+    if "reveal" in task.sample(1, 2, 0).roles:
+        return None
+    return (f"{run_dir} is a {config['model'].get('mixer', '?')} run on {task.name!r}; interp heads needs a DeltaNet "
+            "run (a delta-rule mixer such as deltanet) trained on REPL or PFSA: it scores the model at the "
+            f"task's reveal positions, which {task.name!r} has none of")
+
+
 def run(args: argparse.Namespace) -> int:
     from interp.analysis.heads import analyze_run
     from interp.report.heads import write_heads_report
@@ -43,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     try:
+        unfit = task_misfit(args.run_dir)
+        if unfit is not None:
+            return fail("heads", unfit)
         analysis = analyze_run(args.run_dir, n=args.n, length=args.length, seed=args.seed,
                                impl=args.impl, device=args.device)
     except (ValueError, TypeError, FileNotFoundError) as error:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 
 from interp.cli.args import check_out, fail, output_path
-from interp.reproduce import names, reproduce
-from interp.reproduce.engine import SCALES
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="reproduce one seed claim (train, measure, claim table, report)",
                        description="Train the runs a seed claim needs (finished runs are reused, interrupted "
                                    "ones resume), measure, and write OUT/report.html with a 'claim | what was "
-                                   "measured | verdict' table. Names: " + ", ".join(names()) + ".")
-    p.add_argument("name", metavar="NAME", help="the reproduction: " + ", ".join(names()))
+                                   "measured | verdict' table. Names: {reproductions}.")
+    p.add_argument("name", metavar="NAME", help="the reproduction: {reproductions}")
     p.add_argument("--scale", default="cpu", metavar="SCALE",
                    help="cpu (about 30 minutes on 2 cores) or paper (the seeds' sizes; for a GPU); default cpu")
     p.add_argument("--quick", action="store_true", help="toy sizes in seconds (a smoke test; numbers mean nothing)")
@@ -25,6 +23,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interp.reproduce import names, reproduce
+    from interp.reproduce.engine import SCALES
     from models.paths import DirectoryLocked
 
     if args.name not in names():

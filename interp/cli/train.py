@@ -96,9 +96,19 @@ def run(args: argparse.Namespace) -> int:
         return fail("train", f"argument --out: {error}")
     last = [r for r in result.metrics if r["kind"] == "eval"]
     tail = f"; eval accuracy {last[-1]['accuracy']:.3f} at length {last[-1]['length']}" if last else ""
-    print(f"trained {args.model} on {task.name} for {result.step} steps in {result.seconds:.1f} s{tail}; "
-          f"run directory {args.out}")
+    print(f"{_what_was_trained(args.model, task.name, result)}{tail}; run directory {args.out}")
     return 0
+
+
+def _what_was_trained(model: str, task: str, result) -> str:
+    """What this call trained: a fresh run's steps, or a resumed run's start, steps run and total."""
+    ran, seconds = result.step - result.start_step, f"{result.seconds:.1f} s"
+    if result.start_step == 0:
+        return f"trained {model} on {task} for {result.step} steps in {seconds}"
+    if ran == 0:
+        return f"{model} on {task} was already trained for {result.step} steps; nothing to resume"
+    return (f"resumed {model} on {task} at step {result.start_step} and trained {ran} more steps in {seconds} "
+            f"({result.step} in all)")
 
 
 def _flag_of(field: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.training.checkpoint import atomic_write_text
-from models.paths import in_place_file, open_appending
+from models.paths import in_place_file, inside, open_appending, read_regular
 
 RESULTS, FAILURES = "results.jsonl", "failures.jsonl"
 TIMING_COLUMNS = ("seconds", "wall_seconds", "attempts")   # columns that differ between identical runs
@@ -42,10 +42,12 @@ class ResultTable:
 
     def rows(self) -> dict[str, dict]:
         """{trial_id: row} of every finished trial (the last row wins for a repeated id)."""
-        if not self.path.is_file():
+        path = inside(self.out, RESULTS)
+        if not os.path.lexists(path):
             return {}
         found, torn = {}, 0
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").split("\n"), start=1):
+        text = read_regular(path).decode("utf-8", errors="replace")   # a link or a FIFO there: PathRefused
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:

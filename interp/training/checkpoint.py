@@ -32,7 +32,9 @@ loaded (by `load_checkpoint` and by `models.load`).
 A closed world: the step directories, checkpoints/ and metrics.jsonl are reached through
 `models.paths.inside`, so a symbolic link below the run directory (checkpoints/ linked elsewhere,
 metrics.jsonl linked to another file) or a pointer that climbs out of it is refused with one line
-naming it before anything is written, truncated or deleted.
+naming it before anything is written, truncated or deleted. Every file read here is a regular
+file reached without a link (`read_json`, `read_metrics`, `load_checkpoint`: models.paths.read_regular
+and regular_file), so nothing outside the run is read as if it were part of it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from models.paths import check_sha256, in_place_file, inside, open_appending, sha256_of
+from models.paths import check_sha256, in_place_file, inside, open_appending, read_regular, regular_file, sha256_of
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -119,12 +121,16 @@ def write_json(path: str | Path, data: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON in a file of a run directory, read without following a final symbolic link and only
+    from a regular file (models.paths.read_regular)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
+        data = read_regular(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not valid JSON (truncated or corrupt?): {error}") from error
 
 
@@ -148,7 +154,7 @@ def make_config(model: dict, task: dict, train: dict, seed: int) -> dict[str, An
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / CONFIG
+    path = inside(run_dir, CONFIG)
     config = read_json(path)
     missing = {"model", "task", "train", "seed"} - set(config) if isinstance(config, dict) else None
     if missing is None or missing:
@@ -187,7 +193,7 @@ def _step_dir_name(step: int) -> str:
 
 def read_pointer(run_dir: str | Path) -> dict[str, Any] | None:
     """checkpoint.json ({"step", "path"}) of a run directory; None when no checkpoint exists yet."""
-    path = Path(run_dir) / POINTER
+    path = inside(run_dir, POINTER)
     if not path.exists():
         return None
     pointer = read_json(path)
@@ -284,8 +290,10 @@ def load_checkpoint(run_dir: str | Path, model: torch.nn.Module,
             "(checkpoint files directly in the run directory) and cannot be resumed; start a new run")
     directory = checkpoint_dir(run_dir)
     for name in (STATE, MODEL, OPTIMIZER):
-        if not (directory / name).is_file():
-            raise CheckpointError(f"checkpoint {str(directory)!r} has no {name}: the checkpoint is incomplete")
+        try:
+            regular_file(directory / name)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {str(directory)!r} has no {name}: the checkpoint is incomplete") from None
     state = read_json(directory / STATE)
     if not isinstance(state, dict) or not {"step", "optimizer", "files", "metrics"} <= set(state):
         raise CheckpointError(f"{directory / STATE} is not a trainer state (keys {sorted(state)})")
@@ -431,11 +439,14 @@ def open_metrics(run_dir: str | Path, keep: dict[str, int] | None = None) -> tup
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of metrics.jsonl ([] when the file does not exist yet). A last line without its
     newline (a record being written right now, or cut by a crash) is not a record yet."""
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
+    path = inside(run_dir, METRICS)
+    if not os.path.lexists(path):
         return []
     records = []
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = read_regular(path).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path} is not UTF-8 text (corrupt?): {error}") from None
     for number, line in enumerate(text.split("\n")[:-1], start=1):
         if line.strip():
             try:

@@ -174,6 +174,7 @@ class TrainResult:
     seconds: float = 0.0
     final_length: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    start_step: int = 0   # the step a resumed run started from (0 for a fresh run)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -269,7 +270,7 @@ def _train(model_config: ModelConfig, task: Task, cfg: TrainConfig, run_dir: Pat
     converged = next((r["step"] for r in records if r["kind"] == "val" and r["converged"]), None)
     if converged is not None:
         end = step
-    last_saved = step
+    last_saved = start_step = step
 
     started = time.perf_counter()
     bar = _progress_bar(cfg.steps, step, progress, label)
@@ -317,7 +318,8 @@ def _train(model_config: ModelConfig, task: Task, cfg: TrainConfig, run_dir: Pat
         if log is not None:
             log.close()
     extra = {"converged_step": converged, "n_train": data.n_train, "data": data.summary()} if data is not None else {}
-    return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"], extra)
+    return TrainResult(model, step, records, run_dir, time.perf_counter() - started, state["length"], extra,
+                       start_step)
 
 
 def _validate(model, data: FiniteData, cfg: TrainConfig, step: int, record) -> int | None:
