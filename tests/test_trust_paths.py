@@ -134,7 +134,7 @@ def test_results_line_without_trial_id_names_the_file_and_line(tmp_path):
 def test_corrupt_reproduce_cache_names_the_file(tmp_path):
     (tmp_path / engine.CACHE).write_text('{"key": ')
     with pytest.raises(ValueError, match=str(tmp_path / engine.CACHE)):
-        engine._cached(types.SimpleNamespace(run_dir=tmp_path), {"claim": "x"})
+        engine._cached(types.SimpleNamespace(run_dir=tmp_path, committed=None), {"claim": "x"})
 
 
 def test_open_appending_refuses_a_link_put_there_after_the_check(tmp_path):

@@ -118,7 +118,7 @@ def test_sweep_results_and_reproduce_cache_are_not_read_through_links(tmp_path):
     run.mkdir()
     (run / engine.CACHE).symlink_to(secret)
     with pytest.raises(PathRefused, match="reproduce.json is a symbolic link"):
-        engine._cached(types.SimpleNamespace(run_dir=run), {"claim": "x"})
+        engine._cached(types.SimpleNamespace(run_dir=run, committed=None), {"claim": "x"})
 
 
 HOLD = """
