@@ -3,7 +3,8 @@
     python benchmarks/generation.py [--models mamba mamba2 gpt2] [--prompt 512] [--new 128]
                                     [--rounds 2] [--threads 1] [--markdown]
 
-For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M),
+For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M, and
+a 135M NemotronH hybrid of Mamba-2, attention and MLP layers),
 converted with models.from_pretrained, B = 1, greedy, in one process, the contenders interleaved
 in rounds (benchmarks/timing.py):
   ours: generate N tokens from the DecodingState after the prompt (a copy per run; the copy is
@@ -28,7 +29,7 @@ import torch
 import models
 from models import StatePatch
 from models.memory import format_bytes
-from real_configs import REAL_SIZES, build_source, tokens  # benchmarks/real_configs.py
+from real_configs import HYBRIDS, REAL_SIZES, build_source, tokens  # benchmarks/real_configs.py
 from timing import interleaved  # benchmarks/timing.py
 
 
@@ -160,7 +161,8 @@ def show(result: dict, markdown: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["mamba", "mamba2", "gpt2"], choices=REAL_SIZES)
+    parser.add_argument("--models", nargs="+", default=["mamba", "mamba2", "gpt2", "nemotron_h"],
+                        choices=REAL_SIZES + HYBRIDS)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)

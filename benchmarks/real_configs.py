@@ -11,6 +11,10 @@ from __future__ import annotations
 import torch
 
 REAL_SIZES = ("gpt2", "llama", "mamba", "mamba2")
+HYBRIDS = ("nemotron_h",)  # hybrid configs of about the same size (generation benchmark)
+# a 135M NemotronH: 24 single-sublayer layers, Mamba-2 and relu2 MLPs alternating, attention at 3
+NEMOTRON_H_LAYERS = [("full_attention" if layer % 8 == 7 else "linear_attention") if layer % 2 else "mlp"
+                     for layer in range(1, 25)]
 IDS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
 
 
@@ -30,7 +34,12 @@ def source_config(name: str):
     if name == "mamba2":  # state-spaces/mamba2-130m: 24 layers, d 768, 24 heads of 64, d_state 128
         return tf.Mamba2Config(vocab_size=50288, hidden_size=768, state_size=128, num_hidden_layers=24, expand=2,
                                head_dim=64, num_heads=24, n_groups=1, conv_kernel=4, chunk_size=256, tie_word_embeddings=True, **IDS)
-    raise ValueError(f"name must be one of {REAL_SIZES}; got {name!r}")
+    if name == "nemotron_h":  # Mamba-2 layers of 24 heads of 64 (d_state 128), GQA 12 / 4, relu2 MLP 3072
+        return tf.NemotronHConfig(vocab_size=50280, hidden_size=768, layers_block_type=NEMOTRON_H_LAYERS,
+                                  num_attention_heads=12, num_key_value_heads=4, head_dim=64, intermediate_size=3072,
+                                  ssm_state_size=128, mamba_num_heads=24, mamba_head_dim=64, n_groups=1,
+                                  chunk_size=256, max_position_embeddings=4096, tie_word_embeddings=True, **IDS)
+    raise ValueError(f"name must be one of {REAL_SIZES + HYBRIDS}; got {name!r}")
 
 
 def build_source(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -40,7 +49,7 @@ def build_source(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -
     torch.manual_seed(seed)
     config = source_config(name)
     cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM, "mamba": tf.MambaForCausalLM,
-           "mamba2": tf.Mamba2ForCausalLM}[name]
+           "mamba2": tf.Mamba2ForCausalLM, "nemotron_h": tf.NemotronHForCausalLM}[name]
     return cls(config).to(dtype).eval()
 
 

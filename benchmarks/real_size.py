@@ -364,6 +364,7 @@ def section_interchange(name: str, lengths: list[int], rounds: int) -> list[dict
                          warmup=0)["interchange"]
         rows.append({"model": name, "T": length, "what": f"interchange, N 8, {len(sites)} of {full} sites",
                      "s": result["s"], "sites_per_s": len(sites) / result["s"],
+                     "sites_per_cpu_s": len(sites) / result["cpu"],
                      "grid_s": full / (len(sites) / result["s"]), "peak": result["peak"], "load": result["load"]})
     return rows
 
