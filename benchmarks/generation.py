@@ -4,7 +4,7 @@
                                     [--rounds 2] [--threads 1] [--markdown]
 
 For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M, and
-a 135M NemotronH hybrid of Mamba-2, attention and MLP layers),
+a 172M NemotronH hybrid of Mamba-2, attention and MLP layers),
 converted with models.from_pretrained, B = 1, greedy, in one process, the contenders interleaved
 in rounds (benchmarks/timing.py):
   ours: generate N tokens from the DecodingState after the prompt (a copy per run; the copy is

@@ -12,7 +12,7 @@ import torch
 
 REAL_SIZES = ("gpt2", "llama", "mamba", "mamba2")
 HYBRIDS = ("nemotron_h",)  # hybrid configs of about the same size (generation benchmark)
-# a 135M NemotronH: 24 single-sublayer layers, Mamba-2 and relu2 MLPs alternating, attention at 3
+# a 172M NemotronH (tied embeddings): 24 single-sublayer layers, Mamba-2 and relu2 MLPs alternating, attention at 3
 NEMOTRON_H_LAYERS = [("full_attention" if layer % 8 == 7 else "linear_attention") if layer % 2 else "mlp"
                      for layer in range(1, 25)]
 IDS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
