@@ -77,3 +77,57 @@ def test_readme_opens_with_the_two_commands():
     lines = [line for line in README.read_text().splitlines() if line.startswith("pip install")]
     assert "interp demo" in lines[0] and "pytest" in lines[1]
     assert Path(README.parent / ".ci/run").read_text().count("python -m pytest -q -n 2 tests") == 1
+
+
+def relative_links(path: Path) -> list[tuple[str, str]]:
+    """(target file, anchor) of every markdown link in `path` that is not a URL (code left out)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"`[^`]*`", "", re.sub(r"^    .*$", "", text, flags=re.M))
+    found = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [tuple((link.split("#", 1) + [""])[:2]) for link in found if not re.match(r"[a-z]+:", link)]
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of the headings of a markdown file."""
+    heads = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_stay_inside_the_repository_and_resolve(page):
+    """The README and every docs page link only to files of this repository that exist (and to headings
+    that exist), never to the design notes outside it."""
+    text = page.read_text()
+    assert "SCIENCE.md" not in text and "shared/" not in text, f"{page.name} cites a file outside the repository"
+    for target, anchor in relative_links(page):
+        resolved = (page.parent / target).resolve() if target else page
+        assert resolved.exists() and ROOT in resolved.parents, f"{page.name}: broken link {target}"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in anchors(resolved), f"{page.name}: no heading #{anchor} in {resolved.name}"
+
+
+def test_every_docs_page_is_listed_in_the_index():
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert {p for p in pages if f"]({p})" not in index} == set()
+
+
+def test_the_readme_defines_its_words():
+    text = README.read_text()
+    assert "docs/README.md" in text
+    glossary = (ROOT / "docs" / "README.md").read_text()
+    for word in ("**seed claim**", "**the paper's reading**"):
+        assert word in glossary
+    for term in ("mp is", "Tcross the first step", "seed claim (a sentence"):
+        assert term in text, term
+
+
+def test_the_nnsight_page_runs(tmp_path):
+    pytest.importorskip("nnsight")
+    source = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "nnsight.md").read_text(), flags=re.S)[0]
+    script = tmp_path / "nnsight_page.py"     # nnsight reads a trace's source back from its file
+    script.write_text(source + "\nassert patched.shape == logits.shape and states.shape[:2] == (8, 12)\n"
+                      "assert not torch.equal(patched, logits)\nprint('ok')\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=600)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
