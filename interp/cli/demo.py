@@ -14,7 +14,6 @@ states what was measured.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,42 +166,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def write_demo_report(path: Path, demo: DemoPlan, runs: dict[str, TrainResult],
                       evals: dict[str, LengthEval], timings: dict[str, dict[str, float]]) -> Path:
-    from interp.report import evaluation as figures
-    from interp.report.html import Table, Text, write_report
+    from interp.report.demo import write_demo_report as write
 
-    reached = {name: run.final_length for name, run in runs.items()}
-    short = [f"{name} (length {length})" for name, length in reached.items() if length < TRAIN_LENGTH]
-    intro = (
-        f"Each model was trained on the {TASK} word problem ({FORMAT}: the running product is the "
-        f"target at every step) with a length curriculum from 2 up to length {TRAIN_LENGTH}, then "
-        f"evaluated on {demo.eval_n} fresh sequences at each length in {demo.lengths}. Accuracy is "
-        f"the final-state accuracy (the prediction at the last position); mp is the largest "
-        f"evaluated length whose accuracy is at least {THRESHOLD:.0%}."
-    )
-    if short:
-        patience = next(iter(demo.models.values()))[1].curriculum_patience
-        intro += (f"\n\nNot every model reached the training length: the curriculum stopped at "
-                  f"{', '.join(short)}, where its final-state accuracy never reached 95% on "
-                  f"{patience} consecutive evaluations.")
-    if demo.label == "quick":
-        intro += "\n\nThis is the --quick smoke run: toy sizes and few steps; its numbers mean nothing."
-    config_rows = []
-    for name, (overrides, cfg) in demo.models.items():
-        model_cfg = runs[name].model.cfg
-        config_rows.append({
-            "model": name, "d_model": model_cfg.d_model, "n_layers": model_cfg.n_layers,
-            "parameters": sum(p.numel() for p in runs[name].model.parameters()),
-            "steps": cfg.steps, "batch": cfg.batch_size, "lr": cfg.lr,
-            "curriculum reached length": runs[name].final_length, **timings[name],
-        })
-    sections = [
-        Text(intro, heading="What was run"),
-        figures.accuracy_vs_length(evals, THRESHOLD, TRAIN_LENGTH),
-        Table(figures.mp_rows(evals, THRESHOLD), heading="mp and accuracy by length"),
-        figures.training_curves({name: run.metrics for name, run in runs.items()}),
-        figures.position_accuracy(evals, max(demo.lengths)),
-        Table(config_rows, heading="Models and training"),
-        Text("<pre>" + json.dumps({name: run.model.cfg.to_dict() for name, run in runs.items()}, indent=1)
-             + "</pre>", heading="Model configs", raw=True),
-    ]
-    return write_report(path, f"interp demo: {TASK} length generalisation", sections)
+    return write(path, demo, runs, evals, timings, task=TASK, fmt=FORMAT, train_length=TRAIN_LENGTH,
+                 threshold=THRESHOLD)

@@ -18,7 +18,6 @@ from interp.cli.args import device_name, fail, fraction, non_negative_int, posit
 
 METHODS = ("both", "exact", "attribution")
 DEFAULT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")  # those the model has
-QUANTITIES = (("restoration", "p(y)"), ("logit_diff_restoration", "logit(y) - logit(y')"))
 
 
 def comma_list(text: str) -> list[str]:
@@ -93,8 +92,8 @@ def grid(model, hooks: list[str] | None, positions: list[str], batch):
     return site_grid(model, templates, where)
 
 
-def measure(args: argparse.Namespace) -> tuple[dict, dict]:
-    """(setup facts, {method: InterchangeResult}) of the run; ValueError etc. on bad input."""
+def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
+    """(setup facts, {method: InterchangeResult}, the clean Batch) of the run; ValueError etc. on bad input."""
     import models
     from interp.analysis.interventions import attribute, interchange
     from interp.tasks import make_task
@@ -120,29 +119,19 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict]:
                for m in chosen}
     setup = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
              "sites": len(sites), "top": top}
-    return setup, results
+    return setup, results, clean
 
 
-def report(args: argparse.Namespace, setup: dict, results: dict) -> Path:
-    """The HTML report (heatmaps, and agreement + scatter for both methods) and its CSV; the path."""
+def report(args: argparse.Namespace, setup: dict, results: dict, clean) -> Path:
+    """The HTML report (interp.report.patch) and its CSV of site means; the report's path."""
     import pandas as pd
 
-    from interp.analysis.interventions import agreement
-    from interp.report.html import Table, Text, write_report
-    from interp.report.interventions import attribution_scatter, restoration_bound, restoration_heatmap
+    from interp.report.patch import write_patch_report
 
-    sections = [Text(f"{setup['mixer']} ({args.run_dir}) on {setup['task']} with {setup['pairs']} key-value pairs; "
-                     f"{args.n} clean examples (seed {args.seed}), the queried {args.corrupt} corrupted, kept where "
-                     f"p_clean - p_corrupt > {args.min_effect}. exact: interchange; attribution: the first-order "
-                     "estimate (a_clean - a_corrupt) . d metric / d a at the corrupted run.", heading="Setup")]
-    if len(results) == 2:
-        scores = [{"restoration of": label, **agreement(results["exact"], results["attribution"], of, top=setup["top"])}
-                  for of, label in QUANTITIES]
-        sections += [Table(scores, heading=f"Agreement (r over pairs and site means; recall of the exact top {setup['top']})"),
-                     attribution_scatter(results["exact"], results["attribution"])]
-    bound = restoration_bound(*results.values())  # one colour scale
-    sections += [restoration_heatmap(r, title=f"{m}: mean restoration of p(y)", bound=bound) for m, r in results.items()]
-    path = write_report(args.out or args.run_dir / "patch.html", f"Interchange grid: {args.run_dir.name}", sections)
+    facts = {**setup, "run_dir": args.run_dir, "n": args.n, "seed": args.seed, "corrupt": args.corrupt,
+             "min_effect": args.min_effect}
+    path = write_patch_report(args.out or args.run_dir / "patch.html", facts, results, clean,
+                              f"Interchange grid: {args.run_dir.name}")
     pd.concat([r.to_dataframe().assign(method=m) for m, r in results.items()]).to_csv(path.with_suffix(".csv"),
                                                                                       index=False)
     return path
@@ -150,8 +139,8 @@ def report(args: argparse.Namespace, setup: dict, results: dict) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        setup, results = measure(args)
-        path = report(args, setup, results)
+        setup, results, clean = measure(args)
+        path = report(args, setup, results, clean)
     except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError) as error:
         return fail("patch", error)
     first = next(iter(results.values()))

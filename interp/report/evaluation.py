@@ -75,7 +75,9 @@ def position_accuracy(results: Mapping[str, LengthEval], length: int,
 
 def training_curves(metrics: Mapping[str, Sequence[Mapping[str, Any]]],
                     title: str = "Training curves") -> go.Figure:
-    """Training loss (log y) and accuracy against step, and evaluation accuracy, per model."""
+    """Training loss (log y) and accuracy against step, and evaluation accuracy, per model: one
+    colour per model; in the legend loss is a solid line, training accuracy a dotted line with
+    square markers, evaluation final-state accuracy circles."""
     check_mapping("results", metrics)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss", "accuracy"))
     for index, (name, records) in enumerate(metrics.items()):
@@ -83,18 +85,19 @@ def training_curves(metrics: Mapping[str, Sequence[Mapping[str, Any]]],
         train = [r for r in records if r.get("kind") == "train"]
         evals = [r for r in records if r.get("kind") == "eval"]
         steps = [r["step"] for r in train]
-        fig.add_trace(go.Scatter(x=steps, y=[r["loss"] for r in train], name=f"{name} loss",
-                                 line_color=color, legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps, y=[r["loss"] for r in train], name=f"{name} loss", mode="lines",
+                                 line={"color": color}, legendgroup=name), row=1, col=1)
         fig.add_trace(go.Scatter(x=steps, y=[r["accuracy"] for r in train], name=f"{name} train acc",
-                                 line_color=color, legendgroup=name), row=1, col=2)
+                                 mode="lines+markers", line={"color": color, "dash": "dot"},
+                                 marker={"symbol": "square", "size": 4}, legendgroup=name), row=1, col=2)
         if evals:
             fig.add_trace(go.Scatter(
                 x=[r["step"] for r in evals], y=[r["accuracy"] for r in evals], mode="markers",
-                name=f"{name} eval final-state acc", marker_color=color, legendgroup=name,
-                text=[f"length {r['length']}" for r in evals],
+                name=f"{name} eval final-state acc", marker={"color": color, "symbol": "circle-open", "size": 8},
+                legendgroup=name, text=[f"length {r['length']}" for r in evals],
                 hovertemplate="step %{x}<br>%{text}<br>accuracy %{y:.3f}"), row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(type="log", title="cross-entropy, nats (log scale)", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.05], title="accuracy", row=1, col=2)
     fig.update_xaxes(title="step")
     fig.update_layout(title=title, template="plotly_white")
     return fig

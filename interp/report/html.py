@@ -63,7 +63,7 @@ def render_table(rows: Sequence[Mapping[str, Any]], prose: bool = False) -> str:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value + 0.0:.4g}"          # + 0.0: a negative zero is written 0, not -0
     return str(value)
 
 

@@ -1,6 +1,7 @@
 """Figures of interchange interventions and ablations (retrieval mechanisms).
 
-    restoration_heatmap(InterchangeResult)           layers x roles per hook
+    restoration_heatmap(InterchangeResult, labels=)  layers x positions (roles) per hook
+    position_labels(batch)                           {position: "3 key 24%"}: the roles at each position
     accuracy_vs_d_conv({model: {width: accuracy}})   short-conv ablation bars
     attribution_scatter(exact, estimate)             per-site means: attribution vs interchange
     restoration_bound(*results)                      one colour scale for several heatmaps
@@ -43,13 +44,42 @@ def restoration_bound(*results) -> float:
     return max(1.0, float(finite.max())) if finite.size else 1.0
 
 
-def restoration_heatmap(result, title: str = "Restoration", bound: float | None = None) -> go.Figure:
+def cell_text(value: float, digits: int = 2) -> str:
+    """A heatmap cell: value to `digits` decimals, "" for NaN, never "-0.00" (a value that rounds
+    to zero is written without its sign)."""
+    if np.isnan(value):
+        return ""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def position_labels(batch, min_share: float = 0.0) -> dict[str, str]:
+    """{str(position): label} for every position of a batch with roles (AR, MQAR, ATR, ...): the
+    position, then each role found there, with the share of examples where it is there when that
+    is not all of them ("7 query", "3 key 26%"). Roles in more than `min_share` of the examples
+    are named. A role is a position per example ([N]) or several ([N, k], e.g. MQAR's queries)."""
+    length = batch.tokens.shape[1]
+    found: dict[int, list[str]] = {p: [] for p in range(length)}
+    for role, where in batch.roles.items():
+        where = where[:, None] if where.dim() == 1 else where                        # [N, k]
+        shares = np.zeros(length)
+        for column in where.T:
+            shares += np.bincount(column.cpu().numpy() % length, minlength=length) / len(column)
+        for position in np.flatnonzero(shares > min_share):
+            share = min(1.0, float(shares[position]))
+            found[int(position)].append(role if share >= 1.0 else f"{role} {share:.0%}")
+    return {str(p): " ".join([str(p), *roles]) for p, roles in found.items()}
+
+
+def restoration_heatmap(result, title: str = "Restoration", bound: float | None = None,
+                        labels: Mapping[str, str] | None = None) -> go.Figure:
     """One heatmap per hook component (layers x roles) of the mean restoration of an
     InterchangeResult; cells show the value. The colour scale diverges around 0 (no restoration,
     white): positive blue, negative red, symmetric to `bound` (default max(1, largest |restoration|);
     give two figures one bound to compare them by colour), so a full restoration (1), an overshoot
     (> 1) and a reversal (< 0) all have their own colour. Panels sit side by side for a few roles
-    and one above the other for a grid of many positions, so every cell's value stays legible."""
+    and one above the other for a grid of many positions, so every cell's value stays legible.
+    labels: {position as the sites name it: axis label} (position_labels(batch): the roles there)."""
     components, layers, roles, grid = restoration_grid(result)
     if bound is None:
         bound = restoration_bound(result)
@@ -61,13 +91,16 @@ def restoration_heatmap(result, title: str = "Restoration", bound: float | None 
     fig = make_subplots(**shape, subplot_titles=components)
     for index, component in enumerate(components):
         cell = dict(row=index + 1, col=1) if stacked else dict(row=1, col=index + 1)
-        text = [["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in grid[index]]
+        text = [[cell_text(v) for v in row] for row in grid[index]]
         fig.add_trace(go.Heatmap(
-            z=grid[index], x=roles, y=[f"layer {layer}" for layer in layers], zmin=-bound, zmax=bound, zmid=0.0,
+            z=grid[index], x=[(labels or {}).get(role, role) for role in roles], y=[f"layer {layer}" for layer in layers],
+            zmin=-bound, zmax=bound, zmid=0.0,
             colorscale="RdBu", text=text, texttemplate="%{text}", name=component,
             showscale=index == len(components) - 1, colorbar={"title": "restoration"},
             hovertemplate="%{y}, %{x}<br>restoration %{z:.3f}<extra>" + component + "</extra>"), **cell)
-        fig.update_xaxes(title="patched position", type="category", **cell)
+        fig.update_xaxes(title="patched position (role: share of examples)" if labels else "patched position",
+                         type="category", **cell)
+        fig.update_yaxes(title="layer", **cell)
     fig.update_yaxes(autorange="reversed")
     height = 120 + len(components) * (90 + 45 * len(layers)) if stacked else 320
     fig.update_layout(title=f"{title} ({result.n_kept} of {len(result.kept)} pairs kept)",

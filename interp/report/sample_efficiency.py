@@ -103,6 +103,7 @@ def kappa_bars(rows: Rows, title: str = "Sharing coefficient kappa = sum_n N*_n 
     fig.add_annotation(y=0.0, yref="y", x=0.0, xref="x domain", text="kappa = 1 (no sharing)", showarrow=False,
                        xanchor="left", yanchor="bottom")
     fig.update_yaxes(type="log", title="kappa")
+    fig.update_xaxes(title="model (task)")
     fig.update_layout(title=title, barmode="group", template="plotly_white", legend_title="format", showlegend=True)
     return fig
 
