@@ -64,7 +64,7 @@ def assert_parity(source, model, tokens, atol: float, embed_scale: float = 1.0) 
     to each tensor's scale for the gradients), on our fast and instrumented paths. embed_scale:
     our embedding output is the source's times this (a multiplier folded into our embedding), so
     our gradient times it is the source's."""
-    weights = torch.randn(*tokens.shape, source.config.vocab_size, generator=torch.Generator().manual_seed(5),
+    weights = torch.randn(*tokens.shape, model.cfg.vocab_size, generator=torch.Generator().manual_seed(5),
                           dtype=model.embed.weight.dtype)
     logits, blocks, grad = source_run(source, tokens, weights)
     assert len(blocks) == len(model.blocks)

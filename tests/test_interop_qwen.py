@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import models
+from interp.analysis import dynamics
 from interp.analysis.interventions import Site, ablate, corrupt_ar, interchange, site_grid
 from models import StatePatch
 from models.interop import UnsupportedConfig
@@ -45,7 +46,8 @@ def torch_kernels(monkeypatch):
 
 
 def built(model_class, config):
-    config._experts_implementation = "eager"  # the grouped-matmul experts need 16-byte strides
+    for c in (config, getattr(config, "text_config", config)):
+        c._experts_implementation = "eager"  # the grouped-matmul experts need 16-byte strides
     torch.manual_seed(0)
     return jitter(model_class(config))
 
@@ -62,6 +64,16 @@ def qwen35_source(**overrides):
 
 def qwen35_moe_source(**overrides):
     return built(tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig(**{**COMMON, **MOE, **overrides}))
+
+
+def multimodal_source(moe: bool):
+    """Qwen3.5(-MoE)ForConditionalGeneration: a tiny vision tower beside the language model."""
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    text = {**COMMON, **MOE} if moe else {**COMMON, "intermediate_size": 24}
+    config_class = tf.Qwen3_5MoeConfig if moe else tf.Qwen3_5Config
+    model_class = tf.Qwen3_5MoeForConditionalGeneration if moe else tf.Qwen3_5ForConditionalGeneration
+    return built(model_class, config_class(text_config=text, vision_config=vision))
 
 
 SOURCES = {"qwen3_next": next_source, "qwen3_5": qwen35_source, "qwen3_5_moe": qwen35_moe_source}
@@ -231,6 +243,21 @@ def test_round_trip_and_checkpoint_directory(name, tmp_path):
     assert load_directory(tmp_path / "ckpt", None)[0].config.model_type == source.config.model_type
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_multimodal_checkpoints_convert_their_language_model(moe, tmp_path):
+    """The published Qwen3.5 checkpoints are multimodal: the language model converts (the vision
+    tower is left out), in memory and from a checkpoint directory (which transformers loads as
+    the text-only Qwen3_5(Moe)ForCausalLM)."""
+    source = multimodal_source(moe)
+    model = models.from_pretrained(source)
+    assert model.cfg.moe is not None if moe else model.cfg.moe is None
+    assert_parity(source, model, tokens(length=70), atol=1e-4)
+    source.save_pretrained(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(models.from_pretrained(tmp_path / "ckpt")(tokens()), source(tokens()).logits,
+                                   atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: next_source(hidden_act="gelu"), "hidden_act='gelu'"),
     (lambda: next_source(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
@@ -270,3 +297,11 @@ def test_interventions_and_ablations_resumed_equal_whole_passes():
     resumed, whole = (ablate(model, clean, ablation_sites, mode="zero", resume=r) for r in (True, False))
     torch.testing.assert_close(resumed.p_answer, whole.p_answer, atol=1e-6, rtol=0)
     assert (whole.p_answer - whole.baseline_p).abs().max() > 1e-4
+
+
+def test_state_jacobians_of_an_imported_gdn_layer_structured_equal_autograd():
+    model = models.from_pretrained(next_source())
+    toks = tokens(2, 5)
+    structured = dynamics.jacobians(model, toks, layer=2, method="structured")
+    autograd = dynamics.jacobians(model, toks, layer=2, method="autograd", chunk_size=4)
+    torch.testing.assert_close(structured.dense(), autograd.values, atol=1e-5, rtol=1e-5)

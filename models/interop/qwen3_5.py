@@ -3,8 +3,12 @@ every layer) -> the hybrid models.interop.qwen3_next builds: the same blocks, no
 attention, Gated DeltaNet and MoE mapping (its docstring has them). Only the GDN input maps differ:
 Qwen3.5 keeps them apart, in_proj_qkv [q (H K) | k (H K) | v (HV V)] -> q_proj, k_proj, v_proj,
 in_proj_z -> g_proj, in_proj_b -> b_proj, in_proj_a -> a_proj, in the order our mixer uses.
-Text only: the rotary sections of the multimodal model (mrope_section) coincide with plain RoPE
-for text positions.
+
+Text only: the published checkpoints are the multimodal Qwen3_5(Moe)ForConditionalGeneration;
+of those the language model (model.language_model, config.text_config, lm_head) is converted and
+the vision tower (model.visual) is left out; a checkpoint directory loads as transformers'
+Qwen3_5(Moe)ForCausalLM, which is the same language model. The rotary sections of the
+multimodal model (mrope_section) coincide with plain RoPE for text positions.
 """
 
 from __future__ import annotations
@@ -13,13 +17,20 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.interop.convert import SourceWeights
-from models.interop.qwen3_next import convert_stack, source_blocks
+from models.interop.qwen3_next import convert_stack
 
 __all__ = ["convert", "source_blocks"]
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
+    if hasattr(source.model, "language_model"):  # the multimodal model: its language model only
+        return convert_stack(source, source.config.text_config, "model.language_model", projections,
+                             ignore=(r"model\.visual\..*",))
     return convert_stack(source, source.config, "model", projections)
+
+
+def source_blocks(source: nn.Module) -> list[nn.Module]:
+    return list(getattr(source.model, "language_model", source.model).layers)
 
 
 def projections(weights: SourceWeights, theirs: str, config) -> dict:

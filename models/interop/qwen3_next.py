@@ -80,7 +80,7 @@ def convert_stack(source: nn.Module, config, prefix: str, projections: Projectio
         attention_bias=bool(config.attention_bias), positional="rope", d_conv=config.linear_conv_kernel_dim,
         norm="rmsnorm", norm_eps=float(config.rms_norm_eps), mlp=True, mlp_activation="swiglu", mlp_bias=False,
         d_mlp=None if len(sparse) == len(layers) else config.intermediate_size,
-        tie_embeddings=bool(config.tie_word_embeddings), mixer_options=mixer_options(config, kinds),
+        tie_embeddings=source.get_output_embeddings().weight is source.get_input_embeddings().weight, mixer_options=mixer_options(config, kinds),
         moe=moe_config(config, sparse, len(layers)),
     )
     weights = SourceWeights(source, ignore)

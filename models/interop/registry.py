@@ -38,7 +38,9 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lfm2": ("models.interop.lfm2", ("Lfm2ForCausalLM",)),
     "qwen3_next": ("models.interop.qwen3_next", ("Qwen3NextForCausalLM",)),
     "qwen3_5_text": ("models.interop.qwen3_5", ("Qwen3_5ForCausalLM",)),
+    "qwen3_5": ("models.interop.qwen3_5", ("Qwen3_5ForConditionalGeneration",)),
     "qwen3_5_moe_text": ("models.interop.qwen3_5", ("Qwen3_5MoeForCausalLM",)),
+    "qwen3_5_moe": ("models.interop.qwen3_5", ("Qwen3_5MoeForConditionalGeneration",)),
 }
 
 
