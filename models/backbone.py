@@ -327,8 +327,8 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def save(self, run_dir, overwrite: bool = False, **info):
         """Write this model as a run directory that `models.load` rebuilds bit for bit (see
-        models.registry.save)."""
-        from models.registry import save
+        models.saving.save)."""
+        from models.saving import save
 
         return save(self, run_dir, overwrite=overwrite, **info)
 

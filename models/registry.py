@@ -1,10 +1,10 @@
-"""build(name, **overrides), list_models(), save(model, run_dir), load(run_dir), weights_file(run_dir)."""
+"""build(name, **overrides), list_models(), load(run_dir), weights_file(run_dir); save(model, run_dir)
+from models.saving."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from models.config import ModelConfig
 from models.devices import check_device
 from models.hooks import unknown_name_message
 from models.mixers import PRESETS
-from models.paths import check_sha256, inside, read_regular, regular_file, sha256_of
+from models.paths import check_sha256, inside, read_regular, regular_file
+from models.saving import WEIGHTS_SHA256
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -56,40 +57,6 @@ def preset_config(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**{**defaults, "mixer": mixer, **overrides})
 
 
-def save(model: SequenceModel, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Path:
-    """Write `model` as a run directory that `load` rebuilds bit for bit: config.json
-    ({"model": its ModelConfig, **info, "weights_sha256": the digest `load` checks}, info
-    JSON-serialisable, e.g. where it came from) and model.safetensors (its weights in their
-    dtype), each written atomically. An existing
-    model.safetensors (a training run's, say) is replaced only with overwrite=True."""
-    from safetensors.torch import save_model
-
-    if not isinstance(model, SequenceModel):
-        raise TypeError(f"model must be a SequenceModel; got {type(model).__name__}")
-    run_dir = Path(run_dir)
-    if (run_dir / "model.safetensors").exists() and not overwrite:
-        raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "model.safetensors", lambda tmp: save_model(model, tmp))
-    record = {"model": model.cfg.to_dict(), **info, WEIGHTS_SHA256: sha256_of(run_dir / "model.safetensors")}
-    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    _atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return run_dir
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp) fills a temporary file next to `path`, then it replaces `path` in one rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-WEIGHTS_SHA256 = "weights_sha256"   # config.json entry of a model directory written by `save`
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 

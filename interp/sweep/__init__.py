@@ -2,7 +2,8 @@
 
     spec            load_spec(path or dict) -> SweepSpec: a grid, or the adaptive N* study
     table           ResultTable: out/results.jsonl keyed by trial_id(params), appended per trial
-    executors       the Executor interface, LocalExecutor (process pool), make_executor
+    jobs            Job, Outcome, the Executor interface, execute (one trial in a worker)
+    executors       LocalExecutor (process pool), make_executor
     ray_executor    RayExecutor: Ray core tasks (optional dependency, `interp-seq[ray]`)
     run             Sweep (the resumable trial runner), run_spec
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from interp.sweep.executors import Job, Outcome, execute
+from interp.sweep.jobs import Job, Outcome, execute
 
 LOOPBACK = "127.0.0.1"
 

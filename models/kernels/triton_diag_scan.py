@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.kernels.diag_scan import direct_state_grad, readout_grad_c
+from models.kernels.scan_grads import direct_state_grad, readout_grad_c
 
 
 @triton.jit
