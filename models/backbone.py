@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -62,27 +64,30 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
+GATED = {"swiglu": F.silu, "geglu": F.gelu}
+
+
 class MLP(nn.Module):
     """down(act(up(x))), act erf GELU ("gelu"), its tanh approximation ("gelu_tanh") or squared
-    ReLU ("relu2"), or down(silu(gate(x)) * up(x)) ("swiglu"); width cfg.mlp_width, biases if
-    cfg.mlp_bias.
+    ReLU ("relu2"), or down(act(gate(x)) * up(x)) with act SiLU ("swiglu") or erf GELU ("geglu");
+    width cfg.mlp_width, biases if cfg.mlp_bias.
 
-    Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) for swiglu), hook_post [B, T, F]
+    Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) when gated), hook_post [B, T, F]
     the neurons down() reads, hook_out [B, T, d_model]."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         width, bias = cfg.mlp_width, cfg.mlp_bias
         self.activation = cfg.mlp_activation
-        if self.activation == "swiglu":
+        if self.activation in GATED:
             self.gate = nn.Linear(cfg.d_model, width, bias=bias)
         self.up = nn.Linear(cfg.d_model, width, bias=bias)
         self.down = nn.Linear(width, cfg.d_model, bias=bias)
         self.hook_pre, self.hook_post, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        if self.activation == "swiglu":
-            hidden = F.silu(self.hook_pre(self.gate(x))) * self.up(x)
+        if self.activation in GATED:
+            hidden = GATED[self.activation](self.hook_pre(self.gate(x))) * self.up(x)
         elif self.activation == "relu2":
             hidden = F.relu(self.hook_pre(self.up(x))).square()
         else:
@@ -93,6 +98,35 @@ class MLP(nn.Module):
 MIXER_SLOTS = ("mixer", "mixer2")
 
 
+class SharedBranch(nn.Module):
+    """Zamba2's shared transformer at one depth (cfg.shared_blocks): from the block input x and
+    the embedding e [B, T, D],
+
+        t = mlp(norm_mlp(attn(norm_attn([x | e]))))    [B, T, D]   (hook_out)
+
+    which the block adds to its mixer's input (not to the residual). attn is our attention over
+    width 2 D (cfg's heads, positions and mixer_options["attention"]) writing width D; no residual
+    around it. Hooks at layer l: blocks.{l}.shared.norm_attn.hook_scale, shared.attn.hook_*
+    (hook_in [B, T, 2 D]), shared.norm_mlp.hook_scale, shared.mlp.hook_*, shared.hook_out: one
+    set per depth. Each depth holds its own weights (an import folds the source's per-depth LoRA
+    adapters into them), so the branch is shared in structure, not in parameters."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        wide = dataclasses.replace(cfg.layer_config(layer_idx, "shared"), d_model=2 * cfg.d_model)
+        self.norm_attn = make_norm(wide)
+        self.attn = MIXERS["attention"][0](wide, layer_idx)
+        self.attn.out_proj = nn.Linear(self.attn.out_proj.in_features, cfg.d_model, bias=cfg.attention_bias)
+        self.norm_mlp = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.hook_out = HookPoint()
+
+    def forward(self, x: torch.Tensor, embed: torch.Tensor, run=None) -> torch.Tensor:  # [B, T, D] each
+        normed = self.norm_attn(torch.cat([x, embed], dim=-1))  # [B, T, 2 D]
+        attended = self.attn(normed) if run is None else run("shared.attn", self.attn, normed)
+        return self.hook_out(self.mlp(self.norm_mlp(attended)))
+
+
 class Block(nn.Module):
     """One layer, in one of these layouts (cfg.mixers / cfg.mixer2s / cfg.mlps at the layer):
 
@@ -100,6 +134,8 @@ class Block(nn.Module):
         mixer + mixer2 [+ MLP]   x + mixer(n) + mixer2(n), n = norm_mixer(x): two mixers in
                                  parallel on one norm (Falcon-H1), then the MLP as above
         MLP only                 x + mlp(norm_mlp(x)) (NemotronH's MLP layers); `mixer` is None
+        shared + mixer           x + mixer(norm_mixer(x + shared(x, e))), e the embedding: Zamba2's
+                                 hybrid layers (SharedBranch)
 
     Hooks: hook_resid_pre, hook_resid_mid (the residual after the mixers: what the MLP reads; equal
     to hook_resid_pre in an MLP-only block), hook_resid_post, and the sublayers' own under
@@ -111,6 +147,8 @@ class Block(nn.Module):
         self.residual = cfg.residual
         self.hook_resid_pre = HookPoint()
         self.mixer = None
+        if cfg.shared_blocks[layer_idx]:
+            self.shared = SharedBranch(cfg, layer_idx)
         if layer.mixer is not None:
             self.norm_mixer = make_norm(layer)
             self.mixer = MIXERS[layer.mixer][0](layer, layer_idx)
@@ -130,29 +168,38 @@ class Block(nn.Module):
 
     @property
     def resume_context(self) -> int | None:
-        """The block inputs before a resume point its mixers read (None: all; 0 without mixers)."""
+        """The block inputs before a resume point it reads (None: all; 0 without mixers)."""
         contexts = [mixer.resume_context for mixer in self.mixers.values()]
-        return None if None in contexts else max(contexts, default=0)
+        return None if None in contexts or hasattr(self, "shared") else max(contexts, default=0)
 
-    def forward(self, x: torch.Tensor, run=None) -> torch.Tensor:  # [B, T, D]
+    def forward(self, x: torch.Tensor, run=None, embed: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, D]
         """run(slot, mixer, normed) -> [B, T, D]: how each mixer runs (default: mixer(normed));
-        models.decoding passes its decoder."""
+        models.decoding passes its decoder. embed [B, T, D]: the embedding (hook_embed's output),
+        which a shared branch reads."""
         x = self.hook_resid_pre(x)
         if not self.mixers:
             return self.after_mixer(x, None)
-        normed = self.norm_mixer(x)
+        if hasattr(self, "shared") and embed is None:
+            raise ValueError("this block has a shared branch (Zamba2) that reads the embedding: pass "
+                             "embed=[B, T, D] (the model's hook_embed output)")
+        normed = self.norm_mixer(x if not hasattr(self, "shared") else x + self.shared(x, embed, run))
         outs = [mixer(normed) if run is None else run(slot, mixer, normed) for slot, mixer in self.mixers.items()]
         return self.after_mixer(x, outs[0] if len(outs) == 1 else outs[0] + outs[1])
 
-    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
+    def resume(self, x: torch.Tensor, before: torch.Tensor, carry: dict | None = None,
+               embed: torch.Tensor | None = None) -> torch.Tensor:
         """forward() at positions start, ... only: x [B, n, D] the block input there, before
         [B, w, D] the block input at the positions just before (at least the block's
         resume_context of them, all when that is None), carry {slot: the mixer's state after
-        start - 1} (a slot left out: its initial state)."""
+        start - 1} (a slot left out: its initial state), embed [B, w + n, D] the embedding at
+        before's and x's positions (a shared branch reads it; it runs over all of them)."""
         x = self.hook_resid_pre(x)
         if not self.mixers:
             return self.after_mixer(x, None)
-        normed = self.norm_mixer(torch.cat([before, x], dim=1))  # one call: hook_scale holds the last positions
+        inputs = torch.cat([before, x], dim=1)
+        if hasattr(self, "shared"):
+            inputs = inputs + self.shared(inputs, embed)
+        normed = self.norm_mixer(inputs)  # one call: hook_scale holds the last positions
         skip, carry = before.shape[1], carry or {}
         outs = []
         for slot, mixer in self.mixers.items():
@@ -203,7 +250,7 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None]
+        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None] + ["attention"] * any(cfg.shared_blocks)
         for name in names:
             if name not in MIXERS:
                 raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
@@ -229,9 +276,9 @@ class SequenceModel(HookedMixin, nn.Module):
         x = self.embed(tokens)
         if hasattr(self, "pos_embed"):
             x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
-        x = self.hook_embed(x)
+        x = embedding = self.hook_embed(x)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, embed=embedding)
         return self.read_out(x, at)
 
     def read_out(self, x: torch.Tensor, at: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
@@ -250,10 +297,12 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def resume_hooks(self, layer: int = 0) -> dict[str, list[str]]:
         """The cached activations `resume_from` reads for runs resumed at block >= layer:
-        {"resid": block inputs, "carry": recurrent states (mixers that resume from a state)}."""
+        {"resid": block inputs (and hook_embed, which shared branches read), "carry": recurrent
+        states (mixers that resume from a state)}."""
         blocks = range(layer, len(self.blocks))
+        shared = any(hasattr(self.blocks[j], "shared") for j in blocks)
         return {
-            "resid": [f"blocks.{j}.hook_resid_pre" for j in blocks],
+            "resid": ["hook_embed"] * shared + [f"blocks.{j}.hook_resid_pre" for j in blocks],
             "carry": [f"blocks.{j}.{slot}.hook_state" for j in blocks for slot in self._carrying(j)],
         }
 
@@ -292,7 +341,8 @@ class SequenceModel(HookedMixin, nn.Module):
             before = cache[f"blocks.{j}.hook_resid_pre"][examples, lo:start]  # [R, w, D]
             carry = {slot: cache[f"blocks.{j}.{slot}.hook_state"][examples, start - 1]
                      for slot in (self._carrying(j) if start else ())}
-            x = self.blocks[j].resume(x, before, carry)
+            embed = cache["hook_embed"][examples, lo:end] if hasattr(self.blocks[j], "shared") else None
+            x = self.blocks[j].resume(x, before, carry, embed)
         return self.read_out(x, at, offset=start)
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options):
@@ -337,6 +387,6 @@ class SequenceModel(HookedMixin, nn.Module):
         if path not in ("auto", "fast", "instrumented"):
             raise ValueError(f"path must be 'auto', 'fast' or 'instrumented'; got {path!r}")
         for block in self.blocks:
-            for mixer in block.mixers.values():
+            for mixer in [*block.mixers.values(), *([block.shared.attn] if hasattr(block, "shared") else [])]:
                 mixer.execution_path = path
         return self

@@ -9,7 +9,7 @@ from typing import Any
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("none", "learned", "rope")
-MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "relu2")
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu", "relu2")
 
 
 @dataclass
@@ -25,6 +25,11 @@ class ModelConfig:
         outputs are summed into the residual. Its hooks are blocks.{l}.mixer2.*; mixer_options
         are then per mixer name (as for a hybrid). Block layouts per layer: mixer [+ mixer2]
         [+ MLP], or MLP only (models.backbone.Block).
+    shared_block: a bool or one per layer: Zamba2's shared transformer branch in that layer (a
+        layer with a mixer): t = mlp(norm(attention(norm([x | embedding])))) is added to the
+        mixer's input, not to the residual; the attention (n_heads, n_kv_heads, d_head,
+        positional, mixer_options["attention"]) reads width 2 d_model, the MLP is d_mlp /
+        mlp_activation / mlp_bias wide. Hooks blocks.{l}.shared.* at each layer that has one.
     d_hidden: recurrent width of RNN-style mixers (default d_model).
     d_head: per-head width (default d_model // n_heads).
     d_state: SSM state size per channel (Mamba N).
@@ -36,8 +41,9 @@ class ModelConfig:
     residual: wrap mixer and MLP in residual connections (off gives a plain RNN stack).
     mlp: an MLP after each mixer (a bool, or one per layer); d_mlp its width (default mlp_ratio *
         d_model); mlp_activation "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's
-        gelu_new), "swiglu" (down(silu(gate(x)) * up(x)), Llama's) or "relu2" (down(relu(up(x))^2),
-        NemotronH's); mlp_bias: biases in its linear maps.
+        gelu_new), "swiglu" (down(silu(gate(x)) * up(x)), Llama's), "geglu" (the same with erf
+        GELU, Zamba2's) or "relu2" (down(relu(up(x))^2), NemotronH's); mlp_bias: biases in its
+        linear maps.
     n_kv_heads: key/value heads of attention (grouped-query attention; default n_heads; it must
         divide n_heads, query head h reads key/value head h // (n_heads / n_kv_heads)).
     attention_bias: biases in attention's input and output projections.
@@ -65,6 +71,7 @@ class ModelConfig:
     norm_eps: float | None = None
     residual: bool = True
     mlp: bool | list[bool] = False
+    shared_block: bool | list[bool] = False
     mlp_ratio: int = 4
     d_mlp: int | None = None
     mlp_activation: str = "gelu"
@@ -131,27 +138,31 @@ class ModelConfig:
         mixer_options a dict (per mixer name for a hybrid)."""
         self.mixer = self._per_layer("mixer", self.mixer)
         self.mixer2 = self._per_layer("mixer2", self.mixer2)
-        if isinstance(self.mlp, tuple):
-            self.mlp = list(self.mlp)
-        if isinstance(self.mlp, list):
-            if len(self.mlp) != self.n_layers or not all(isinstance(m, bool) for m in self.mlp):
-                raise TypeError(f"mlp must be a bool or a list of n_layers={self.n_layers} bools; got {self.mlp!r}")
-        elif not isinstance(self.mlp, bool):
-            raise TypeError(f"mlp must be a bool or a list of n_layers={self.n_layers} bools; got {self.mlp!r}")
-        for layer, (mixer, mixer2, mlp) in enumerate(zip(self.mixers, self.mixer2s, self.mlps)):
+        self.mlp, self.shared_block = self._flags("mlp", self.mlp), self._flags("shared_block", self.shared_block)
+        for layer, (mixer, mixer2, mlp, shared) in enumerate(zip(self.mixers, self.mixer2s, self.mlps,
+                                                                 self.shared_blocks)):
             if mixer is None and not mlp:
                 raise ValueError(f"layer {layer} has neither a mixer nor an MLP (mixer None needs mlp True there)")
-            if mixer is None and mixer2 is not None:
-                raise ValueError(f"layer {layer} has mixer2={mixer2!r} but no mixer: a parallel mixer goes beside one")
+            if mixer is None and (mixer2 is not None or shared):
+                raise ValueError(f"layer {layer} has {'mixer2=' + repr(mixer2) if mixer2 else 'a shared_block'} "
+                                 f"but no mixer: it goes beside one")
         if not isinstance(self.mixer_options, dict):
             raise TypeError(f"mixer_options must be a dict; got {type(self.mixer_options).__name__}")
         if self.hybrid:
-            names = {n for n in self.mixers + self.mixer2s if n is not None}
+            names = {n for n in self.mixers + self.mixer2s if n is not None} | ({"attention"} if any(self.shared_blocks) else set())
             unknown = set(self.mixer_options) - names
             wrong = [name for name, opts in self.mixer_options.items() if not isinstance(opts, dict)]
             if unknown or wrong:
                 raise ValueError(f"mixer_options of a hybrid map mixer names in {sorted(names)} to "
                                  f"dicts of their options; got {self.mixer_options!r}")
+
+    def _flags(self, field_name: str, value: Any) -> bool | list[bool]:
+        """A per-layer flag: a bool or a list of n_layers bools (a tuple becomes a list)."""
+        value = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, bool) or (isinstance(value, list) and len(value) == self.n_layers
+                                       and all(isinstance(v, bool) for v in value)):
+            return value
+        raise TypeError(f"{field_name} must be a bool or a list of n_layers={self.n_layers} bools; got {value!r}")
 
     def _per_layer(self, field_name: str, value: Any) -> str | list[str | None] | None:
         """A mixer field: None, a name, or a list of n_layers names / None (a tuple becomes a list)."""
@@ -170,8 +181,9 @@ class ModelConfig:
 
     @property
     def hybrid(self) -> bool:
-        """Whether mixer_options are per mixer name: a list of mixers, or a parallel mixer2."""
-        return isinstance(self.mixer, list) or self.mixer2 is not None
+        """Whether mixer_options are per mixer name: a list of mixers, a parallel mixer2, or shared
+        blocks (their attention's options under "attention")."""
+        return isinstance(self.mixer, list) or self.mixer2 is not None or any(self.shared_blocks)
 
     @property
     def mixers(self) -> list[str | None]:
@@ -188,17 +200,22 @@ class ModelConfig:
         """Whether each layer has an MLP."""
         return list(self.mlp) if isinstance(self.mlp, list) else [self.mlp] * self.n_layers
 
+    @property
+    def shared_blocks(self) -> list[bool]:
+        """Whether each layer has a shared transformer branch (Zamba2)."""
+        return list(self.shared_block) if isinstance(self.shared_block, list) else [self.shared_block] * self.n_layers
+
     def layer_config(self, layer: int, slot: str = "mixer") -> "ModelConfig":
-        """The config layer `layer`'s mixer in `slot` ("mixer" or "mixer2") is built from: this one
-        with that mixer as `mixer` (None: none there), that layer's mlp, and that mixer's
-        mixer_options for a hybrid."""
-        if slot not in ("mixer", "mixer2"):
-            raise ValueError(f"slot must be 'mixer' or 'mixer2'; got {slot!r}")
+        """The config layer `layer`'s mixer in `slot` ("mixer", "mixer2" or "shared": the shared
+        branch's attention) is built from: this one with that mixer as `mixer` (None: none
+        there), that layer's mlp, and that mixer's mixer_options for a hybrid."""
+        if slot not in ("mixer", "mixer2", "shared"):
+            raise ValueError(f"slot must be 'mixer', 'mixer2' or 'shared'; got {slot!r}")
         if not self.hybrid and not isinstance(self.mlp, list):
             return self
-        name = (self.mixers if slot == "mixer" else self.mixer2s)[layer]
+        name = {"mixer": self.mixers, "mixer2": self.mixer2s, "shared": ["attention"] * self.n_layers}[slot][layer]
         options = dict(self.mixer_options.get(name, {})) if self.hybrid else self.mixer_options
-        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer],
+        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer], shared_block=False,
                                    mixer_options=options)
 
     @property

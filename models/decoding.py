@@ -73,7 +73,8 @@ class DecodingState:
         recompute   {"inputs": [B, position, D]} mixer inputs (before hook_in) at every position
 
     A block with a parallel second mixer (Block.mixer2) keeps that mixer's entries in the same
-    layer dict under "mixer2." ("mixer2.keys", ...); an MLP-only block's dict stays empty.
+    layer dict under "mixer2." ("mixer2.keys", ...), a shared branch's attention under
+    "shared.attn."; an MLP-only block's dict stays empty.
     position: the number of positions consumed (the absolute position of the next token).
     Edit a layer's tensors in place or replace them (same shapes) to change what comes next;
     copy() and select(rows) give independent states; save(path) / load(path) use safetensors."""
@@ -286,9 +287,9 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
         x = model.embed(tokens)
         if hasattr(model, "pos_embed"):
             x = x + model.pos_embed(torch.arange(start, start + n, device=tokens.device))
-        x = model.hook_embed(x)
+        x = embedding = model.hook_embed(x)
         for block, layer in zip(model.blocks, state.layers):
-            x = block(x, run=lambda slot, mixer, normed: RUNNERS[mixer_kind(mixer)](
+            x = block(x, embed=embedding, run=lambda slot, mixer, normed: RUNNERS[mixer_kind(mixer)](
                 mixer, normed, layer if slot == "mixer" else Prefixed(layer, f"{slot}."), start, room))
         if all_logits:
             logits = model.read_out(x)

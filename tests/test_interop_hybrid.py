@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import models
-from interp.analysis.interventions import corrupt_ar, interchange, site_grid
+from interp.analysis.interventions import Site, ablate, attribute, corrupt_ar, interchange, site_grid
 from models import StatePatch
 from models.decoding import advance
 from models.interop import UnsupportedConfig
@@ -72,11 +72,24 @@ def falcon_h1_source(**overrides):
     return jitter(tf.FalconH1ForCausalLM(tf.FalconH1Config(**{**fields, **overrides})))
 
 
+def zamba2_source(**overrides):
+    """mamba2, hybrid, mamba2, hybrid, hybrid: two shared transformers used in turn (A, B, A),
+    per-depth LoRA adapters, RoPE."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=5, mamba_d_state=4, mamba_d_conv=3,
+                  layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
+                  n_mamba_heads=4, mamba_ngroups=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=24,
+                  num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=3, use_mem_rope=True,
+                  chunk_size=16, **IDS)
+    return jitter(tf.Zamba2ForCausalLM(tf.Zamba2Config(**{**fields, **overrides})))
+
+
 # family -> (source, its last layer: a Mamba-2 one, its state shape [H, P, N]); the last, because
 # ours reads a state patched at t out at t too, which the source stepped from a patched cache
 # cannot: with a later attention layer that read-out would reach every later position's keys.
 FAMILIES = {"nemotron_h": (nemotron_h_source, 4, (4, 6, 4)), "bamba": (bamba_source, 3, (4, 8, 4)),
-            "granitemoehybrid": (granite_source, 3, (4, 8, 4)), "falcon_h1": (falcon_h1_source, 1, (4, 6, 4))}
+            "granitemoehybrid": (granite_source, 3, (4, 8, 4)), "falcon_h1": (falcon_h1_source, 1, (4, 6, 4)),
+            "zamba2": (zamba2_source, 4, (4, 8, 4))}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -161,15 +174,25 @@ def test_a_state_patch_while_decoding_equals_the_full_forward(imported):
     assert (full[[0, 2], 14:] - model(out[:, :-1])[[0, 2], 14:]).abs().amax() > 1e-3
 
 
-def test_interchange_resumed_equals_whole_passes(imported):
-    name = imported[0]
+def test_interventions_resumed_equal_whole_passes(imported):
+    """Interchange at every block's residuals and a Mamba-2 layer's state, and ablations of that
+    state: resumed from the site's block (MLP-only, parallel and shared blocks on the way) as in
+    whole passes."""
+    name, _, _, layer, _ = imported
     model = models.from_pretrained(FAMILIES[name][0](vocab_size=AR_VOCAB))
     clean = ar_batch(8, 4, seed=0)
     corrupt = corrupt_ar(clean, TASK, seed=1)
-    sites = site_grid(model, ["blocks.{l}.hook_resid_pre", "blocks.{l}.hook_resid_mid"], ["key", "value"])
+    state = f"blocks.{layer}.mixer.hook_state"
+    sites = site_grid(model, ["blocks.{l}.hook_resid_pre", "blocks.{l}.hook_resid_mid", state], ["key", "value"])
     resumed, whole = (interchange(model, clean, corrupt, sites, min_effect=0.0, resume=r) for r in (True, False))
     torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
     assert (whole.p_patched - whole.p_corrupt).abs().max() > 1e-4
+    estimate = attribute(model, clean, corrupt, sites, min_effect=0.0, progress=False)  # states recomputed per block
+    torch.testing.assert_close(estimate.p_corrupt, whole.p_corrupt, atol=1e-6, rtol=0)
+    assert torch.isfinite(estimate.p_patched).all() and (estimate.p_patched - estimate.p_corrupt).abs().max() > 1e-4
+    ablated = [Site(state, role) for role in ("key", "query")]
+    resumed, whole = (ablate(model, clean, ablated, mode="mean", resume=r) for r in (True, False))
+    torch.testing.assert_close(resumed.p_answer, whole.p_answer, atol=1e-6, rtol=0)
 
 
 def test_round_trip_and_checkpoint_directory(imported, tmp_path):
@@ -204,6 +227,8 @@ def test_nemotron_h_layout_and_hook_names():
     lambda: falcon_h1_source(mamba_rms_norm=False, tie_word_embeddings=True),
     lambda: falcon_h1_source(mamba_norm_before_gate=True, mamba_proj_bias=True, projectors_bias=True,
                              attention_bias=True, mlp_bias=True),
+    lambda: zamba2_source(use_shared_attention_adapter=False, num_mem_blocks=1, use_mem_rope=False, hidden_act="silu",
+                          add_bias_linear=True, num_key_value_heads=2),
 ])
 def test_variants_parity(make):
     source = make()
@@ -223,6 +248,22 @@ def test_falcon_h1_names_both_branches():
                                + cache["blocks.1.mixer.hook_out"] + cache["blocks.1.mixer2.hook_out"])
 
 
+def test_zamba2_names_the_shared_block_at_each_depth():
+    model = models.from_pretrained(zamba2_source())
+    assert model.cfg.shared_blocks == [False, True, False, True, True] and model.cfg.mlp_activation == "geglu"
+    names = set(model.hook_names())
+    for layer in (1, 3, 4):
+        assert {f"blocks.{layer}.shared.attn.hook_pattern", f"blocks.{layer}.shared.mlp.hook_post",
+                f"blocks.{layer}.shared.hook_out", f"blocks.{layer}.mixer.hook_state"} <= names
+    assert not any(n.startswith(("blocks.0.shared", "blocks.2.shared")) for n in names)
+    _, cache = model.run_with_cache(tokens(), names=["hook_embed", "blocks.1.hook_resid_pre",
+                                                     "blocks.1.shared.attn.hook_in"])
+    normed = torch.cat([cache["blocks.1.hook_resid_pre"], cache["hook_embed"]], -1)  # the attention reads [x | e]
+    scale = normed.square().mean(-1, keepdim=True).add(1e-5).rsqrt()
+    torch.testing.assert_close(cache["blocks.1.shared.attn.hook_in"],
+                               normed * scale * model.blocks[1].shared.norm_attn.weight, atol=1e-5, rtol=0)
+
+
 def test_bamba_and_granite_layouts():
     bamba = models.from_pretrained(bamba_source())
     assert bamba.cfg.mixers == ["attention", "mamba2"] * 2 and bamba.cfg.positional == "rope"
@@ -237,6 +278,7 @@ def test_bamba_and_granite_layouts():
      "rope_type 'default'"),
     (lambda: granite_source(num_local_experts=2), "num_local_experts=2"),
     (lambda: falcon_h1_source(projectors_bias=True), "projectors_bias=True.*mamba_proj_bias=False"),
+    (lambda: zamba2_source(hidden_act="relu"), "hidden_act='relu'"),
     (lambda: nemotron_h_source(layers_block_type=["linear_attention", "moe"]), "layers_block_type=.*no 'moe'"),
     (lambda: nemotron_h_source(mlp_hidden_act="gelu"), "mlp_hidden_act='gelu'"),
 ])

@@ -30,6 +30,8 @@ def tokens(length=12, seed=1):
     (dict(mixer="mamba2", mlp=[True], n_layers=2), TypeError, "mlp must be a bool or a list of n_layers=2"),
     (dict(mixer="mamba2", mixer2=3, n_layers=2), TypeError, "mixer2 must be a name"),
     (dict(mixer="mamba2", mixer2="attention", mixer_options={"mamba": {}}), ValueError, "mixer_options of a hybrid"),
+    (dict(mixer=["mamba2", None], mlp=True, shared_block=[False, True], n_layers=2), ValueError, "a shared_block"),
+    (dict(mixer="mamba2", shared_block=[True], n_layers=2), TypeError, "shared_block must be a bool or a list"),
 ])
 def test_bad_layouts_raise(fields, error, message):
     with pytest.raises(error, match=message):
@@ -82,3 +84,40 @@ def test_resume_from_a_parallel_block_equals_the_full_forward():
         for layer in range(3):
             resumed = m.resume_from(cache, torch.arange(3), layer, 5, seq.shape[1])
             torch.testing.assert_close(resumed, full[:, 5:], atol=1e-5, rtol=0)
+
+
+SHARED = dict(mixer="mamba2", shared_block=[False, True, True], n_layers=3, vocab_size=VOCAB, d_model=16, n_heads=4,
+              d_state=4, norm="rmsnorm", positional="rope", d_mlp=24, mlp_activation="geglu",
+              mixer_options={"mamba2": {"n_heads": 2}, "attention": {"rope_base": 100.0}})
+
+
+def test_a_shared_branch_feeds_the_mixer_input_only():
+    m = model(**SHARED)
+    assert not hasattr(m.blocks[0], "shared") and m.blocks[1].shared.attn.qkv.in_features == 32
+    _, cache = m.run_with_cache(tokens())
+    assert set(cache) == set(m.hook_names())
+    x, t = cache["blocks.1.hook_resid_pre"], cache["blocks.1.shared.hook_out"]
+    assert t.shape == x.shape
+    normed = (x + t) * (x + t).square().mean(-1, keepdim=True).add(torch.finfo(x.dtype).eps).rsqrt()
+    torch.testing.assert_close(cache["blocks.1.mixer.hook_in"], normed * m.blocks[1].norm_mixer.weight)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_mid"], x + cache["blocks.1.mixer.hook_out"])
+    with pytest.raises(ValueError, match="embed="):
+        m.blocks[1](x)
+
+
+def test_shared_branches_decode_and_resume_like_the_full_forward():
+    m = model(**SHARED)
+    seq = tokens()
+    with torch.no_grad():
+        full = m(seq)
+        logits, state = advance(m, seq[:, :6])
+        assert {"shared.attn.keys", "shared.attn.values", "state", "conv"} <= set(state.layers[1])
+        for t in range(6, seq.shape[1]):
+            torch.testing.assert_close(logits, full[:, t - 1], atol=1e-5, rtol=0)
+            logits, state = advance(m, seq[:, t : t + 1], state)
+        hooks = m.resume_hooks(1)
+        assert hooks["resid"][0] == "hook_embed"
+        _, cache = m.run_with_cache(seq, names=hooks["resid"] + hooks["carry"])
+        for layer in (1, 2):
+            torch.testing.assert_close(m.resume_from(cache, torch.arange(3), layer, 5, seq.shape[1]), full[:, 5:],
+                                       atol=1e-5, rtol=0)

@@ -35,6 +35,7 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "falcon_h1": ("models.interop.falcon_h1", ("FalconH1ForCausalLM",)),
     "granitemoehybrid": ("models.interop.granitemoehybrid", ("GraniteMoeHybridForCausalLM",)),
     "nemotron_h": ("models.interop.nemotron_h", ("NemotronHForCausalLM",)),
+    "zamba2": ("models.interop.zamba2", ("Zamba2ForCausalLM",)),
     "lfm2": ("models.interop.lfm2", ("Lfm2ForCausalLM",)),
     "qwen3_next": ("models.interop.qwen3_next", ("Qwen3NextForCausalLM",)),
     "qwen3_5_text": ("models.interop.qwen3_5", ("Qwen3_5ForCausalLM",)),

@@ -28,8 +28,8 @@ import torch
 
 from interp.analysis.interventions.interchange import EXTRA_METRICS, InterchangeResult, restoration
 from interp.analysis.interventions.patching import probs_at, time_first
-from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyStates, block_input, describe,
-                                                    footprint, is_state, layer_of, logits_at, reading_at,
+from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyStates, block_input, block_inputs,
+                                                    describe, footprint, is_state, layer_of, logits_at, reading_at,
                                                     takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
                                                  site_positions)
@@ -222,7 +222,7 @@ def _clean_cache(model, clean: Batch, hooks: list[str]) -> LazyStates:
     of a SequenceModel recomputed per block from the cached block input when asked for
     (planning.LazyStates), the others cached."""
     lazy = [h for h in hooks if is_state(h) and hasattr(model, "resume_from")]
-    names = sorted({h for h in hooks if h not in lazy} | {block_input(h) for h in lazy})
+    names = sorted({h for h in hooks if h not in lazy}.union(*(block_inputs(model, h) for h in lazy)))
     with torch.no_grad():
         cache = model.run_with_cache(clean.tokens, names=names)[1] if names else {}
     return LazyStates(model, cache, len(clean), lazy)

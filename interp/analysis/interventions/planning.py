@@ -43,7 +43,13 @@ def is_state(hook: str) -> bool:
 
 def block_input(hook: str) -> str:
     """The block input a state hook is recomputed from: blocks.j.hook_resid_pre."""
-    return hook.split(".mixer.")[0] + ".hook_resid_pre"
+    return f"blocks.{layer_of(hook)}.hook_resid_pre"
+
+
+def block_inputs(model, hook: str) -> set[str]:
+    """What a state hook is recomputed from: its block input, and hook_embed where the block has
+    a shared branch that reads the embedding (Zamba2)."""
+    return {block_input(hook)} | ({"hook_embed"} if hasattr(model.blocks[layer_of(hook)], "shared") else set())
 
 
 def layer_of(hook: str) -> int:
@@ -146,18 +152,21 @@ def _device(model) -> torch.device:
     return torch.device("cpu")
 
 
-def block_activation(model, inputs: torch.Tensor, hook: str, chunk: int, positions: list[int] | None = None):
+def block_activation(model, inputs: torch.Tensor, hook: str, chunk: int, positions: list[int] | None = None,
+                     embed: torch.Tensor | None = None):
     """The activation `hook` of block j recomputed from its cached input [N, T, D] (one block
-    forward per chunk of rows, on the current path) -> [N, T, ...], or [N, P, ...] at positions."""
+    forward per chunk of rows, on the current path) -> [N, T, ...], or [N, P, ...] at positions.
+    embed [N, T, D]: the cached hook_embed, which a block with a shared branch (Zamba2) reads."""
     out = []
-    for rows in inputs.split(chunk):
+    embeds = [None] * len(inputs.split(chunk)) if embed is None else embed.split(chunk)
+    for rows, rows_embed in zip(inputs.split(chunk), embeds):
         got: list[torch.Tensor] = []
 
         def keep(x: torch.Tensor, _hook) -> None:
             got.append(x.detach() if positions is None else x.detach()[:, positions].clone())
 
         with torch.no_grad(), model.hooks(readers=[(hook, keep)]):
-            model.blocks[layer_of(hook)](rows)
+            model.blocks[layer_of(hook)](rows, embed=rows_embed)
         out.append(got[-1])
     return torch.cat(out)
 
@@ -176,7 +185,8 @@ class LazyStates:
             return self.cache[hook]
         if self.last is None or self.last[0] != hook:
             self.last = None  # free the previous block's states first
-            self.last = (hook, block_activation(self.model, self.cache[block_input(hook)], hook, self.chunk))
+            self.last = (hook, block_activation(self.model, self.cache[block_input(hook)], hook, self.chunk,
+                                                embed=self.cache.get("hook_embed")))
         return self.last[1]
 
 
@@ -205,7 +215,8 @@ def resume_states(model, resid: dict, groups, chunk: int) -> dict:
         hook = f"blocks.{j}.mixer.hook_state"
         if model._carries(j) and f"blocks.{j}.hook_resid_pre" in resid:
             inputs = resid[f"blocks.{j}.hook_resid_pre"]
-            values = block_activation(model, inputs, hook, chunk, positions) if positions else inputs[:, :0]
+            values = (block_activation(model, inputs, hook, chunk, positions, resid.get("hook_embed")) if positions
+                      else inputs[:, :0])
             cache[hook] = StatesAt(values, positions)
     return cache
 
@@ -240,7 +251,7 @@ class Planner:
         # lazy (resumed passes, one hook each): a SequenceModel's states are recomputed per block;
         # else (whole passes mix hooks, or another model) they are cached whole
         self.lazy = states = [h for h in hooks if lazy and is_state(h) and hasattr(model, "resume_from")]
-        light = {h for h in hooks if h not in states} | {block_input(h) for h in states}
+        light = {h for h in hooks if h not in states}.union(*(block_inputs(model, h) for h in states))
         self.source_names = sorted(light)
         self.target_names = sorted(set(resid) | (light if skip_noops else set()))
         lazy = max((fp.cache([h], self.n) for h in states), default=0.0)  # one block's states at a time
