@@ -84,11 +84,16 @@ def zamba2_source(**overrides):
     return jitter(tf.Zamba2ForCausalLM(tf.Zamba2Config(**{**fields, **overrides})))
 
 
+def granite_moe_source(**overrides):
+    """granite_source with a sparse MoE MLP (4 experts, top 2) beside the shared MLP in each layer."""
+    return granite_source(**{"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 12, **overrides})
+
+
 # family -> (source, its last layer: a Mamba-2 one, its state shape [H, P, N]); the last, because
 # ours reads a state patched at t out at t too, which the source stepped from a patched cache
 # cannot: with a later attention layer that read-out would reach every later position's keys.
 FAMILIES = {"nemotron_h": (nemotron_h_source, 4, (4, 6, 4)), "bamba": (bamba_source, 3, (4, 8, 4)),
-            "granitemoehybrid": (granite_source, 3, (4, 8, 4)), "falcon_h1": (falcon_h1_source, 1, (4, 6, 4)),
+            "granitemoehybrid": (granite_source, 3, (4, 8, 4)), "granite_moe": (granite_moe_source, 3, (4, 8, 4)), "falcon_h1": (falcon_h1_source, 1, (4, 6, 4)),
             "zamba2": (zamba2_source, 4, (4, 8, 4))}
 
 
@@ -264,6 +269,25 @@ def test_zamba2_names_the_shared_block_at_each_depth():
                                normed * scale * model.blocks[1].shared.norm_attn.weight, atol=1e-5, rtol=0)
 
 
+def test_granite_moe_routes_as_the_source():
+    source = granite_moe_source()
+    model = models.from_pretrained(source)
+    assert model.cfg.moe["experts"] == 4 and not model.cfg.moe["shared_gate"]
+    seen = []
+    handle = source.model.layers[1].block_sparse_moe.router.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        with torch.no_grad():
+            source(tokens())
+    finally:
+        handle.remove()
+    logits, weights, index = seen[0]  # [N, E], [N, k], [N, k]
+    _, cache = model.run_with_cache(tokens(), names=["blocks.1.mlp.hook_router_logits", "blocks.1.mlp.hook_expert_indices",
+                                                     "blocks.1.mlp.hook_expert_weights"])
+    torch.testing.assert_close(cache["blocks.1.mlp.hook_router_logits"].flatten(0, 1), logits, atol=1e-5, rtol=0)
+    assert torch.equal(cache["blocks.1.mlp.hook_expert_indices"].flatten(0, 1), index)
+    torch.testing.assert_close(cache["blocks.1.mlp.hook_expert_weights"].flatten(0, 1), weights, atol=1e-6, rtol=0)
+
+
 def test_bamba_and_granite_layouts():
     bamba = models.from_pretrained(bamba_source())
     assert bamba.cfg.mixers == ["attention", "mamba2"] * 2 and bamba.cfg.positional == "rope"
@@ -276,7 +300,6 @@ def test_bamba_and_granite_layouts():
     (lambda: bamba_source(hidden_act="gelu"), "hidden_act='gelu'"),
     (lambda: bamba_source(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
      "rope_type 'default'"),
-    (lambda: granite_source(num_local_experts=2), "num_local_experts=2"),
     (lambda: falcon_h1_source(projectors_bias=True), "projectors_bias=True.*mamba_proj_bias=False"),
     (lambda: zamba2_source(hidden_act="relu"), "hidden_act='relu'"),
     (lambda: nemotron_h_source(layers_block_type=["linear_attention", "moe"]), "layers_block_type=.*no 'moe'"),

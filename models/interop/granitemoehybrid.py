@@ -1,22 +1,27 @@
-"""transformers GraniteMoeHybridForCausalLM (dense: num_local_experts 0) -> Bamba's layout
-(models.interop.bamba: "mamba2" / "attention" per layer, each followed by a SwiGLU MLP, RMSNorm),
+"""transformers GraniteMoeHybridForCausalLM -> Bamba's layout (models.interop.bamba: "mamba2" /
+"attention" per layer, each followed by a SwiGLU MLP or, with num_local_experts > 0, our sparse
+MoE MLP (models.moe) with Granite's ungated shared MLP as its shared expert; RMSNorm),
 with Granite's scalar multipliers folded into the weights, so every hook holds what the source
 computes at that point:
 
     embedding_multiplier e   embed = e * embed_tokens (hook_embed: the scaled embedding)
     residual_multiplier r    each sublayer's output map (o_proj, the Mamba out_proj, the MLP's
-                             output_linear) times r: mixer / mlp hook_out is what is added
+                             output_linear, each expert's down map) times r: mixer / mlp
+                             hook_out is what is added
     attention_multiplier m   the score scale (in place of 1 / sqrt(d_head)): q_proj times
                              m * sqrt(d_head) (hook_q holds q scaled so; scores and pattern exact)
     logits_scaling s         logits / s: unembed = lm_head / s, or with tied embeddings the final
                              norm's weight times 1 / (e s) (the unembedding is e * embed_tokens)
 
-shared_mlp.input_linear [gate | up] -> mlp.gate / mlp.up, output_linear -> mlp.down;
+shared_mlp.input_linear [gate | up] -> mlp.gate / mlp.up, output_linear -> mlp.down (with
+experts: mlp.shared_expert.*); block_sparse_moe.router.weight -> mlp.router.weight (Granite's
+softmax over the top-k logits is our top-k of the softmax renormalised: norm_topk_prob),
+experts.gate_up_proj [E, gate | up, D] -> mlp.experts.gate / up, down_proj -> mlp.experts.down;
 post_attention_layernorm -> norm_mlp, model.norm -> norm_final. position_embedding_type "rope"
 -> positional "rope" (rope_theta; scaling raises), None -> no positions.
 
-Refused (UnsupportedConfig): mixture-of-experts layers (num_local_experts > 0: no MoE MLP here
-yet), hidden_act other than silu, embedding_multiplier 0 with tied embeddings.
+Refused (UnsupportedConfig): hidden_act other than silu, rope scaling, embedding_multiplier 0
+with tied embeddings.
 """
 
 from __future__ import annotations
@@ -33,8 +38,6 @@ from models.interop.convert import SourceWeights, require, unsupported
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     config = source.config
     require(config, "hidden_act", "silu")
-    if config.num_local_experts:
-        raise unsupported(config, "num_local_experts", config.num_local_experts, "0 (a dense shared MLP only)")
     position = require(config, "position_embedding_type", "rope", None)
     kinds = layer_kinds(config)
     eps = float(config.rms_norm_eps)
@@ -49,6 +52,10 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         attention_bias=bool(config.attention_bias), positional="rope" if rope else "none",
         d_state=config.mamba_d_state, d_conv=config.mamba_d_conv, norm="rmsnorm", norm_eps=eps, mlp=True,
         d_mlp=config.shared_intermediate_size, mlp_activation="swiglu", mlp_bias=False, tie_embeddings=tied,
+        moe=None if not config.num_local_experts else {
+            "experts": config.num_local_experts, "top_k": config.num_experts_per_tok,
+            "d_expert": config.intermediate_size, "norm_topk_prob": True,
+            "d_shared": config.shared_intermediate_size, "shared_gate": False},
         mixer_options={"mamba2": mamba2_options(config, eps)} | ({"attention": rotary_options(config)} if rope else {}),
     )
     weights = SourceWeights(source)
@@ -64,15 +71,28 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
             if cfg.attention_bias:
                 mixer[f"{ours}.mixer.qkv.bias"] = scaled_rows(mixer[f"{ours}.mixer.qkv.bias"], cfg, q_scale)
         state |= {name: value * r if name.startswith(f"{ours}.mixer.{out}.") else value for name, value in mixer.items()}
-        gate, up = take(f"{theirs}.shared_mlp.input_linear.weight").chunk(2, dim=0)
-        state |= {f"{ours}.mlp.gate.weight": gate, f"{ours}.mlp.up.weight": up,
-                  f"{ours}.mlp.down.weight": take(f"{theirs}.shared_mlp.output_linear.weight", lambda w: w * r)}
+        state |= mlp_weights(weights, theirs, f"{ours}.mlp", r, cfg.moe is not None)
         state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
         state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.post_attention_layernorm.weight")
     state["norm_final.weight"] = take("model.norm.weight", lambda w: w / (e * s) if tied else w)
     state["unembed.weight"] = take("lm_head.weight", lambda w: w * e if tied else w / s)
     weights.check_all_taken()
     return cfg, state
+
+
+def mlp_weights(weights: SourceWeights, theirs: str, ours: str, r: float, sparse: bool) -> dict:
+    """Layer `theirs`'s shared MLP (and experts) with the residual multiplier r folded in."""
+    take = weights.take
+    dense = f"{ours}.shared_expert" if sparse else ours
+    gate, up = take(f"{theirs}.shared_mlp.input_linear.weight").chunk(2, dim=0)
+    state = {f"{dense}.gate.weight": gate, f"{dense}.up.weight": up,
+             f"{dense}.down.weight": take(f"{theirs}.shared_mlp.output_linear.weight", lambda w: w * r)}
+    if sparse:
+        moe = f"{theirs}.block_sparse_moe"
+        gate, up = take(f"{moe}.experts.gate_up_proj").chunk(2, dim=1)  # [E, F, D] each
+        state |= {f"{ours}.router.weight": take(f"{moe}.router.weight"), f"{ours}.experts.gate": gate,
+                  f"{ours}.experts.up": up, f"{ours}.experts.down": take(f"{moe}.experts.down_proj", lambda w: w * r)}
+    return state
 
 
 def scaled_rows(qkv, cfg: ModelConfig, scale: float):
