@@ -263,6 +263,9 @@ class SequenceModel(HookedMixin, nn.Module):
             self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        for block in self.blocks:  # a mixer that reads another layer's values (RWKV-7's v_first) finds them
+            if hasattr(block.mixer, "link_layers"):
+                block.mixer.link_layers([b.mixer for b in self.blocks])
         self.norm_final = make_norm(cfg)
         self.hook_final = HookPoint()
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -299,7 +302,7 @@ class SequenceModel(HookedMixin, nn.Module):
         """The cached activations `resume_from` reads for runs resumed at block >= layer:
         {"resid": block inputs (and hook_embed, which shared branches read), "carry": recurrent
         states (mixers that resume from a state)}."""
-        blocks = range(layer, len(self.blocks))
+        blocks = range(self.resume_start(layer), len(self.blocks))
         shared = any(hasattr(self.blocks[j], "shared") for j in blocks)
         return {
             "resid": ["hook_embed"] * shared + [f"blocks.{j}.hook_resid_pre" for j in blocks],
@@ -310,6 +313,11 @@ class SequenceModel(HookedMixin, nn.Module):
         """The slots of block `layer` whose mixers resume from a carried state."""
         return [slot for slot, mixer in self.blocks[layer].mixers.items()
                 if hasattr(mixer, "hook_state") and mixer.resume_context is not None]
+
+    def resume_start(self, layer: int) -> int:
+        """The block a run resumed at block `layer` recomputes from: `layer`, or an earlier block
+        whose values a mixer at or after `layer` reads (`mixer.reads_layer`: RWKV-7's v_first, 0)."""
+        return min([layer] + [getattr(block.mixer, "reads_layer", layer) for block in self.blocks[layer:]])
 
     def _carries(self, layer: int) -> bool:
         """Whether block `layer`'s (first) mixer resumes from a carried state."""
@@ -329,6 +337,7 @@ class SequenceModel(HookedMixin, nn.Module):
         if not 0 <= layer < len(self.blocks) or not 0 <= start < end:
             raise ValueError(f"resume_from needs 0 <= layer < {len(self.blocks)} and 0 <= start < end; "
                              f"got layer={layer}, start={start}, end={end}")
+        layer = self.resume_start(layer)  # by causality the blocks before it give the cached values again
         needed = self.resume_hooks(layer)
         missing = [name for name in needed["resid"] + needed["carry"] if name not in cache]
         if missing:
