@@ -9,6 +9,7 @@ import torch
 import models
 from models.interop import UnsupportedConfig
 from tests.interop_parity import VOCAB, assert_causal_state_patch, assert_parity, assert_round_trip, jitter
+from tests.test_interop_fla import with_config
 
 tf = pytest.importorskip("transformers")
 T = 20
@@ -130,6 +131,22 @@ def test_window_patch_equals_the_sources_patched_cache():
     assert_causal_state_patch(model, toks, "blocks.0.mixer.hook_state", t, (16, 3))
 
 
+def decoded_step_by_step(model, tokens, prompt: int):
+    """models.decoding.advance over tokens [B, T]: the first `prompt` in one call, then one token
+    a call; each call's logits must equal the full forward on tokens (1e-5). -> the final state."""
+    from models.decoding import advance
+
+    with torch.no_grad():
+        full = model(tokens)
+        logits, state = advance(model, tokens[:, :prompt], all_logits=True)
+        steps = [logits]
+        for s in range(prompt, tokens.shape[1]):
+            step, state = advance(model, tokens[:, s : s + 1], state, all_logits=True)
+            steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    return state
+
+
 def test_decoding_steps_equal_the_full_forward_and_hf_generate():
     source = lfm2_source()
     model = models.from_pretrained(source)
@@ -139,16 +156,7 @@ def test_decoding_steps_equal_the_full_forward_and_hf_generate():
                                    do_sample=False, min_new_tokens=0, **IDS | {"eos_token_id": None})
     generated = model.generate(prompt, new, progress=False)
     assert torch.equal(generated, expected)
-    from models.decoding import advance
-
-    with torch.no_grad():
-        full = model(generated)
-        logits, state = advance(model, generated[:, :12], all_logits=True)
-        steps = [logits]
-        for s in range(12, generated.shape[1]):
-            step, state = advance(model, generated[:, s : s + 1], state, all_logits=True)
-            steps.append(step)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    state = decoded_step_by_step(model, generated, 12)
     assert state.layers[0]["state"].shape == (3, 16, 3)  # the conv window, W entries
 
 
@@ -162,12 +170,6 @@ def test_from_a_checkpoint_directory(tmp_path):
     model = models.from_pretrained(tmp_path / "ckpt")
     with torch.no_grad():
         torch.testing.assert_close(model(tokens()), source(tokens()).logits, atol=1e-4, rtol=0)
-
-
-def with_config(source, **fields):
-    for name, value in fields.items():
-        setattr(source.config, name, value)
-    return source
 
 
 @pytest.mark.parametrize("make, message", [

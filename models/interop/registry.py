@@ -42,6 +42,7 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "qwen3_5": ("models.interop.qwen3_5", ("Qwen3_5ForConditionalGeneration",)),
     "qwen3_5_moe_text": ("models.interop.qwen3_5", ("Qwen3_5MoeForCausalLM",)),
     "qwen3_5_moe": ("models.interop.qwen3_5", ("Qwen3_5MoeForConditionalGeneration",)),
+    "rwkv7": ("models.interop.rwkv7", ("RWKV7ForCausalLM",)),
 }
 
 

@@ -1,0 +1,97 @@
+"""The RWKV-7 recurrence (a generalized delta rule with a vector decay), with state export, state
+patches and a state shift.
+
+Per batch element and head, with the state S_t [V, K] (values x keys; fla's kernels store the
+transpose [K, V]):
+
+    S_t = S_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T        S_{-1} = initial_state (zeros)
+    o_t = S_t r_t                                                  (no scale)
+
+RWKV-7 (Peng et al. 2025) calls it with a_t = -kappa_t and b_t = kappa_t * alpha_t (kappa the
+L2-normalised removal key, alpha the in-context learning rate), so the transition is
+diag(w_t) - kappa_t (alpha_t * kappa_t)^T: fla's chunk_rwkv7 / fused_mul_recurrent_rwkv7 (its
+diagonal-plus-low-rank generalized delta rule with gk = w, scale 1; fla.ops.generalized_delta_rule
+.dplr.naive.dplr_recurrence is the same loop in fla's layout).
+
+r, w, k, a, b [B, T, H, K], v [B, T, H, V]; w the log decay (any real; RWKV-7's lies in
+[-exp(-1/2), 0)). Arguments shared with the other scan kernels (models.kernels.delta_rule):
+  initial_state       [B, H, V, K] or None (zeros)
+  output_final_state  also return S_{T-1} [B, H, V, K]
+  export_at           None or "all": every state S_t, [B, T, H, V, K]
+  pins                (mask [B, T] bool, values [B, T, H, V, K]): after step t, where mask[b, t],
+                      the state becomes values[b, t] and the scan continues from it; o_t reads
+                      the pinned state (models.state_hooks.scan_with_state_hook's form)
+  shift               None or [B, T, H, V, K], added to each step's state before its pin (the
+                      gradient contract of scan_with_state_hook)
+  impl                "auto" | "naive": the definition, a loop over t (there is no chunked form yet)
+
+Returns ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None, states_at
+[B, T, H, V, K] | None). States are float32 (float64 for float64 inputs); output has v's dtype.
+The loop differentiates through torch ops (autograd keeps one state per step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.kernels.diag_scan import ScanOutput
+
+IMPLS = ("auto", "naive")
+
+
+def rwkv7_scan(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+               b: torch.Tensor, *, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+               export_at: str | None = None, pins: tuple[torch.Tensor, torch.Tensor] | None = None,
+               shift: torch.Tensor | None = None, impl: str = "auto") -> ScanOutput:
+    """The RWKV-7 scan; see the module docstring for the recurrence and the arguments."""
+    batch, length, heads, d_k = _check(r, w, k, v, a, b, impl, export_at)
+    d_v = v.shape[-1]
+    state_shape = (batch, heads, d_v, d_k)
+    compute = torch.promote_types(v.dtype, torch.float32)
+    _check_state("initial_state", initial_state, state_shape)
+    if pins is not None:
+        _check_state("pins values", pins[1], (batch, length, heads, d_v, d_k))
+        if tuple(pins[0].shape) != (batch, length) or pins[0].dtype != torch.bool:
+            raise ValueError(f"pins mask must be a [B={batch}, T={length}] bool tensor; got "
+                             f"{tuple(pins[0].shape)} {pins[0].dtype}")
+    _check_state("shift", shift, (batch, length, heads, d_v, d_k))
+    r, w, k, v, a, b = (x.to(compute) for x in (r, w, k, v, a, b))
+    decay = torch.exp(w)
+    h = r.new_zeros(state_shape) if initial_state is None else initial_state.to(compute)
+    outputs, states = [], []
+    for t in range(length):
+        removed = torch.einsum("bhvk,bhk->bhv", h, a[:, t])  # S_{t-1} a_t [B, H, V]
+        h = (h * decay[:, t, :, None, :] + removed[..., None] * b[:, t, :, None, :]
+             + v[:, t, :, :, None] * k[:, t, :, None, :])  # [B, H, V, K]
+        if shift is not None:
+            h = h + shift[:, t].to(compute)
+        if pins is not None:
+            h = torch.where(pins[0][:, t, None, None, None], pins[1][:, t].to(compute), h)
+        outputs.append(torch.einsum("bhvk,bhk->bhv", h, r[:, t]))
+        if export_at is not None:
+            states.append(h)
+    output = torch.stack(outputs, dim=1).to(v.dtype)  # [B, T, H, V]
+    return ScanOutput(output, h if output_final_state else None,
+                      torch.stack(states, dim=1) if export_at is not None else None)
+
+
+def _check(r, w, k, v, a, b, impl, export_at) -> tuple[int, int, int, int]:
+    if not isinstance(r, torch.Tensor) or r.dim() != 4:
+        raise ValueError(f"r must be a [B, T, H, K] tensor; got {getattr(r, 'shape', type(r))}")
+    for name, x in (("w", w), ("k", k), ("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor) or x.shape != r.shape:
+            raise ValueError(f"{name} must have r's shape {tuple(r.shape)} [B, T, H, K]; got "
+                             f"{getattr(x, 'shape', type(x))}")
+    if not isinstance(v, torch.Tensor) or v.dim() != 4 or v.shape[:3] != r.shape[:3]:
+        raise ValueError(f"v must be a [B, T, H, V] tensor with r's {tuple(r.shape[:3])} leading dims; got "
+                         f"{getattr(v, 'shape', type(v))}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+    if export_at not in (None, "all"):
+        raise ValueError(f"export_at must be None or 'all'; got {export_at!r}")
+    return tuple(r.shape)
+
+
+def _check_state(name: str, x, shape: tuple) -> None:
+    if x is not None and (not isinstance(x, torch.Tensor) or tuple(x.shape) != shape):
+        raise ValueError(f"{name} must be None or a {list(shape)} tensor; got {getattr(x, 'shape', type(x))}")
