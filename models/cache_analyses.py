@@ -125,9 +125,10 @@ class ResidualAnalyses:
             raise ValueError(f"mlp_input=True needs a block's MLP: layer < n_layers={layer}; got layer={layer}")
         components, labels = self._embeds(split_embed) if incl_embeds else ([], [])
         for l in range(layer + (1 if mlp_input else 0)):
-            if mode != "mlp":
-                components.append(self[f"blocks.{l}.mixer.hook_out"])
-                labels.append(f"{l}_{_mixer_kind(model, l)}_out")
+            if mode != "mlp":  # every mixer of the block: none (MLP-only), one, or two in parallel
+                for slot, mixer in model.blocks[l].mixers.items():
+                    components.append(self[f"blocks.{l}.{slot}.hook_out"])
+                    labels.append(f"{l}_{_mixer_kind(mixer)}{slot[len('mixer'):]}_out")  # mixer2: "..2_out"
             if l < layer and mode in ("all", "mlp") and hasattr(model.blocks[l], "mlp"):
                 components.append(self[f"blocks.{l}.mlp.hook_out"])
                 labels.append(f"{l}_mlp_out")
@@ -355,9 +356,9 @@ class ResidualAnalyses:
         return model.unembed(model.norm_final(stack.to(model.unembed.weight)))
 
 
-def _mixer_kind(model, layer: int) -> str:
+def _mixer_kind(mixer) -> str:
     """"attn" for an attention mixer (TL's label), "mixer" for any other."""
-    return "attn" if model.blocks[layer].mixer.mixer_name == "attention" else "mixer"
+    return "attn" if mixer.mixer_name == "attention" else "mixer"
 
 
 def _mlp_bias(model, layer: int, like: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,19 @@ def test_causal_state_patch_equals_the_source_continued_from_it(imported):
     torch.testing.assert_close(ours[:, t + 1:], reference[:, t + 1:], atol=1e-4, rtol=0)
 
 
+def test_the_residual_decomposes_into_its_sublayers(imported):
+    """decompose_resid: the embedding and every block's mixer outputs (none in an MLP-only block,
+    two in a parallel one; not a shared branch's, which feeds the mixer input) and MLP outputs sum
+    to the final residual."""
+    _, _, model, _, _ = imported
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens())
+    parts, labels = cache.decompose_resid(return_labels=True)
+    torch.testing.assert_close(parts.sum(0), cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"],
+                               atol=1e-5, rtol=0)
+    assert len(labels) == len(set(labels)) == 1 + sum(len(b.mixers) + hasattr(b, "mlp") for b in model.blocks)
+
+
 def test_each_decoding_step_equals_the_full_forward(imported):
     _, _, model, _, _ = imported
     prompt = tokens(length=18)
