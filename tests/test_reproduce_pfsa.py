@@ -80,7 +80,8 @@ def fake(plan, agreement):
     done = []
     for run in plan.runs:
         by_k = {c: {"by_k": {str(k): {"agreement": agreement(run.info["model"], c, k), "accuracy": 0.5,
-                                      "bayes_accuracy": 0.6, "probe_r2": 0.5, "state_norm": 1.0} for k in range(8)},
+                                      "bayes_accuracy": 0.6, "uniform_agreement": 0.77, "probe_r2": 0.5,
+                                      "state_norm": 1.0} for k in range(8)},
                     "norm_curve": [1.0] * 10} for c in ("with full reveals", "no full reveal")}
         done.append(Outcome(run, "fit", None, 3e-3, run.train["train_length"], 0.95, [], 1.0, measures=by_k))
     return done

@@ -35,7 +35,7 @@ SCALE = {
     "quick": dict(n_items=3, p=0.5, reveal_every=2, full_every=2, length=4, far=8, d_model=8, n_layers=1, n_heads=2,
                   steps=6, batch=8, seeds=[0], n=16, rounds=160, random_n=8),
     # cpu: our choice; a full reveal after every 3 partial ones in training, none at 2x the length in evaluation
-    "cpu": dict(n_items=3, p=0.5, reveal_every=2, full_every=4, length=16, far=32, d_model=64, n_layers=2, n_heads=4,
+    "cpu": dict(n_items=3, p=0.5, reveal_every=2, full_every=4, length=16, far=128, d_model=64, n_layers=2, n_heads=4,
                 steps=1500, batch=32, seeds=[0], n=256, rounds=160, random_n=256),
     "paper": dict(n_items=4, p=0.5, reveal_every=2, full_every=8, length=64, far=256, d_model=256, n_layers=4,
                   n_heads=8, steps=20_000, batch=64, seeds=[0, 1, 2], n=1024, rounds=160, random_n=1024),
@@ -165,19 +165,25 @@ def agreement_fit(model, task, run: Run, device: str, n: int) -> float:
 
 
 def condition(model, task, length: int, n: int, seed: int) -> dict:
-    """Per k (partial reveals since the last full reveal): agreement, accuracy, Bayes accuracy,
-    belief-probe R^2 and mean state norm at the ASK tokens; the state norm per position."""
+    """Per k (partial reveals since the last full reveal): agreement, accuracy, Bayes accuracy, the
+    agreement of the uniform predictor (the floor),
+    belief-probe R^2 and mean state norm at the ASK tokens that open a reveal (the later slots of a
+    full reveal are predicted from the slots printed before them, so they are left out); the state
+    norm per position."""
     batch = task.sample(n, length, eval_seed(seed, length))
     pred, bayes, target = _predictive(model, task, batch)
     agree = 1.0 - 0.5 * np.abs(pred - bayes).sum(-1)
+    uniform = 1.0 - 0.5 * np.abs(1.0 / task.n_items - bayes).sum(-1)                 # a predictor that knows nothing
     ask, k = task.layout(length)[1], task.since_full(length)
+    first = task.fixed_slots(length) <= 0            # a partial reveal, or the first slot of a full one
     r2 = heads.belief_probe(model, batch, seed=seed).per_position[ask]                 # [A]
     norms = heads.state_norms(model, batch)                                            # [N, T]
     rows = {}
     for j in np.unique(k):
-        at = k == j
+        at = (k == j) & first
         rows[str(int(j))] = {"agreement": float(agree[:, at].mean()), "accuracy": float((pred.argmax(-1) == target)[:, at].mean()),
                              "bayes_accuracy": float((bayes.argmax(-1) == target)[:, at].mean()),
+                             "uniform_agreement": float(uniform[:, at].mean()),
                              "probe_r2": float(r2[at].mean()), "state_norm": float(norms[:, ask][:, at].mean())}
     return {"by_k": rows, "norm_curve": norms.mean(0).tolist()}
 
@@ -215,8 +221,8 @@ def exact_claims(e: dict) -> list[Claim]:
                   f"linear joint recursion, 'swap (0 1), reveal slot 0' x {e['rounds']} at p = {e['p']}: mass "
                   f"{', '.join(f'{m:.4g}' for m in e['joint_constructed'][:4])} ... (closed form (1 - p)^k, max relative "
                   f"error {e['joint_rel_error']:.1e}); random PFSA-SR sequences: {r['bits_per_partial_reveal']:.2f} bits "
-                  f"of mass per partial reveal (no full reveal; mean log2 mass after the k-th: "
-                  + ", ".join(f"k={k}: {v:.2f}" for k, v in r["log2_mass_by_k"].items())
+                  f"of mass per partial reveal (no full reveal; mean log2 mass after the k-th, k a power of 2: "
+                  + ", ".join(f"k={k}: {v:.2f}" for k, v in r["log2_mass_by_k"].items() if k & (k - 1) == 0)
                   + f"), equal to the product of the Bayes predictive probabilities of the revealed items (max relative "
                   f"error {r['closed_form_rel_error']:.1e}, the task's beliefs are float32); after a full reveal the affine injection restores mass "
                   f"{'-' if reset is None else f'{reset:g}'}", "reproduces" if joint_ok else "does not reproduce")
@@ -240,7 +246,13 @@ def trained_claim(done) -> tuple[Claim, str]:
     linear, nonlinear = fitted(done, kind="linear"), fitted(done, kind="nonlinear")
     every = [o for o in done if o.run.info["kind"] in ("linear", "nonlinear")]
     text = "; ".join(f"{o.run.label}: agreement at k = first two / last three "
-                     + "{:.3f} / {:.3f}".format(*_ends(_curve(o, cond, "agreement"))) for o in linear + nonlinear)
+                     + "{:.3f} / {:.3f}".format(*_ends(_curve(o, cond, "agreement")))
+                     + ", probe R^2 {:.2f} / {:.2f}".format(*_ends(_curve(o, cond, "probe_r2")))
+                     + ", state norm {:.3g} / {:.3g}".format(*_ends(_curve(o, cond, "state_norm")))
+                     for o in linear + nonlinear)
+    if linear + nonlinear:
+        text += " (the uniform predictor's agreement: {:.3f} / {:.3f})".format(
+            *_ends(_curve((linear + nonlinear)[0], cond, "uniform_agreement")))
     if not nonlinear:
         verdict = "did not fit"
     elif not linear:
@@ -281,7 +293,7 @@ def judge(done, plan: Plan):
                "Exact: mass of the linear recursions vs k (constructed / adversarial sequences)", x=ks),
         curves({"random PFSA-SR sequences, mean log2 mass": list(e["random"]["log2_mass_by_k"].values())},
                "partial reveals k since the last full reveal", "mean log2 of the joint mass",
-               "Exact: linear joint recursion on random sequences (resets at full reveals)",
+               "Exact: linear joint recursion on random PFSA-SR sequences without full reveals",
                x=[int(k) for k in e["random"]["log2_mass_by_k"]]),
         Text("Agreement is 1 - TV between the model's distribution over the items at an ASK token (softmax over the item "
              "tokens) and the Bayes predictive (the exact belief's marginal of the asked slot); 1 is Bayes-optimal. "
@@ -290,9 +302,12 @@ def judge(done, plan: Plan):
     for key, title in (("agreement", "agreement 1 - TV to the Bayes predictive"), ("probe_r2", "belief-probe R^2 (ridge, joint belief)"),
                        ("state_norm", "mean state norm (last layer)"), ("accuracy", "accuracy")):
         for c in ("with full reveals", "no full reveal"):
-            lines = {o.run.label: list(_curve(o, c, key).values()) for o in done if o.measures}
+            measured = [o for o in done if o.measures]
+            lines = {o.run.label: [v for _, v in sorted(_curve(o, c, key).items())] for o in measured}
+            if key == "agreement" and measured:
+                lines["uniform predictor (floor)"] = [v for _, v in sorted(_curve(measured[0], c, "uniform_agreement").items())]
             if lines:
-                ks_c = sorted(_curve(next(o for o in done if o.measures), c, key))
+                ks_c = sorted(_curve(measured[0], c, key))
                 sections.append(curves(lines, "partial reveals k since the last full reveal", title,
                                        f"{title} vs k, {c}", log_y=key == "state_norm", x=ks_c))
     norm_lines = {o.run.label: o.measures[cond]["norm_curve"] for o in done if o.measures}
