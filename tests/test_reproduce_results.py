@@ -97,3 +97,15 @@ def test_tampered_weights_and_diverged_runs_are_refused(committed_parity, tmp_pa
 def test_default_results_folder_is_in_the_repository():
     assert committed.results_dir("error-control", "medium") == committed.RESULTS / "error-control-medium"
     assert committed.RESULTS.parent.parent == engine.Path(engine.__file__).resolve().parents[2]
+
+
+def test_train_false_reports_the_committed_runs_and_lists_the_rest(committed_parity, tmp_path, monkeypatch):
+    root, labels = committed_parity
+    results = tmp_path / "results"
+    for label in labels[:2]:
+        committed.shutil.copytree(root / "results" / label, results / label)
+    monkeypatch.setattr(engine, "train_run", never_train)
+    reproduce("parity", "quick", tmp_path / "out", progress=False, log=quiet, results=results, train=False)
+    saved = json.loads((tmp_path / "out" / "claims.json").read_text())
+    assert [r["run"] for r in saved["runs"]] == labels[:2] and saved["pending"] == labels[2:]
+    assert "not trained yet" in (tmp_path / "out" / "report.html").read_text()

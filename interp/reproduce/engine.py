@@ -314,13 +314,15 @@ def sizes_table(plan: Plan) -> Table:
 
 
 def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
-              progress: bool = True, log: Callable[[str], None] = print, results: str | Path | None = None) -> Path:
+              progress: bool = True, log: Callable[[str], None] = print, results: str | Path | None = None,
+              train: bool = True) -> Path:
     """Run the reproduction `claim` (a claim module) at `scale`; returns the report's path.
 
     Writes out/report.html, out/claims.json (the claim table and every run's row and measures) and
     out/runs/<label>/ per run. A run committed under `results` (default results/reproduce/NAME-SCALE,
     interp.reproduce.results) with the plan's config is loaded, not trained. Rerunning reuses
-    finished runs and cached measurements.
+    finished runs and cached measurements. train=False: only committed and finished runs are used;
+    the others are listed as not trained yet (a report of a profile still being trained).
     """
     scale = check_scale(scale, claim)
     out = Path(out or f"runs/reproduce/{claim.NAME}-{scale}")
@@ -329,9 +331,13 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     labels = [r.label for r in plan.runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{claim.NAME}: run labels must be unique; got {labels}")
-    started, done = time.perf_counter(), []
+    started, done, pending = time.perf_counter(), [], []
     for index, run in enumerate(plan.runs, 1):
         outcome = committed_runs.committed_outcome(run, kept, inside(out, "runs"), device, log)
+        if outcome is None and not train and not committed_runs.finished(run, out / "runs" / run.label):
+            pending.append(run.label)
+            log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: not trained yet (train=False)")
+            continue
         reused = "committed in " + str(kept) if outcome else (
             "resuming/reusing" if (out / "runs" / run.label / ckpt.CONFIG).exists() else "training")
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {reused}")
@@ -350,7 +356,9 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     claims, sections = claim.judge(done, plan)
     header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(done)} runs "
                   f"({sum(o.fit for o in done)} fit, {sum(o.status == 'did not fit' for o in done)} did not fit, "
-                  f"{sum(o.status == 'diverged' for o in done)} diverged). A run fits when the curriculum reached the "
+                  f"{sum(o.status == 'diverged' for o in done)} diverged"
+                  + (f"; {len(pending)} more runs of the plan not trained yet, left out of every claim: "
+                     f"{', '.join(pending)}" if pending else "") + "). A run fits when the curriculum reached the "
                   f"training length and its in-distribution accuracy is >= {FIT_THRESHOLD}; runs that did not fit "
                   "are reported as such and left out of every generalisation claim."
                   + (f" A run stops early once the curriculum is at the training length and its last "
@@ -363,7 +371,7 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
         Table([o.row() for o in done], heading="Runs (status, curriculum length reached, divergences)", prose=True)])
     ckpt.write_json(out / "claims.json", {
         "name": claim.NAME, "scale": scale, "device": device, "seconds": round(time.perf_counter() - started, 1),
-        "claims": [dataclasses.asdict(c) for c in claims],
+        "claims": [dataclasses.asdict(c) for c in claims], "pending": pending,
         "runs": [{**o.row(), "measures": o.measures} for o in done]})
     log(f"{claim.NAME}: report {report} ({time.perf_counter() - started:.0f} s)")
     return report
