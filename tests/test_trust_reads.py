@@ -4,11 +4,9 @@ trainer_state.json, metrics.jsonl, results.jsonl and reproduce.json were read th
 anywhere, and a FIFO in their place blocked the reader forever); `interp eval` and `interp drift`
 write their output under the run directory's lock (before: no lock, so they raced a training run)."""
 
-import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import types
@@ -23,6 +21,7 @@ from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
 from models.paths import LOCK, PathRefused
+from tests.test_fuzz_cli import deadline
 
 CFG = TrainConfig(steps=2, batch_size=4, lr=1e-2, warmup=1, train_length=6, eval_every=2, eval_size=8,
                   checkpoint_every=2, seed=5)
@@ -40,21 +39,6 @@ def finished(pristine, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(pristine, out)
     return out
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail instead of hanging (a reader blocked on a FIFO)."""
-    def expired(*_):
-        raise TimeoutError(f"still reading after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def link_out(path, tmp_path):

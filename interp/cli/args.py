@@ -76,6 +76,33 @@ def check_run_free(command: str, run_dir) -> int | None:
         return fail(command, error)
 
 
+MAX_SEQUENCES = MAX_LENGTH = 1 << 24   # interp.training.preflight.BOUNDS' train_length: past it, a typo
+BYTES_PER_TOKEN = 32                     # a Batch's tokens, targets, states (int64) and loss mask, per token
+
+
+def check_workload(task, n: int, length: int, n_flag: str, length_flag: str | None) -> None:
+    """ValueError naming the flags when `n` sequences of `length` (task units: group elements,
+    pairs, statements) are past the sanity bound, or when their token arrays alone (a lower bound
+    of what an analysis holds) exceed the memory available, instead of numpy's MemoryError or a
+    run that never ends. length_flag: the flag that set the length (None: the run's own)."""
+    from models.memory import available_bytes, format_bytes
+
+    for flag, value, bound in ((n_flag, n, MAX_SEQUENCES), (length_flag, length, MAX_LENGTH)):
+        if value > bound:
+            raise ValueError(f"argument {flag or n_flag}: {'length ' if flag is None else ''}{value} is past the "
+                             f"sanity bound {bound} (a typo?)")
+    try:   # tokens per unit of length, at the margin (REPL: a statement is several tokens)
+        per_unit = max(1.0, (task.sample(2, 8, 0).tokens.shape[1] - task.sample(2, 4, 0).tokens.shape[1]) / 4)
+    except ValueError:   # a task whose lengths start past 8
+        per_unit = 1.0
+    needed, available = n * length * per_unit * BYTES_PER_TOKEN, available_bytes()
+    if needed > available:
+        flags = f"{n_flag}/{length_flag}" if length_flag else n_flag
+        raise ValueError(f"argument {flags}: {n} sequences of length {length} need at least {format_bytes(needed)} "
+                         f"for their tokens alone, more than the {format_bytes(available)} of memory available; "
+                         f"lower {' or '.join(flags.split('/'))}")
+
+
 def length_list(text: str) -> list[int]:
     """'60,100,200' -> [60, 100, 200] (positive, comma-separated)."""
     try:
@@ -127,7 +154,7 @@ class Parser(argparse.ArgumentParser):
     flags named first, with suggestions; Deferred flags checked after parsing (module docstring)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
@@ -229,6 +256,8 @@ device_name = deferred(_device_name)
 
 
 def fail(command: str, error: Exception | str) -> int:
-    """Print `interp COMMAND: error: ...` to stderr; the exit status of a user error (2)."""
-    print(f"interp {command}: error: {error}", file=sys.stderr)
+    """Print `interp COMMAND: error: ...` to stderr (one line); the exit status of a user error (2)."""
+    if isinstance(error, KeyError):   # a run file without an entry the command reads
+        error = f"an entry {error.args[0]!r} is missing (a file of the run corrupt or edited by hand?)"
+    print(f"interp {command}: error: {' '.join(str(error).split())}", file=sys.stderr)
     return 2

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         run_demo(out, quick=args.quick, progress=not args.no_progress)
     except (ValueError, FileExistsError, DirectoryLocked) as error:
         return fail("demo", error)
+    except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)
+        return fail("demo", f"argument --out: {error}")
     return 0
 
 

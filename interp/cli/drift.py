@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, check_run_free, device_name, fail, length_list, non_negative_int, output_path,
+from interp.cli.args import (check_out, check_run_free, check_workload, device_name, fail, length_list, non_negative_int, output_path,
                             positive_int)
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
@@ -92,11 +92,17 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         options["seed"] = args.seed
     try:
-        unfit = task_misfit(args.run_dir)
+        config, task = run_task(args.run_dir)
+        unfit = task_misfit(args.run_dir, task)
         if unfit is not None:
             return fail("drift", unfit)
+        horizon = max(args.lengths)
+        for flag, n, length, length_flag in (("--n-fit", args.n_fit, config["train"]["train_length"], None),
+                                             ("--n-drift", args.n_drift, horizon, "--lengths"),
+                                             ("--n", args.n, horizon, "--lengths")):
+            check_workload(task, n, length, flag, length_flag)
         result = drift_run(args.run_dir, args.lengths, out, device=args.device, **options)
-    except (ValueError, TypeError, FileNotFoundError, KeyError, DirectoryLocked) as error:
+    except (ValueError, TypeError, KeyError, OSError, DirectoryLocked) as error:
         return fail("drift", reference_hint(args.run_dir, error))
     for key, value in result.summary().items():
         print(f"{key:>18}: {value}")
@@ -104,13 +110,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def task_misfit(run_dir: Path) -> str | None:
-    """Why the run's task cannot be analysed (what drift needs), or None when it can."""
+def run_task(run_dir: Path):
+    """(config, task) of a run directory (ValueError, FileNotFoundError naming what is wrong)."""
     from interp.tasks import make_task
     from interp.training import checkpoint as ckpt
 
     config = ckpt.read_config(run_dir)
-    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+    try:
+        return config, make_task(config["task"]["name"], **config["task"].get("options", {}))
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{run_dir}/config.json: its 'task' entry is not a task record "
+                         f"({{'name': ..., 'options': {{...}}}}): {error!r}") from None
+
+
+def task_misfit(run_dir: Path, task) -> str | None:
+    """Why the run's task cannot be analysed (what drift needs), or None when it can."""
     if hasattr(task, "n_states"):
         return None
     other = " (`interp patch` analyses retrieval runs: AR, MQAR, ATR)" if task.name in ("AR", "MQAR", "ATR") else ""
@@ -126,13 +140,12 @@ def reference_hint(run_dir: Path, error: Exception) -> str:
     text = str(error)
     if "reference_step" not in text or not ("M_ref = 0" in text or "class present" in text):
         return text
-    from interp.tasks import make_task
-    from interp.training import checkpoint as ckpt
-
-    config = ckpt.read_config(run_dir)
-    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
-    length = config["train"]["train_length"]
-    step = determined_from(task, length, int(config.get("seed", 0)))
+    try:
+        config, task = run_task(run_dir)
+        length = config["train"]["train_length"]
+        step = determined_from(task, length, int(config.get("seed", 0)))
+    except (ValueError, TypeError, KeyError, OSError):
+        return text
     where = (f"on {task.name} at length {length} the tokens determine the state from step {step} on: pass "
              f"--reference-step {step} or later" if step is not None else
              f"on {task.name} at length {length} the tokens never determine the state in 256 samples")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_run_free, device_name, fail, fraction, length_list, non_negative_int, positive_int
+from interp.cli.args import check_run_free, check_workload, device_name, fail, fraction, length_list, non_negative_int, positive_int
 
 
 def add_parser(sub) -> None:
@@ -37,12 +37,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = ckpt.read_config(args.run_dir)
         task = make_task(config["task"]["name"], **config["task"].get("options", {}))
+        check_workload(task, args.n, max(args.lengths), "--n", "--lengths")
         model = models.load(args.run_dir, device=args.device)
         result = evaluate_lengths(model, task, args.lengths, n=args.n, seed=args.seed,
                                   threshold=args.threshold, device=args.device)
         with locked(args.run_dir, "run directory"):
             ckpt.write_json(inside(args.run_dir, "eval.json"), result.to_dict())
-    except (ValueError, TypeError, FileNotFoundError, DirectoryLocked) as error:
+    except (ValueError, TypeError, KeyError, OSError, DirectoryLocked) as error:
         return fail("eval", error)
     row = mp_rows({config["model"]["mixer"]: result}, args.threshold)[0]
     for key, value in row.items():

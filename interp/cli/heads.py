@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_out, device_name, fail, non_negative_int, output_path, positive_int
+from interp.cli.args import check_out, check_workload, device_name, fail, non_negative_int, output_path, positive_int
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
@@ -34,22 +34,19 @@ def add_parser(sub) -> None:
     heads.set_defaults(func=run)
 
 
-def task_misfit(run_dir: Path) -> str | None:
+def task_misfit(run_dir: Path, config: dict, task) -> str | None:
     """Why the run's task does not fit the head analysis (what it needs), or None when it does."""
-    from interp.tasks import make_task
-    from interp.training import checkpoint as ckpt
-
-    config = ckpt.read_config(run_dir)
-    task = make_task(config["task"]["name"], **config["task"].get("options", {}))
     if "reveal" in task.sample(1, 2, 0).roles:
         return None
-    return (f"{run_dir} is a {config['model'].get('mixer', '?')} run on {task.name!r}; interp heads needs a DeltaNet "
+    mixer = config["model"].get("mixer", "?") if isinstance(config["model"], dict) else "?"
+    return (f"{run_dir} is a {mixer} run on {task.name!r}; interp heads needs a DeltaNet "
             "run (a delta-rule mixer such as deltanet) trained on REPL or PFSA: it scores the model at the "
             f"task's reveal positions, which {task.name!r} has none of")
 
 
 def run(args: argparse.Namespace) -> int:
     from interp.analysis.heads import analyze_run
+    from interp.cli.drift import run_task
     from interp.report.heads import write_heads_report
 
     out = args.out or args.run_dir / "heads.html"
@@ -57,14 +54,17 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     try:
-        unfit = task_misfit(args.run_dir)
+        config, task = run_task(args.run_dir)
+        unfit = task_misfit(args.run_dir, config, task)
         if unfit is not None:
             return fail("heads", unfit)
+        check_workload(task, args.n, args.length or config["train"]["train_length"], "--n",
+                       "--length" if args.length else None)
         analysis = analyze_run(args.run_dir, n=args.n, length=args.length, seed=args.seed,
                                impl=args.impl, device=args.device)
-    except (ValueError, TypeError, FileNotFoundError) as error:
+        write_heads_report(analysis, out, title=f"Head analysis of {args.run_dir}")
+    except (ValueError, TypeError, KeyError, OSError) as error:
         return fail("heads", error)
-    write_heads_report(analysis, out, title=f"Head analysis of {args.run_dir}")
     rows = analysis.rows()
     columns = list(rows[0])
     print(f"unablated reveal accuracy {analysis.ablation.baseline:.4f} on {args.n} traces")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import device_name, fail, fraction, non_negative_int, positive_int
+from interp.cli.args import check_workload, device_name, fail, fraction, non_negative_int, positive_int
 
 METHODS = ("both", "exact", "attribution")
 DEFAULT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")  # those the model has
@@ -103,8 +103,9 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
     task_name = config["task"]["name"]
     corrupt_fn = corruption(task_name, args.corrupt)
     task = make_task(task_name, **config["task"].get("options", {}))
-    model = models.load(args.run_dir, device=args.device).eval()
     pairs = args.length or config["train"]["train_length"]
+    check_workload(task, args.n, pairs, "--n", "--length" if args.length else None)
+    model = models.load(args.run_dir, device=args.device).eval()
     clean = task.sample(args.n, pairs, seed=args.seed)
     corrupt = corrupt_fn(clean, task, seed=args.seed + 1)
     clean, corrupt = clean.to(args.device), corrupt.to(args.device)

@@ -41,5 +41,7 @@ def run(args: argparse.Namespace) -> int:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress)
     except (ValueError, TypeError, DirectoryLocked) as error:
         return fail("reproduce", error)
+    except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)
+        return fail("reproduce", f"argument --out: {error}")
     print(f"wrote {report}")
     return 0

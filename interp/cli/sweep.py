@@ -80,6 +80,8 @@ def run_loaded(spec, args: argparse.Namespace, command: str) -> int:
         return 1
     except (ValueError, RuntimeError) as error:   # a bad spec or output; a Ray cluster that cannot start
         return fail(command, error)
+    except OSError as error:   # --out on a file system the preflight could not foresee failing
+        return fail(command, f"argument --out: {error}")
     finally:
         executor.close()
     print(f"{len(outcome.rows)} trial rows in {args.out / 'results.jsonl'}")

@@ -130,9 +130,9 @@ def _resumed_warmup(args: argparse.Namespace) -> int | None:
     """The warmup of the run being resumed (so that --resume --steps N keeps it), else None."""
     from interp.training import checkpoint as ckpt
 
-    if not args.resume or not (args.out / ckpt.CONFIG).is_file():
+    if not args.resume:
         return None
-    try:
+    try:   # anything wrong with the run is named when train() opens it
         return ckpt.read_config(args.out)["train"].get("warmup")
-    except (ValueError, FileNotFoundError, AttributeError):
+    except (ValueError, OSError, AttributeError, TypeError):
         return None

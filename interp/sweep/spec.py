@@ -125,7 +125,20 @@ def resolve(reference: str) -> Callable:
 
 
 def read_spec_file(path: str | Path) -> dict:
+    """The mapping in a spec file; ValueError naming the file when it cannot be read or parsed (an
+    exception raised by a .py spec's own code included)."""
     path = Path(path)
+    try:
+        return _read_spec_file(path)
+    except OSError as error:   # a name too long, a link loop, a file unreadable
+        raise ValueError(f"spec {str(path)[:200]!r} cannot be read: {error.strerror or error}") from None
+    except (ValueError, TypeError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a .py spec's code failed: named, in one line
+        raise ValueError(f"spec {str(path)!r} raised {type(error).__name__} while it was run: {error}") from None
+
+
+def _read_spec_file(path: Path) -> dict:
     if not path.is_file():
         raise ValueError(f"spec {str(path)!r} is not a file")
     suffix = path.suffix.lower()

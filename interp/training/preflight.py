@@ -127,10 +127,13 @@ def check_output_dir(out: Path) -> None:
     _check_names(out)
     text = str(out)
     existing = out
-    while not existing.exists():
-        if existing.is_symlink():
-            raise Refused("out", f"out {text!r}: {existing} is a dangling symbolic link")
-        existing = existing.parent
+    try:
+        while not existing.exists():
+            if existing.is_symlink():
+                raise Refused("out", f"out {text!r}: {existing} is a dangling symbolic link")
+            existing = existing.parent
+    except OSError as error:   # a link loop, a component that is a FIFO's child...
+        raise Refused("out", f"out {text[:80]!r}: {error.strerror} ({str(existing)[:80]!r})") from None
     if not existing.is_dir():
         what = "is" if existing == out else f"lies under {str(existing)!r}, which is"
         raise Refused("out", f"out {text!r} {what} a file, not a directory")
@@ -144,6 +147,10 @@ def _check_names(out: Path) -> None:
     if not text:
         raise Refused("out", f"out must name a directory; got {text!r}")
     max_name = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    max_path = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
+    if len(os.fsencode(os.path.abspath(out))) >= max_path:
+        raise Refused("out", f"out {text[:60]!r}... is {len(os.fsencode(os.path.abspath(out)))} bytes long as an "
+                             f"absolute path, longer than the {max_path} the file system allows")
     long = [part for part in out.parts if len(os.fsencode(part)) > max_name]
     if long:
         raise Refused("out", f"out {text[:60]!r}...: the name {long[0][:40]!r}... is {len(os.fsencode(long[0]))} "
