@@ -60,8 +60,8 @@ DRY_LENGTHS = (2, 3)
 PER_HEAD = {"hook_q": 2, "hook_k": 2, "hook_v": 2, "hook_z": 2, "hook_result": 2, "hook_beta": 2,
             "hook_attn_scores": 1, "hook_pattern": 1}
 # mixers whose hook_state [B, T, *S] has heads (S = [H, ...]) or channels (S = [C, N]) on axis 2
-STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "based"})
-STATE_CHANNELS = frozenset({"mamba", "negative_mamba", "mamba3", "aussm", "h3", "s4d"})
+STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "based", "rwkv7"})
+STATE_CHANNELS = frozenset({"mamba", "negative_mamba", "mamba3", "aussm", "h3", "s4d", "lfm2_conv", "rwkv7_ffn"})
 
 
 @dataclass(frozen=True)

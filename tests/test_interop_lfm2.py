@@ -207,3 +207,13 @@ def test_analyses_run_on_the_import():
     for c in range(16):
         shift[c, 0, c, 1] = shift[c, 1, c, 2] = 1.0
     torch.testing.assert_close(jac[:, 1:], shift.reshape(n, n).expand_as(jac[:, 1:]), atol=0, rtol=0)
+
+
+def test_selected_channels_of_the_window():
+    """run_with_cache(heads=...) keeps the chosen channels of the conv window (axis 2 of hook_state)."""
+    model = models.from_pretrained(lfm2_source())
+    name = "blocks.0.mixer.hook_state"
+    with torch.no_grad():
+        _, full = model.run_with_cache(tokens(), names=[name])
+        _, kept = model.run_with_cache(tokens(), names=[name], heads=[3, -1])
+    assert torch.equal(kept[name], full[name][:, :, [3, 15]])

@@ -325,3 +325,19 @@ def test_a_later_time_mix_needs_layer_0s_values():
         model(tokens())
         with pytest.raises(ValueError, match="reads layer 0's values v_first"):
             model.blocks[2].mixer(torch.randn(1, 5, 16))  # other positions than the last forward's
+
+
+def test_selected_heads_form_their_states_only(monkeypatch):
+    """run_with_cache(heads=[1]) scans head 1 alone (head_states) and gives the full cache's head 1."""
+    model = models.from_pretrained(rwkv7_source())
+    name = "blocks.2.mixer.hook_state"
+    with torch.no_grad():
+        _, full = model.run_with_cache(tokens(), names=[name])
+        scanned = []
+        kernel = model.blocks[2].mixer.kernel
+        monkeypatch.setattr(model.blocks[2].mixer, "kernel",
+                            lambda inputs, *a, **k: scanned.append((inputs["q"].shape[2], k.get("export_at")))
+                            or kernel(inputs, *a, **k))
+        _, kept = model.run_with_cache(tokens(), names=[name], heads=[1])
+    assert scanned == [(1, "all"), (2, None)]  # head 1's states, then the output without states
+    torch.testing.assert_close(kept[name], full[name][:, :, [1]], atol=1e-6, rtol=0)

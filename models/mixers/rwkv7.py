@@ -227,6 +227,11 @@ class RWKV7(DeltaRuleMixer):
         return rwkv7_scan(inputs["q"], inputs["w"], inputs["k"], inputs["v"], -inputs["kk"],
                           inputs["kk"] * inputs["a"], initial_state=initial, **kwargs)
 
+    def head_states(self, inputs: dict[str, torch.Tensor], heads: list[int]) -> torch.Tensor:
+        """The states of heads `heads` only [B, T, k, V, K] (each head's recurrence runs apart)."""
+        index = torch.tensor(heads, device=inputs["q"].device)
+        return self.kernel({name: value[:, :, index] for name, value in inputs.items()}, export_at="all").states_at
+
     def scan(self, inputs, pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(o [B, T, H, V], states [B, T, H, V, K]) from the kernel, every state exported, pins
         and a shift honoured."""
