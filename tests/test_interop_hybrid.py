@@ -241,7 +241,7 @@ def test_nemotron_h_layout_and_hook_names():
 @pytest.mark.parametrize("make", [
     lambda: nemotron_h_source(mlp_bias=True, use_bias=True, use_conv_bias=False, tie_word_embeddings=True),
     lambda: bamba_source(time_step_limit=(0.05, 0.6), mamba_proj_bias=True, attention_bias=True, mlp_bias=True),
-    lambda: granite_source(tie_word_embeddings=True, position_embedding_type=None, mamba_conv_bias=False),
+    lambda: granite_source(tie_word_embeddings=True, position_embedding_type="nope", mamba_conv_bias=False),
     lambda: falcon_h1_source(mamba_rms_norm=False, tie_word_embeddings=True),
     lambda: falcon_h1_source(mamba_norm_before_gate=True, mamba_proj_bias=True, projectors_bias=True,
                              attention_bias=True, mlp_bias=True),

@@ -18,7 +18,8 @@ experts: mlp.shared_expert.*); block_sparse_moe.router.weight -> mlp.router.weig
 softmax over the top-k logits is our top-k of the softmax renormalised: norm_topk_prob),
 experts.gate_up_proj [E, gate | up, D] -> mlp.experts.gate / up, down_proj -> mlp.experts.down;
 post_attention_layernorm -> norm_mlp, model.norm -> norm_final. position_embedding_type "rope"
--> positional "rope" (rope_theta; scaling raises), None -> no positions.
+-> positional "rope" (rope_theta; scaling raises), any other ("nope", None) -> no positions, as
+transformers builds no rotary table then.
 
 Refused (UnsupportedConfig): hidden_act other than silu, rope scaling, embedding_multiplier 0
 with tied embeddings.
@@ -38,10 +39,9 @@ from models.interop.convert import SourceWeights, require, unsupported
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     config = source.config
     require(config, "hidden_act", "silu")
-    position = require(config, "position_embedding_type", "rope", None)
     kinds = layer_kinds(config)
     eps = float(config.rms_norm_eps)
-    rope = position == "rope" and "attention" in kinds
+    rope = config.position_embedding_type == "rope" and "attention" in kinds  # else ("nope", None): no positions
     d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     tied, e, s = bool(config.tie_word_embeddings), float(config.embedding_multiplier), float(config.logits_scaling)
     if tied and e == 0:
