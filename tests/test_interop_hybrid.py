@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import models
+from interp.analysis.effective_attention import effective_attention
 from interp.analysis.interventions import Site, ablate, attribute, corrupt_ar, interchange, site_grid
 from models import StatePatch
 from models.decoding import advance
@@ -236,6 +237,8 @@ def test_nemotron_h_layout_and_hook_names():
     assert torch.equal(cache["blocks.1.hook_resid_mid"], cache["blocks.1.hook_resid_pre"])
     torch.testing.assert_close(cache["blocks.1.mlp.hook_post"], cache["blocks.1.mlp.hook_pre"].relu().square())
     assert model.resume_hooks(0)["carry"] == ["blocks.0.mixer.hook_state", "blocks.4.mixer.hook_state"]
+    with pytest.raises(ValueError, match="block 1 has 'no mixer'"):
+        effective_attention(model, tokens(batch=1, length=8), layer=1, progress=False)
 
 
 @pytest.mark.parametrize("make", [

@@ -123,7 +123,7 @@ class Selection:
 
 
 def supported(model, layer: int) -> bool:
-    return model.blocks[layer].mixer.mixer_name in COVERED
+    return getattr(model.blocks[layer].mixer, "mixer_name", None) in COVERED  # (None: an MLP-only block)
 
 
 def effective_attention(model, tokens: torch.Tensor, layer: int, index=None, window=None, sources=None,
@@ -165,7 +165,7 @@ def _checked_layers(model, layers) -> list[int]:
             raise ValueError(f"layer must be an int in [0, {len(model.blocks)}); got {layer!r}")
         if not supported(model, layer):
             raise ValueError(f"effective attention covers the mixers {COVERED}; block {layer} has "
-                             f"{model.blocks[layer].mixer.mixer_name!r}")
+                             f"{getattr(model.blocks[layer].mixer, 'mixer_name', 'no mixer')!r}")
     return list(dict.fromkeys(layers))
 
 
