@@ -267,17 +267,21 @@ class HookedMixin:
     def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (),
                        allow_nonfinite: bool = False, bwd_hooks: Sequence[tuple] = (), return_type="logits",
                        loss_per_token: bool = False, stop_at_layer: int | None = None,
-                       remove_batch_dim: bool = False, **kwargs):
+                       remove_batch_dim: bool = False, start_at_layer: int | None = None, **kwargs):
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
-        TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer and
-        remove_batch_dim as in TL (models.tl_run)."""
+        TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer, start_at_layer
+        (tokens is then the residual stream [B, T, D] entering that block) and remove_batch_dim
+        as in TL (models.tl_run)."""
         tl_run.refuse_unsupported(kwargs)
         tl_run.check_return_type(return_type)
+        if start_at_layer is not None and return_type in ("loss", "both"):
+            raise ValueError(f"return_type={return_type!r} with start_at_layer needs the tokens, and the input here is "
+                             "the residual stream: take return_type='logits' and models.tl_run.lm_loss(logits, tokens)")
         fwd = _checked_pairs(fwd_hooks, "fwd_hooks")
         fwd = [(n, tl_run.unbatched(fn)) for n, fn in fwd] if remove_batch_dim else fwd
         bwd = [(n, tl_run.backward_hook(fn)) for n, fn in _checked_pairs(bwd_hooks, "bwd_hooks")]
         with self.hooks(fwd + bwd, allow_nonfinite=allow_nonfinite):
-            out = tl_run.forward(self, tokens, stop_at_layer, kwargs)
+            out = tl_run.forward(self, tokens, stop_at_layer, kwargs, start_at_layer)
         return out if stop_at_layer is not None else tl_run.output(out, tokens, return_type, loss_per_token)
 
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]

@@ -7,6 +7,12 @@
                       [B, T, d_model] (0: hook_embed; negative counts from the end; n_layers: the
                       last block's hook_resid_post, before the final norm); return_type is then
                       ignored, as in TL, and hooks after the stop do not fire
+    start_at_layer    run_with_hooks: the first argument is the residual stream [B, T, d_model]
+                      entering block start_at_layer (what blocks.{k}.hook_resid_pre reads; negative
+                      counts from the end); blocks k.. run, then the final norm and unembedding, and
+                      hooks before block k (hook_embed, earlier blocks) do not fire. With
+                      stop_at_layer, blocks [k, stop) run. return_type "loss" / "both" need the
+                      tokens, which TL takes as tokens=: here compute the loss from the logits
     bwd_hooks         [(name, fn)]: fn(grad, hook) sees d output / d activation when the caller
                       runs backward() on what came back (a returned tensor replaces the gradient);
                       the hooks stay on the autograd graph, so TL's reset_hooks_end=False is not
@@ -19,9 +25,9 @@
                       tuple or a list) as `positions`; an int, which drops the axis in TL, is
                       refused (positions=[t] keeps a length-1 axis)
 
-Other TL arguments (start_at_layer, reset_hooks_end=False, return_cache_object=False,
-clear_contexts, prepend_bos, padding_side, attention_mask, past_kv_cache) raise a TypeError
-saying what to do here instead.
+Other TL arguments (start_at_layer in run_with_cache, reset_hooks_end=False,
+return_cache_object=False, clear_contexts, prepend_bos, padding_side, attention_mask,
+past_kv_cache) raise a TypeError saying what to do here instead.
 
 `stop_at_layer` stops the forward pass by an exception raised from a reader of the stop hook,
 after every other reader (the cache) has seen it.
@@ -55,8 +61,21 @@ def stop_hook(n_layers: int, stop_at_layer: int) -> str:
     return "hook_embed" if stop == 0 else f"blocks.{stop - 1}.hook_resid_post"
 
 
-def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict) -> torch.Tensor:
-    """model(tokens, **kwargs), or the residual stream [B, T, D] where stop_at_layer stops it."""
+def start_layer(n_layers: int, start_at_layer: int) -> int:
+    """The block index run(start_at_layer=...) starts at (negative: counted from the end)."""
+    if not isinstance(start_at_layer, int) or isinstance(start_at_layer, bool) \
+            or not -n_layers <= start_at_layer < n_layers:
+        raise ValueError(f"start_at_layer must be None or an int in [-{n_layers}, {n_layers - 1}] (n_layers "
+                         f"{n_layers}); got {start_at_layer!r}")
+    return start_at_layer % n_layers
+
+
+def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict,
+            start_at_layer: int | None = None) -> torch.Tensor:
+    """model(tokens, **kwargs), or the residual stream [B, T, D] where stop_at_layer stops it;
+    with start_at_layer, `tokens` is the residual entering that block (forward_from)."""
+    if start_at_layer is not None:
+        return forward_from(model, tokens, start_at_layer, stop_at_layer)
     if stop_at_layer is None:
         return model(tokens, **kwargs)
     point = model.hook_point(stop_hook(len(model.blocks), stop_at_layer))
@@ -74,10 +93,32 @@ def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict
     raise RuntimeError(f"stop_at_layer={stop_at_layer}: the forward pass never reached {point.name!r}")
 
 
+def forward_from(model, residual: torch.Tensor, start_at_layer: int, stop_at_layer: int | None) -> torch.Tensor:
+    """TL's start_at_layer: residual [B, T, D] enters block k = start_at_layer; blocks k..
+    (to stop_at_layer) run -> the logits [B, T, V], or with stop_at_layer the residual after
+    block stop - 1 [B, T, D]."""
+    n_layers, width = len(model.blocks), model.cfg.d_model
+    start = start_layer(n_layers, start_at_layer)
+    if not isinstance(residual, torch.Tensor) or not residual.is_floating_point() or residual.dim() != 3 \
+            or residual.shape[-1] != width:
+        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"with start_at_layer the input is the residual stream, a float tensor [B, T, d_model="
+                         f"{width}]; got {shape}")
+    stop = n_layers
+    if stop_at_layer is not None:
+        name = stop_hook(n_layers, stop_at_layer)
+        stop = 0 if name == "hook_embed" else int(name.split(".")[1]) + 1
+        if stop <= start:
+            raise ValueError(f"stop_at_layer={stop_at_layer} stops before start_at_layer={start_at_layer}: "
+                             "no block would run")
+    x = residual
+    for block in model.blocks[start:stop]:
+        x = block(x)
+    return x if stop_at_layer is not None else model.read_out(x)
+
+
 # TL arguments we do not take: (the value that is what we do anyway, or None; what to do instead)
 UNSUPPORTED = {
-    "start_at_layer": (None, "resume a cached run from a block with model.resume_from(cache, examples, layer, "
-                             "start, end)"),
     "reset_hooks_end": (True, "our hooks are always removed when the call returns; bwd_hooks stay on the "
                               "autograd graph without it"),
     "return_cache_object": (True, "run_with_cache returns a Cache, a Mapping (dict(cache) is a dict)"),
@@ -170,6 +211,12 @@ def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_sl
     """run_with_cache's (names, positions, metric) with TL's names_filter, pos_slice and
     return_type="loss" (incl_bwd without a metric: the gradient of the loss, as TL's
     incl_bwd) folded in; each checked, and TL arguments we do not take refused from kwargs."""
+    if kwargs.get("start_at_layer") is not None:
+        raise TypeError(f"start_at_layer={kwargs['start_at_layer']!r} is not taken by run_with_cache (its memory plan "
+                        "runs the model from tokens): run_with_hooks(residual, start_at_layer=k, fwd_hooks=[(name, "
+                        "fn)]) with functions that keep what they see, or model.resume_from(cache, examples, layer, "
+                        "start, end) for a cached run")
+    kwargs.pop("start_at_layer", None)
     refuse_unsupported(kwargs)
     check_return_type(return_type)
     if names_filter is not None:

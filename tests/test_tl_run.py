@@ -135,6 +135,48 @@ def test_bwd_hooks_see_the_gradient_the_cache_reports(setup):
     assert float(embed_grad.abs().max()) == 0.0  # everything reaches the embedding through resid_mid 0
 
 
+def test_start_at_layer_runs_the_blocks_from_there(setup):
+    _, model, ids = setup
+    seen = []
+    with torch.no_grad():
+        logits, full = model.run_with_cache(ids)
+        for start in (0, 1, 2, -1):
+            resid = full[f"blocks.{start % 3}.hook_resid_pre"]
+            close(model.run_with_hooks(resid, start_at_layer=start), logits)
+        close(model.run_with_hooks(full["blocks.1.hook_resid_pre"], start_at_layer=1, stop_at_layer=2),
+              full["blocks.1.hook_resid_post"])
+        model.run_with_hooks(full["blocks.2.hook_resid_pre"], start_at_layer=2,
+                             fwd_hooks=[(lambda n: True, lambda x, hook: seen.append(hook.name))])
+        doubled = model.run_with_hooks(full["blocks.2.hook_resid_pre"], start_at_layer=2,
+                                       fwd_hooks=[("blocks.2.hook_attn_out", lambda x, hook: 2 * x)])
+        twice = model.run_with_hooks(ids, fwd_hooks=[("blocks.2.hook_attn_out", lambda x, hook: 2 * x)])
+    close(doubled, twice)  # a patch after the start acts as in the whole pass
+    assert seen and all(n.startswith("blocks.2.") or n in ("norm_final.hook_scale", "hook_final", "hook_logits")
+                        for n in seen)
+    for bad, message in [(dict(start_at_layer=3), "start_at_layer must be"), (dict(start_at_layer=True), "start_at_layer"),
+                         (dict(start_at_layer=2, stop_at_layer=1), "no block would run"),
+                         (dict(start_at_layer=1, return_type="loss"), "needs the tokens")]:
+        with pytest.raises(ValueError, match=message):
+            model.run_with_hooks(full["blocks.1.hook_resid_pre"], **bad)
+    with pytest.raises(ValueError, match="residual stream"):
+        model.run_with_hooks(ids, start_at_layer=1)
+    with pytest.raises(TypeError, match="run_with_hooks"):
+        model.run_with_cache(full["blocks.1.hook_resid_pre"], start_at_layer=1)
+
+
+def test_start_at_layer_same_as_transformer_lens(setup, bridge):
+    _, model, ids = setup
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, names=["blocks.1.hook_resid_pre"])
+        resid = cache["blocks.1.hook_resid_pre"]
+        close(model.run_with_hooks(resid, start_at_layer=1), bridge.run_with_hooks(resid, start_at_layer=1))
+        close(model.run_with_hooks(resid, start_at_layer=1, stop_at_layer=2),
+              bridge.run_with_hooks(resid, start_at_layer=1, stop_at_layer=2))
+        patch = [("blocks.2.attn.hook_z", lambda x, hook: 0.5 * x)]
+        close(model.run_with_hooks(resid, start_at_layer=1, fwd_hooks=patch),
+              bridge.run_with_hooks(resid, start_at_layer=1, fwd_hooks=patch))
+
+
 def test_bwd_hooks_refuse_hook_state():
     model = models.build("mamba", vocab_size=12, d_model=8, n_layers=1)
     with pytest.raises(ValueError, match="incl_bwd"):
