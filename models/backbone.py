@@ -157,6 +157,7 @@ class Block(nn.Module):
                 self.mixer2 = MIXERS[mixer2.mixer][0](mixer2, layer_idx)
         self.hook_resid_mid = HookPoint()
         if layer.mlp:
+            self.hook_mlp_in = HookPoint()      # the MLP's own copy of hook_resid_mid (TL's hook_mlp_in)
             self.norm_mlp = make_norm(layer)
             self.mlp = MoE(layer, MLP) if uses_moe(layer, layer_idx) else MLP(layer)
         self.hook_resid_post = HookPoint()
@@ -213,7 +214,7 @@ class Block(nn.Module):
             x = x + mixed if self.residual else mixed
         x = self.hook_resid_mid(x)
         if hasattr(self, "mlp"):
-            out = self.mlp(self.norm_mlp(x))
+            out = self.mlp(self.norm_mlp(self.hook_mlp_in(x)))
             x = x + out if self.residual else out
         return self.hook_resid_post(x)
 
@@ -261,6 +262,7 @@ class SequenceModel(HookedMixin, nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":
             self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
+            self.hook_token_embed, self.hook_pos_embed = HookPoint(), HookPoint()  # TL's hook_embed, hook_pos_embed
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         for block in self.blocks:  # a mixer that reads another layer's values (RWKV-7's v_first) finds them
@@ -276,13 +278,22 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         self.check_tokens(tokens)
-        x = self.embed(tokens)
-        if hasattr(self, "pos_embed"):
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
-        x = embedding = self.hook_embed(x)
+        x = embedding = self.embedding(tokens)
         for block in self.blocks:
             x = block(x, embed=embedding)
         return self.read_out(x, at)
+
+    def embedding(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """hook_embed's value [B, T, D] for tokens [B, T] at positions start, start + 1, ...: the
+        token embedding, plus with learned positions the position embedding [B, T, D], each through
+        its own hook first (hook_token_embed, hook_pos_embed: TransformerLens' hook_embed and
+        hook_pos_embed)."""
+        x = self.embed(tokens)
+        if hasattr(self, "pos_embed"):
+            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+            pos = self.pos_embed(positions)[None].repeat(tokens.shape[0], 1, 1)  # its own memory: hooks may write it
+            x = self.hook_token_embed(x) + self.hook_pos_embed(pos)
+        return self.hook_embed(x)
 
     def read_out(self, x: torch.Tensor, at: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         """The logits of the last block's output x [B, n, D] (positions offset, ..., offset + n - 1):

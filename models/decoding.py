@@ -284,10 +284,7 @@ def advance(model, tokens: torch.Tensor, state: DecodingState | None = None, all
     if hasattr(model, "pos_embed") and start + n > model.cfg.max_len:
         raise ValueError(f"positions up to {start + n} exceed the learned positions' max_len={model.cfg.max_len}")
     with at_position(hook_points(model), start):
-        x = model.embed(tokens)
-        if hasattr(model, "pos_embed"):
-            x = x + model.pos_embed(torch.arange(start, start + n, device=tokens.device))
-        x = embedding = model.hook_embed(x)
+        x = embedding = model.embedding(tokens, start)
         for block, layer in zip(model.blocks, state.layers):
             x = block(x, embed=embedding, run=lambda slot, mixer, normed: RUNNERS[mixer_kind(mixer)](
                 mixer, normed, layer if slot == "mixer" else Prefixed(layer, f"{slot}."), start, room))

@@ -25,7 +25,8 @@ patch). Steps before the first pin are untouched. Readers see the states after t
 
 Grammar (shapes batch-first):
 
-    hook_embed                                    [B, T, d_model]
+    hook_token_embed | hook_pos_embed             [B, T, d_model] (learned positions only) token, position part
+    hook_embed                                    [B, T, d_model] the embedding (their sum with learned positions)
     blocks.{l}.hook_resid_pre | _mid | _post      [B, T, d_model]
     blocks.{l}.mixer.hook_in | hook_out           [B, T, d_model]
     blocks.{l}.mixer.hook_conv                    [B, T, d_inner]
@@ -38,6 +39,8 @@ Grammar (shapes batch-first):
     blocks.{l}.mixer.hook_pattern                 [B, H, T, T]
     blocks.{l}.mixer.hook_z                       [B, T, H, d_head]  per-head values into out_proj
     blocks.{l}.mixer.hook_result                  [B, T, H, d_model] per-head output (sum + bias = hook_out)
+    blocks.{l}.hook_mlp_in                        [B, T, d_model] the MLP's input before norm_mlp: a copy of
+                                                  hook_resid_mid that only the MLP reads (TL's hook_mlp_in)
     blocks.{l}.mlp.hook_pre | hook_post           [B, T, d_mlp]  neurons before / after the nonlinearity
     blocks.{l}.mlp.hook_out                       [B, T, d_model]
     blocks.{l}.norm_mixer.hook_scale | norm_mlp.hook_scale, norm_final.hook_scale   [B, T, 1]

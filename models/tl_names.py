@@ -11,8 +11,9 @@ resolves to our name where the concept exists; a TL name whose concept we lack r
 TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: the layer)
 
     hook_embed                          hook_embed (ours: token + learned position embedding,
-                                        TL's: token only; equal when positional != "learned")
-    hook_pos_embed                      none: inside our hook_embed (model.pos_embed.weight[:T])
+                                        TL's: token only; equal when positional != "learned"); TL's
+                                        value is our hook_token_embed (learned positions only)
+    hook_pos_embed                      the same (learned positions only): [B, T, D]
     blocks.l.hook_resid_pre|mid|post    the same
     blocks.l.hook_attn_out              blocks.l.mixer.hook_out
     blocks.l.hook_mlp_out               blocks.l.mlp.hook_out
@@ -31,8 +32,8 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
     blocks.l.mlp.hook_pre_linear|mid    none
     blocks.l.hook_q_input|k_input|v_input|attn_in   none: TL's per-head copies of the
                                         residual [B, T, H, D]; read blocks.l.hook_resid_pre
-    blocks.l.hook_mlp_in                none: read blocks.l.hook_resid_mid (patching it there
-                                        also changes the residual stream, not only the MLP input)
+    blocks.l.hook_mlp_in                the same: the MLP's input before norm_mlp (patching it changes
+                                        the MLP's input only, not the residual stream)
 
 Short names (get_act_name): "embed" -> hook_embed, "q" / "k" / "v" / "z" / "result" / "pattern" /
 "attn_scores" (and "attn", "attn_logits", "query", "key", "value") take the "attn" layer type,
@@ -73,14 +74,8 @@ _RULES: list[tuple[str, str | None, str]] = [
     (r"blocks\.(\d+)\.attn\.hook_(\w+)", "blocks.{l}.mixer.hook_{x}", ""),
     (r"blocks\.(\d+)\.hook_[qkv]_input", None, _RESID_INPUT),
     (r"blocks\.(\d+)\.hook_attn_in", None, _RESID_INPUT),
-    (r"blocks\.(\d+)\.hook_mlp_in", None,
-     "read blocks.{l}.hook_resid_mid (TL's hook_mlp_in is a copy of it for the MLP alone: patching "
-     "our hook_resid_mid also changes the residual stream)"),
     (r"blocks\.(\d+)\.mlp\.hook_(mid|pre_linear)", None,
      "our MLPs have hook_pre (the pre-activation; gate(x) for swiglu), hook_post and hook_out"),
-    (r"hook_pos_embed", None,
-     "our hook_embed is the token plus the learned position embedding; the position part is "
-     "model.pos_embed.weight[:T]"),
 ]
 _COMPILED = [(re.compile(pattern), ours, why) for pattern, ours, why in _RULES]
 

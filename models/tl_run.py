@@ -212,8 +212,8 @@ def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_sl
     return_type="loss" (incl_bwd without a metric: the gradient of the loss, as TL's
     incl_bwd) folded in; each checked, and TL arguments we do not take refused from kwargs."""
     if kwargs.get("start_at_layer") is not None:
-        raise TypeError(f"start_at_layer={kwargs['start_at_layer']!r} is not taken by run_with_cache (its memory plan "
-                        "runs the model from tokens): run_with_hooks(residual, start_at_layer=k, fwd_hooks=[(name, "
+        raise TypeError(f"start_at_layer={kwargs['start_at_layer']!r} is a TransformerLens argument run_with_cache does "
+                        "not take (its memory plan runs the model from tokens): run_with_hooks(residual, start_at_layer=k, fwd_hooks=[(name, "
                         "fn)]) with functions that keep what they see, or model.resume_from(cache, examples, layer, "
                         "start, end) for a cached run")
     kwargs.pop("start_at_layer", None)

@@ -28,8 +28,8 @@ TL_TO_OURS = {
     "ln_final.hook_scale": "norm_final.hook_scale",
 }
 NORMALIZED = ["blocks.0.ln1.hook_normalized", "blocks.0.ln2.hook_normalized", "ln_final.hook_normalized"]
-NONE_HERE = ["hook_pos_embed", *NORMALIZED, "blocks.0.attn.hook_rot_q", "blocks.0.hook_q_input",
-             "blocks.0.hook_attn_in", "blocks.0.hook_mlp_in", "blocks.0.mlp.hook_mid"]
+NONE_HERE = [*NORMALIZED, "blocks.0.attn.hook_rot_q", "blocks.0.hook_q_input", "blocks.0.hook_attn_in",
+             "blocks.0.mlp.hook_mid"]
 SHORT = {("q", 0, "attn"): "blocks.0.attn.hook_q", ("scale", 0, "ln1"): "blocks.0.ln1.hook_scale",
          ("resid_pre", 0, None): "blocks.0.hook_resid_pre",
          ("embed",): "hook_embed", ("k2",): "blocks.2.attn.hook_k", ("scale1ln2",): "blocks.1.ln2.hook_scale",
@@ -75,8 +75,7 @@ def test_names_without_counterpart_raise_saying_so_and_what_to_read():
         with pytest.raises(NoCounterpart, match="no counterpart here") as info:
             to_ours(name)
         assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
-    with pytest.raises(KeyError, match="hook_resid_mid"):
-        to_ours("blocks.3.hook_mlp_in")
+    assert to_ours("blocks.3.hook_mlp_in") == "blocks.3.hook_mlp_in" and to_ours("hook_pos_embed") == "hook_pos_embed"
     with pytest.raises(KeyError, match="blocks.3.hook_resid_pre"):
         to_ours("blocks.3.hook_q_input")
 
@@ -90,9 +89,9 @@ def test_cache_takes_tl_keys(setup):
         assert torch.equal(cache[key if len(key) > 1 else key[0]], cache[to_ours(tl)]), key
     assert torch.equal(cache["scale", 0, "norm_mlp"], cache["blocks.0.norm_mlp.hook_scale"])  # ours still
     assert torch.equal(cache["mixer_out", 1], cache["blocks.1.mixer.hook_out"])
-    assert "hook_pos_embed" not in cache
-    with pytest.raises(KeyError, match="position embedding"):
-        cache["pos_embed"]
+    assert torch.equal(cache["pos_embed"], cache["hook_pos_embed"]) and torch.equal(cache["mlp_in", 1],
+                                                                                    cache["blocks.1.hook_mlp_in"])
+    torch.testing.assert_close(cache["hook_token_embed"] + cache["hook_pos_embed"], cache["hook_embed"], atol=0, rtol=0)
     with pytest.raises(KeyError, match="no counterpart"):
         cache["rot_q", 1]
 
@@ -170,6 +169,8 @@ def test_same_values_as_transformer_lens_under_its_names(setup, lens_cache):
             torch.testing.assert_close(cache[name], theirs[name], atol=1e-10, rtol=0)
     torch.testing.assert_close(cache["ln_final.hook_normalized"], theirs["ln_final.hook_normalized"], atol=1e-10, rtol=0)
     torch.testing.assert_close(cache["hook_embed"], theirs["hook_embed"] + theirs["hook_pos_embed"], atol=1e-10, rtol=0)
+    torch.testing.assert_close(cache["hook_token_embed"], theirs["hook_embed"], atol=1e-10, rtol=0)
+    torch.testing.assert_close(cache["hook_pos_embed"], theirs["hook_pos_embed"], atol=1e-10, rtol=0)
     assert len(compared) == 15 * tl_oracle.LAYERS + 1  # every block name but hook_result (not in TL's cache), ln_final's
 
 
@@ -193,3 +194,37 @@ def test_patch_under_tl_name_equals_tl_patch(setup, lens_cache):
         plain = model(ids)
     assert (mine - plain).abs().max() > 1e-2
     torch.testing.assert_close(mine, theirs, atol=1e-10, rtol=0)
+
+
+def test_mlp_in_and_pos_embed_patches_equal_tl_patches(setup, lens_cache):
+    """TL's hook_mlp_in (the MLP's own copy of the residual) and hook_pos_embed patched alike: the
+    residual stream keeps its value past hook_mlp_in, only the MLP sees the change."""
+    _, model, ids, _ = setup
+    bridge, _ = lens_cache
+
+    def halve(x, hook):
+        x = x.clone()
+        x[:, 2:] *= 0.5
+        return x
+
+    hooks = [("blocks.1.hook_mlp_in", halve), ("hook_pos_embed", halve)]
+    bridge.set_use_hook_mlp_in(True)
+    try:
+        with torch.no_grad():
+            mine, theirs = model.run_with_hooks(ids, fwd_hooks=hooks), bridge.run_with_hooks(ids, fwd_hooks=hooks)
+    finally:
+        bridge.set_use_hook_mlp_in(False)
+    assert (mine - model(ids)).abs().max() > 1e-2
+    torch.testing.assert_close(mine, theirs, atol=1e-10, rtol=0)
+
+
+def test_mlp_in_patch_changes_the_mlp_input_only(setup):
+    _, model, ids, _ = setup
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, names=["blocks.1.hook_resid_mid", "blocks.1.mlp.hook_out",
+                                                    "blocks.1.hook_resid_post"],
+                                        fwd_hooks=[("blocks.1.hook_mlp_in", lambda x, hook: torch.zeros_like(x))])
+        zero_mlp = model.blocks[1].mlp(model.blocks[1].norm_mlp(torch.zeros_like(cache["blocks.1.hook_resid_mid"])))
+    torch.testing.assert_close(cache["blocks.1.mlp.hook_out"], zero_mlp, atol=1e-12, rtol=0)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_mid"] + zero_mlp,
+                               atol=1e-12, rtol=0)
