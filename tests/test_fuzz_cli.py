@@ -108,18 +108,13 @@ def hostile_path(rng: random.Random, case: Path) -> str:
     kind = rng.choice(["fresh", "file", "under_file", "proc", "sys", "dangling", "loop", "long_name", "long_path",
                        "empty", "blank", "nul", "dash", "dot", "devnull", "fifo", "link_dir", "unwritable",
                        "tilde", "nested_fresh", "newline"])
-    if kind == "dangling":
-        (case / "dangling").symlink_to(case / "nowhere")
-    elif kind == "loop":
-        (case / "loop").symlink_to(case / "loop")
-    elif kind == "fifo":
-        os.mkfifo(case / "fifo")
-    elif kind == "link_dir":
-        (case / "elsewhere").mkdir(exist_ok=True)
-        (case / "link_dir").symlink_to(case / "elsewhere")
-    elif kind == "unwritable":
-        (case / "ro").mkdir()
-        (case / "ro").chmod(0o500)
+    made = {"dangling": lambda: (case / "dangling").symlink_to(case / "nowhere"),
+            "loop": lambda: (case / "loop").symlink_to(case / "loop"),
+            "fifo": lambda: os.mkfifo(case / "fifo"),
+            "link_dir": lambda: ((case / "elsewhere").mkdir(), (case / "link_dir").symlink_to(case / "elsewhere")),
+            "unwritable": lambda: ((case / "ro").mkdir(), (case / "ro").chmod(0o500))}
+    if kind in made and not os.path.lexists(case / {"unwritable": "ro"}.get(kind, kind)):
+        made[kind]()
     return {"fresh": "out", "file": "afile", "under_file": "afile/sub", "proc": "/proc/self/fuzz-out",
             "sys": "/sys/fuzz-out", "dangling": "dangling", "loop": "loop/x", "long_name": "n" * 300,
             "long_path": "/".join(["p" * 200] * 25), "empty": "", "blank": "  ", "nul": "a\0b", "dash": "-",
@@ -305,7 +300,8 @@ def deadline(seconds: int):
 
 
 def run_case(argv: list[str], case: Path) -> tuple[str, str]:
-    """(outcome, detail): outcome "ok", "traceback", "lines", "hang" or "escape"."""
+    """(outcome, detail): outcome "ok", "traceback", "lines", "hang" or "escape" ("harness" when
+    the case could not be made)."""
     from interp.cli import main
 
     before = snapshot(case / "outside")
@@ -349,8 +345,12 @@ def fuzz(n: int, seed: int = 0, root: Path | None = None, log=None) -> collectio
             for index in range(n):
                 case = root / f"case-{index}"
                 case.mkdir()
-                argv = make_case(rng, case, sandbox)
-                outcome, detail = run_case(argv, case)
+                try:
+                    argv = make_case(rng, case, sandbox)
+                except OSError as error:   # the harness's own mistake: counted apart, never as the CLI's
+                    argv, (outcome, detail) = [], ("harness", repr(error))
+                else:
+                    outcome, detail = run_case(argv, case)
                 counts[outcome] += 1
                 if outcome != "ok" and log is not None:
                     log(index, argv, outcome, detail)
