@@ -125,7 +125,7 @@ def hostile_path(rng: random.Random, case: Path) -> str:
 def hostile_run(rng: random.Random, case: Path, sandbox: Sandbox, command: str) -> str:
     """A run directory (a copy of the pristine one that fits the command) with one hostile change,
     or a hostile path; links point into case/outside."""
-    if rng.random() < 0.25:
+    if rng.random() < 0.4:
         return hostile_path(rng, case)
     source = sandbox.runs[{"heads": "repl", "patch": "ar"}.get(command, "c2")]
     label = f"run{len(list(case.glob('run*')))}"
@@ -411,6 +411,15 @@ def test_out_on_a_read_only_file_system_is_one_line(tmp_path, capsys):
     spec.write_text(json.dumps({"kind": "grid", "trial": "sweep_trials:square", "grid": {"x": [1]}}))
     one_line_error(["demo", "--quick", "--out", "/sys/interp-fuzz"], capsys, "argument --out", "/sys/interp-fuzz")
     one_line_error(["sweep", str(spec), "--out", "/sys/interp-fuzz"], capsys, "argument --out", "/sys/interp-fuzz")
+
+
+@pytest.mark.parametrize("command", ["eval", "drift", "heads", "patch"])
+@pytest.mark.parametrize("run_dir", ["n" * 300, LONG_PATH, "a\0b", ""])
+def test_a_hostile_run_dir_is_one_line_naming_it(command, run_dir, capsys):
+    """Found by the fuzz: a run directory named past NAME_MAX or PATH_MAX was an OSError from the
+    first stat (the lock check, or config.json's is_file before); empty or with a NUL it is refused
+    while parsing."""
+    one_line_error([command, run_dir], capsys, "argument run_dir")
 
 
 def test_a_spec_name_too_long_is_one_line(capsys):

@@ -49,15 +49,23 @@ def output_path(text: str):
     return Path(text)
 
 
-def check_out(command: str, out, file: bool = False) -> int | None:
+def run_directory(text: str):
+    """RUN_DIR: a non-empty path without NUL (pathlib.Path; whether it is a run is checked by the command)."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"must name a run directory (non-empty, no NUL character); got {text!r}")
+    return Path(text)
+
+
+def check_out(command: str, out, file: bool = False, flag: str = "--out") -> int | None:
     """Preflight of an --out directory (or, file=True, a report file; interp.training.preflight):
-    None when it can be written, else the exit status of the one-line error `argument --out: ...`."""
+    None when it can be written, else the exit status of the one-line error `argument FLAG: ...`
+    (flag: what set the path, e.g. "run_dir" for a report written there by default)."""
     from interp.training.preflight import Refused, check_output_dir, check_output_file
 
     try:
         (check_output_file if file else check_output_dir)(out)
     except Refused as error:
-        return fail(command, f"argument --out: {error}")
+        return fail(command, f"argument {flag}: {error}")
     return None
 
 
@@ -67,13 +75,15 @@ def check_run_free(command: str, run_dir) -> int | None:
     the one-line error naming the holder."""
     from models.paths import DirectoryLocked, locked
 
-    if not Path(run_dir).is_dir():
-        return None   # the command's own reading names what is missing
     try:
+        if not Path(run_dir).is_dir():
+            return None   # the command's own reading names what is missing
         with locked(run_dir, "run directory"):
             return None
-    except (DirectoryLocked, OSError) as error:
+    except DirectoryLocked as error:
         return fail(command, error)
+    except OSError as error:   # a name too long, a link loop, a run on a read-only file system
+        return fail(command, f"argument run_dir: {str(run_dir)[:80]!r}: {error.strerror or error}")
 
 
 MAX_SEQUENCES = MAX_LENGTH = 1 << 24   # interp.training.preflight.BOUNDS' train_length: past it, a typo

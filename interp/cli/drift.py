@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, check_run_free, check_workload, device_name, fail, length_list, non_negative_int, output_path,
-                            positive_int)
+from interp.cli.args import (check_out, check_run_free, check_workload, device_name, fail, length_list,
+                            non_negative_int, output_path, positive_int, run_directory)
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
                     "in-distribution sequences (the training length), the drift ratio q(t) on "
                     "sequences of the longest length, Tcross, the contraction on U and accuracy by "
                     "length. Writes an HTML report and drift.json.")
-    drift.add_argument("run_dir", type=Path, help="a run directory written by `interp train`")
+    drift.add_argument("run_dir", type=run_directory, help="a run directory written by `interp train`")
     drift.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                        help="evaluation lengths; the longest is the drift horizon (default 60,100,200,500,1000)")
     drift.add_argument("--site", default=None,
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from models.paths import DirectoryLocked
 
     out = args.out or args.run_dir / "drift.html"
-    refused = check_out("drift", out, file=True) or check_run_free("drift", args.run_dir)
+    refused = check_out("drift", out, file=True, flag="--out" if args.out else "run_dir") or check_run_free("drift", args.run_dir)
     if refused is not None:
         return refused
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_run_free, check_workload, device_name, fail, fraction, length_list, non_negative_int, positive_int
+from interp.cli.args import (check_run_free, check_workload, device_name, fail, fraction, length_list,
+                            non_negative_int, positive_int, run_directory)
 
 
 def add_parser(sub) -> None:
     ev = sub.add_parser("eval", help="accuracy by length and mp of a trained run",
                         description="Evaluate a run directory: final-state accuracy at each length, "
                                     "mp, written to RUN_DIR/eval.json.")
-    ev.add_argument("run_dir", type=Path, help="a run directory written by `interp train`")
+    ev.add_argument("run_dir", type=run_directory, help="a run directory written by `interp train`")
     ev.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                     help="comma-separated lengths (default 60,100,200,500,1000)")
     ev.add_argument("--n", type=positive_int, default=256, help="sequences per length")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_out, check_workload, device_name, fail, non_negative_int, output_path, positive_int
+from interp.cli.args import (check_out, check_workload, device_name, fail, non_negative_int, output_path,
+                            positive_int, run_directory)
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
                     "PFSA): beta distribution, fraction of beta > 1, minimum transition eigenvalue, "
                     "effective rank of each head's state, and reveal accuracy with each head's beta "
                     "clamped to [0, 1] (and pinned to its mean, a control). Writes an HTML report.")
-    heads.add_argument("run_dir", type=Path, help="a run directory of a DeltaNet model")
+    heads.add_argument("run_dir", type=run_directory, help="a run directory of a DeltaNet model")
     heads.add_argument("--n", type=positive_int, default=256, help="traces to evaluate (default 256)")
     heads.add_argument("--length", type=positive_int, default=None,
                        help="task length (default: the run's training length)")
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from interp.report.heads import write_heads_report
 
     out = args.out or args.run_dir / "heads.html"
-    refused = check_out("heads", out, file=True)
+    refused = check_out("heads", out, file=True, flag="--out" if args.out else "run_dir")
     if refused is not None:
         return refused
     try:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import check_workload, device_name, fail, fraction, non_negative_int, positive_int
+from interp.cli.args import (check_out, check_workload, device_name, fail, fraction, non_negative_int, output_path,
+                            positive_int, run_directory)
 
 METHODS = ("both", "exact", "attribution")
 DEFAULT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")  # those the model has
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
         description="Patch every site (hook x position x layer) of a run trained on AR, MQAR or ATR from "
                     "clean into corrupted examples; report restoration per site, exactly and / or to "
                     "first order, with their agreement. Writes an HTML report and a CSV of site means.")
-    patch.add_argument("run_dir", type=Path, help="a run directory written by `interp train` (task AR, MQAR or ATR)")
+    patch.add_argument("run_dir", type=run_directory, help="a run directory written by `interp train` (task AR, MQAR or ATR)")
     patch.add_argument("--method", choices=METHODS, default="both",
                        help="exact (interchange), attribution (first-order estimate) or both side by side")
     patch.add_argument("--hooks", type=comma_list, default=None,
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
     patch.add_argument("--top", type=positive_int, default=None,
                        help="sites printed, and the k of the screen's top-k recall (default: 8 or every site if fewer)")
     patch.add_argument("--device", type=device_name, default="cpu", help="torch device")
-    patch.add_argument("--out", type=Path, default=None, help="HTML report (default RUN_DIR/patch.html)")
+    patch.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/patch.html)")
     patch.add_argument("--max-memory", default=None,
                        help="memory budget such as 8GB or 512MiB (default: half the memory available); the grid is "
                             "planned to fit it and refused up front when it cannot")
@@ -139,6 +140,10 @@ def report(args: argparse.Namespace, setup: dict, results: dict, clean) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    refused = check_out("patch", args.out or args.run_dir / "patch.html", file=True,
+                        flag="--out" if args.out else "run_dir")
+    if refused is not None:
+        return refused
     try:
         setup, results, clean = measure(args)
         path = report(args, setup, results, clean)
