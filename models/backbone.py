@@ -98,18 +98,36 @@ class MLP(nn.Module):
 MIXER_SLOTS = ("mixer", "mixer2")
 
 
+class Adapted(nn.Module):
+    """A linear map with a low-rank adapter: x W^T + b + (x A^T) B^T, W [out, in] (weight, shared
+    across depths by a SharedBranch), A [r, in] (lora_a), B [out, r] (lora_b), per depth."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int, bias: bool) -> None:
+        super().__init__()
+        base = nn.Linear(d_in, d_out, bias=bias)
+        self.weight, self.bias = base.weight, base.bias
+        self.lora_a = nn.Parameter(torch.zeros(rank, d_in))
+        self.lora_b = nn.Parameter(torch.zeros(d_out, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_a), self.lora_b)
+
+
 class SharedBranch(nn.Module):
     """Zamba2's shared transformer at one depth (cfg.shared_blocks): from the block input x and
     the embedding e [B, T, D],
 
-        t = mlp(norm_mlp(attn(norm_attn([x | e]))))    [B, T, D]   (hook_out)
+        t = proj(mlp(norm_mlp(attn(norm_attn([x | e])))))    [B, T, D]   (hook_out)
 
     which the block adds to its mixer's input (not to the residual). attn is our attention over
     width 2 D (cfg's heads, positions and mixer_options["attention"]) writing width D; no residual
     around it. Hooks at layer l: blocks.{l}.shared.norm_attn.hook_scale, shared.attn.hook_*
     (hook_in [B, T, 2 D]), shared.norm_mlp.hook_scale, shared.mlp.hook_*, shared.hook_out: one
-    set per depth. Each depth holds its own weights (an import folds the source's per-depth LoRA
-    adapters into them), so the branch is shared in structure, not in parameters."""
+    set per depth. The layers naming one shared block share its weights (SHARED_WEIGHTS: the
+    norms, attention and MLP maps; SequenceModel ties them); proj [D, D] and, with
+    cfg.shared_adapter_rank r > 0, the low-rank adapters of attn.qkv (q, k, v each their own A
+    [r, 2 D] and B: lora_a [3 r, 2 D], lora_b block-diagonal) and of mlp.gate / mlp.up (one A) are
+    each depth's own."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -119,12 +137,32 @@ class SharedBranch(nn.Module):
         self.attn.out_proj = nn.Linear(self.attn.out_proj.in_features, cfg.d_model, bias=cfg.attention_bias)
         self.norm_mlp = make_norm(cfg)
         self.mlp = MLP(cfg)
+        rank = cfg.shared_adapter_rank
+        if rank:
+            qkv = self.attn.qkv
+            self.attn.qkv = Adapted(qkv.in_features, qkv.out_features, 3 * rank, qkv.bias is not None)
+            for name in ("gate", "up") if hasattr(self.mlp, "gate") else ("up",):
+                self.mlp.__setattr__(name, Adapted(cfg.d_model, cfg.mlp_width, rank, cfg.mlp_bias))
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.hook_out = HookPoint()
 
     def forward(self, x: torch.Tensor, embed: torch.Tensor, run=None) -> torch.Tensor:  # [B, T, D] each
         normed = self.norm_attn(torch.cat([x, embed], dim=-1))  # [B, T, 2 D]
         attended = self.attn(normed) if run is None else run("shared.attn", self.attn, normed)
-        return self.hook_out(self.mlp(self.norm_mlp(attended)))
+        return self.hook_out(self.proj(self.mlp(self.norm_mlp(attended))))
+
+    def tie_to(self, owner: "SharedBranch") -> None:
+        """Use owner's shared weights (SHARED_WEIGHTS) in place of this depth's own."""
+        for path in SHARED_WEIGHTS:
+            module_path, _, name = path.rpartition(".")
+            mine, theirs = self.get_submodule(module_path), owner.get_submodule(module_path)
+            if getattr(theirs, name, None) is not None:
+                setattr(mine, name, getattr(theirs, name))
+
+
+# the weights of a SharedBranch its depths share (those present)
+SHARED_WEIGHTS = tuple(f"{m}.{p}" for m in ("attn.qkv", "attn.out_proj", "mlp.gate", "mlp.up", "mlp.down")
+                       for p in ("weight", "bias")) + ("norm_attn.weight", "norm_mlp.weight")
 
 
 class Block(nn.Module):
@@ -147,7 +185,7 @@ class Block(nn.Module):
         self.residual = cfg.residual
         self.hook_resid_pre = HookPoint()
         self.mixer = None
-        if cfg.shared_blocks[layer_idx]:
+        if cfg.shared_blocks[layer_idx] is not None:
             self.shared = SharedBranch(cfg, layer_idx)
         if layer.mixer is not None:
             self.norm_mixer = make_norm(layer)
@@ -251,7 +289,7 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None] + ["attention"] * any(cfg.shared_blocks)
+        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None] + ["attention"] * cfg.has_shared
         for name in names:
             if name not in MIXERS:
                 raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
@@ -265,6 +303,10 @@ class SequenceModel(HookedMixin, nn.Module):
             self.hook_token_embed, self.hook_pos_embed = HookPoint(), HookPoint()  # TL's hook_embed, hook_pos_embed
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        owners: dict[int, SharedBranch] = {}
+        for block, index in zip(self.blocks, cfg.shared_blocks):
+            if index is not None:  # the first layer naming a shared block holds its weights
+                block.shared.tie_to(owners.setdefault(index, block.shared))
         for block in self.blocks:  # a mixer that reads another layer's values (RWKV-7's v_first) finds them
             if hasattr(block.mixer, "link_layers"):
                 block.mixer.link_layers([b.mixer for b in self.blocks])

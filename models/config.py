@@ -25,11 +25,14 @@ class ModelConfig:
         outputs are summed into the residual. Its hooks are blocks.{l}.mixer2.*; mixer_options
         are then per mixer name (as for a hybrid). Block layouts per layer: mixer [+ mixer2]
         [+ MLP], or MLP only (models.backbone.Block).
-    shared_block: a bool or one per layer: Zamba2's shared transformer branch in that layer (a
-        layer with a mixer): t = mlp(norm(attention(norm([x | embedding])))) is added to the
-        mixer's input, not to the residual; the attention (n_heads, n_kv_heads, d_head,
-        positional, mixer_options["attention"]) reads width 2 d_model, the MLP is d_mlp /
-        mlp_activation / mlp_bias wide. Hooks blocks.{l}.shared.* at each layer that has one.
+    shared_block: None, or per layer the index of the shared transformer that layer runs (None:
+        none there; a layer with a mixer): Zamba2's t = proj(mlp(norm(attention(norm([x |
+        embedding]))))), added to the mixer's input, not to the residual; the attention
+        (n_heads, n_kv_heads, d_head, positional, mixer_options["attention"]) reads width
+        2 d_model, the MLP is d_mlp / mlp_activation / mlp_bias wide. Layers naming the same
+        index share its weights (proj and the adapters are per layer). Hooks blocks.{l}.shared.*
+        at each layer that has one. shared_adapter_rank: per-layer low-rank adapters (LoRA) of
+        that rank on the shared attention's qkv and the MLP's gate and up (0: none).
     d_hidden: recurrent width of RNN-style mixers (default d_model).
     d_head: per-head width (default d_model // n_heads).
     d_state: SSM state size per channel (Mamba N).
@@ -71,7 +74,8 @@ class ModelConfig:
     norm_eps: float | None = None
     residual: bool = True
     mlp: bool | list[bool] = False
-    shared_block: bool | list[bool] = False
+    shared_block: list[int | None] | None = None
+    shared_adapter_rank: int = 0
     mlp_ratio: int = 4
     d_mlp: int | None = None
     mlp_activation: str = "gelu"
@@ -138,18 +142,19 @@ class ModelConfig:
         mixer_options a dict (per mixer name for a hybrid)."""
         self.mixer = self._per_layer("mixer", self.mixer)
         self.mixer2 = self._per_layer("mixer2", self.mixer2)
-        self.mlp, self.shared_block = self._flags("mlp", self.mlp), self._flags("shared_block", self.shared_block)
+        self.mlp = self._flags("mlp", self.mlp)
+        self._check_shared()
         for layer, (mixer, mixer2, mlp, shared) in enumerate(zip(self.mixers, self.mixer2s, self.mlps,
                                                                  self.shared_blocks)):
             if mixer is None and not mlp:
                 raise ValueError(f"layer {layer} has neither a mixer nor an MLP (mixer None needs mlp True there)")
-            if mixer is None and (mixer2 is not None or shared):
+            if mixer is None and (mixer2 is not None or shared is not None):
                 raise ValueError(f"layer {layer} has {'mixer2=' + repr(mixer2) if mixer2 else 'a shared_block'} "
                                  f"but no mixer: it goes beside one")
         if not isinstance(self.mixer_options, dict):
             raise TypeError(f"mixer_options must be a dict; got {type(self.mixer_options).__name__}")
         if self.hybrid:
-            names = {n for n in self.mixers + self.mixer2s if n is not None} | ({"attention"} if any(self.shared_blocks) else set())
+            names = {n for n in self.mixers + self.mixer2s if n is not None} | ({"attention"} if self.has_shared else set())
             unknown = set(self.mixer_options) - names
             wrong = [name for name, opts in self.mixer_options.items() if not isinstance(opts, dict)]
             if unknown or wrong:
@@ -183,7 +188,7 @@ class ModelConfig:
     def hybrid(self) -> bool:
         """Whether mixer_options are per mixer name: a list of mixers, a parallel mixer2, or shared
         blocks (their attention's options under "attention")."""
-        return isinstance(self.mixer, list) or self.mixer2 is not None or any(self.shared_blocks)
+        return isinstance(self.mixer, list) or self.mixer2 is not None or self.has_shared
 
     @property
     def mixers(self) -> list[str | None]:
@@ -201,9 +206,25 @@ class ModelConfig:
         return list(self.mlp) if isinstance(self.mlp, list) else [self.mlp] * self.n_layers
 
     @property
-    def shared_blocks(self) -> list[bool]:
-        """Whether each layer has a shared transformer branch (Zamba2)."""
-        return list(self.shared_block) if isinstance(self.shared_block, list) else [self.shared_block] * self.n_layers
+    def shared_blocks(self) -> list[int | None]:
+        """The shared transformer each layer runs (None: none there; Zamba2)."""
+        return [None] * self.n_layers if self.shared_block is None else list(self.shared_block)
+
+    @property
+    def has_shared(self) -> bool:
+        return any(index is not None for index in self.shared_blocks)
+
+    def _check_shared(self) -> None:
+        """shared_block None or n_layers ints >= 0 / None; shared_adapter_rank an int >= 0."""
+        value = list(self.shared_block) if isinstance(self.shared_block, tuple) else self.shared_block
+        ok = lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)  # noqa: E731
+        if value is not None and not (isinstance(value, list) and len(value) == self.n_layers and all(map(ok, value))):
+            raise TypeError(f"shared_block must be None or a list of n_layers={self.n_layers} shared block indices "
+                            f"(ints >= 0) or None; got {self.shared_block!r}")
+        self.shared_block = value
+        rank = self.shared_adapter_rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ValueError(f"shared_adapter_rank must be an int >= 0; got {rank!r}")
 
     def layer_config(self, layer: int, slot: str = "mixer") -> "ModelConfig":
         """The config layer `layer`'s mixer in `slot` ("mixer", "mixer2" or "shared": the shared
@@ -215,7 +236,7 @@ class ModelConfig:
             return self
         name = {"mixer": self.mixers, "mixer2": self.mixer2s, "shared": ["attention"] * self.n_layers}[slot][layer]
         options = dict(self.mixer_options.get(name, {})) if self.hybrid else self.mixer_options
-        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer], shared_block=False,
+        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer], shared_block=None,
                                    mixer_options=options)
 
     @property

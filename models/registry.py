@@ -98,6 +98,14 @@ def _recorded_digest(run_dir: Path, config: dict, weights_path: Path) -> tuple[s
     return config.get(WEIGHTS_SHA256), str(run_dir / "config.json")
 
 
+def _tied_groups(model) -> list[set[str]]:
+    """The state-dict names that hold one tensor, per tensor held under more than one name."""
+    groups: dict[int, set[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), set()).add(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     """Rebuild a model from a run directory (config.json with a "model" entry + the weights of its
     current checkpoint) or a model directory (config.json + model.safetensors), in the dtype its
@@ -134,8 +142,10 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     if len(dtypes) == 1 and None not in dtypes:  # one floating dtype: build the model in it
         model = model.to(dtypes.pop())
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    if model.cfg.tie_embeddings and "unembed.weight" not in shapes:  # save_model keeps one name of a tied pair
-        expected.pop("unembed.weight")
+    for names in _tied_groups(model):  # save_model keeps one name of each tied group (embed / unembed, shared blocks)
+        if any(name in shapes for name in names):
+            for name in names - set(shapes):
+                expected.pop(name)
     wrong = [f"{key} {shapes[key]} (the config makes {expected[key]})"
              for key in expected if key in shapes and shapes[key] != expected[key]]
     if wrong or set(shapes) != set(expected):

@@ -271,7 +271,11 @@ def test_falcon_h1_names_both_branches():
 
 def test_zamba2_names_the_shared_block_at_each_depth():
     model = models.from_pretrained(zamba2_source())
-    assert model.cfg.shared_blocks == [False, True, False, True, True] and model.cfg.mlp_activation == "geglu"
+    assert model.cfg.shared_blocks == [None, 0, None, 1, 0] and model.cfg.mlp_activation == "geglu"
+    first, other, again = (model.blocks[l].shared for l in (1, 3, 4))
+    assert first.attn.qkv.weight is again.attn.qkv.weight and first.mlp.down.weight is again.mlp.down.weight
+    assert first.attn.qkv.weight is not other.attn.qkv.weight  # the second shared block
+    assert first.attn.qkv.lora_a is not again.attn.qkv.lora_a and first.proj.weight is not again.proj.weight
     names = set(model.hook_names())
     for layer in (1, 3, 4):
         assert {f"blocks.{layer}.shared.attn.hook_pattern", f"blocks.{layer}.shared.mlp.hook_post",

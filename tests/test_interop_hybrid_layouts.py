@@ -30,8 +30,9 @@ def tokens(length=12, seed=1):
     (dict(mixer="mamba2", mlp=[True], n_layers=2), TypeError, "mlp must be a bool or a list of n_layers=2"),
     (dict(mixer="mamba2", mixer2=3, n_layers=2), TypeError, "mixer2 must be a name"),
     (dict(mixer="mamba2", mixer2="attention", mixer_options={"mamba": {}}), ValueError, "mixer_options of a hybrid"),
-    (dict(mixer=["mamba2", None], mlp=True, shared_block=[False, True], n_layers=2), ValueError, "a shared_block"),
-    (dict(mixer="mamba2", shared_block=[True], n_layers=2), TypeError, "shared_block must be a bool or a list"),
+    (dict(mixer=["mamba2", None], mlp=True, shared_block=[None, 0], n_layers=2), ValueError, "a shared_block"),
+    (dict(mixer="mamba2", shared_block=[True, None], n_layers=2), TypeError, "shared_block must be None or a list"),
+    (dict(mixer="mamba2", shared_adapter_rank=-1), ValueError, "shared_adapter_rank must be an int >= 0"),
 ])
 def test_bad_layouts_raise(fields, error, message):
     with pytest.raises(error, match=message):
@@ -86,14 +87,14 @@ def test_resume_from_a_parallel_block_equals_the_full_forward():
             torch.testing.assert_close(resumed, full[:, 5:], atol=1e-5, rtol=0)
 
 
-SHARED = dict(mixer="mamba2", shared_block=[False, True, True], n_layers=3, vocab_size=VOCAB, d_model=16, n_heads=4,
+SHARED = dict(mixer="mamba2", shared_block=[None, 0, 0], shared_adapter_rank=2, n_layers=3, vocab_size=VOCAB, d_model=16, n_heads=4,
               d_state=4, norm="rmsnorm", positional="rope", d_mlp=24, mlp_activation="geglu",
               mixer_options={"mamba2": {"n_heads": 2}, "attention": {"rope_base": 100.0}})
 
 
 def test_a_shared_branch_feeds_the_mixer_input_only():
     m = model(**SHARED)
-    assert not hasattr(m.blocks[0], "shared") and m.blocks[1].shared.attn.qkv.in_features == 32
+    assert not hasattr(m.blocks[0], "shared") and m.blocks[1].shared.attn.qkv.weight.shape[1] == 32
     _, cache = m.run_with_cache(tokens())
     assert set(cache) == set(m.hook_names())
     x, t = cache["blocks.1.hook_resid_pre"], cache["blocks.1.shared.hook_out"]
@@ -121,3 +122,23 @@ def test_shared_branches_decode_and_resume_like_the_full_forward():
         for layer in (1, 2):
             torch.testing.assert_close(m.resume_from(cache, torch.arange(3), layer, 5, seq.shape[1]), full[:, 5:],
                                        atol=1e-5, rtol=0)
+
+
+def test_depths_of_one_shared_block_share_its_weights_and_round_trip(tmp_path):
+    m = model(**SHARED)
+    one, two = m.blocks[1].shared, m.blocks[2].shared
+    assert one.attn.qkv.weight is two.attn.qkv.weight and one.norm_attn.weight is two.norm_attn.weight
+    assert one.mlp.gate.lora_a is not two.mlp.gate.lora_a and one.proj.weight is not two.proj.weight
+    names = {n for n, _ in m.named_parameters()}
+    assert "blocks.1.shared.attn.qkv.weight" in names and "blocks.2.shared.attn.qkv.weight" not in names
+    seq = tokens()
+    _, before = m.run_with_cache(seq, names=["blocks.2.shared.hook_out"])
+    with torch.no_grad():
+        one.mlp.down.weight.mul_(2.0)  # an edit of the shared block reaches its other depth
+    _, after = m.run_with_cache(seq, names=["blocks.2.shared.hook_out"])
+    assert not torch.allclose(before["blocks.2.shared.hook_out"], after["blocks.2.shared.hook_out"])
+    m.save(tmp_path / "run")
+    loaded = models.load(tmp_path / "run")
+    assert loaded.blocks[1].shared.attn.qkv.weight is loaded.blocks[2].shared.attn.qkv.weight
+    with torch.no_grad():
+        assert torch.equal(loaded(seq), m(seq))

@@ -7,11 +7,12 @@ with a shared transformer branch (Block's "shared + mixer" layout, models.backbo
 Hooks of the shared transformer at hybrid layer l: blocks.{l}.shared.* (norm_attn, attn.hook_q /
 hook_pattern / ..., norm_mlp, mlp.hook_pre / hook_post, hook_out = t), one set per depth; the
 Mamba-2 at layer l: blocks.{l}.mixer.* as everywhere. Zamba2 shares the transformer's weights
-across depths (num_mem_blocks of them, used in turn) and gives each depth its own LoRA adapters
-(q, k, v and gate_up: W + B A) and its own linear_l; ours holds each depth's effective weights:
-the adapters folded in (W + B A), linear_l folded into the MLP's down map (linear_l @ down), so
-the math and every hook are the source's while the parameters are per depth (memory: one copy of
-the shared block per hybrid layer). Attention: q/k/v/o_proj -> qkv, out_proj, its scale
+across depths (num_mem_blocks of them, used in turn: ModelConfig.shared_block names the one each
+layer runs) and gives each depth its own LoRA adapters (q, k, v and gate_up: W x + B A x) and its
+own linear_l; ours ties the shared weights the same way (one tensor per shared block, so an edit
+reaches every depth that runs it) and keeps each depth's adapters (shared_adapter_rank =
+adapter_rank; zeros for q, k, v where use_shared_attention_adapter is off) and linear_l
+(shared.proj). Attention: q/k/v/o_proj -> qkv, out_proj, its scale
 (head_dim / 2)^-1/2 as ours (head_dim)^-1/2 with the query rows times sqrt(2) (hook_q holds them
 so), RoPE where use_mem_rope (rope_theta over attention_head_dim). MLP: gate_up_proj
 [gate | up] -> gate, up with GELU ("geglu", hidden_act gelu) or SiLU ("swiglu", silu).
@@ -55,7 +56,8 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     if any(hybrid):
         options["attention"] = rotary_options(config) if config.use_mem_rope else {}
     cfg = ModelConfig(
-        mixer="mamba2", shared_block=hybrid, vocab_size=config.vocab_size, d_model=config.hidden_size,
+        mixer="mamba2", shared_block=shared_indices(config, hybrid), shared_adapter_rank=config.adapter_rank,
+        vocab_size=config.vocab_size, d_model=config.hidden_size,
         n_layers=len(types), n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads,
         d_head=config.attention_head_dim, attention_bias=False,
         positional="rope" if config.use_mem_rope and any(hybrid) else "none", d_state=config.mamba_d_state,
@@ -79,6 +81,12 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     return cfg, state
 
 
+def shared_indices(config, hybrid: list[bool]) -> list[int | None]:
+    """The shared transformer each layer runs: hybrid layers take the num_mem_blocks in turn."""
+    uses = iter(range(len(hybrid)))
+    return [next(uses) % config.num_mem_blocks if h else None for h in hybrid]
+
+
 def other_depths_adapters(config) -> list[str]:
     """Patterns of the adapter weights listed under a hybrid layer's shared_transformer that belong
     to another depth (tied copies of that depth's: each depth takes its own)."""
@@ -87,33 +95,41 @@ def other_depths_adapters(config) -> list[str]:
             for use, layer in enumerate(ids) for other in range(len(ids)) if other != use]
 
 
-def adapted(weights: SourceWeights, base: str, adapter: str) -> torch.Tensor:
-    """A projection's weight with its LoRA adapter folded in: W + B A (W alone without one)."""
-    weight = weights.take(f"{base}.weight")
-    if not weights.has(f"{adapter}.0.weight"):
-        return weight
-    return weight + weights.take(f"{adapter}.1.weight") @ weights.take(f"{adapter}.0.weight")
+def adapter(weights: SourceWeights, name: str, rank: int, d_in: int, d_out: int, like: torch.Tensor):
+    """A LoRA adapter's (A [r, in], B [out, r]) (zeros where the source has none)."""
+    if not weights.has(f"{name}.0.weight"):
+        return like.new_zeros(rank, d_in), like.new_zeros(d_out, rank)
+    return weights.take(f"{name}.0.weight"), weights.take(f"{name}.1.weight")
 
 
 def shared_weights(weights: SourceWeights, config, cfg: ModelConfig, layer: int, ours: str) -> dict:
-    """The shared transformer as used at hybrid layer `layer` -> our blocks.{layer}.shared."""
+    """The shared transformer as used at hybrid layer `layer` -> our blocks.{layer}.shared: its
+    shared weights (the same tensors at every depth of one shared block), this depth's adapters
+    and linear (proj)."""
     use, theirs = list(config.hybrid_layer_ids).index(layer), f"model.layers.{layer}.shared_transformer"
-    take = weights.take
-    attn = f"{theirs}.self_attn"
-    q, k, v = (adapted(weights, f"{attn}.{n}_proj", f"{attn}.linear_{n}_adapter_list.{use}") for n in "qkv")
-    state = {f"{ours}.attn.qkv.weight": torch.cat([q * math.sqrt(2.0), k, v]),
+    take, rank, wide = weights.take, cfg.shared_adapter_rank, 2 * cfg.d_model
+    attn, mlp = f"{theirs}.self_attn", f"{theirs}.feed_forward"
+    scale = math.sqrt(2.0)  # the score scale (head_dim / 2)^-1/2 = ours (head_dim)^-1/2 with q times sqrt(2)
+    q, k, v = (take(f"{attn}.{n}_proj.weight") for n in "qkv")
+    lora = [adapter(weights, f"{attn}.linear_{n}_adapter_list.{use}", rank, wide, w.shape[0], w)
+            for n, w in zip("qkv", (q, k, v))]
+    state = {f"{ours}.attn.qkv.weight": torch.cat([q * scale, k, v]),
+             f"{ours}.attn.qkv.lora_a": torch.cat([a for a, _ in lora]),
+             f"{ours}.attn.qkv.lora_b": torch.block_diag(lora[0][1] * scale, lora[1][1], lora[2][1]),
              f"{ours}.attn.out_proj.weight": take(f"{attn}.o_proj.weight"),
              f"{ours}.norm_attn.weight": take(f"{theirs}.input_layernorm.weight"),
-             f"{ours}.norm_mlp.weight": take(f"{theirs}.pre_ff_layernorm.weight")}
-    mlp = f"{theirs}.feed_forward"
-    gate_up = adapted(weights, f"{mlp}.gate_up_proj", f"{mlp}.gate_up_proj_adapter_list.{use}")
-    gate, up = gate_up.chunk(2, dim=0)  # (copies: our gate and up must not share one storage)
-    state[f"{ours}.mlp.gate.weight"], state[f"{ours}.mlp.up.weight"] = gate.clone(), up.clone()
-    linear = take(f"model.layers.{layer}.linear.weight")  # [D, D]
-    state[f"{ours}.mlp.down.weight"] = linear @ take(f"{mlp}.down_proj.weight")
+             f"{ours}.norm_mlp.weight": take(f"{theirs}.pre_ff_layernorm.weight"),
+             f"{ours}.proj.weight": take(f"model.layers.{layer}.linear.weight")}
+    gate_up = take(f"{mlp}.gate_up_proj.weight")
+    a, b = adapter(weights, f"{mlp}.gate_up_proj_adapter_list.{use}", rank, cfg.d_model, gate_up.shape[0], gate_up)
+    for name, base, lora_b in zip(("gate", "up"), gate_up.chunk(2), b.chunk(2)):
+        state |= {f"{ours}.mlp.{name}.weight": base.clone(), f"{ours}.mlp.{name}.lora_a": a.clone(),
+                  f"{ours}.mlp.{name}.lora_b": lora_b.clone()}  # (copies: no two of ours share a storage)
+    state[f"{ours}.mlp.down.weight"] = take(f"{mlp}.down_proj.weight")
     if cfg.mlp_bias:
-        state[f"{ours}.mlp.gate.bias"], state[f"{ours}.mlp.up.bias"] = take(f"{mlp}.gate_up_proj.bias").chunk(2)
-        state[f"{ours}.mlp.down.bias"] = linear @ take(f"{mlp}.down_proj.bias")
+        gate, up = take(f"{mlp}.gate_up_proj.bias").chunk(2)
+        state |= {f"{ours}.mlp.gate.bias": gate.clone(), f"{ours}.mlp.up.bias": up.clone(),
+                  f"{ours}.mlp.down.bias": take(f"{mlp}.down_proj.bias")}
     return state
 
 
