@@ -129,6 +129,9 @@ def build_graph(model) -> Graph:
     if not getattr(cfg, "residual", True):
         raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
                          "residual=False, so a block's input is not a sum of upstream outputs")
+    shared = [layer for layer, block in enumerate(model.blocks) if hasattr(block, "shared")]
+    if shared:  # its mixer reads norm(x + shared(x, embed)): a path the receivers' inputs do not model yet
+        raise ValueError(f"build_graph does not model shared blocks (Zamba2's, at layers {shared}) yet")
     senders = [Sender("embed", -1, "hook_embed", kind="embed")]
     receivers: list[Receiver] = []
     for layer, block in enumerate(model.blocks):
