@@ -305,3 +305,19 @@ def test_state_jacobians_of_an_imported_gdn_layer_structured_equal_autograd():
     structured = dynamics.jacobians(model, toks, layer=2, method="structured")
     autograd = dynamics.jacobians(model, toks, layer=2, method="autograd", chunk_size=4)
     torch.testing.assert_close(structured.dense(), autograd.values, atol=1e-5, rtol=1e-5)
+
+
+def test_gdn_head_options_equal_the_same_heads_set_globally():
+    """gated_deltanet's num_heads / head_dim (for a hybrid whose attention heads differ) build the
+    mixer cfg.n_heads / d_head would: the same parameters, the same outputs; bad values raise."""
+    common = dict(vocab_size=VOCAB, d_model=16, n_layers=1, mixer_options={"num_v_heads": 4, "expand_v": 1.5})
+    torch.manual_seed(0)
+    plain = models.build("gated_deltanet", n_heads=2, d_head=4, **common)
+    overridden = models.build("gated_deltanet", n_heads=4, d_head=8,
+                              **{**common, "mixer_options": {**common["mixer_options"], "num_heads": 2, "head_dim": 4}})
+    overridden.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert torch.equal(overridden(tokens(length=9)), plain(tokens(length=9)))
+    for bad in ({"num_heads": 0}, {"head_dim": 2.5}, {"num_heads": 3}):
+        with pytest.raises(ValueError, match="num_heads|head_dim|num_v_heads"):
+            models.build("gated_deltanet", n_heads=4, **{**common, "mixer_options": {**common["mixer_options"], **bad}})
