@@ -153,19 +153,21 @@ class ResidualAnalyses:
         """Every head's output (hook_result) at the blocks before `layer` (None / -1: all)
         -> [C, B, T, D], labels "L{l}H{h}" (h: the model's head index, also when the cache keeps
         some heads only, cache.heads); a block whose mixer has no heads contributes its whole
-        output ("L{l}"). incl_remainder adds the residual minus their sum ("remainder")."""
+        output ("L{l}"); a parallel mixer2's are "L{l}bH{h}" / "L{l}b", an MLP-only block has none.
+        incl_remainder adds the residual minus their sum ("remainder")."""
         model = self._model()
         layer = self._layer(layer)
         components, labels = [], []
         for l in range(layer):
-            name = f"blocks.{l}.mixer.hook_result"
-            if name in model.hook_dict:
-                heads = self[name].movedim(-2, 0)  # [H, B, T, D]
-                components.extend(heads.unbind(0))
-                labels.extend(f"L{l}H{h}" for h in self.heads.get(name, range(heads.shape[0])))
-            else:
-                components.append(self[f"blocks.{l}.mixer.hook_out"])
-                labels.append(f"L{l}")
+            for slot in model.blocks[l].mixers:
+                tag, name = _tag(l, slot), f"blocks.{l}.{slot}.hook_result"
+                if name in model.hook_dict:
+                    heads = self[name].movedim(-2, 0)  # [H, B, T, D]
+                    components.extend(heads.unbind(0))
+                    labels.extend(f"{tag}H{h}" for h in self.heads.get(name, range(heads.shape[0])))
+                else:
+                    components.append(self[f"blocks.{l}.{slot}.hook_out"])
+                    labels.append(tag)
         return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder, gain=gain)
 
     def stack_neuron_results(self, layer: int | None = -1, pos_slice=None, neuron_slice=None,
@@ -224,8 +226,8 @@ class ResidualAnalyses:
     def _full_tl(self, model, layer: int, mlp_input: bool, expand_neurons: bool):
         heads, labels = self.stack_head_results(layer + (1 if mlp_input else 0), return_labels=True)
         components = list(heads.unbind(0))
-        bias = sum((self._mixer_rest(l) for l in range(layer + (1 if mlp_input else 0))),
-                   torch.zeros_like(self["hook_embed"]))
+        bias = sum((self._mixer_rest(l, slot) for l in range(layer + (1 if mlp_input else 0))
+                    for slot in model.blocks[l].mixers), torch.zeros_like(self["hook_embed"]))
         mlps = [l for l in range(layer) if hasattr(model.blocks[l], "mlp")]
         if mlps and expand_neurons:
             neurons, neuron_labels = self.stack_neuron_results(layer, return_labels=True)
@@ -236,20 +238,23 @@ class ResidualAnalyses:
             components += [self[f"blocks.{l}.mlp.hook_out"] for l in mlps]
             labels += [f"{l}_mlp_out" for l in mlps]
         embeds, embed_labels = self._embeds(split=True)
-        partial = any(f"blocks.{l}.mixer.hook_result" in self.heads for l in range(layer + 1))
+        partial = any(f"blocks.{l}.{slot}.hook_result" in self.heads for l in range(layer + 1)
+                      for slot in ("mixer", "mixer2"))
         return components + embeds + [bias], labels + embed_labels + ["rest" if partial else "bias"]
 
     def _full_ours(self, model, layer: int, mlp_input: bool, expand_neurons: bool):
         components, labels = [self["hook_embed"]], ["embed"]
         for l in range(layer + (1 if mlp_input else 0)):
             heads, head_labels = self.stack_head_results(l + 1, return_labels=True)
-            mine = [i for i, lab in enumerate(head_labels) if lab.startswith(f"L{l}H") or lab == f"L{l}"]
-            components.extend(heads[mine].unbind(0))
-            labels.extend(head_labels[i] for i in mine)
-            result = f"blocks.{l}.mixer.hook_result"
-            if result in model.hook_dict:
-                components.append(self._mixer_rest(l))
-                labels.append(f"{l}_mixer_rest" if result in self.heads else f"{l}_mixer_bias")
+            for slot in model.blocks[l].mixers:
+                tag = _tag(l, slot)
+                mine = [i for i, lab in enumerate(head_labels) if lab.startswith(f"{tag}H") or lab == tag]
+                components.extend(heads[mine].unbind(0))
+                labels.extend(head_labels[i] for i in mine)
+                result, kind = f"blocks.{l}.{slot}.hook_result", f"{l}_{slot}"
+                if result in model.hook_dict:
+                    components.append(self._mixer_rest(l, slot))
+                    labels.append(f"{kind}_rest" if result in self.heads else f"{kind}_bias")
             if l == layer or not hasattr(model.blocks[l], "mlp"):
                 continue
             if expand_neurons:
@@ -264,13 +269,14 @@ class ResidualAnalyses:
                 labels.append(f"{l}_mlp_out")
         return components, labels
 
-    def _mixer_rest(self, layer: int) -> torch.Tensor:
-        """Block `layer`'s mixer output minus its cached heads [B, T, D]: the output bias (and the
-        heads not kept); zero for a mixer without heads (its whole output is one component)."""
-        out = self[f"blocks.{layer}.mixer.hook_out"]
-        if f"blocks.{layer}.mixer.hook_result" not in self.model.hook_dict:
+    def _mixer_rest(self, layer: int, slot: str = "mixer") -> torch.Tensor:
+        """Block `layer`'s mixer (in `slot`) output minus its cached heads [B, T, D]: the output
+        bias (and the heads not kept); zero for a mixer without heads (its whole output is one
+        component)."""
+        out = self[f"blocks.{layer}.{slot}.hook_out"]
+        if f"blocks.{layer}.{slot}.hook_result" not in self.model.hook_dict:
             return torch.zeros_like(out)
-        return out - self[f"blocks.{layer}.mixer.hook_result"].sum(-2)
+        return out - self[f"blocks.{layer}.{slot}.hook_result"].sum(-2)
 
     def _finish(self, components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder=False,
                 mlp_input=False, gain=False):
@@ -354,6 +360,11 @@ class ResidualAnalyses:
         model = self._model()
         stack = self.accumulated_resid(layer, pos_slice=pos_slice)
         return model.unembed(model.norm_final(stack.to(model.unembed.weight)))
+
+
+def _tag(layer: int, slot: str) -> str:
+    """A mixer's head-label prefix: "L{l}" for a block's mixer, "L{l}b" for its parallel mixer2."""
+    return f"L{layer}" + ("b" if slot == "mixer2" else "")
 
 
 def _mixer_kind(mixer) -> str:

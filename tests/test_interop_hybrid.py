@@ -150,7 +150,8 @@ def test_causal_state_patch_equals_the_source_continued_from_it(imported):
 def test_the_residual_decomposes_into_its_sublayers(imported):
     """decompose_resid: the embedding and every block's mixer outputs (none in an MLP-only block,
     two in a parallel one; not a shared branch's, which feeds the mixer input) and MLP outputs sum
-    to the final residual."""
+    to the final residual; so do the full decompositions (every head of both parallel mixers,
+    every neuron) with unique labels."""
     _, _, model, _, _ = imported
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens())
@@ -158,6 +159,12 @@ def test_the_residual_decomposes_into_its_sublayers(imported):
     torch.testing.assert_close(parts.sum(0), cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"],
                                atol=1e-5, rtol=0)
     assert len(labels) == len(set(labels)) == 1 + sum(len(b.mixers) + hasattr(b, "mlp") for b in model.blocks)
+    final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"]
+    if model.cfg.moe is None:  # (the MoE MLP has no per-neuron hook_post)
+        for layout in ("tl", "ours"):
+            full, names = cache.get_full_resid_decomposition(layout=layout, return_labels=True)
+            torch.testing.assert_close(full.sum(0), final, atol=1e-5, rtol=0)
+            assert len(names) == len(set(names))
 
 
 def test_each_decoding_step_equals_the_full_forward(imported):
@@ -268,6 +275,8 @@ def test_falcon_h1_names_both_branches():
     assert {"blocks.1.mixer.hook_state", "blocks.1.mixer2.hook_pattern"} <= set(cache)
     torch.testing.assert_close(cache["blocks.1.hook_resid_mid"], cache["blocks.1.hook_resid_pre"]
                                + cache["blocks.1.mixer.hook_out"] + cache["blocks.1.mixer2.hook_out"])
+    _, labels = model.run_with_cache(tokens())[1].stack_head_results(return_labels=True)
+    assert labels == [f"L{l}{b}H{h}" for l in range(2) for b in ("", "b") for h in range(4)]  # Mamba-2, attention
 
 
 def test_zamba2_names_the_shared_block_at_each_depth():
