@@ -142,7 +142,7 @@ class SharedBranch(nn.Module):
             qkv = self.attn.qkv
             self.attn.qkv = Adapted(qkv.in_features, qkv.out_features, 3 * rank, qkv.bias is not None)
             for name in ("gate", "up") if hasattr(self.mlp, "gate") else ("up",):
-                self.mlp.__setattr__(name, Adapted(cfg.d_model, cfg.mlp_width, rank, cfg.mlp_bias))
+                setattr(self.mlp, name, Adapted(cfg.d_model, cfg.mlp_width, rank, cfg.mlp_bias))
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.hook_out = HookPoint()
 
