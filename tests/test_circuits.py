@@ -18,6 +18,8 @@ from test_interventions import TASK, VOCAB, ar_batch, corrupt_ar  # noqa: E402
 
 FAMILIES = {
     "attention": dict(mixer="attention"),
+    "attention_gqa_gated": dict(mixer="attention", n_kv_heads=2, positional="rope", norm="rmsnorm",
+                                mixer_options={"output_gate": True, "qk_norm": True}),
     "mamba": dict(mixer="mamba"),
     "mamba2": dict(mixer="mamba2", mlp=True),
     "deltanet": dict(mixer="deltanet"),
@@ -132,7 +134,8 @@ def _replace(value, axis, indices):
     return patch
 
 
-@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "deltanet", "gated_deltanet", "lstm"])
+@pytest.mark.parametrize("family", ["attention", "attention_gqa_gated", "mamba", "mamba2", "deltanet",
+                                    "gated_deltanet", "lstm"])
 def test_single_edge_patch_equals_manual_two_pass(family, pair):
     model = tiny(family, seed=1)
     scored = setup(model, *pair, metric="logit_diff")

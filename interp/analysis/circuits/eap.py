@@ -29,7 +29,9 @@ from interp.analysis.circuits.graph import Graph
 from interp.analysis.circuits.metrics import Setup, setup
 from interp.analysis.circuits.passes import edge_pass, sender_value
 from interp.tasks.base import Batch
-from models.memory import progress_bar
+from models.memory import budget_bytes, progress_bar, rows_that_fit
+
+ACTIVATIONS_PER_LAYER = 40  # d_model-wide activations one block keeps per position for the backward (rough)
 
 
 @dataclass
@@ -70,14 +72,21 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
 
 def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "logit_diff",
            graph: Graph | None = None, answer: str | None = None, per_position: bool = False,
-           rows: int | None = None, progress: bool = True) -> EdgeScores:
+           rows: int | None = None, max_memory: int | float | str | None = None,
+           progress: bool = True) -> EdgeScores:
     """EAP-IG scores with `steps` interpolation steps (module docstring); rows: the most rows
-    (step, example) per pass (default every step at once). progress: a bar over the passes."""
+    (step, example) per pass (default: as many steps per pass as fit in max_memory,
+    models.memory.budget_bytes, estimated by `row_bytes`; MemoryRefused when one step of every
+    example does not fit). progress: a bar over the passes."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1; got {steps!r}")
     pair = setup(model, clean, corrupt, metric, graph, answer)
-    n = len(clean)
-    per_pass = steps if rows is None else max(1, int(rows) // n)
+    n, length = clean.tokens.shape
+    if rows is None:
+        per_row = row_bytes(model, pair.graph, length)
+        rows = n * rows_that_fit(n * per_row, budget_bytes(max_memory), steps, f"eap_ig over N={n}, T={length}",
+                                 hint="pass fewer examples or a larger max_memory")
+    per_pass = max(1, int(rows) // n)
     alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
     total: dict[int, torch.Tensor] = {}
     chunks = list(alphas.split(per_pass))
@@ -88,6 +97,19 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
                 total[r] = g if r not in total else total[r] + g
             bar.update(1)
     return _scores(pair, {r: g / steps for r, g in total.items()}, "eap-ig", per_position)
+
+
+def row_bytes(model, graph: Graph, length: int) -> float:
+    """Estimated bytes of one example row of a gradient pass: per position, each receiver's leaf
+    and gradient, each slot's copy of the stream and its norm (and, inside a recurrent mixer,
+    about 4 d_model more), every per-head sender output, and the blocks' own activations."""
+    width = model.cfg.d_model
+    item = next(model.parameters()).element_size()
+    slots = sum(2 + (0 if r.slots[0][0].endswith(("hook_q", "hook_k", "hook_v")) else 4)
+                for r in graph.receivers if r.slots)
+    heads = sum(1 for s in graph.senders if s.head is not None)
+    per_position = 2 * len(graph.receivers) + slots + heads + ACTIVATIONS_PER_LAYER * graph.n_layers
+    return float(length * width * item * per_position)
 
 
 def _receiver_grads(model, pair: Setup, tokens: torch.Tensor, alphas: torch.Tensor | None,
@@ -119,26 +141,30 @@ def _receiver_grads(model, pair: Setup, tokens: torch.Tensor, alphas: torch.Tens
 
 
 def _scores(pair: Setup, grads: dict[int, torch.Tensor], method: str, per_position: bool) -> EdgeScores:
-    """Per edge (clean - corrupt) . g_r, summed over positions (and kept per position)."""
+    """Per edge (clean - corrupt) . g_r, summed over positions (and kept per position): for each
+    group of receivers with the same senders (one block's mixer inputs, its MLP, the logits), one
+    batched product [N, U, T D] x [N, T D, R]."""
     graph = pair.graph
     n, length = pair.clean.tokens.shape
     per_example = torch.zeros(graph.n_edges, n, dtype=torch.float64)
     positions = torch.zeros(graph.n_edges, length, dtype=torch.float64) if per_position else None
-    for r, receiver in enumerate(graph.receivers):
-        edges = graph.incoming(r)
-        if not len(edges):
-            continue
-        at = pair.at if receiver.site == "logits" else None
-        senders = [graph.senders[s] for s in graph.edges[edges, 0].tolist()]
-        diff = torch.stack([sender_value(s, pair.clean_acts, at) - sender_value(s, pair.corrupt_acts, at)
-                            for s in senders])  # [U, N, T or 1, D]
-        terms = torch.einsum("untd,ntd->unt", diff.double(), grads[r].double())  # [U, N, T or 1]
-        per_example[edges] = terms.sum(2).cpu()
-        if positions is not None:
-            if at is None:
-                positions[edges] = terms.mean(1).cpu()
-            else:  # the answer position of each example
-                positions[edges] = _at_positions(terms[:, :, 0], pair.at, length)
+    groups: dict[tuple, list[int]] = {}
+    for r in range(len(graph.receivers)):
+        senders = tuple(graph.edges[graph.incoming(r), 0].tolist())
+        if senders:
+            groups.setdefault((graph.receivers[r].site == "logits", senders), []).append(r)
+    for (logits, senders), receivers in groups.items():
+        at = pair.at if logits else None
+        diff = torch.stack([sender_value(graph.senders[s], pair.clean_acts, at)
+                            - sender_value(graph.senders[s], pair.corrupt_acts, at) for s in senders])  # [U, N, t, D]
+        grad = torch.stack([grads[r] for r in receivers]).to(diff)  # [R, N, t, D]
+        products = torch.bmm(diff.transpose(0, 1).flatten(2), grad.permute(1, 2, 3, 0).flatten(1, 2))  # [N, U, R]
+        for j, r in enumerate(receivers):
+            edges = graph.incoming(r)
+            per_example[edges] = products[:, :, j].T.double().cpu()
+            if positions is not None:
+                terms = torch.einsum("untd,ntd->unt", diff.double(), grad[j].double())  # [U, N, t]
+                positions[edges] = _at_positions(terms[:, :, 0], pair.at, length) if logits else terms.mean(1).cpu()
     return EdgeScores(graph, per_example, method, pair, positions)
 
 

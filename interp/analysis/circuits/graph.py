@@ -24,8 +24,8 @@ and the receivers (each one reads its own copy of the residual stream, through t
     s{l}.h{i}.read            the read-out query of its state (DeltaNet / GDN q)
     s{l}.g{g}.B / .read       Mamba-2's per-group input and read-out vectors B, C (shared by the
                               group's heads)
-    s{l}.rest                 every other path through the mixer's input (output gates, the
-                              D x skip's z gate): the mixer as called on its input
+    a{l}.rest / s{l}.rest     every other path through the mixer's input (output gates, Mamba-2's
+                              z gate): the mixer as called on its input
     m{l}.in                   a whole mixer's input
     mlp{l}.in                 an MLP's input
     logits                    the final norm's input at the answer position
@@ -48,7 +48,8 @@ SLOT_HOOKS = {  # mixer name -> {role: hooks}, each hook with its head axis (2) 
     "deltanet": {"write": ("hook_k", "hook_v", "hook_beta"), "read": ("hook_q",)},
     "gated_deltanet": {"write": ("hook_k", "hook_v", "hook_beta", "hook_dt"), "read": ("hook_q",)},
 }
-HAS_REST = {"deltanet": "gate", "gated_deltanet": "gate", "mamba2": "gate"}  # mixer -> option or None
+# mixers with paths from the input that no slot covers (output gates): mixer -> the option that adds them
+HAS_REST = {"attention": "output_gate", "deltanet": "gate", "gated_deltanet": "gate", "mamba2": "gate"}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ METRICS = ("prob", "logit_diff", "kl")
 class Setup:
     """A scored pair: graph, answer positions at [N], clean / corrupt activations of every sender
     ({hook: [N, T, ...]}, detached), the metric per example of the clean and corrupted runs [N]
-    float64, and metric(logits [R, V], examples [R]) -> [R]."""
+    float64, metric(logits [R, V], examples [R]) -> [R], and the answer tokens y and y' [N]."""
 
     graph: Graph
     clean: Batch
@@ -41,6 +41,8 @@ class Setup:
     corrupt_acts: dict
     clean_metric: torch.Tensor
     corrupt_metric: torch.Tensor
+    answers: torch.Tensor  # [N] y, the clean answers
+    rivals: torch.Tensor  # [N] y', the corrupted answers of the logit difference
 
 
 def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
@@ -67,7 +69,7 @@ def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph
     fn = _metric(metric, y, rival, clean_logp)
     rows = torch.arange(len(clean), device=device)
     return Setup(graph, clean, corrupt, at.to(device), metric, fn, _detached(clean_acts), _detached(corrupt_acts),
-                 fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu())
+                 fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu(), y.cpu(), rival.cpu())
 
 
 def _none(receiver, x, current):

@@ -38,7 +38,7 @@ class _PassState:
         self.side = False
         self.needed: set[str] = set()
         self.side_values: dict[str, torch.Tensor] = {}
-        self.overrides: dict[str, list[tuple[Receiver, int, int]]] = {}  # hook -> (slot receiver, copy, batch)
+        self.overrides: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # hook -> (axis, index, value)
         self.current: dict[str, torch.Tensor] = {}
         self.stream: dict[int, torch.Tensor] = {}  # block -> its residual stream (norm_mixer's input)
 
@@ -105,13 +105,8 @@ def _slot_hook(state: _PassState, name: str):
         if not overrides:
             return None
         out = x.clone()
-        side = state.side_values[name]
-        for receiver, copy, batch in overrides:
-            for hook_name, axis, indices in receiver.slots:
-                if hook_name == name:
-                    index = torch.tensor(indices, device=x.device)
-                    rows = side[copy * batch:(copy + 1) * batch]
-                    out.index_copy_(axis, index, rows.index_select(axis, index))
+        for axis, index, value in overrides:  # value: the slot's own [B, T, ..k..] at index on axis
+            out.index_copy_(axis, index.to(x.device), value.to(x))
         return out
 
     return slot
@@ -156,22 +151,51 @@ def _mixer_pre_hook(state: _PassState, graph: Graph, block, layer: int, mixer, r
 
 def _side_run(state: _PassState, graph: Graph, block, mixer, x: torch.Tensor,
               slots: list[tuple[int, torch.Tensor | None]]):
-    """Run the mixer on norm(x + d_r) for every slot r (stacked), keep the slot hooks' values and
-    set the overrides the pass's slot hooks apply."""
-    stacked = torch.cat([x if d is None else x + d for _, d in slots])  # [S B, T, D]
+    """Each slot r's hook values from norm(x + d_r) -> the overrides the pass's slot hooks apply.
+    Attention's q / k / v: their rows of the qkv map (`_linear_slots`); other mixers: the mixer
+    run on every copy stacked on the batch axis, stopped once the slot hooks fired."""
+    stacked = torch.stack([x if d is None else x + d for _, d in slots])  # [S, B, T, D]
     normed = block.norm_mixer.forward(stacked)  # .forward: not through this pre-hook again
-    state.needed = {h for r, _ in slots for h, _, _ in graph.receivers[r].slots}
+    receivers = [graph.receivers[r] for r, _ in slots]
+    if mixer.mixer_name == "attention" and isinstance(getattr(mixer, "qkv", None), torch.nn.Linear):
+        values = _linear_slots(mixer, normed, receivers)
+    else:
+        values = _mixer_slots(state, mixer, normed, receivers)
+    for receiver, per_hook in zip(receivers, values):
+        for (hook, axis, indices), value in zip(receiver.slots, per_hook):
+            state.overrides.setdefault(hook, []).append((axis, torch.tensor(indices), value))
+
+
+def _mixer_slots(state: _PassState, mixer, normed: torch.Tensor, receivers: list[Receiver]) -> list[list[torch.Tensor]]:
+    """[[value of each of a receiver's slots]] from one run of the mixer on normed [S, B, T, D]."""
+    copies, batch = normed.shape[:2]
+    state.needed = {h for r in receivers for h, _, _ in r.slots}
     state.side_values = {}
     state.side = True
     try:
         with contextlib.suppress(_Stop):
-            mixer(normed)
+            mixer(normed.flatten(0, 1))
     finally:
         state.side = False
-    missing = state.needed
-    if missing:
-        raise RuntimeError(f"slot hooks {sorted(missing)} did not fire in the mixer's side run (internal error)")
-    for copy, (r, _) in enumerate(slots):
-        receiver = graph.receivers[r]
-        for hook in {h for h, _, _ in receiver.slots}:
-            state.overrides.setdefault(hook, []).append((receiver, copy, len(x)))
+    if state.needed:
+        raise RuntimeError(f"slot hooks {sorted(state.needed)} did not fire in the mixer's side run (internal error)")
+    return [[state.side_values[hook][copy * batch:(copy + 1) * batch].index_select(
+        axis, torch.tensor(indices, device=normed.device)) for hook, axis, indices in receiver.slots]
+        for copy, receiver in enumerate(receivers)]
+
+
+def _linear_slots(mixer, normed: torch.Tensor, receivers: list[Receiver]) -> list[list[torch.Tensor]]:
+    """Attention's hook_q / hook_k / hook_v at one head each are rows of its qkv map: one batched
+    product over the copies normed [S, B, T, D] with each copy's d_head rows."""
+    d_head, n_q, n_kv = mixer.d_head, mixer.n_heads, mixer.n_kv
+    offset = {"hook_q": 0, "hook_k": n_q, "hook_v": n_q + n_kv}
+    starts = []
+    for receiver in receivers:
+        (hook, _, (head,)), = receiver.slots
+        starts.append((offset[hook.rsplit(".", 1)[1]] + head) * d_head)
+    rows = torch.tensor(starts)[:, None] + torch.arange(d_head)  # [S, d_head]
+    weight = mixer.qkv.weight[rows.to(normed.device)]  # [S, d_head, D]
+    out = torch.einsum("sbtd,sed->sbte", normed, weight)  # [S, B, T, d_head]
+    if mixer.qkv.bias is not None:
+        out = out + mixer.qkv.bias[rows.to(normed.device)][:, None, None]
+    return [[value[:, :, None]] for value in out]  # each [B, T, 1, d_head]
