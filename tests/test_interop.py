@@ -162,7 +162,6 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
      "rope_parameters=.*rope_type 'default'"),
     (lambda: llama_source(hidden_act="gelu"), "hidden_act='gelu'"),
     (lambda: mamba_source(hidden_act="gelu"), "hidden_act='gelu'"),
-    (lambda: jamba_source(num_experts=2, expert_layer_period=2, expert_layer_offset=1), "num_experts=2"),
 ])
 def test_config_we_cannot_represent_raises(make, message):
     with pytest.raises(UnsupportedConfig, match=message):

@@ -1,5 +1,6 @@
 """models.moe: the sparse MLP against a token-by-token re-computation of its docstring, its hooks
-(read and patched), gradients, the config's checks, save -> load and decoding."""
+(read and patched), gradients, the config's checks, save -> load and decoding; Jamba's MoE
+layers imported (parity with transformers, its router's outputs, greedy generate)."""
 
 import pytest
 import torch
@@ -7,7 +8,10 @@ from torch.nn import functional as F
 
 import models
 from models.moe import MoE
+from tests.interop_parity import assert_parity
 from tests.test_decoding import decode_and_compare
+from tests.test_decoding_hf import hf_greedy
+from tests.test_interop import jamba_source, tokens as interop_tokens
 
 MOE = {"experts": 5, "top_k": 2, "d_expert": 6, "d_shared": 7}
 NAMES = ["hook_router_logits", "hook_expert_indices", "hook_expert_weights", "hook_expert_post",
@@ -161,3 +165,30 @@ def test_bad_moe_configs_raise_naming_the_key(moe, error, message):
     with pytest.raises(error, match=message):
         moe_model(**moe)
 
+
+
+def jamba_moe_source():
+    """Jamba with 3 experts (top 2, unnormalised weights) in layers 1 and 3."""
+    return jamba_source(num_experts=3, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
+                        experts_implementation="eager")
+
+
+def test_jamba_moe_layers_import_with_parity_router_outputs_and_generate():
+    source = jamba_moe_source()
+    model = models.from_pretrained(source)
+    assert model.cfg.moe == {"experts": 3, "top_k": 2, "d_expert": 24, "norm_topk_prob": False, "layers": [1, 3]}
+    assert_parity(source, model, interop_tokens(), atol=1e-4)
+    routed = {}
+    handle = source.model.layers[3].feed_forward.router.register_forward_hook(lambda m, i, o: routed.update(out=o))
+    try:
+        with torch.no_grad():
+            source(interop_tokens())
+    finally:
+        handle.remove()
+    _, cache = model.run_with_cache(interop_tokens(), names=lambda n: n.startswith("blocks.3.mlp.hook_"))
+    logits, weights, index = routed["out"]  # [B T, E], [B T, k], [B T, k]
+    torch.testing.assert_close(cache["blocks.3.mlp.hook_router_logits"].flatten(0, 1), logits, atol=1e-5, rtol=0)
+    assert torch.equal(cache["blocks.3.mlp.hook_expert_indices"].flatten(0, 1), index)
+    torch.testing.assert_close(cache["blocks.3.mlp.hook_expert_weights"].flatten(0, 1), weights, atol=1e-6, rtol=0)
+    prompt = interop_tokens(3, 20)
+    assert torch.equal(model.generate(prompt, 24), hf_greedy(source, prompt, None))

@@ -7,7 +7,9 @@ dt_low, B and C (dt_layernorm, b_layernorm, c_layernorm -> our mixer's dt_norm, 
 the option dt_bc_norm_eps = rms_norm_eps); the rest maps as in models.interop.mamba (state
 [B, E, N], no transposes). feed_forward.{gate,up,down}_proj -> mlp.{gate,up,down};
 input_layernorm / pre_ff_layernorm -> norm_mixer / norm_mlp, final_layernorm -> norm_final.
-Mixture-of-experts layers (num_experts > 1) are not representable and raise.
+Mixture-of-experts layers (layers_num_experts > 1) -> models.moe.MoE: softmax router, top-k
+weights left unnormalised (norm_topk_prob False), no shared expert, experts of width
+intermediate_size (feed_forward.router.weight, experts.gate_up_proj / down_proj).
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.interop import mamba as mamba_layout
-from models.interop.convert import SourceWeights, require, unsupported
+from models.interop.convert import SourceWeights, require
+from models.interop.experts import experts_weights
 from models.interop.llama import attention_weights, swiglu_weights
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     config = source.config
     require(config, "hidden_act", "silu")
-    if any(n != 1 for n in config.layers_num_experts):
-        raise unsupported(config, "num_experts", config.num_experts, "1 (a dense MLP in every layer)")
+    sparse = [layer for layer, n in enumerate(config.layers_num_experts) if n > 1]
     kinds = ["attention" if kind == "attention" else "mamba" for kind in config.layers_block_type]
     eps = float(config.rms_norm_eps)
     cfg = ModelConfig(
@@ -36,6 +38,8 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mlp_activation="swiglu", mlp_bias=False, tie_embeddings=bool(config.tie_word_embeddings),
         mixer_options={"mamba": {"dt_rank": int(config.mamba_dt_rank), "conv_bias": bool(config.mamba_conv_bias),
                                  "bias": bool(config.mamba_proj_bias), "dt_bc_norm_eps": eps}},
+        moe={"experts": config.num_experts, "top_k": config.num_experts_per_tok, "d_expert": config.intermediate_size,
+             "norm_topk_prob": False, "layers": sparse} if sparse else None,
     )
     weights = SourceWeights(source)
     take = weights.take
@@ -49,7 +53,11 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
                                                 config.mamba_proj_bias, config.mamba_conv_bias)
             for src, dst in [("dt_layernorm", "dt_norm"), ("b_layernorm", "B_norm"), ("c_layernorm", "C_norm")]:
                 state[f"{ours}.mixer.{dst}.weight"] = take(f"{theirs}.mamba.{src}.weight")
-        state |= swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", bias=False)
+        if layer in sparse:
+            state |= experts_weights(weights, f"{theirs}.feed_forward.router.weight", f"{theirs}.feed_forward.experts",
+                                     f"{ours}.mlp")
+        else:
+            state |= swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", bias=False)
         state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
         state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
     state["norm_final.weight"] = take("model.final_layernorm.weight")

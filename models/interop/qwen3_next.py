@@ -41,6 +41,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.interop.convert import SourceWeights, require, rope_base, unsupported
+from models.interop.experts import experts_weights
 from models.interop.llama import swiglu_weights
 
 KINDS = {"linear_attention": "gated_deltanet", "full_attention": "attention"}
@@ -173,9 +174,6 @@ def gdn_weights(weights: SourceWeights, theirs: str, ours: str, config, projecti
 
 def moe_weights(weights: SourceWeights, theirs: str, ours: str) -> dict:
     """A sparse block -> models.moe.MoE (module docstring)."""
-    take = weights.take
-    gate, up = take(f"{theirs}.experts.gate_up_proj").chunk(2, dim=1)  # [E, F, D] each
-    return {f"{ours}.router.weight": take(f"{theirs}.gate.weight"), f"{ours}.experts.gate": gate,
-            f"{ours}.experts.up": up, f"{ours}.experts.down": take(f"{theirs}.experts.down_proj"),
-            f"{ours}.shared_gate.weight": take(f"{theirs}.shared_expert_gate.weight"),
+    return {**experts_weights(weights, f"{theirs}.gate.weight", f"{theirs}.experts", ours),
+            f"{ours}.shared_gate.weight": weights.take(f"{theirs}.shared_expert_gate.weight"),
             **swiglu_weights(weights, f"{theirs}.shared_expert", f"{ours}.shared_expert", bias=False)}

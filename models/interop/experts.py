@@ -1,0 +1,15 @@
+"""transformers' sparse MoE experts (a router weight and experts stored as 3-D tensors, as in
+Qwen3-Next / Qwen3.5-MoE / Jamba) -> models.moe.MoE's router and experts."""
+
+from __future__ import annotations
+
+from models.interop.convert import SourceWeights
+
+
+def experts_weights(weights: SourceWeights, router: str, experts: str, ours: str) -> dict:
+    """router [E, D] -> ours.router.weight; experts.gate_up_proj [E, 2F, D] (the gate's F rows
+    first) -> ours.experts.gate, ours.experts.up [E, F, D]; experts.down_proj [E, D, F] ->
+    ours.experts.down."""
+    gate, up = weights.take(f"{experts}.gate_up_proj").chunk(2, dim=1)
+    return {f"{ours}.router.weight": weights.take(router), f"{ours}.experts.gate": gate, f"{ours}.experts.up": up,
+            f"{ours}.experts.down": weights.take(f"{experts}.down_proj")}
