@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import demo, drift, eval as eval_command, heads, patch, reproduce, sample_efficiency, sweep, train
+from interp.cli import circuit, demo, drift, eval as eval_command, heads, patch, reproduce, sample_efficiency, sweep, train
 from interp.cli.args import HelpFormatter, Parser
 
-SUBCOMMANDS = (demo, train, eval_command, heads, drift, patch, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
+SUBCOMMANDS = (demo, train, eval_command, heads, drift, patch, circuit, sweep, sample_efficiency, reproduce)  # each: add_parser(sub), run(args) -> exit status
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,106 @@
+"""`interp circuit RUN_DIR`: the circuit of a run trained on a retrieval task (AR, MQAR, ATR).
+
+Clean examples of the run's task at its training length, each corrupted as `interp patch` does
+(`--corrupt key` / `value`); every edge of the model's graph scored by EAP and EAP-IG
+(interp.analysis.circuits), the top `--rescore` EAP-IG edges re-scored by exact edge patching,
+the circuit of the top `--fraction` of edges extracted and pruned, and faithfulness against size
+per method. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
+RUN_DIR/circuit.html: the graph and the faithfulness curve) and the edge scores as CSV beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from interp.cli.args import (check_out, check_workload, device_name, fail, fraction, non_negative_int, output_path,
+                            positive_int, run_directory)
+from interp.cli.patch import corruption
+
+FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def add_parser(sub) -> None:
+    circuit = sub.add_parser(
+        "circuit", help="edge-level circuit (EAP, EAP-IG, exact edge patching) of a retrieval run",
+        description="Score every edge of the model's graph (heads, recurrent states, mixers, MLPs) by EAP and "
+                    "EAP-IG between clean and corrupted examples of a run trained on AR, MQAR or ATR; extract "
+                    "the circuit and its faithfulness curve. Writes an HTML report and a CSV of edge scores.")
+    circuit.add_argument("run_dir", type=run_directory, help="a run directory written by `interp train`")
+    circuit.add_argument("--corrupt", choices=("key", "value"), default="key",
+                         help="what the corrupted example changes: the queried key (out of context) or its value")
+    circuit.add_argument("--metric", choices=("logit_diff", "prob", "kl"), default="logit_diff",
+                         help="the metric scored and recovered")
+    circuit.add_argument("--n", type=positive_int, default=64, help="clean / corrupted pairs")
+    circuit.add_argument("--length", type=positive_int, default=None,
+                         help="key-value pairs per example (default: the run's training length)")
+    circuit.add_argument("--steps", type=positive_int, default=8, help="EAP-IG interpolation steps")
+    circuit.add_argument("--fraction", type=fraction, default=0.05, help="share of edges in the circuit")
+    circuit.add_argument("--rescore", type=non_negative_int, default=50,
+                         help="top EAP-IG edges re-scored by exact edge patching")
+    circuit.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
+    circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
+    circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
+    circuit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    circuit.set_defaults(func=run)
+
+
+def measure(args: argparse.Namespace):
+    """(facts, {method: EdgeScores}, circuit, faithfulness curve rows)."""
+    import models
+    from interp.analysis.circuits import eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
+    from interp.tasks import make_task
+    from interp.training import checkpoint as ckpt
+
+    config = ckpt.read_config(args.run_dir)
+    task_name = config["task"]["name"]
+    corrupt_fn = corruption(task_name, args.corrupt)
+    task = make_task(task_name, **config["task"].get("options", {}))
+    pairs = args.length or config["train"]["train_length"]
+    check_workload(task, args.n, pairs, "--n", "--length" if args.length else None)
+    model = models.load(args.run_dir, device=args.device).eval()
+    clean = task.sample(args.n, pairs, seed=args.seed)
+    corrupt = corrupt_fn(clean, task, seed=args.seed + 1)
+    clean, corrupt = clean.to(args.device), corrupt.to(args.device)
+    scores = {"eap": eap(model, clean, corrupt, metric=args.metric)}
+    graph = scores["eap"].graph
+    scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
+                              progress=not args.no_progress)
+    scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges))
+    circuit = extract(scores["eap-ig+exact"], fraction=args.fraction)
+    curve = faithfulness_curve(model, scores, fractions=sorted(set(FRACTIONS) | {args.fraction}))
+    facts = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
+             "edges": graph.n_edges, "faithfulness": float(faithfulness(model, scores["eap"].setup, circuit.kept)[0])}
+    return facts, scores, circuit, curve
+
+
+def report(args: argparse.Namespace, facts: dict, scores: dict, circuit, curve) -> Path:
+    import pandas as pd
+
+    from interp.report.circuits import write_circuit_report
+
+    path = write_circuit_report(args.out or args.run_dir / "circuit.html", circuit, curve,
+                                f"Circuit of {args.run_dir.name} ({facts['mixer']} on {facts['task']})")
+    names = circuit.graph.edge_names()
+    frame = pd.DataFrame({"edge": names, **{m: s.scores.numpy() for m, s in scores.items()},
+                          "in_circuit": circuit.kept.numpy()})
+    frame.to_csv(path.with_suffix(".csv"), index=False)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    refused = check_out("circuit", args.out or args.run_dir / "circuit.html", file=True,
+                        flag="--out" if args.out else "run_dir")
+    if refused is not None:
+        return refused
+    try:
+        facts, scores, circuit, curve = measure(args)
+        path = report(args, facts, scores, circuit, curve)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError) as error:
+        return fail("circuit", error)
+    print(f"{facts['mixer']} on {facts['task']} ({facts['pairs']} pairs, T {facts['T']}): {facts['edges']} edges, "
+          f"{args.n} pairs; circuit of {circuit.n_edges} edges, faithfulness {facts['faithfulness']:.3f}")
+    for name, value in scores["eap-ig+exact"].top(10):
+        print(f"  {name:<36} {value:9.4f}")
+    print(f"wrote {path} and {path.with_suffix('.csv')}")
+    return 0

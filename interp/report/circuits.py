@@ -1,0 +1,118 @@
+"""Circuit figures: the circuit graph and the faithfulness-vs-size curve, and their report.
+
+    circuit_figure(circuit)          nodes by layer (x) and index within the layer (y); an edge
+                                     from a sender to the node its receiver feeds, width by |score|,
+                                     blue for a positive score, red for a negative one; hover:
+                                     the edge (sender -> receiver) and its score, a node's summed
+                                     scores in and out
+    faithfulness_figure(rows)        faithfulness against the number of edges kept (log axis), one
+                                     line per scoring method (rows of circuits.faithfulness_curve)
+    write_circuit_report(path, ...)  both in one offline HTML file with a table of the top edges
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from interp.report.html import Table, Text, write_report
+from interp.report.style import palette_color
+
+POSITIVE, NEGATIVE = "#1f77b4", "#d62728"
+MAX_WIDTH = 8.0
+
+
+def _layout_nodes(graph, names: list[str]) -> dict[str, tuple[float, float]]:
+    """x, y of each sender name (and "logits"): x the layer (MLPs at l + 0.5, embed -1, a parallel
+    mixer2 at l + 0.25), y the node's rank among the circuit's nodes of that x, centred."""
+    x_of = {}
+    for sender in graph.senders:
+        x = float(sender.layer) + (0.5 if sender.kind == "mlp" else 0.0)
+        if sender.name.split(".")[0].endswith("b"):
+            x += 0.25
+        x_of[sender.name] = x
+    x_of["logits"] = float(graph.n_layers)
+    columns: dict[float, list[str]] = {}
+    for name in names:
+        columns.setdefault(x_of[name], []).append(name)
+    return {name: (x, i - (len(column) - 1) / 2) for x, column in columns.items() for i, name in enumerate(column)}
+
+
+def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
+    """The circuit's graph (module docstring)."""
+    graph, kept, scores = circuit.graph, circuit.kept, circuit.scores
+    edges = [(int(e), *graph.edges[e].tolist()) for e in kept.nonzero()[:, 0]]
+    targets = {}
+    for e, s, r in edges:
+        feeds = graph.receivers[r].feeds
+        targets[e] = feeds[0] if feeds else "logits"
+    names = sorted({graph.senders[s].name for _, s, _ in edges} | set(targets.values()),
+                   key=lambda n: [s.name for s in graph.senders].index(n) if n != "logits" else len(graph.senders))
+    where = _layout_nodes(graph, names)
+    biggest = max((abs(float(scores[e])) for e, _, _ in edges), default=1.0) or 1.0
+    figure = go.Figure()
+    mid_x, mid_y, mid_text = [], [], []
+    for e, s, r in edges:
+        (x0, y0), (x1, y1) = where[graph.senders[s].name], where[targets[e]]
+        score = float(scores[e])
+        figure.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
+                                    line=dict(width=0.5 + MAX_WIDTH * abs(score) / biggest,
+                                              color=POSITIVE if score >= 0 else NEGATIVE), opacity=0.7))
+        mid_x.append((x0 + x1) / 2)
+        mid_y.append((y0 + y1) / 2)
+        mid_text.append(f"{graph.senders[s].name} -> {graph.receivers[r].name}<br>score {score:.4g}")
+    figure.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, color="rgba(0,0,0,0.05)"),
+                                hovertext=mid_text, hoverinfo="text", name="edges (hover)"))
+    out_sum = {n: 0.0 for n in names}
+    in_sum = {n: 0.0 for n in names}
+    for e, s, _ in edges:
+        out_sum[graph.senders[s].name] += float(scores[e])
+        in_sum[targets[e]] += float(scores[e])
+    kinds = {s.name: s.kind for s in graph.senders}
+    for i, kind in enumerate(("embed", "attention", "state", "mixer", "mlp", "logits")):
+        members = [n for n in names if kinds.get(n, "logits") == kind]
+        if not members:
+            continue
+        figure.add_trace(go.Scatter(
+            x=[where[n][0] for n in members], y=[where[n][1] for n in members], mode="markers+text",
+            text=members, textposition="top center", name=kind,
+            marker=dict(size=16, color=palette_color(i), line=dict(width=1, color="#333")),
+            hovertext=[f"{n}<br>scores out {out_sum[n]:.4g}<br>scores in {in_sum[n]:.4g}" for n in members],
+            hoverinfo="text"))
+    figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=600,
+                         xaxis=dict(title="layer (MLP at +0.5; embed -1, logits last)", zeroline=False),
+                         yaxis=dict(title="node within the layer", showticklabels=False, zeroline=False),
+                         legend=dict(title="node kind"))
+    return figure
+
+
+def faithfulness_figure(rows: Sequence[Mapping], title: str = "Faithfulness vs circuit size") -> go.Figure:
+    """Faithfulness against the edges kept, one line per method (rows: faithfulness_curve's)."""
+    figure = go.Figure()
+    for i, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
+        mine = sorted((row for row in rows if row["method"] == method), key=lambda row: row["n_edges"])
+        figure.add_trace(go.Scatter(
+            x=[max(row["n_edges"], 1) for row in mine], y=[row["faithfulness"] for row in mine],
+            mode="lines+markers", name=method, line=dict(color=palette_color(i)),
+            hovertext=[f"{method}: {row['n_edges']} edges ({row['fraction']:.3g} of all), faithfulness "
+                       f"{row['faithfulness']:.3f}" for row in mine], hoverinfo="text"))
+    figure.update_layout(title=title, xaxis=dict(title="edges kept (after pruning; 0 shown at 1)", type="log"),
+                         yaxis=dict(title="faithfulness (metric recovered)"), legend=dict(title="scoring"),
+                         height=450)
+    return figure
+
+
+def write_circuit_report(path: str | Path, circuit, curve: Sequence[Mapping], title: str = "Circuit",
+                         top: int = 20) -> Path:
+    """One offline HTML file: the circuit graph, the faithfulness curve and the top edges."""
+    scores = circuit.scores
+    order = scores.abs().argsort(descending=True)[:top].tolist()
+    names = circuit.graph.edge_names()
+    rows = [{"edge": names[i], "score": float(scores[i]), "in circuit": bool(circuit.kept[i])} for i in order]
+    return write_report(path, title, [
+        Text("Edges: sender -> receiver (q / k / v inputs of attention heads; write / read of a recurrent "
+             "head's state; whole inputs). Width by |score|, blue positive, red negative."),
+        circuit_figure(circuit, title), faithfulness_figure(curve), Table(rows, heading=f"Top {top} edges by |score|"),
+    ])
