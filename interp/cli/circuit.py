@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, check_workload, device_name, fail, fraction, non_negative_int, output_path,
-                            positive_int, run_directory)
-from interp.cli.patch import corruption
+from interp.cli.args import (check_out, device_name, fail, fraction, non_negative_int, output_path, positive_int,
+                            run_directory)
+from interp.cli.patch import load_pair
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -47,21 +47,10 @@ def add_parser(sub) -> None:
 
 def measure(args: argparse.Namespace):
     """(facts, {method: EdgeScores}, circuit, faithfulness curve rows)."""
-    import models
     from interp.analysis.circuits import eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
-    from interp.tasks import make_task
-    from interp.training import checkpoint as ckpt
 
-    config = ckpt.read_config(args.run_dir)
+    config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
-    corrupt_fn = corruption(task_name, args.corrupt)
-    task = make_task(task_name, **config["task"].get("options", {}))
-    pairs = args.length or config["train"]["train_length"]
-    check_workload(task, args.n, pairs, "--n", "--length" if args.length else None)
-    model = models.load(args.run_dir, device=args.device).eval()
-    clean = task.sample(args.n, pairs, seed=args.seed)
-    corrupt = corrupt_fn(clean, task, seed=args.seed + 1)
-    clean, corrupt = clean.to(args.device), corrupt.to(args.device)
     scores = {"eap": eap(model, clean, corrupt, metric=args.metric)}
     graph = scores["eap"].graph
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,

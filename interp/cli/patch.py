@@ -93,10 +93,11 @@ def grid(model, hooks: list[str] | None, positions: list[str], batch):
     return site_grid(model, templates, where)
 
 
-def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
-    """(setup facts, {method: InterchangeResult}, the clean Batch) of the run; ValueError etc. on bad input."""
+def load_pair(args: argparse.Namespace):
+    """(run config, pairs, model, clean, corrupt) of a retrieval run: args.n clean examples at
+    args.length pairs (default the training length), seed args.seed, corrupted per args.corrupt
+    (also read by `interp circuit`)."""
     import models
-    from interp.analysis.interventions import attribute, interchange
     from interp.tasks import make_task
     from interp.training import checkpoint as ckpt
 
@@ -109,7 +110,15 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
     model = models.load(args.run_dir, device=args.device).eval()
     clean = task.sample(args.n, pairs, seed=args.seed)
     corrupt = corrupt_fn(clean, task, seed=args.seed + 1)
-    clean, corrupt = clean.to(args.device), corrupt.to(args.device)
+    return config, pairs, model, clean.to(args.device), corrupt.to(args.device)
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
+    """(setup facts, {method: InterchangeResult}, the clean Batch) of the run; ValueError etc. on bad input."""
+    from interp.analysis.interventions import attribute, interchange
+
+    config, pairs, model, clean, corrupt = load_pair(args)
+    task_name = config["task"]["name"]
     sites = grid(model, args.hooks, args.positions, clean)
     top = min(8, len(sites)) if args.top is None else args.top
     if top > len(sites):
