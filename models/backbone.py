@@ -372,10 +372,6 @@ class SequenceModel(HookedMixin, nn.Module):
         whose values a mixer at or after `layer` reads (`mixer.reads_layer`: RWKV-7's v_first, 0)."""
         return min([layer] + [getattr(block.mixer, "reads_layer", layer) for block in self.blocks[layer:]])
 
-    def _carries(self, layer: int) -> bool:
-        """Whether block `layer`'s (first) mixer resumes from a carried state."""
-        return "mixer" in self._carrying(layer)
-
     def resume_from(self, cache, examples: torch.Tensor, layer: int, start: int, end: int,
                     at: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [R, end - start, V] at positions start, ..., end - 1 (with `at` [R], absolute

@@ -142,3 +142,20 @@ def test_depths_of_one_shared_block_share_its_weights_and_round_trip(tmp_path):
     assert loaded.blocks[1].shared.attn.qkv.weight is loaded.blocks[2].shared.attn.qkv.weight
     with torch.no_grad():
         assert torch.equal(loaded(seq), m(seq))
+
+
+def test_interventions_resume_a_recurrent_mixer2_from_its_own_state():
+    """A recurrent mixer2 (beside attention) carries its state through resumed interventions."""
+    from interp.analysis.interventions import corrupt_ar, interchange, site_grid
+    from tests.test_interventions import TASK, ar_batch
+    from tests.test_interventions import VOCAB as AR_VOCAB
+
+    m = model(mixer=["attention", "mamba2", "attention"], mixer2=["mamba2", None, "mamba2"], vocab_size=AR_VOCAB)
+    assert m.resume_hooks(0)["carry"] == ["blocks.0.mixer2.hook_state", "blocks.1.mixer.hook_state",
+                                          "blocks.2.mixer2.hook_state"]
+    clean = ar_batch(8, 4, seed=0)
+    corrupt = corrupt_ar(clean, TASK, seed=1)
+    sites = site_grid(m, ["blocks.{l}.hook_resid_pre", "blocks.0.mixer2.hook_state"], ["key", "value"])
+    resumed, whole = (interchange(m, clean, corrupt, sites, min_effect=0.0, resume=r) for r in (True, False))
+    torch.testing.assert_close(resumed.p_patched, whole.p_patched, atol=1e-6, rtol=0)
+    assert (whole.p_patched - whole.p_corrupt).abs().max() > 1e-4

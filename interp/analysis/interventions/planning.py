@@ -203,8 +203,8 @@ def resume_positions(groups, n_layers: int) -> dict[int, list[int]]:
 def states_bytes(model, fp: Footprint, groups, n_rows: int) -> float:
     """Bytes of the states `resume_states` keeps for these groups."""
     positions = resume_positions(groups, len(model.blocks))
-    return n_rows * sum(len(p) * fp.per_position.get(f"blocks.{j}.mixer.hook_state", 0.0)
-                        for j, p in positions.items() if p and model._carries(j))
+    return n_rows * sum(len(p) * fp.per_position.get(f"blocks.{j}.{slot}.hook_state", 0.0)
+                        for j, p in positions.items() if p for slot in model._carrying(j))
 
 
 def resume_states(model, resid: dict, groups, chunk: int) -> dict:
@@ -212,12 +212,12 @@ def resume_states(model, resid: dict, groups, chunk: int) -> dict:
     and, per carrying block, a StatesAt of its states at the positions passes resume from."""
     cache = dict(resid)
     for j, positions in resume_positions(groups, len(model.blocks)).items():
-        hook = f"blocks.{j}.mixer.hook_state"
-        if model._carries(j) and f"blocks.{j}.hook_resid_pre" in resid:
-            inputs = resid[f"blocks.{j}.hook_resid_pre"]
-            values = (block_activation(model, inputs, hook, chunk, positions, resid.get("hook_embed")) if positions
-                      else inputs[:, :0])
-            cache[hook] = StatesAt(values, positions)
+        for hook in (f"blocks.{j}.{slot}.hook_state" for slot in model._carrying(j)):  # mixer, a parallel mixer2
+            if f"blocks.{j}.hook_resid_pre" in resid:
+                inputs = resid[f"blocks.{j}.hook_resid_pre"]
+                values = (block_activation(model, inputs, hook, chunk, positions, resid.get("hook_embed"))
+                          if positions else inputs[:, :0])
+                cache[hook] = StatesAt(values, positions)
     return cache
 
 
