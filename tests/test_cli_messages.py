@@ -76,3 +76,15 @@ def test_heads_on_a_run_without_reveals_says_what_heads_needs(runs, task, capsys
     line = one_line(capsys)
     assert f"is a tanh_rnn run on '{task}'; interp heads needs a DeltaNet run" in line
     assert "trained on REPL or PFSA" in line
+
+
+@pytest.mark.parametrize("flag,value", [("--resolution", "nan"), ("--lrs", "nan"), ("--seeds", "-1"),
+                                        ("--models", "lstmm"), ("--tasks", "Q9"), ("--formats", "x")])
+def test_sample_efficiency_names_the_flag_of_a_bad_spec_entry(flag, value, tmp_path, capsys):
+    """Its errors named the spec entry ("spec.search: resolution ...") but not the flag that set it."""
+    argv = ["sample-efficiency", "--models", "lstm", "--tasks", "Z5", "--formats", "acot", "--max-length", "2",
+            "--out", str(tmp_path / "se"), flag, value]
+    assert main(argv) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"interp sample-efficiency: error: argument {flag}: spec."), line
+    assert not (tmp_path / "se").exists()

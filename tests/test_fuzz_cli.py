@@ -422,6 +422,17 @@ def test_a_hostile_run_dir_is_one_line_naming_it(command, run_dir, capsys):
     one_line_error([command, run_dir], capsys, "argument run_dir")
 
 
+@pytest.mark.parametrize("argv", [["train", "--model", "tanh_rnn", "--task", "C2", "--steps", "1", "--out", "x"],
+                                  ["sample-efficiency", "--models", "lstm", "--tasks", "Z5", "--max-length", "2",
+                                   "--out", "x"]])
+def test_n_layers_past_an_index_is_one_line(argv, capsys, tmp_path, monkeypatch):
+    """Found by the fuzz: --n-layers 2**66 was an OverflowError inside ModelConfig (the bounds were
+    checked only after the config was built)."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error([*argv, "--n-layers", str(2 ** 66)], capsys, "argument --n-layers: ", "past the sanity bound 4096")
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_spec_name_too_long_is_one_line(capsys):
     """Found by the fuzz: the spec's is_file() raised OSError 'File name too long'."""
     one_line_error(["sweep", "n" * 300, "--out", "x"], capsys, "spec 'nnn", "cannot be read: File name too long")

@@ -11,6 +11,7 @@ The same study as a file: `interp sweep SPEC` with kind: n_star (see interp.swee
 from __future__ import annotations
 
 import argparse
+import re
 
 from interp.cli.args import positive_float, positive_int
 from interp.cli.sweep import add_executor_arguments, run_loaded
@@ -30,6 +31,20 @@ def numbers(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be comma-separated {kind.__name__}s; got {text!r}") from None
     return parse
+
+
+SPEC_FLAGS = {  # a word of the spec's error -> the flag that set it
+    "models": "--models", "tasks": "--tasks", "formats": "--formats", "max_length": "--max-length",
+    "lrs": "--lrs", "seeds": "--seeds", "steps": "--steps", "batch_size": "--batch-size", "val_size": "--val-size",
+    "val_threshold": "--val-threshold", "n0": "--n0", "resolution": "--resolution", "n_max": "--n-max",
+    "n_layers": "--n-layers", "model_options": "--n-layers",
+}
+
+
+def _flag_named(error: Exception) -> str:
+    """The flags whose spec entries the spec's error names (the first of --models ... otherwise)."""
+    named = [flag for word, flag in SPEC_FLAGS.items() if re.search(rf"\b{word}\b", str(error))]
+    return "/".join(dict.fromkeys(named)) or "--models/--tasks/--formats"
 
 
 def add_parser(sub) -> None:
@@ -70,5 +85,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         loaded = load_spec(spec)
     except ValueError as error:
-        return fail("sample-efficiency", error)
+        return fail("sample-efficiency", f"argument {_flag_named(error)}: {error}")
     return run_loaded(loaded, args, "sample-efficiency")

@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import models
     from interp.tasks import make_task
-    from interp.training.preflight import Refused
+    from interp.training.preflight import Refused, check_override_bounds
     from interp.training.train import TrainConfig, train
 
     options = {"format": args.format} if args.format else {}
@@ -72,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else _resumed_warmup(args)
     warmup = min(50, args.steps // 10) if warmup is None else warmup
     try:
+        check_override_bounds(overrides)
         model_config = models.preset_config(args.model, vocab_size=task.vocab_size, **overrides)
+    except Refused as error:
+        return fail("train", f"argument {_flag_of(error.field)}: {error}")
     except (ValueError, TypeError) as error:
         given = {field: flag for flag, (field, _, _) in MODEL_OVERRIDES.items() if field in overrides}
         return fail("train", _naming_flags(error, given, "--model"))

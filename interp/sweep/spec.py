@@ -266,12 +266,14 @@ def _check_model_options(options) -> None:
     if not isinstance(options, Mapping):
         raise ValueError(f"spec.model_options must map model names to ModelConfig overrides; got {options!r}")
     import models
+    from interp.training.preflight import check_override_bounds
 
     for name, overrides in options.items():
         _check_model("spec.model_options", name)
         if not isinstance(overrides, Mapping):
             raise ValueError(f"spec.model_options.{name} must be a mapping; got {overrides!r}")
         try:
+            check_override_bounds(overrides)
             models.preset_config(name, **overrides)
         except (ValueError, TypeError) as error:
             raise ValueError(f"spec.model_options.{name}: {error}") from None

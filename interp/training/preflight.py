@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from models.backbone import SequenceModel
+from models.backbone import Block, SequenceModel
 from models.config import ModelConfig
 from models.memory import available_bytes, format_bytes
 
@@ -58,27 +58,43 @@ def check_bounds(model_config: ModelConfig, cfg) -> None:
     sections = {"model": model_config, "train": cfg}
     for key, bound in BOUNDS.items():
         section, name = key.split(".")
-        value = getattr(sections[section], name)
-        if value is not None and value > bound:
-            raise Refused(key, f"{name} {value} is past the sanity bound {bound} (a typo?); a run that large "
-                               "would exhaust memory or hang while it is built")
+        _check_bound(key, getattr(sections[section], name))
     if cfg.lengths is not None and max(cfg.lengths) > BOUNDS["train.train_length"]:
         raise Refused("train.lengths", f"lengths {max(cfg.lengths)} is past the sanity bound "
                                        f"{BOUNDS['train.train_length']} (a typo?)")
 
 
+def check_override_bounds(overrides) -> None:
+    """Refused("model.<field>") for a ModelConfig override past BOUNDS, checked before a config is
+    built with it (n_layers 2**66 would fail inside ModelConfig with an OverflowError)."""
+    for name, value in overrides.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            _check_bound(f"model.{name}", value)
+
+
+def _check_bound(key: str, value) -> None:
+    bound, name = BOUNDS.get(key), key.split(".")[1]
+    if bound is not None and value is not None and value > bound:
+        raise Refused(key, f"{name} {value} is past the sanity bound {bound} (a typo?); a run that large "
+                           "would exhaust memory or hang while it is built")
+
+
 def parameter_count(model_config: ModelConfig) -> int:
-    """Parameters of SequenceModel(model_config), counted from one-block models on the meta
-    device (no memory, no initialisation, however many layers)."""
-    blocks, base = {}, None
-    for layer, mixer in enumerate(model_config.mixers):
-        if mixer not in blocks:
-            one = model_config.layer_config(layer).replace(n_layers=1)
-            with torch.device("meta"):
-                model = SequenceModel(one)
-            blocks[mixer] = sum(p.numel() for p in model.blocks[0].parameters())
-            base = sum(p.numel() for p in model.parameters()) - blocks[mixer]
-    return base + sum(blocks[mixer] for mixer in model_config.mixers)
+    """Parameters of SequenceModel(model_config), counted on the meta device (no memory, no
+    initialisation): the parts outside the blocks from a one-layer model, and one Block per kind
+    of layer (its mixer, and whether it is the first: RWKV-7's first layer has weights the others
+    lack), however many layers there are."""
+    with torch.device("meta"):
+        one = SequenceModel(model_config.layer_config(0).replace(n_layers=1))
+        base = sum(p.numel() for p in one.parameters()) - sum(p.numel() for p in one.blocks[0].parameters())
+        kinds: dict[tuple, int] = {}
+        total = base
+        for layer, mixer in enumerate(model_config.mixers):
+            kind = (mixer, layer == 0)
+            if kind not in kinds:
+                kinds[kind] = sum(p.numel() for p in Block(model_config, layer).parameters())
+            total += kinds[kind]
+    return total
 
 
 def check_memory(model_config: ModelConfig, cfg) -> None:
