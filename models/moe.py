@@ -4,7 +4,7 @@ layer by ModelConfig.moe in place of the dense MLP.
 For a token x [D], E experts of width F (SwiGLU, no biases), k of them chosen per token:
 
     l    = W_r x                                   [E]     router logits
-    p    = softmax(l)                              [E]
+    p    = softmax(l)                              [E]     in float32 at least (as transformers)
     i    = the k largest p (descending)            [k]     chosen experts
     w_j  = p_{i_j}, / sum_j p_{i_j} with norm_topk_prob    [k]     routing weights
     h_j  = silu(G_{i_j} x) * U_{i_j} x             [k, F]  each chosen expert's neurons
@@ -130,14 +130,15 @@ class MoE(nn.Module):
             setattr(self, name, HookPoint())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        probs = self.hook_router_logits(self.router(x)).softmax(-1)  # [B, T, E]
+        logits = self.hook_router_logits(self.router(x))  # [B, T, E]
+        probs = logits.softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # routing in >= float32
         index = self.hook_expert_indices(probs.topk(self.top_k, dim=-1).indices)  # [B, T, k]
         if self.hook_expert_indices.has_patches:
             self.check_indices(index)
         weights = probs.gather(-1, index)  # [B, T, k]
         if self.options["norm_topk_prob"]:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = self.hook_expert_weights(weights)
+        weights = self.hook_expert_weights(weights.to(x.dtype))
         out = self.hook_expert_out(self.experts(x, index, self.hook_expert_post))  # [B, T, k, D]
         y = (weights[..., None] * out).sum(-2)
         if hasattr(self, "shared_expert"):

@@ -192,3 +192,16 @@ def test_jamba_moe_layers_import_with_parity_router_outputs_and_generate():
     torch.testing.assert_close(cache["blocks.3.mlp.hook_expert_weights"].flatten(0, 1), weights, atol=1e-6, rtol=0)
     prompt = interop_tokens(3, 20)
     assert torch.equal(model.generate(prompt, 24), hf_greedy(source, prompt, None))
+
+
+def test_half_precision_routes_in_float32_as_transformers():
+    """softmax, top-k and the renormalisation in float32, the weights cast back (transformers'
+    routers): in bfloat16 the chosen experts and weights are those of the float32 routing."""
+    model = moe_model().to(torch.bfloat16)
+    names = ["blocks.1.mlp.hook_router_logits", "blocks.1.mlp.hook_expert_indices", "blocks.1.mlp.hook_expert_weights"]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens(4, 20), names=names)
+    probs = cache[names[0]].float().softmax(-1)
+    top = probs.topk(2, dim=-1)
+    assert torch.equal(cache[names[1]], top.indices)
+    assert torch.equal(cache[names[2]], (top.values / top.values.sum(-1, keepdim=True)).to(torch.bfloat16))
