@@ -22,6 +22,7 @@ from models.saving import WEIGHTS_SHA256
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
 HYBRIDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "mamba_attention": (("mamba", "attention"), dict(n_layers=2, mlp=True, norm="rmsnorm")),
+    "rwkv7_stack": (("rwkv7", "rwkv7_ffn"), dict(n_layers=4, d_model=64, n_heads=4, mlp=False, norm="layernorm")),
 }
 
 

@@ -59,7 +59,8 @@ Channel mix ("rwkv7_ffn", models/mixers/conv_window.py with W = 2 taps):
 
 Hooks: hook_state [B, T, D, 2] the window (x_{t-1}, x_t), hook_conv [B, T, D] x^k_t, hook_pre
 [B, T, F] W_key x^k_t, hook_post [B, T, F] relu(.)^2 (the neurons W_value reads). Its width F is
-cfg.mlp_width.
+cfg.mlp_width. It has no model preset of its own (the hybrid preset "rwkv7_stack" alternates time
+and channel mixes).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from torch import nn
 
 from models.hooks import HookPoint
 from models.kernels.rwkv7 import rwkv7_scan
-from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
+from models.mixers.base import PRESETS, Mixer, head_outputs, mixer_options, register_mixer
 from models.mixers.conv_window import ConvWindowMixer
 from models.mixers.delta import DeltaRuleMixer
 
@@ -270,3 +271,8 @@ class RWKV7FeedForward(ConvWindowMixer):
 
     def output(self, y: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # y [B, T, D]
         return self.value(self.hook_post(torch.relu(self.hook_pre(self.key(self.hook_conv(y)))).square()))
+
+
+# A stack of channel mixes alone is no model (it reads one token back per layer): no preset of its
+# own; models.registry's hybrid "rwkv7_stack" alternates it with the time mix, as RWKV-7 does.
+del PRESETS["rwkv7_ffn"]
