@@ -175,7 +175,9 @@ def test_eap_is_the_derivative_of_the_edge_patched_metric(family, metric, pair):
 
 def test_eap_per_position_sums_to_the_scores(pair):
     scores = eap(tiny("hybrid"), *pair, per_position=True)
-    assert torch.allclose(scores.per_position.sum(1), scores.scores, atol=1e-12)
+    assert torch.allclose(scores.per_position.sum(2), scores.per_example, atol=1e-12)
+    into_logits = scores.graph.edges[:, 1] == len(scores.graph.receivers) - 1
+    assert (scores.per_position[into_logits][:, :, :-1] == 0).all()  # the answer (last) position only
 
 
 @pytest.mark.parametrize("family", ["attention", "mamba2", "gated_deltanet"])

@@ -8,7 +8,8 @@ run so that only r reads u's clean output changes the metric by about
 g_r = d metric_b / d x_r at the corrupted run, x_r the receiver's own copy of the residual stream
 (before its norm: a zero leaf added to it, interp.analysis.circuits.passes). One clean forward,
 one corrupted forward with every receiver's leaf, one backward give every edge's score; the
-logits receiver reads the answer position only. `per_position=True` also keeps the terms per t.
+logits receiver reads the answer position only. `per_position=True` also keeps the terms per
+example and position t ([E, N, T]: where on the residual stream the edge carries its effect).
 
 EAP-IG (Hanna et al. 2024) replaces g_r by its mean along the straight path between the
 corrupted and the clean input embeddings, at the k midpoints alpha_j = (j + 1/2) / k:
@@ -37,7 +38,7 @@ ACTIVATIONS_PER_LAYER = 40  # d_model-wide activations one block keeps per posit
 @dataclass
 class EdgeScores:
     """Scores of every edge of `graph`: per_example [E, N] float64 and their mean `scores` [E];
-    per_position [E, T] (mean over examples) when asked for. method "eap", "eap-ig" or "exact";
+    per_position [E, N, T] (per_example split over the positions the sender wrote at) when asked for. method "eap", "eap-ig" or "exact";
     setup: the pair and metric they were computed for."""
 
     graph: Graph
@@ -147,7 +148,7 @@ def _scores(pair: Setup, grads: dict[int, torch.Tensor], method: str, per_positi
     graph = pair.graph
     n, length = pair.clean.tokens.shape
     per_example = torch.zeros(graph.n_edges, n, dtype=torch.float64)
-    positions = torch.zeros(graph.n_edges, length, dtype=torch.float64) if per_position else None
+    positions = torch.zeros(graph.n_edges, n, length, dtype=torch.float64) if per_position else None
     groups: dict[tuple, list[int]] = {}
     for r in range(len(graph.receivers)):
         senders = tuple(graph.edges[graph.incoming(r), 0].tolist())
@@ -163,13 +164,9 @@ def _scores(pair: Setup, grads: dict[int, torch.Tensor], method: str, per_positi
             edges = graph.incoming(r)
             per_example[edges] = products[:, :, j].T.double().cpu()
             if positions is not None:
-                terms = torch.einsum("untd,ntd->unt", diff.double(), grad[j].double())  # [U, N, t]
-                positions[edges] = _at_positions(terms[:, :, 0], pair.at, length) if logits else terms.mean(1).cpu()
+                terms = torch.einsum("untd,ntd->unt", diff.double(), grad[j].double()).cpu()  # [U, N, t]
+                if logits:  # the answer position of each example
+                    positions[edges[:, None], torch.arange(n)[None], pair.at.cpu()[None]] = terms[:, :, 0]
+                else:
+                    positions[edges] = terms
     return EdgeScores(graph, per_example, method, pair, positions)
-
-
-def _at_positions(values: torch.Tensor, at: torch.Tensor, length: int) -> torch.Tensor:
-    """[U, N] values each at its example's position at [N] -> [U, T] mean over examples."""
-    out = torch.zeros(values.shape[0], length, dtype=torch.float64, device=values.device)
-    out.index_add_(1, at, values.double())
-    return out.cpu() / values.shape[1]
