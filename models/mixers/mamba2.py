@@ -187,8 +187,11 @@ class Mamba2(DiagonalScanMixer):
         A = self.A().repeat_interleave(p)[:, None].expand(self.d_inner, n)  # [E, N], equal columns (shared_decay)
         x = inputs["x"].reshape(batch, length, self.d_inner)
         h0 = None if initial is None else initial.reshape(batch, self.d_inner, n)
-        return [(dt[..., s].contiguous(), A[s].contiguous(), x[..., s].contiguous(), inputs["B"][:, :, g].contiguous(),
-                 inputs["C"][:, :, g].contiguous(), None if h0 is None else h0[:, s].contiguous(), s)
+        # A stays an expanded view (the kernels see its shared decay from the stride) and the state
+        # a view (the kernels copy it into their own layout): no [E, N] copy a call, which a
+        # one-token decoding step would pay twice per layer
+        return [(dt[..., s].contiguous(), A[s], x[..., s].contiguous(), inputs["B"][:, :, g].contiguous(),
+                 inputs["C"][:, :, g].contiguous(), None if h0 is None else h0[:, s], s)
                 for g, s in enumerate(slice(g * width, (g + 1) * width) for g in range(self.groups))]
 
     def native_states(self, inputs, pins=None, initial=None) -> torch.Tensor | None:
@@ -251,11 +254,12 @@ class Mamba2(DiagonalScanMixer):
         outs = [native_selective.selective_scan(dt, A, x, B, C, initial_state=h0, chunk_size=self.chunk_size,
                                                 output_final_state=final)
                 for dt, A, x, B, C, h0, _ in groups]
-        y = torch.cat([out[0] if final else out for out in outs], dim=-1)  # [B, T, E]
+        joined = (lambda parts, dim: parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim))  # noqa: E731
+        y = joined([out[0] if final else out for out in outs], -1)  # [B, T, E]
         y = y.reshape(batch, length, self.heads, self.head_dim)
         if not final:
             return y, None
-        return y, torch.cat([out[1] for out in outs], dim=1).reshape(batch, *self.state_shape)
+        return y, joined([out[1] for out in outs], 1).reshape(batch, *self.state_shape)
 
     def readout_c(self, inputs, b) -> torch.Tensor:
         """One group: C is shared by every (head, p), diag_scan's [B, T, N]; else per head, b's shape."""

@@ -147,7 +147,10 @@ def selective_spacing(chunk: int, A: torch.Tensor, batch: int, length: int) -> i
 def shared_decay(A: torch.Tensor) -> bool:
     """Whether A [E, N] has one decay per channel (every column equal, as Mamba-2's A expanded over
     N): the C loops then form exp(dt_t A) once per channel and step instead of N times (the
-    same values, so the same bits)."""
+    same values, so the same bits). An A expanded from one column (stride 0 over N) is shared by
+    construction and is not compared: a decoding step would otherwise read [E, N] twice per call."""
+    if A.shape[1] > 1 and A.stride(1) == 0:
+        return True
     return A.shape[1] > 1 and torch.equal(A, A[:, :1].expand_as(A))
 
 
