@@ -69,13 +69,15 @@ def used_config_fields(cfg: ModelConfig) -> list[str]:
 
 
 def config_rows(configs: Mapping[str, ModelConfig]) -> list[dict[str, Any]]:
-    """One row {"field", model: value, ...} per field that some model reads; a model's cell is
-    empty where it does not read that field."""
+    """One row {"field", model: value, ...} per field that some model reads and sets (a field that
+    is None for every model reading it, a feature left off or a width left to its default, has
+    no row); a model's cell is empty where it does not read that field."""
     used = {name: set(used_config_fields(cfg)) for name, cfg in configs.items()}
     rows = []
     for field in ModelConfig.field_names():
-        if any(field in fields for fields in used.values()):
-            rows.append({"field": field, **{name: _cell(getattr(cfg, field)) if field in used[name] else NOT_USED
+        readers = [name for name in configs if field in used[name]]
+        if any(getattr(configs[name], field) is not None for name in readers):
+            rows.append({"field": field, **{name: _cell(getattr(cfg, field)) if name in readers else NOT_USED
                                             for name, cfg in configs.items()}})
     return rows
 
@@ -94,11 +96,12 @@ def intro_text(demo, runs, task: str, fmt: str, train_length: int, threshold: fl
         f"evaluated length whose accuracy is at least {threshold:.0%}."
         "\n\nWhat to expect: the tanh RNN (a state-dependent recurrence, which can pull a drifting state "
         "back to its class) is expected to stay above 90% at every length up to 1000. Mamba is "
-        f"expected to fail {task} past the training length, by design: its recurrence is affine (the "
-        "step Jacobian depends on the input only), so drift along the states that distinguish the group "
-        "elements is never corrected, accumulates with length and finally flips the read-out; its "
-        "accuracy falls towards chance (1/6 on S3). That failure is the demo's point, not a bug "
-        "(docs/drift.md and docs/length-generalisation.md in the repository explain the measurements).")
+        f"expected to fail {task}, by design: its recurrence is affine (the step Jacobian depends on the "
+        "input only), so drift along the states that distinguish the group elements is never corrected and "
+        "accumulates with length until the read-out flips. At the demo's size its curriculum usually stalls "
+        "at a short length and its accuracy stays near chance (1/6 on S3) at every evaluated length. That "
+        "failure is the demo's point, not a bug (docs/drift.md and docs/length-generalisation.md in the "
+        "repository explain the measurements).")
     short = [f"{name} (length {run.final_length})" for name, run in runs.items() if run.final_length < train_length]
     if short:
         patience = next(iter(demo.models.values()))[1].curriculum_patience
