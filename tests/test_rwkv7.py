@@ -341,3 +341,8 @@ def test_selected_heads_form_their_states_only(monkeypatch):
         _, kept = model.run_with_cache(tokens(), names=[name], heads=[1])
     assert scanned == [(1, "all"), (2, None)]  # head 1's states, then the output without states
     torch.testing.assert_close(kept[name], full[name][:, :, [1]], atol=1e-6, rtol=0)
+
+
+def test_a_later_time_mix_needs_an_rwkv7_layer_0():
+    with pytest.raises(ValueError, match="layer 0 is a Mamba, not rwkv7"):
+        models.build(models.ModelConfig(mixer=["mamba", "rwkv7"], n_layers=2, d_model=16, n_heads=2))
