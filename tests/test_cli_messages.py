@@ -79,9 +79,12 @@ def test_heads_on_a_run_without_reveals_says_what_heads_needs(runs, task, capsys
 
 
 @pytest.mark.parametrize("flag,value", [("--resolution", "nan"), ("--lrs", "nan"), ("--seeds", "-1"),
-                                        ("--models", "lstmm"), ("--tasks", "Q9"), ("--formats", "x")])
+                                        ("--models", "lstmm"), ("--tasks", "Q9"), ("--formats", "x"),
+                                        ("--max-length", "100000000"), ("--max-length", str(2 ** 66))])
 def test_sample_efficiency_names_the_flag_of_a_bad_spec_entry(flag, value, tmp_path, capsys):
-    """Its errors named the spec entry ("spec.search: resolution ...") but not the flag that set it."""
+    """Its errors named the spec entry ("spec.search: resolution ...") but not the flag that set it;
+    --max-length 100000000 ran on (a hundred million conditions) and 2**66 was an OverflowError (found
+    by tests/test_fuzz_cli.py)."""
     argv = ["sample-efficiency", "--models", "lstm", "--tasks", "Z5", "--formats", "acot", "--max-length", "2",
             "--out", str(tmp_path / "se"), flag, value]
     assert main(argv) == 2

@@ -61,6 +61,7 @@ TOP_KEYS = {"grid": ("kind", "name", "trial", "grid", "max_length", "min_length"
             "n_star": ("kind", "name", "trial", "models", "tasks", "formats", "max_length", "min_length", "lrs",
                        "seeds", "search", "model_options", "train", "ood_factors")}
 SEARCH_KEYS = ("n0", "resolution", "n_max")
+MAX_LENGTH = 1024   # sanity bound of max_length / min_length (a study trains every length up to it)
 
 
 @dataclass
@@ -181,8 +182,9 @@ def load_spec(source: str | Path | Mapping[str, Any]) -> SweepSpec:
     if "ood_factors" in data:
         _check_list("spec.ood_factors", data["ood_factors"], lambda v: _is_int(v) and v >= 1, "positive ints")
     for key in ("max_length", "min_length"):
-        if key in data and not (_is_int(data[key]) and data[key] >= 1):
-            raise ValueError(f"spec.{key} must be a positive int; got {data[key]!r}")
+        if key in data and not (_is_int(data[key]) and 1 <= data[key] <= MAX_LENGTH):
+            raise ValueError(f"spec.{key} must be a positive int up to {MAX_LENGTH} (each length 2..max_length is "
+                             f"a condition of its own; past that, a typo?); got {data[key]!r}")
     if kind == "grid":
         _check_grid(data, trial == DEFAULT_TRIAL)
         search = {}
