@@ -19,8 +19,8 @@ from torch import nn
 from models.config import ModelConfig
 from models.interop import mamba as mamba_layout
 from models.interop.convert import SourceWeights, require
-from models.interop.experts import experts_weights
-from models.interop.llama import attention_weights, swiglu_weights
+from models.interop.experts import mlp_weights
+from models.interop.llama import attention_weights
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -53,11 +53,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
                                                 config.mamba_proj_bias, config.mamba_conv_bias)
             for src, dst in [("dt_layernorm", "dt_norm"), ("b_layernorm", "B_norm"), ("c_layernorm", "C_norm")]:
                 state[f"{ours}.mixer.{dst}.weight"] = take(f"{theirs}.mamba.{src}.weight")
-        if layer in sparse:
-            state |= experts_weights(weights, f"{theirs}.feed_forward.router.weight", f"{theirs}.feed_forward.experts",
-                                     f"{ours}.mlp")
-        else:
-            state |= swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", bias=False)
+        state |= mlp_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", layer in sparse, "router.weight")
         state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
         state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
     state["norm_final.weight"] = take("model.final_layernorm.weight")

@@ -12,6 +12,8 @@ its RMSNorm and rotary tables in float32, so float64 parity is float32-close onl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -31,19 +33,29 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mlp_activation="swiglu", mlp_bias=bool(config.mlp_bias), attention_bias=bool(config.attention_bias),
         tie_embeddings=bool(config.tie_word_embeddings), mixer_options={"rope_base": rope_base(config)},
     )
-    weights = SourceWeights(source)
+    return cfg, stack_weights(SourceWeights(source), cfg)
+
+
+def stack_weights(weights: SourceWeights, cfg: ModelConfig, mlp: Callable[[str, str, int], dict] | None = None,
+                  extra: Callable[[str, str], dict] | None = None) -> dict:
+    """Our state dict of a Llama-style stack (model.embed_tokens, model.layers.{l}, model.norm,
+    lm_head; nothing left over): per layer the attention, the MLP (mlp(theirs, ours, layer);
+    default a SwiGLU with cfg.mlp_bias), the two norms and extra(theirs, ours) (more weights of
+    the layer, shared by Llama's relatives)."""
     take = weights.take
     state = {"embed.weight": take("model.embed_tokens.weight")}
     for layer in range(cfg.n_layers):
         theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
         state |= attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", cfg.attention_bias)
-        state |= swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", cfg.mlp_bias)
+        state |= (mlp(f"{theirs}.mlp", f"{ours}.mlp", layer) if mlp
+                  else swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", cfg.mlp_bias))
         state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
         state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.post_attention_layernorm.weight")
+        state |= extra(theirs, ours) if extra else {}
     state["norm_final.weight"] = take("model.norm.weight")
     state["unembed.weight"] = take("lm_head.weight")
     weights.check_all_taken()
-    return cfg, state
+    return state
 
 
 def attention_weights(weights: SourceWeights, theirs: str, ours: str, bias: bool) -> dict:

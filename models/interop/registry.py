@@ -37,6 +37,8 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "nemotron_h": ("models.interop.nemotron_h", ("NemotronHForCausalLM",)),
     "zamba2": ("models.interop.zamba2", ("Zamba2ForCausalLM",)),
     "lfm2": ("models.interop.lfm2", ("Lfm2ForCausalLM",)),
+    "qwen3": ("models.interop.qwen3", ("Qwen3ForCausalLM",)),
+    "qwen3_moe": ("models.interop.qwen3", ("Qwen3MoeForCausalLM",)),
     "qwen3_next": ("models.interop.qwen3_next", ("Qwen3NextForCausalLM",)),
     "qwen3_5_text": ("models.interop.qwen3_5", ("Qwen3_5ForCausalLM",)),
     "qwen3_5": ("models.interop.qwen3_5", ("Qwen3_5ForConditionalGeneration",)),
