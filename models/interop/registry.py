@@ -48,9 +48,65 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def supported_architectures() -> list[str]:
-    """The source classes `from_pretrained` converts."""
-    return sorted(name for _, classes in CONVERTERS.values() for name in classes)
+ROPE = "RoPE scaling (rope types other than 'default')"
+# config.model_type -> (what the converter maps, what it refuses with UnsupportedConfig); every
+# converter also refuses a weight it would drop and, where it reads one, a hidden_act other than
+# its family's. The module docstrings have the layouts.
+NOTES: dict[str, tuple[str, str]] = {
+    "gpt2": ("learned positions, LayerNorm, tanh-GELU MLP, tied or untied unembedding",
+             "other activations, scale_attn_by_inverse_layer_idx, unscaled attention, cross-attention"),
+    "llama": ("RoPE, RMSNorm, SwiGLU, grouped-query attention, attention bias", f"{ROPE}, pretraining_tp > 1"),
+    "mamba": ("the selective scan, its short conv, tied or untied unembedding",
+              "an intermediate_size that is not an integer multiple of hidden_size"),
+    "mamba2": ("heads, groups, the gated norm, the dt clamp", "num_heads * head_dim != expand * hidden_size"),
+    "delta_net": ("silu short convs, l2-normed q / k, beta in [0, 1] or [0, 2], output gate",
+                  "other qk activations or norms, use_beta False, expand_v != expand_k, fla attention layers"),
+    "gated_deltanet": ("grouped value heads, expand_v, output gate, beta in [0, 1] or [0, 2]",
+                       "fla attention layers, attention residuals, hidden_act other than swish"),
+    "falcon_mamba": ("Mamba with FalconMamba's unweighted dt / B / C norms", "as mamba"),
+    "jamba": ("Mamba-1 and attention layers, SwiGLU or mixture-of-experts MLPs", "hidden_act other than silu"),
+    "bamba": ("Mamba-2 and half-rotary grouped-query attention layers, SwiGLU MLPs",
+              f"{ROPE}, layer kinds other than Mamba-2 / attention"),
+    "falcon_h1": ("Mamba-2 and attention in parallel in one block (blocks.{l}.mixer / mixer2), muP multipliers "
+                  "folded into the weights", f"{ROPE}, mamba_proj_bias != projectors_bias, mamba_d_ssm != heads x "
+                  "head_dim, a zero embedding_multiplier with tied embeddings"),
+    "granitemoehybrid": ("Bamba's layout with dense or mixture-of-experts MLPs (shared expert), Granite's "
+                         "multipliers folded into the weights", f"{ROPE}, a zero embedding_multiplier with tied "
+                         "embeddings"),
+    "nemotron_h": ("single-sublayer Mamba-2 / attention (no positions) / relu2-MLP layers",
+                   "'moe' layers, multi-token-prediction layers"),
+    "zamba2": ("Mamba-2 layers with the shared transformer block at hybrid depths (blocks.{l}.shared.*), "
+               "per-depth LoRA adapters", f"{ROPE}, grouped-query heads with adapters, layer kinds other than "
+               "Mamba-2 / hybrid"),
+    "lfm2": ("gated short-conv layers (the conv window as hook_state) and qk-normed attention, SwiGLU",
+             f"{ROPE}, layer kinds other than conv / full_attention"),
+    "qwen3": ("qk-normed grouped-query attention, SwiGLU", f"{ROPE}, sliding-window attention"),
+    "qwen3_moe": ("as qwen3, with sparse mixture-of-experts MLPs", f"{ROPE}, sliding-window attention"),
+    "qwen3_next": ("Gated DeltaNet and gated, qk-normed, partial-rotary attention; sparse MoE MLPs with a gated "
+                   "shared expert", f"{ROPE}, layer kinds other than linear / full attention, a shared expert of "
+                   "width 0"),
+    "qwen3_5_text": ("as qwen3_next (dense MLPs)", "as qwen3_next"),
+    "qwen3_5": ("the language model of the multimodal checkpoint (the vision tower is left out)", "as qwen3_next"),
+    "qwen3_5_moe_text": ("as qwen3_next (MoE MLPs)", "as qwen3_next"),
+    "qwen3_5_moe": ("the language model of the multimodal checkpoint (the vision tower is left out)",
+                    "as qwen3_next"),
+    "rwkv7": ("time mix and channel mix as two blocks per layer, fused or plain norms",
+              "fla attention layers, hidden_act other than sqrelu, value_dim varying by layer, tied embeddings "
+              "with norm_first"),
+}
+
+
+def supported_architectures(details: bool = False) -> list[str] | dict[str, dict[str, str]]:
+    """The source classes `from_pretrained` converts, sorted; details=True: {class: {"model_type",
+    "supports", "refuses"}} (what the converter maps and what it refuses with UnsupportedConfig)."""
+    if not isinstance(details, bool):
+        raise TypeError(f"details must be a bool; got {details!r}")
+    names = sorted(name for _, classes in CONVERTERS.values() for name in classes)
+    if not details:
+        return names
+    found = {name: model_type for model_type, (_, classes) in CONVERTERS.items() for name in classes}
+    return {name: {"model_type": found[name], "supports": NOTES[found[name]][0], "refuses": NOTES[found[name]][1]}
+            for name in names}
 
 
 def _supported_text() -> str:
