@@ -266,3 +266,17 @@ def test_block_layouts_mlp_only_and_parallel_mixers(pair):
     for row, e in enumerate(edges):
         manual = _manual_single_edge(model, graph, e, *pair, scored.metric)
         assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), graph.edge_names()[e]
+
+
+def test_mean_baseline_of_identical_examples_is_the_clean_run(pair):
+    from interp.analysis.circuits import faithfulness
+
+    clean, corrupt = pair
+    same = clean.select(torch.zeros(len(clean), dtype=torch.long))  # N copies of example 0
+    model = tiny("hybrid", seed=7)
+    scored = setup(model, same, corrupt.select(torch.zeros(len(clean), dtype=torch.long)))
+    n = scored.graph.n_edges
+    values = patched_metric(model, scored, torch.ones(1, n, dtype=torch.bool), source="mean")
+    assert torch.allclose(values[0], scored.clean_metric, atol=1e-10, rtol=0)  # the mean of copies is the copy
+    assert torch.allclose(faithfulness(model, scored, torch.zeros(1, n, dtype=torch.bool), baseline="mean"),
+                          torch.ones(1, dtype=torch.float64), atol=1e-9)
