@@ -15,7 +15,9 @@ one explicit argument away.
         [L H, B, T, D] every head's hook_result ("L{l}H{h}"; a mixer without heads: its whole
         output "L{l}"); layer 0: an empty [0, B, T, D]
     stack_neuron_results(layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln,
-        mlp_input)   [L F, B, T, D] every neuron's hook_post * W_out ("L{l}N{n}"); layer 0: empty
+        mlp_input)   [L F, B, T, D] every neuron's hook_post * W_out ("L{l}N{n}"); layer 0: empty.
+        A sparse (MoE) layer: per routed slot j the chosen expert's neurons times the routing
+        weight ("L{l}slot{j}N{n}"), the shared expert's times its gate ("L{l}sharedN{n}")
     get_full_resid_decomposition(layer, mlp_input, expand_neurons, apply_ln, pos_slice,
         return_labels)   TL's order: every head, every neuron (or "{l}_mlp_out"), "embed",
         "pos_embed", "bias" (the mixers' output biases and the MLPs'); they sum to the residual.
@@ -175,7 +177,10 @@ class ResidualAnalyses:
                              mlp_input: bool = False, gain: bool = False):
         """Every MLP neuron's contribution hook_post[..., n] * W_out[:, n] at the blocks before
         `layer` -> [C, B, T, D], labels "L{l}N{n}" (TL's argument order: pos_slice before
-        neuron_slice). mlp_input: the remainder and the norm are those before block `layer`'s MLP."""
+        neuron_slice). A sparse (MoE) layer contributes per routed slot j its chosen expert's
+        neurons weighted as the layer weights them ("L{l}slot{j}N{n}") and its shared expert's
+        gated ones ("L{l}sharedN{n}"); neuron_slice selects within each. mlp_input: the remainder
+        and the norm are those before block `layer`'s MLP."""
         model = self._model()
         layer = self._layer(layer)
         if layer and not any(hasattr(model.blocks[l], "mlp") for l in range(layer)):
@@ -186,18 +191,61 @@ class ResidualAnalyses:
         for l in range(layer):
             if not hasattr(model.blocks[l], "mlp"):
                 continue
-            width = model.blocks[l].mlp.down.weight.shape[1]
-            neurons = take(torch.arange(width), 0, neuron_slice, "neuron_slice").tolist()
-            components.extend(self.get_neuron_results(l, neurons).movedim(-2, 0).unbind(0))  # [B, T, n, D]
-            labels.extend(f"L{l}N{n}" for n in neurons)
+            mine, their_labels = self._layer_neurons(l, neuron_slice)
+            components += mine
+            labels += their_labels
         return self._finish(components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder,
                             mlp_input=mlp_input, gain=gain)
 
-    def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None) -> torch.Tensor:
+    def _layer_neurons(self, layer: int, neuron_slice=None) -> tuple[list[torch.Tensor], list[str]]:
+        """Block `layer`'s neuron components [B, T, D] each and their labels, group by group (a
+        sparse MLP: its routed slots, then its shared expert)."""
+        components, labels = [], []
+        for tag, width, part in _neuron_groups(self.model.blocks[layer].mlp):
+            neurons = take(torch.arange(width), 0, neuron_slice, "neuron_slice").tolist()
+            result = self._group_neurons(layer, part, neurons)  # [B, T, n, D] ("routed": [B, T, k, n, D])
+            slots = result.movedim(-3, 0).unbind(0) if part == "routed" else [result]
+            for j, slot in enumerate(slots):
+                components.extend(slot.movedim(-2, 0).unbind(0))
+                labels.extend(f"L{layer}{tag}{j if part == 'routed' else ''}N{n}" for n in neurons)
+        return components, labels
+
+    def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, shared: bool = False) -> torch.Tensor:
         """Block `layer`'s neurons' contributions hook_post[..., n] * W_out[:, n] -> [B, T, n, D]
-        (TL's: an int neuron_slice or pos_slice drops that axis)."""
-        post = take(self[f"blocks.{layer}.mlp.hook_post"], -2, pos_slice, "pos_slice")  # [B, T, F]
-        w_out = self._model().blocks[layer].mlp.down.weight.T.to(post)  # [F, D]
+        (TL's: an int neuron_slice or pos_slice drops that axis). A sparse (MoE) layer: each
+        routed slot's chosen expert's neurons times the slot's routing weight -> [B, T, k, n, D]
+        (they sum over n to hook_expert_weights * hook_expert_out); shared=True: its shared
+        expert's neurons times the shared gate -> [B, T, n, D]."""
+        mlp = self._model().blocks[layer].mlp
+        sparse = hasattr(mlp, "experts")
+        if shared and not hasattr(mlp, "shared_expert"):
+            raise ValueError(f"shared=True needs a sparse MLP with a shared expert; block {layer}'s MLP "
+                             f"({type(mlp).__name__}) has none")
+        part = "shared" if shared else ("routed" if sparse else "dense")
+        drop = isinstance(neuron_slice, int) and not isinstance(neuron_slice, bool)
+        result = self._group_neurons(layer, part, [neuron_slice] if drop else neuron_slice, pos_slice)
+        return result.squeeze(-2) if drop else result
+
+    def _group_neurons(self, layer: int, part: str, neuron_slice=None, pos_slice=None) -> torch.Tensor:
+        """One group of block `layer`'s neurons (part "dense", "shared" or "routed"; neuron_slice a
+        list, slice or None) -> [B, T, n, D] ("routed": [B, T, k, n, D])."""
+        mlp, prefix = self._model().blocks[layer].mlp, f"blocks.{layer}.mlp"
+        if part == "routed":
+            post = take(self[f"{prefix}.hook_expert_post"], -3, pos_slice, "pos_slice")  # [B, T, k, F]
+            weights = take(self[f"{prefix}.hook_expert_weights"], -2, pos_slice, "pos_slice")  # [B, T, k]
+            index = take(self[f"{prefix}.hook_expert_indices"], -2, pos_slice, "pos_slice")  # [B, T, k]
+            down = take(mlp.experts.down.to(post), -1, neuron_slice, "neuron_slice")  # [E, D, n]
+            post = take(post, -1, neuron_slice, "neuron_slice") * weights[..., None].to(post)  # [B, T, k, n]
+            return post[..., None] * down[index].transpose(-1, -2)  # [B, T, k, n, D]
+        if part == "shared":
+            post = self[f"{prefix}.shared_expert.hook_post"]
+            if hasattr(mlp, "shared_gate"):
+                post = post * self[f"{prefix}.hook_shared_gate"].to(post)  # [B, T, F] * [B, T, 1]
+            mlp = mlp.shared_expert
+        else:
+            post = self[f"{prefix}.hook_post"]
+        post = take(post, -2, pos_slice, "pos_slice")  # [B, T, F]
+        w_out = mlp.down.weight.T.to(post)  # [F, D]
         post, w_out = take(post, -1, neuron_slice, "neuron_slice"), take(w_out, 0, neuron_slice, "neuron_slice")
         return post[..., None] * w_out
 
@@ -233,7 +281,7 @@ class ResidualAnalyses:
             neurons, neuron_labels = self.stack_neuron_results(layer, return_labels=True)
             components += list(neurons.unbind(0))
             labels += neuron_labels
-            bias = bias + sum(_mlp_bias(model, l, bias) for l in mlps)
+            bias = bias + sum(self._mlp_bias(l, bias) for l in mlps)
         elif mlps:
             components += [self[f"blocks.{l}.mlp.hook_out"] for l in mlps]
             labels += [f"{l}_mlp_out" for l in mlps]
@@ -258,11 +306,10 @@ class ResidualAnalyses:
             if l == layer or not hasattr(model.blocks[l], "mlp"):
                 continue
             if expand_neurons:
-                neurons, neuron_labels = self.stack_neuron_results(l + 1, return_labels=True)
-                mine = [i for i, lab in enumerate(neuron_labels) if lab.startswith(f"L{l}N")]
-                components.extend(neurons[mine].unbind(0))
-                labels.extend(neuron_labels[i] for i in mine)
-                components.append(_mlp_bias(model, l, components[0]))
+                neurons, neuron_labels = self._layer_neurons(l)
+                components += neurons
+                labels += neuron_labels
+                components.append(self._mlp_bias(l, components[0]))
                 labels.append(f"{l}_mlp_bias")
             else:
                 components.append(self[f"blocks.{l}.mlp.hook_out"])
@@ -277,6 +324,19 @@ class ResidualAnalyses:
         if f"blocks.{layer}.{slot}.hook_result" not in self.model.hook_dict:
             return torch.zeros_like(out)
         return out - self[f"blocks.{layer}.{slot}.hook_result"].sum(-2)
+
+    def _mlp_bias(self, layer: int, like: torch.Tensor) -> torch.Tensor:
+        """Block `layer`'s MLP output bias broadcast to like's shape (zero without one): a sparse
+        MLP's is its shared expert's (times the cached shared gate); its experts have none."""
+        mlp, zero = self.model.blocks[layer].mlp, torch.zeros_like(like)
+        if hasattr(mlp, "experts"):
+            if not hasattr(mlp, "shared_expert") or mlp.shared_expert.down.bias is None:
+                return zero
+            bias = mlp.shared_expert.down.bias.to(like)
+            if hasattr(mlp, "shared_gate"):
+                return zero + self[f"blocks.{layer}.mlp.hook_shared_gate"].to(like) * bias
+            return zero + bias
+        return zero if mlp.down.bias is None else zero + mlp.down.bias.to(like)
 
     def _finish(self, components, labels, layer, pos_slice, apply_ln, return_labels, incl_remainder=False,
                 mlp_input=False, gain=False):
@@ -372,10 +432,15 @@ def _mixer_kind(mixer) -> str:
     return "attn" if mixer.mixer_name == "attention" else "mixer"
 
 
-def _mlp_bias(model, layer: int, like: torch.Tensor) -> torch.Tensor:
-    """Block `layer`'s MLP output bias broadcast to like's shape (zero without one)."""
-    bias = model.blocks[layer].mlp.down.bias
-    return torch.zeros_like(like) if bias is None else torch.zeros_like(like) + bias.to(like)
+def _neuron_groups(mlp) -> list[tuple[str, int, str]]:
+    """A block MLP's neuron groups (label infix, width, part for _group_neurons): the dense MLP's
+    one; a sparse one's routed slots ("slot{j}") and its shared expert."""
+    if not hasattr(mlp, "experts"):
+        return [("", mlp.down.weight.shape[1], "dense")]
+    groups = [("slot", mlp.experts.down.shape[-1], "routed")]
+    if hasattr(mlp, "shared_expert"):
+        groups.append(("shared", mlp.shared_expert.down.weight.shape[1], "shared"))
+    return groups
 
 
 def take(x: torch.Tensor, dim: int, index, argument: str) -> torch.Tensor:

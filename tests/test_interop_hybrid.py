@@ -160,11 +160,10 @@ def test_the_residual_decomposes_into_its_sublayers(imported):
                                atol=1e-5, rtol=0)
     assert len(labels) == len(set(labels)) == 1 + sum(len(b.mixers) + hasattr(b, "mlp") for b in model.blocks)
     final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"]
-    if model.cfg.moe is None:  # (the MoE MLP has no per-neuron hook_post)
-        for layout in ("tl", "ours"):
-            full, names = cache.get_full_resid_decomposition(layout=layout, return_labels=True)
-            torch.testing.assert_close(full.sum(0), final, atol=1e-5, rtol=0)
-            assert len(names) == len(set(names))
+    for layout in ("tl", "ours"):  # (a sparse MLP's neurons: per routed slot and the shared expert's)
+        full, names = cache.get_full_resid_decomposition(layout=layout, return_labels=True)
+        torch.testing.assert_close(full.sum(0), final, atol=1e-5, rtol=0)
+        assert len(names) == len(set(names))
 
 
 def test_each_decoding_step_equals_the_full_forward(imported):
