@@ -69,8 +69,9 @@ def recurrent_mixer(model, layer: int) -> RecurrentMixer:
         raise ValueError(f"layer must be an int in [0, {n_layers}); got {layer!r}")
     mixer = model.blocks[layer].mixer
     if not isinstance(mixer, RecurrentMixer):
+        held = "no mixer (an MLP-only block)" if mixer is None else f"mixer {mixer.mixer_name!r}"
         raise ValueError(
-            f"layer {layer} holds mixer {mixer.mixer_name!r}, which is not a RecurrentMixer; "
+            f"layer {layer} holds {held}, which is not a RecurrentMixer; "
             "Jacobians dh_t/dh_{t-1} need a recurrent state"
         )
     return mixer

@@ -214,6 +214,7 @@ def _read(model, tokens: torch.Tensor, names: list[str]) -> dict[str, torch.Tens
 def mixer_output(model, tokens: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) of block `layer`'s mixer as the module docstring names them, from its own scan:
     x [B, T, C] or [B, T, C, d] (heads), y likewise; for checking M (y = M x)."""
+    _checked_layers(model, [layer])
     mixer = model.blocks[layer].mixer
     with torch.no_grad():
         inputs = _prepared(model, tokens, [layer])[layer]

@@ -78,7 +78,7 @@ def delta_layers(model: torch.nn.Module) -> list[int]:
 def _require_delta(model) -> list[int]:
     layers = delta_layers(model)
     if not layers:
-        mixers = sorted({type(b.mixer).__name__ for b in model.blocks})
+        mixers = sorted({type(m).__name__ for b in model.blocks for m in b.mixers.values()})
         raise ValueError(f"model has no delta-rule layer with a beta clamp (mixers: {mixers}); "
                          "the head analysis needs a DeltaNet model")
     return layers
@@ -86,12 +86,13 @@ def _require_delta(model) -> list[int]:
 
 @contextlib.contextmanager
 def kernel_settings(model, path: str = "auto", impl: str | None = None) -> Iterator[None]:
-    """Within: every mixer runs `path`, every delta-rule mixer the kernel `impl` (None: unchanged)."""
+    """Within: every mixer (a parallel mixer2 too; an MLP-only block has none) runs `path`, every
+    delta-rule mixer the kernel `impl` (None: unchanged)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}; got {path!r}")
     if impl is not None and impl not in IMPLS:
         raise ValueError(f"impl must be None or one of {IMPLS}; got {impl!r}")
-    mixers = [block.mixer for block in model.blocks]
+    mixers = [mixer for block in model.blocks for mixer in block.mixers.values()]
     saved = [(m.execution_path, m.options.get("impl") if hasattr(m, "clamp_beta") else None) for m in mixers]
     try:
         for mixer in mixers:
