@@ -2,7 +2,8 @@
 
     circuit_figure(circuit)          nodes by layer (x) and index within the layer (y); an edge
                                      from a sender to the node its receiver feeds, width by |score|,
-                                     blue for a positive score, red for a negative one; hover:
+                                     blue for a positive score, red for a negative one, labelled
+                                     by the input it reads (q / k / v, write / read); hover:
                                      the edge (sender -> receiver) and its score, a node's summed
                                      scores in and out
     faithfulness_figure(rows)        faithfulness against the number of edges kept (log axis), one
@@ -22,6 +23,7 @@ from interp.report.style import palette_color
 
 POSITIVE, NEGATIVE = "#1f77b4", "#d62728"
 MAX_WIDTH = 8.0
+MAX_LABELLED = 60  # edges up to which each one's receiver input is written on it
 
 
 def _layout_nodes(graph, names: list[str]) -> dict[str, tuple[float, float]]:
@@ -53,7 +55,7 @@ def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
     where = _layout_nodes(graph, names)
     biggest = max((abs(float(scores[e])) for e, _, _ in edges), default=1.0) or 1.0
     figure = go.Figure()
-    mid_x, mid_y, mid_text = [], [], []
+    mid_x, mid_y, mid_text, mid_role = [], [], [], []
     for e, s, r in edges:
         (x0, y0), (x1, y1) = where[graph.senders[s].name], where[targets[e]]
         score = float(scores[e])
@@ -63,8 +65,13 @@ def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
         mid_x.append((x0 + x1) / 2)
         mid_y.append((y0 + y1) / 2)
         mid_text.append(f"{graph.senders[s].name} -> {graph.receivers[r].name}<br>score {score:.4g}")
-    figure.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, color="rgba(0,0,0,0.05)"),
-                                hovertext=mid_text, hoverinfo="text", name="edges (hover)"))
+        receiver = graph.receivers[r]
+        mid_role.append(receiver.name.rsplit(".", 1)[-1] if receiver.slots or receiver.name.endswith(".rest") else "")
+    labels = mid_role if len(edges) <= MAX_LABELLED else None  # the receiver's input (q, k, v, write, read)
+    figure.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers+text" if labels else "markers", text=labels,
+                                textposition="bottom center", textfont=dict(size=10, color="#555"),
+                                marker=dict(size=6, color="rgba(0,0,0,0.05)"), hovertext=mid_text,
+                                hoverinfo="text", name="edges (hover; label: the input read)"))
     out_sum = {n: 0.0 for n in names}
     in_sum = {n: 0.0 for n in names}
     for e, s, _ in edges:
