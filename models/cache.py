@@ -156,7 +156,7 @@ class Cache(ResidualAnalyses, Mapping):
         models.tl_names) or a (name, layer[, layer type]) key, ours or TL's (layer None: no block).
         NoCounterpart (a KeyError) for a TL name whose concept we lack."""
         if isinstance(key, str):
-            return key if key in self._store else act_name(key)
+            return key if key in self._store else act_name(key, known=self._store)
         if not isinstance(key, tuple) or len(key) not in (2, 3) or not isinstance(key[0], str) \
                 or not (key[1] is None or isinstance(key[1], int)) or isinstance(key[1], bool) \
                 or not (len(key) == 2 or key[2] is None or isinstance(key[2], str)):
@@ -169,7 +169,7 @@ class Cache(ResidualAnalyses, Mapping):
         if layer is not None and layer < 0:
             layer += self.n_layers
         try:
-            candidates, missing = [act_name(short, layer, layer_type)], None
+            candidates, missing = [act_name(short, layer, layer_type, known=self._store)], None
         except NoCounterpart as error:
             candidates, missing = [], error
         candidates += _our_candidates(short, layer, layer_type)

@@ -229,7 +229,7 @@ def plan_cache(model, tokens: torch.Tensor, names: Sequence[str], positions=None
     (module docstring); kwargs go to the model's forward as in the run."""
     batch, length = int(tokens.shape[0]), int(tokens.shape[1])
     layouts = hook_layouts(model, tokens, names, **kwargs)
-    positions, heads = (({to_ours(n): v for n, v in m.items()} if isinstance(m, Mapping) else m)  # TL names
+    positions, heads = (({to_ours(n, model.hook_dict): v for n, v in m.items()} if isinstance(m, Mapping) else m)
                         for m in (positions, heads))
     return CachePlan(batch, length, layouts, normalise_positions(positions, layouts, length), grads,
                      normalise_heads(heads, layouts))

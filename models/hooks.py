@@ -230,7 +230,7 @@ class HookedMixin:
         for a TL name whose concept we lack)."""
         if not isinstance(name, str):
             raise TypeError(f"hook name must be a str; got {type(name).__name__}")
-        ours = name if name in self.hook_dict else to_ours(name)
+        ours = name if name in self.hook_dict else to_ours(name, self.hook_dict)
         if ours not in self.hook_dict:
             raise ValueError(unknown_name_message("hook name", name, self.hook_names()))
         return self.hook_dict[ours]

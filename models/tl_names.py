@@ -26,7 +26,9 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
                                         and scale. The norm's output (gain and bias applied) is
                                         blocks.l.mixer.hook_in, hook_final.
     blocks.l.attn.hook_X                blocks.l.mixer.hook_X (q, k, v, z, attn_scores, pattern,
-                                        result, in, out; q and k before the rotary map in both)
+                                        result, in, out; q and k before the rotary map in both);
+                                        blocks.l.mixer2.hook_X where only the parallel mixer2 has it
+                                        (Falcon-H1: TL's attn is our mixer2, its mamba our mixer)
     blocks.l.attn.hook_rot_q|rot_k      none: we rotate inside the mixer
     blocks.l.mlp.hook_pre|post          the same (swiglu: hook_pre is gate(x), as TL's)
     blocks.l.mlp.hook_pre_linear|mid    none
@@ -34,13 +36,21 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
                                         residual [B, T, H, D]; read blocks.l.hook_resid_pre
     blocks.l.hook_mlp_in                the same: the MLP's input before norm_mlp (patching it changes
                                         the MLP's input only, not the residual stream)
+    blocks.l.mlp.gate.hook_out          a sparse MLP's blocks.l.mlp.hook_router_logits (TL's [B T, E]:
+                                        batch and positions flattened); a gated dense MLP's hook_pre
+    blocks.l.mlp.hook_expert_indices    the same name: the k chosen experts, ours [B, T, k], TL's [B T, k]
+    blocks.l.mlp.hook_expert_weights    the same name, another layout: ours the k chosen slots' routing
+                                        weights [B, T, k]; TL's [B T, E] those weights scattered to their
+                                        experts (zeros elsewhere), i.e. ours scattered by the indices
 
 Short names (get_act_name): "embed" -> hook_embed, "q" / "k" / "v" / "z" / "result" / "pattern" /
 "attn_scores" (and "attn", "attn_logits", "query", "key", "value") take the "attn" layer type,
 "pre" / "post" / "mid" / "pre_linear" (and "mlp_pre", "mlp_post") the "mlp" one; "scale" and
 "normalized" without a layer mean ln_final; layer types "a" / "attention" are "attn", "m" is "mlp".
 Our own layer types also work in tuples: `cache["scale", 0, "norm_mlp"]`, `cache["state", 1]`.
-A "_grad" suffix carries through (`cache["blocks.0.attn.hook_pattern_grad"]`).
+A "_grad" suffix carries through (`cache["blocks.0.attn.hook_pattern_grad"]`). Where a TL name has
+two readings (attn: mixer or mixer2; mlp.gate.hook_out: router logits or hook_pre), the first of
+them the model (or the cache) has is taken.
 """
 
 from __future__ import annotations
@@ -56,8 +66,9 @@ _MLP_NAMES = ("pre", "post", "mid", "pre_linear")
 
 _RESID_INPUT = ("TL's per-head copy of the residual stream [B, T, H, D] (use_split_qkv_input / "
                 "use_attn_in); we have no per-head input: read blocks.{l}.hook_resid_pre")
-# (TL pattern, our name with {l} or None, why there is none). Tried in order; the first match wins.
-_RULES: list[tuple[str, str | None, str]] = [
+# (TL pattern, our name with {l} (or its readings in order of preference) or None, why there is
+# none). Tried in order; the first match wins.
+_RULES: list[tuple[str, str | tuple[str, ...] | None, str]] = [
     (r"blocks\.(\d+)\.hook_attn_out", "blocks.{l}.mixer.hook_out", ""),
     (r"blocks\.(\d+)\.hook_mlp_out", "blocks.{l}.mlp.hook_out", ""),
     (r"blocks\.(\d+)\.ln1\.hook_scale", "blocks.{l}.norm_mixer.hook_scale", ""),
@@ -71,7 +82,8 @@ _RULES: list[tuple[str, str | None, str]] = [
     (r"blocks\.(\d+)\.attn\.hook_rot_[qk]", None,
      "we rotate queries and keys inside the mixer; blocks.{l}.mixer.hook_q / hook_k are before the "
      "rotation, as TL's hook_q / hook_k"),
-    (r"blocks\.(\d+)\.attn\.hook_(\w+)", "blocks.{l}.mixer.hook_{x}", ""),
+    (r"blocks\.(\d+)\.attn\.hook_(\w+)", ("blocks.{l}.mixer.hook_{x}", "blocks.{l}.mixer2.hook_{x}"), ""),
+    (r"blocks\.(\d+)\.mlp\.gate\.hook_out", ("blocks.{l}.mlp.hook_router_logits", "blocks.{l}.mlp.hook_pre"), ""),
     (r"blocks\.(\d+)\.hook_[qkv]_input", None, _RESID_INPUT),
     (r"blocks\.(\d+)\.hook_attn_in", None, _RESID_INPUT),
     (r"blocks\.(\d+)\.mlp\.hook_(mid|pre_linear)", None,
@@ -113,9 +125,10 @@ def tl_act_name(name: str, layer: int | str | None = None, layer_type: str | Non
     return full
 
 
-def to_ours(name: str) -> str:
+def to_ours(name: str, known=None) -> str:
     """Our hook name for a TransformerLens one (a "_grad" suffix kept); any other name unchanged.
-    Raises NoCounterpart for a TL name whose concept we lack."""
+    known: the names there are (a model's hook_dict, a cache's keys), which pick among a TL name's
+    readings (the first otherwise). Raises NoCounterpart for a TL name whose concept we lack."""
     base, grad = (name[: -len("_grad")], "_grad") if name.endswith("_grad") else (name, "")
     for pattern, ours, why in _COMPILED:
         match = pattern.fullmatch(base)
@@ -126,7 +139,9 @@ def to_ours(name: str) -> str:
         if ours is None:
             raise NoCounterpart(f"{name!r} is a TransformerLens name with no counterpart here: "
                                 f"{why.format(l=layer or 0)}")
-        return ours.format(l=layer, x=groups[-1] if len(groups) > 1 else "") + grad
+        readings = [o.format(l=layer, x=groups[-1] if len(groups) > 1 else "") + grad
+                    for o in ((ours,) if isinstance(ours, str) else ours)]
+        return next((r for r in readings if known is not None and r in known), readings[0])
     return name
 
 
@@ -143,6 +158,7 @@ def normalized_inputs(name: str, n_layers: int) -> tuple[str, str] | None:
     return f"blocks.{layer}.hook_{resid}", f"blocks.{layer}.{ours}.hook_scale"
 
 
-def act_name(name: str, layer: int | str | None = None, layer_type: str | None = None) -> str:
-    """get_act_name shorthand or a TL name -> our hook name (NoCounterpart where we have none)."""
-    return to_ours(tl_act_name(name, layer, layer_type))
+def act_name(name: str, layer: int | str | None = None, layer_type: str | None = None, known=None) -> str:
+    """get_act_name shorthand or a TL name -> our hook name (NoCounterpart where we have none);
+    known as in to_ours."""
+    return to_ours(tl_act_name(name, layer, layer_type), known)
