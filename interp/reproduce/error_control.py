@@ -44,8 +44,9 @@ SCALE = {
     # medium (issue 26): the affine runs the S3 correlation rests on, at the seed paper's size (d 64, d_state 16,
     # batch 256, up to 10,000 steps), early-stopped at fit; CPU hours: trained across sessions, kept in results/
     "medium": dict(groups=["S3", "C6"], depths=[2, 1], seeds=[0, 1, 2], models=("negative_mamba", "token_gated_rnn",
-                   "mamba3", "aussm", "mamba"), d_rnn=64, d_ssm=64, d_state=16, steps=10_000, batch=256,
-                   train_length=60, lengths=[60, 100, 200, 500, 1000],
+                   "mamba3", "aussm", "mamba"), d_rnn=64, d_state=16, d_ssm=64, steps=10_000, batch=256,
+                   # a fine grid: on 60/100/200/500/1000 every falling run had mp 200 (r undefined, 2026-12-03)
+                   train_length=60, lengths=[60, 80, 100, 125, 150, 175, 200, 250, 300, 400, 500, 700, 1000],
                    n=dict(n_fit=256, n_drift=64, n_eval=256, n_jac=2)),
     "paper": dict(groups=["C2", "C6", "S3"], depths=[1, 2], seeds=[0, 1, 2], models=STATE_DEPENDENT + AFFINE + NORMALISED,
                   d_rnn=128, d_ssm=64, d_state=16, steps=10_000, batch=256, train_length=60,
