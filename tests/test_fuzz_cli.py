@@ -18,9 +18,13 @@ and `interp reproduce` stops where the reproduction would start.
 
     python tests/test_fuzz_cli.py 3000 [seed]     the long run (prints the counts and each failure)
 
-Issue 27's target: zero failures in 3,000 cases. Before this file's fixes, 3,000 cases (seed 0,
-07:55 UTC, load 10) gave the counts in the final report of branch clitrust; the suite runs
-FAST_CASES of them.
+Issue 27's target: zero failures in 3,000 cases. Seed 0, load 10-12, 2 cores: on main before
+these fixes (fac729a) 3,000 cases gave 42 raw tracebacks (22 a --out past PATH_MAX, 14 an --out on
+/sys that os.access calls writable for root, 5 a name past NAME_MAX, 1 --max-length 2**66), 7
+multi-line errors (a path with a newline) and 6 runs past 120 s (--lengths / --n / --n-drift 1e8,
+--max-length 1e8), in 1,694 s; after them 1 traceback (--max-length 2**66, since bounded) in 634 s;
+at c6d42f3 none: 3,000 of 3,000 pass with seed 0 (283 s) and with seed 5 (324 s, load 9). The
+suite runs FAST_CASES of seed 1 (about 15 s).
 """
 
 from __future__ import annotations
