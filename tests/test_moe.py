@@ -167,6 +167,19 @@ def test_bad_moe_configs_raise_naming_the_key(moe, error, message):
 
 
 
+def router_output(source, router, toks):
+    """What a transformers router returns as source runs on toks: (logits [B T, E], weights
+    [B T, k], index [B T, k])."""
+    routed = {}
+    handle = router.register_forward_hook(lambda m, i, o: routed.update(out=o))
+    try:
+        with torch.no_grad():
+            source(toks)
+    finally:
+        handle.remove()
+    return routed["out"]
+
+
 def jamba_moe_source():
     """Jamba with 3 experts (top 2, unnormalised weights) in layers 1 and 3."""
     return jamba_source(num_experts=3, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
@@ -178,15 +191,8 @@ def test_jamba_moe_layers_import_with_parity_router_outputs_and_generate():
     model = models.from_pretrained(source)
     assert model.cfg.moe == {"experts": 3, "top_k": 2, "d_expert": 24, "norm_topk_prob": False, "layers": [1, 3]}
     assert_parity(source, model, interop_tokens(), atol=1e-4)
-    routed = {}
-    handle = source.model.layers[3].feed_forward.router.register_forward_hook(lambda m, i, o: routed.update(out=o))
-    try:
-        with torch.no_grad():
-            source(interop_tokens())
-    finally:
-        handle.remove()
+    logits, weights, index = router_output(source, source.model.layers[3].feed_forward.router, interop_tokens())
     _, cache = model.run_with_cache(interop_tokens(), names=lambda n: n.startswith("blocks.3.mlp.hook_"))
-    logits, weights, index = routed["out"]  # [B T, E], [B T, k], [B T, k]
     torch.testing.assert_close(cache["blocks.3.mlp.hook_router_logits"].flatten(0, 1), logits, atol=1e-5, rtol=0)
     assert torch.equal(cache["blocks.3.mlp.hook_expert_indices"].flatten(0, 1), index)
     torch.testing.assert_close(cache["blocks.3.mlp.hook_expert_weights"].flatten(0, 1), weights, atol=1e-6, rtol=0)

@@ -2,8 +2,13 @@
 sublayer (config.layers_block_type): "linear_attention" -> a mixer-only block with our "mamba2"
 mixer, "full_attention" -> a mixer-only block with our "attention" mixer (no positions: NemotronH's
 attention has no RoPE; grouped-query heads, no biases), "mlp" -> an MLP-only block (mixer None,
-relu2: down(relu(up x)^2)). Layer l is our blocks.{l}: its norm -> norm_mixer (a mixer layer) or
-norm_mlp (an MLP layer); the residual after it is hook_resid_post.
+relu2: down(relu(up x)^2)), "moe" -> an MLP-only block whose MLP is models.moe.MoE: sigmoid
+routing with the correction bias (gate.e_score_correction_bias -> mlp.score_bias), grouped top-k
+(n_group, topk_group), norm_topk_prob, routed_scaling_factor, ungated relu2 experts
+(experts.up_proj / down_proj [E, F, D] / [E, D, F] -> experts.up / down) and the ungated
+shared expert (shared_experts -> mlp.shared_expert, width moe_shared_expert_intermediate_size).
+Layer l is our blocks.{l}: its norm -> norm_mixer (a mixer layer) or norm_mlp (an MLP layer);
+the residual after it is hook_resid_post.
 
 Mamba-2 layers map as models.interop.mamba2 does (mixer_weights), with the head layout from
 mamba_num_heads / mamba_head_dim (E = H * P, not expand * hidden_size: mixer_options n_heads,
@@ -13,8 +18,8 @@ one-token decoding step does not clamp; the clamp binds only where softplus(dt +
 time_step_min). embeddings -> embed, norm_f -> norm_final, lm_head -> unembed (tied only where
 the source ties them: NemotronH declares no tied weights, so tie_word_embeddings alone does not).
 
-Refused (UnsupportedConfig): "moe" layers (routed experts; no MoE MLP here yet), multi-token
-prediction layers (num_nextn_predict_layers > 0), activations other than relu2 (MLP) and silu
+Refused (UnsupportedConfig): the MoE latent projection (moe_latent_size), multi-token prediction
+layers (num_nextn_predict_layers > 0), activations other than relu2 (MLP, experts) and silu
 (Mamba).
 """
 
@@ -29,7 +34,31 @@ from models.interop import mamba2 as mamba2_layout
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.llama import attention_weights
 
-KINDS = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": None}
+KINDS = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": None, "moe": None}
+
+
+def moe_options(config, types: list[str]) -> dict | None:
+    """ModelConfig.moe for the "moe" layers (None without any)."""
+    layers = [layer for layer, kind in enumerate(types) if kind == "moe"]
+    if not layers:
+        return None
+    require(config, "moe_latent_size", None)
+    return {"experts": config.n_routed_experts, "top_k": config.num_experts_per_tok,
+            "d_expert": config.moe_intermediate_size, "d_shared": config.moe_shared_expert_intermediate_size,
+            "shared_gate": False, "layers": layers, "routing": "sigmoid", "n_group": config.n_group,
+            "topk_group": config.topk_group, "norm_topk_prob": bool(config.norm_topk_prob),
+            "routed_scaling_factor": float(config.routed_scaling_factor), "expert_activation": "relu2"}
+
+
+def moe_weights(take, theirs: str, ours: str, bias: bool) -> dict:
+    """One "moe" layer's router, correction bias, experts and shared expert."""
+    params = ("weight", "bias") if bias else ("weight",)
+    return {f"{ours}.router.weight": take(f"{theirs}.gate.weight"),
+            f"{ours}.score_bias": take(f"{theirs}.gate.e_score_correction_bias"),
+            f"{ours}.experts.up": take(f"{theirs}.experts.up_proj"),
+            f"{ours}.experts.down": take(f"{theirs}.experts.down_proj"),
+            **{f"{ours}.shared_expert.{n}.{p}": take(f"{theirs}.shared_experts.{n}_proj.{p}")
+               for n in ("up", "down") for p in params}}
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -39,7 +68,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     require(config, "num_nextn_predict_layers", 0)
     types = list(config.layers_block_type)
     if any(kind not in KINDS for kind in types):
-        raise unsupported(config, "layers_block_type", types, f"layers of the kinds {sorted(KINDS)} (no 'moe')")
+        raise unsupported(config, "layers_block_type", types, f"layers of the kinds {sorted(KINDS)}")
     kinds = [KINDS[kind] for kind in types]
     eps = float(config.layer_norm_epsilon)
     cfg = ModelConfig(
@@ -47,7 +76,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_head=config.head_dim,
         attention_bias=False, d_state=config.ssm_state_size, d_conv=config.conv_kernel, norm="rmsnorm",
         norm_eps=eps, mlp=[kind is None for kind in kinds], d_mlp=config.intermediate_size, mlp_activation="relu2",
-        mlp_bias=bool(config.mlp_bias), tie_embeddings=source.lm_head.weight is source.model.embeddings.weight,
+        mlp_bias=bool(config.mlp_bias), moe=moe_options(config, types), tie_embeddings=source.lm_head.weight is source.model.embeddings.weight,
         mixer_options={"mamba2": {"n_heads": config.mamba_num_heads, "head_dim": config.mamba_head_dim,
                                   "n_groups": config.n_groups, "conv_bias": bool(config.use_conv_bias),
                                   "bias": bool(config.use_bias), "norm_eps": eps,
@@ -58,7 +87,9 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     state = {"embed.weight": take("model.embeddings.weight")}
     for layer, kind in enumerate(kinds):
         theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        if kind == "mamba2":
+        if types[layer] == "moe":
+            state |= moe_weights(take, f"{theirs}.mixer", f"{ours}.mlp", config.mlp_bias)
+        elif kind == "mamba2":
             state |= mamba2_layout.mixer_weights(weights, f"{theirs}.mixer", f"{ours}.mixer",
                                                  config.use_conv_bias, config.use_bias)
         elif kind == "attention":

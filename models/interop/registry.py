@@ -73,8 +73,9 @@ NOTES: dict[str, tuple[str, str]] = {
     "granitemoehybrid": ("Bamba's layout with dense or mixture-of-experts MLPs (shared expert), Granite's "
                          "multipliers folded into the weights", f"{ROPE}, a zero embedding_multiplier with tied "
                          "embeddings"),
-    "nemotron_h": ("single-sublayer Mamba-2 / attention (no positions) / relu2-MLP layers",
-                   "'moe' layers, multi-token-prediction layers"),
+    "nemotron_h": ("single-sublayer Mamba-2 / attention (no positions) / relu2-MLP / mixture-of-experts layers "
+                   "(sigmoid grouped routing, relu2 experts, shared expert)",
+                   "the MoE latent projection, multi-token-prediction layers"),
     "zamba2": ("Mamba-2 layers with the shared transformer block at hybrid depths (blocks.{l}.shared.*), "
                "per-depth LoRA adapters", f"{ROPE}, grouped-query heads with adapters, layer kinds other than "
                "Mamba-2 / hybrid"),
