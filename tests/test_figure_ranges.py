@@ -18,7 +18,7 @@ from interp.analysis import dynamics
 from interp.analysis.interventions import InterchangeResult, Site
 from interp.analysis.effective_attention import EffectiveAttention
 from interp.report import dynamics as fd, effective_attention as fa, evaluation as fe, heads as fh, interventions as fi
-from interp.report import sample_efficiency as fs
+from interp.report import circuits as fc, sample_efficiency as fs
 from interp.training.evaluate import LengthEval
 from probes.readability import readability_threshold
 from probes.subspace import DriftResult, centroids, state_subspace, tcross
@@ -70,6 +70,17 @@ def n_star_rows():
              "n_max": 4096} for m, s in (("lstm", 40), ("transformer", 15)) for f in ("outcome", "acot")
             for n in (2, 4, 6)]
     return rows + [{"model": "lstm", "task": "Z5", "format": "acot", "length": "joint", "n_star": 300, "n_max": 4096}]
+
+
+def small_circuit():
+    """The top 6 edges of a 2-layer attention model's graph under made-up scores."""
+    import models
+    from interp.analysis.circuits import EdgeScores, build_graph, extract
+
+    torch.manual_seed(0)
+    graph = build_graph(models.build("transformer", vocab_size=5, d_model=8, n_heads=2, n_layers=2))
+    per_example = torch.linspace(-1.0, 2.0, len(graph.edges), dtype=torch.float64)[:, None]  # [E, 1]
+    return extract(EdgeScores(graph, per_example, "eap", None), n=6)
 
 
 def kappa_rows():
@@ -130,6 +141,10 @@ CASES = {
     "sample_efficiency.n_star_vs_length": lambda: [fs.n_star_vs_length(n_star_rows())],
     "sample_efficiency.kappa_bars": lambda: [fs.kappa_bars(kappa_rows())],
     "sample_efficiency.kappa_vs_ood": lambda: [fs.kappa_vs_ood(kappa_rows())],
+    "circuits.circuit_figure": lambda: [fc.circuit_figure(small_circuit())],
+    "circuits.faithfulness_figure": lambda: [fc.faithfulness_figure(
+        [{"method": m, "n_edges": n, "fraction": n / 40, "faithfulness": f} for m, s in (("EAP", 1.0), ("EAP-IG", 0.9))
+         for n, f in ((0, 0.0), (4, 0.5 * s), (12, 0.8 * s), (40, 1.0))])],
 }
 
 
