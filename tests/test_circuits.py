@@ -84,9 +84,10 @@ def test_full_graph_is_clean_and_empty_graph_is_corrupt(family, pair):
     assert (scored.clean_metric - scored.corrupt_metric).abs().max() > 1e-3  # the pair differs
 
 
-def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of) -> torch.Tensor:
+def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask=None) -> torch.Tensor:
     """The corrupted run with edge u -> r carrying u's clean output, with plain hooks: cache both
-    runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in."""
+    runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in.
+    mask [N, T]: at those positions only (a positional edge)."""
     u, r = graph.edges[edge].tolist()
     sender, receiver = graph.senders[u], graph.receivers[r]
     names = sorted({sender.hook} | {f"blocks.{l}.hook_resid_pre" for l in range(graph.n_layers)}
@@ -98,6 +99,7 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of) -> t
         _, corrupt_cache = model.run_with_cache(corrupt.tokens, names=names)
         diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
         diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
+        diff = diff if mask is None else diff * mask[..., None]
         block = model.blocks[receiver.layer] if receiver.site != "logits" else None
         if receiver.site == "logits":
             final = model.norm_final(corrupt_cache[f"blocks.{graph.n_layers - 1}.hook_resid_post"] + diff)

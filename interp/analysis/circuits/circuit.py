@@ -87,7 +87,7 @@ def prune_edges(graph: Graph, kept: torch.Tensor) -> torch.Tensor:
     src, dst = graph.edges[:, 0], graph.edges[:, 1]
     while True:
         live = torch.zeros(len(graph.senders), dtype=torch.bool)
-        live[0] = True
+        live[[i for i, s in enumerate(graph.senders) if s.kind == "embed"]] = True  # (embed@g of a positional graph)
         for r in range(len(graph.receivers)):  # receivers in block order: upstream senders settle first
             if bool((kept & (dst == r) & live[src]).any()):
                 live[feeds[r]] = True

@@ -29,6 +29,7 @@ import torch
 from interp.analysis.circuits.graph import Graph
 from interp.analysis.circuits.metrics import Setup, setup
 from interp.analysis.circuits.passes import edge_pass, sender_value
+from interp.analysis.circuits.positional import fold
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
 
@@ -66,6 +67,8 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
     """EAP scores of every edge (module docstring). metric: "prob", "logit_diff" or "kl"
     (interp.analysis.circuits.metrics); answer: a role naming the answer position (default the last
     loss_mask position)."""
+    if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
+        return fold(eap(model, clean, corrupt, metric, graph.base, answer, True), graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
     grads = _receiver_grads(model, pair, pair.corrupt.tokens, None, 1)
     return _scores(pair, grads, "eap", per_position)
@@ -81,6 +84,9 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
     example does not fit). progress: a bar over the passes."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1; got {steps!r}")
+    if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
+        return fold(eap_ig(model, clean, corrupt, steps, metric, graph.base, answer, True, rows, max_memory, progress),
+                    graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
     n, length = clean.tokens.shape
     if rows is None:

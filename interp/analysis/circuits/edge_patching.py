@@ -73,24 +73,41 @@ def _source_acts(pair: Setup, source: str) -> dict:
 
 
 def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tensor) -> torch.Tensor:
-    """One pass of K x N rows (row k N + b: edge set k, example b) -> metric [K, N]."""
-    graph, k, n = pair.graph, len(masks), len(tokens)
+    """One pass of K x N rows (row k N + b: edge set k, example b) -> metric [K, N]. A positional
+    graph's masks [K, E G] are read as [K, E, G] over its base graph's edges, each group's patch
+    weighted by its positions (pair.positions [G, N, T])."""
+    graph, k, n = pair.graph.pass_graph, len(masks), len(tokens)
     at = pair.at.repeat(k)
+    groups = max(1, len(pair.graph.positions))
+    masks = masks.view(k, graph.n_edges, groups)
 
     def delta_of(r, x, current):
         edges = graph.incoming(r)
-        chosen = masks[:, edges]  # [K, U]
-        used = chosen.any(0)
+        chosen = masks[:, edges]  # [K, U, G]
+        used = chosen.any(2).any(0)  # [U]
         if not bool(used.any()):
             return None
         where = at if graph.receivers[r].site == "logits" else None
+        weights = _position_weights(pair, chosen[:, used], where, x)  # [K, U', N, t]
         delta = torch.zeros_like(x).view(k, n, *x.shape[1:])
-        for u, column in zip(graph.edges[edges[used], 0].tolist(), chosen[:, used].T):
+        for u, weight in zip(graph.edges[edges[used], 0].tolist(), weights.unbind(1)):
             sender = graph.senders[u]
             diff = (sender_value(sender, acts, where[:n] if where is not None else None).to(x)[None]
-                    - sender_value(sender, current, where).view(k, n, *x.shape[1:]))  # [K, N, T, D]
-            delta += column.to(x)[:, None, None, None] * diff
+                    - sender_value(sender, current, where).view(k, n, *x.shape[1:]))  # [K, N, t, D]
+            delta += weight[..., None] * diff
         return delta.view_as(x)
 
     logits, _ = edge_pass(model, graph, tokens.repeat(k, 1), at, delta_of)
     return pair.metric(logits, torch.arange(n, device=at.device).repeat(k)).view(k, n).cpu()
+
+
+def _position_weights(pair: Setup, chosen: torch.Tensor, where: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """[K, U, N, t] 0 / 1: where each patched edge set k carries sender u into a receiver reading x
+    [K N, t, D] (t = T, or 1 at the answer positions `where`). chosen [K, U, G] bool."""
+    k, n = chosen.shape[0], len(pair.at)
+    if pair.positions is None:  # one group, every position
+        return chosen[..., 0, None, None].to(x).expand(-1, -1, n, x.shape[1])
+    masks = pair.positions.to(x.device)  # [G, N, T]
+    if where is not None:
+        masks = masks[:, torch.arange(n, device=x.device), where[:n].to(x.device)][..., None]  # [G, N, 1]
+    return torch.einsum("kug,gnt->kunt", chosen.to(x), masks.to(x))

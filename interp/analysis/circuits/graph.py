@@ -39,6 +39,7 @@ to its MLP, and every sender to the logits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -60,7 +61,8 @@ class Sender:
     layer: int  # -1 for embed
     hook: str
     head: int | None = None
-    kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp"
+    kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp", "shared"
+    position: str | None = None  # a positional graph's position group (interp.analysis.circuits.positional)
 
 
 @dataclass(frozen=True)
@@ -78,19 +80,24 @@ class Receiver:
     slots: tuple = ()
     feeds: tuple[str, ...] = ()
     module: str = "mixer"  # the block's mixer it belongs to ("mixer" / "mixer2"), for site "mixer"
+    position: str | None = None  # a positional graph's position group
 
 
 @dataclass
 class Graph:
     """Senders, receivers and the edges between them.
 
-    edges [E, 2] int64: (sender index, receiver index), receiver-major in block order.
+    edges [E, 2] int64: (sender index, receiver index), receiver-major in block order. A positional
+    graph (interp.analysis.circuits.positional) also has `base`, the graph it refines, and
+    `positions`, its position groups G: edge e is base edge e // G at group e % G.
     """
 
     senders: list[Sender]
     receivers: list[Receiver]
     edges: torch.Tensor
     n_layers: int
+    base: Graph | None = None
+    positions: tuple[str, ...] = ()
     _index: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -119,13 +126,22 @@ class Graph:
         return [i for i, r in enumerate(self.receivers) if r.layer == layer and r.site == "mixer"
                 and (module is None or r.module == module)]
 
+    @property
+    def pass_graph(self) -> Graph:
+        """The graph a forward pass runs (interp.analysis.circuits.passes): the base of a positional graph."""
+        return self if self.base is None else self.base
+
     def __repr__(self) -> str:
-        return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges)"
+        where = f", positions {list(self.positions)}" if self.positions else ""
+        return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges{where})"
 
 
-def build_graph(model) -> Graph:
-    """The circuit graph of a SequenceModel (module docstring). ValueError for a model without a
-    residual stream (its blocks' inputs are not sums of upstream outputs)."""
+def build_graph(model, positions: Sequence[str | int] | None = None) -> Graph:
+    """The circuit graph of a SequenceModel (module docstring); with positions (roles such as "key",
+    "value", "query", or int positions) its positional refinement (`positional_graph`). ValueError
+    for a model without a residual stream (its blocks' inputs are not sums of upstream outputs)."""
+    if positions is not None:
+        return positional_graph(build_graph(model), positions)
     cfg = model.cfg
     if not getattr(cfg, "residual", True):
         raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
@@ -146,6 +162,39 @@ def build_graph(model) -> Graph:
     receivers.append(Receiver("logits", len(model.blocks), "logits"))
     edges = [(s, r) for r, rec in enumerate(receivers) for s, snd in enumerate(senders) if _upstream(snd, rec)]
     return Graph(senders, receivers, torch.tensor(edges, dtype=torch.long).reshape(-1, 2), len(model.blocks))
+
+
+OTHER = "other"  # the position group of every position no named group claims
+
+
+def positional_graph(graph: Graph, positions: Sequence[str | int]) -> Graph:
+    """The graph with every node split by position group: groups = positions (role names or int
+    positions, as interp patch's --positions) + "other" (every position left). Sender u@g is u's
+    output at the group's positions, receiver r@g r's input there, and edge u@g -> r@g carries u
+    at those positions into r (the residual stream is per position: edges join equal positions;
+    positions mix inside nodes). Node u@g is u * G + g, edge e@g is e * G + g. A receiver feeds its
+    senders at every group (a mixer mixes positions), an MLP's input its MLP at its own group."""
+    if graph.base is not None:
+        raise ValueError("graph is positional already; pass its base graph")
+    if isinstance(positions, (str, int)) or not len(positions):
+        raise ValueError(f"positions must be a non-empty list of roles or int positions; got {positions!r}")
+    groups = tuple(str(p) for p in positions)
+    bad = [p for p in positions if isinstance(p, bool) or not isinstance(p, (str, int))]
+    if bad or len(set(groups)) != len(groups) or OTHER in groups:
+        raise ValueError(f"positions must be distinct roles or int positions, without {OTHER!r} (the positions "
+                         f"left over); got {list(positions)!r}")
+    groups += (OTHER,)
+    count = len(groups)
+    senders = [replace(s, name=f"{s.name}@{g}", position=g) for s in graph.senders for g in groups]
+    receivers = []
+    for r in graph.receivers:
+        for g in groups:
+            feeds = (tuple(f"{f}@{g}" for f in r.feeds) if r.site == "mlp"
+                     else tuple(f"{f}@{h}" for f in r.feeds for h in groups))
+            receivers.append(replace(r, name=f"{r.name}@{g}", position=g, feeds=feeds))
+    group = torch.arange(count)
+    edges = (graph.edges[:, None, :] * count + group[None, :, None]).reshape(-1, 2)  # [E G, 2]
+    return Graph(senders, receivers, edges, graph.n_layers, base=graph, positions=groups)
 
 
 def _upstream(sender: Sender, receiver: Receiver) -> bool:

@@ -6,8 +6,8 @@ interchange's: interp.analysis.interventions.interchange):
     "kl"          KL(p_clean,b || p_b) over the vocabulary (0 at the clean run)
 
 A `Setup` fixes a (clean, corrupt) pair: answer positions (the same in both: edges join equal
-positions), the answer tokens and the metric as a function of answer logits [R, V] and the
-examples [R] the rows belong to.
+positions), the answer tokens, the metric as a function of answer logits [R, V] and the
+examples [R] the rows belong to, and for a positional graph its groups' positions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from interp.analysis.circuits.graph import Graph, build_graph
 from interp.analysis.circuits.passes import edge_pass
+from interp.analysis.circuits.positional import check_positional_pair
 from interp.analysis.interventions.sites import answer_positions, check_pair, rival_answers
 from interp.tasks.base import Batch
 
@@ -43,6 +44,7 @@ class Setup:
     corrupt_metric: torch.Tensor
     answers: torch.Tensor  # [N] y, the clean answers
     rivals: torch.Tensor  # [N] y', the corrupted answers of the logit difference
+    positions: torch.Tensor | None = None  # [G, N, T] bool: a positional graph's groups (circuits.positional)
 
 
 def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
@@ -59,17 +61,20 @@ def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph
     if not torch.equal(at, corrupt_at):
         raise ValueError("clean and corrupt must have their answers at the same positions (edges join equal "
                          f"positions); got clean {at.tolist()[:8]} and corrupt {corrupt_at.tolist()[:8]}")
+    masks = None if graph.base is None else check_positional_pair(clean, corrupt, graph.positions)
     device = next(model.parameters()).device
     with torch.no_grad():
-        clean_logits, clean_acts = edge_pass(model, graph, clean.tokens.to(device), at.to(device), _none)
-        corrupt_logits, corrupt_acts = edge_pass(model, graph, corrupt.tokens.to(device), at.to(device), _none)
+        clean_logits, clean_acts = edge_pass(model, graph.pass_graph, clean.tokens.to(device), at.to(device), _none)
+        corrupt_logits, corrupt_acts = edge_pass(model, graph.pass_graph, corrupt.tokens.to(device), at.to(device),
+                                                 _none)
     y = clean.targets[torch.arange(len(clean)), at].to(device)  # [N] the clean answers
     rival = rival_answers(corrupt, corrupt_logits.double().cpu(), y.cpu(), at).to(device)
     clean_logp = clean_logits.double().log_softmax(-1)  # [N, V]
     fn = _metric(metric, y, rival, clean_logp)
     rows = torch.arange(len(clean), device=device)
     return Setup(graph, clean, corrupt, at.to(device), metric, fn, _detached(clean_acts), _detached(corrupt_acts),
-                 fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu(), y.cpu(), rival.cpu())
+                 fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu(), y.cpu(), rival.cpu(),
+                 masks)
 
 
 def _none(receiver, x, current):

@@ -1,0 +1,128 @@
+"""Positional circuits (interp.analysis.circuits.positional) on tiny float64 models: nodes per
+(component, position group); the full positional graph gives the clean run and the empty one the
+corrupted run; a single positional edge equals a manual two-pass computation with the sender's
+difference at the group's positions only; EAP on the positional graph equals the derivative of
+the positional edge patch and sums over the groups to the plain EAP."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from interp.analysis.circuits import build_graph, eap, edge_effects, extract, faithfulness, patched_metric, setup
+from interp.analysis.circuits.edge_patching import _run
+from interp.analysis.circuits.graph import positional_graph
+from interp.analysis.circuits.positional import position_masks
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_circuits import _manual_single_edge, pair, tiny  # noqa: E402, F401 (pair: the module's fixture)
+
+ROLES = ["key", "value", "query"]
+
+
+def test_positional_graph_splits_every_node_and_edge_by_group():
+    model = tiny("attention")
+    base = build_graph(model)
+    graph = positional_graph(base, ROLES)
+    groups = len(ROLES) + 1
+    assert graph.positions == ("key", "value", "query", "other") and graph.base is base
+    assert (len(graph.senders), len(graph.receivers), graph.n_edges) == (
+        groups * len(base.senders), groups * len(base.receivers), groups * base.n_edges)
+    names = graph.edge_names()
+    assert "a0.h1@value->a1.h2.k@value" in names and "a0.h1@value->a1.h2.k@query" not in names  # equal positions
+    e = base.edge_index("a0.h1->a1.h2.k")
+    assert names[e * groups + 1] == "a0.h1@value->a1.h2.k@value"
+    q = next(r for r in graph.receivers if r.name == "a1.h2.q@query")
+    assert set(q.feeds) == {f"a1.h2@{g}" for g in graph.positions}  # attention mixes positions
+    mlp = next(r for r in graph.receivers if r.name == "mlp0.in@key")
+    assert mlp.feeds == ("mlp0@key",)  # an MLP does not
+
+
+def test_position_masks_partition_the_positions(pair):
+    clean, _ = pair
+    masks = position_masks(clean, ("query", "key", "-1", "other"))
+    n, length = clean.tokens.shape
+    assert masks.shape == (4, n, length) and torch.equal(masks.sum(0), torch.ones(n, length, dtype=torch.long))
+    rows = torch.arange(n)
+    assert masks[0, rows, clean.roles["query"]].all() and masks[1, rows, clean.roles["key"]].all()
+    assert not masks[2, :, length - 1].any()  # the query is the last position here: claimed first
+    with pytest.raises(ValueError, match="positions"):
+        build_graph(tiny("attention"), positions=["key", "key"])
+    with pytest.raises(ValueError, match="role"):
+        setup(tiny("attention"), *pair, graph=build_graph(tiny("attention"), positions=["nowhere"]))
+
+
+@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "gated_deltanet", "hybrid"])
+def test_full_positional_graph_is_clean_and_empty_is_corrupt(family, pair):
+    model = tiny(family)
+    scored = setup(model, *pair, graph=build_graph(model, positions=ROLES))
+    n = scored.graph.n_edges
+    full, empty = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool),
+                                                              torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(full, scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(empty, scored.corrupt_metric, atol=1e-10, rtol=0)
+    one_group = torch.zeros(n, dtype=torch.bool)
+    one_group[1::4] = True  # every edge at the value position only: neither end
+    middle = patched_metric(model, scored, one_group[None])[0]
+    assert (middle - scored.clean_metric).abs().max() > 1e-6 and (middle - scored.corrupt_metric).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("family", ["attention_gqa_gated", "mamba", "mamba2", "gated_deltanet"])
+def test_single_positional_edge_equals_manual_two_pass(family, pair):
+    model = tiny(family, seed=1)
+    scored = setup(model, *pair, graph=build_graph(model, positions=ROLES))
+    graph, base = scored.graph, scored.graph.base
+    groups = len(graph.positions)
+    kinds = {}
+    for e, (u, r) in enumerate(base.edges.tolist()):  # one edge into each kind of receiver, not from embed
+        receiver = base.receivers[r]
+        kind = receiver.name.split(".")[-1] if receiver.slots else receiver.site + receiver.name[-3:]
+        if base.senders[u].name != "embed" or kind not in kinds:
+            kinds[kind] = e
+    for group in range(groups):
+        edges = [e * groups + group for e in sorted(kinds.values())]
+        effects = edge_effects(model, scored, edges)  # [k, N]
+        for row, e in enumerate(edges):
+            manual = _manual_single_edge(model, base, e // groups, *pair, scored.metric,
+                                         mask=scored.positions[group].double())
+            assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), \
+                graph.edge_names()[e]
+        assert effects.abs().max() > 1e-8, graph.positions[group]
+
+
+@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "hybrid"])
+def test_positional_eap_is_the_derivative_of_the_positional_edge_patch(family, pair):
+    model = tiny(family, seed=2)
+    graph = build_graph(model, positions=ROLES)
+    scores = eap(model, *pair, graph=graph)
+    scored = scores.setup
+    top = scores.scores.abs().argsort(descending=True)[:4].tolist()
+    eps = 1e-5
+    for e in top:
+        mask = torch.zeros(1, graph.n_edges, dtype=torch.bool)
+        mask[0, e] = True
+        ends = [_run(model, scored, pair[1].tokens, {h: scored.corrupt_acts[h] + s * eps * (scored.clean_acts[h]
+                                                      - scored.corrupt_acts[h]) for h in scored.clean_acts}, mask)
+                for s in (1, -1)]
+        derivative = (ends[0] - ends[1])[0] / (2 * eps)  # [N]
+        assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), graph.edge_names()[e]
+    plain = eap(model, *pair, graph=graph.base)
+    summed = scores.per_example.view(graph.base.n_edges, len(graph.positions), -1).sum(1)
+    assert torch.allclose(summed, plain.per_example, atol=1e-12, rtol=0)  # the groups partition the positions
+
+
+def test_positional_circuit_pruning_keeps_faithfulness(pair):
+    from interp.analysis.circuits import prune_edges
+
+    model = tiny("hybrid", seed=4)
+    scored = setup(model, *pair, graph=build_graph(model, positions=ROLES))
+    n = scored.graph.n_edges
+    generator = torch.Generator().manual_seed(0)
+    raw = torch.rand(4, n, generator=generator) < torch.tensor([0.1, 0.3, 0.6, 0.9])[:, None]
+    pruned = torch.stack([prune_edges(scored.graph, m) for m in raw])
+    assert (pruned <= raw).all() and (pruned.sum(1) < raw.sum(1)).all()
+    values = faithfulness(model, scored, torch.cat([raw, pruned]))
+    assert torch.allclose(values[:4], values[4:], atol=1e-9, rtol=0)
+    circuit = extract(eap(model, *pair, graph=scored.graph), n=20)
+    assert all("@" in name for name in circuit.edge_names()) and circuit.n_edges <= 20
