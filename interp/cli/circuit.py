@@ -1,7 +1,8 @@
 """`interp circuit RUN_DIR`: the circuit of a run trained on a retrieval task (AR, MQAR, ATR).
 
 Clean examples of the run's task at its training length, each corrupted as `interp patch` does
-(`--corrupt key` / `value`); every edge of the model's graph scored by EAP and EAP-IG
+(`--corrupt key` / `value`); every edge of the model's graph (positional with `--positions
+key,value,query`: nodes per component and role) scored by EAP and EAP-IG
 (interp.analysis.circuits), the top `--rescore` EAP-IG edges re-scored by exact edge patching,
 the circuit of the top `--fraction` of edges extracted and pruned, and faithfulness against size
 per method. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from interp.cli.args import (check_out, device_name, fail, fraction, non_negative_int, output_path, positive_int,
                             run_directory)
-from interp.cli.patch import load_pair
+from interp.cli.patch import comma_list, load_pair
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -38,6 +39,9 @@ def add_parser(sub) -> None:
     circuit.add_argument("--fraction", type=fraction, default=0.05, help="share of edges in the circuit")
     circuit.add_argument("--rescore", type=non_negative_int, default=50,
                          help="top EAP-IG edges re-scored by exact edge patching")
+    circuit.add_argument("--positions", type=comma_list, default=None,
+                         help="positional nodes: comma-separated roles (key, value, query, answer, bos, eos) and "
+                              "integer positions, each node split by them (plus 'other', the positions left)")
     circuit.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
     circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
@@ -47,12 +51,13 @@ def add_parser(sub) -> None:
 
 def measure(args: argparse.Namespace):
     """(facts, {method: EdgeScores}, circuit, faithfulness curve rows)."""
-    from interp.analysis.circuits import eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
+    from interp.analysis.circuits import build_graph, eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
 
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
-    scores = {"eap": eap(model, clean, corrupt, metric=args.metric)}
-    graph = scores["eap"].graph
+    positions = None if args.positions is None else [int(p) if p.lstrip("-").isdigit() else p for p in args.positions]
+    graph = build_graph(model, positions=positions)
+    scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph)}
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
                               progress=not args.no_progress)
     scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges))

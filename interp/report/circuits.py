@@ -1,6 +1,8 @@
 """Circuit figures: the circuit graph and the faithfulness-vs-size curve, and their report.
 
-    circuit_figure(circuit)          nodes by layer (x) and index within the layer (y); an edge
+    circuit_figure(circuit)          nodes by layer (x) and index within the layer (y; in a
+                                     positional graph within the band of the node's position
+                                     group: key, value, query, ..., other); an edge
                                      from a sender to the node its receiver feeds, width by |score|,
                                      blue for a positive score, red for a negative one, labelled
                                      by the input it reads (q / k / v, write / read); hover:
@@ -28,31 +30,44 @@ MAX_LABELLED = 60  # edges up to which each one's receiver input is written on i
 
 def _layout_nodes(graph, names: list[str]) -> dict[str, tuple[float, float]]:
     """x, y of each sender name (and "logits"): x the layer (MLPs at l + 0.5, embed -1, a parallel
-    mixer2 at l + 0.25), y the node's rank among the circuit's nodes of that x, centred."""
-    x_of = {}
+    mixer2 at l + 0.25), y the node's rank among the circuit's nodes of that x, centred; in a
+    positional graph, y within its position group's band (the first group on top)."""
+    x_of, group_of = {}, {}
     for sender in graph.senders:
         x = float(sender.layer) + (0.5 if sender.kind == "mlp" else 0.0)
-        if sender.name.split(".")[0].endswith("b"):
+        if sender.name.split(".")[0].split("@")[0].endswith("b"):
             x += 0.25
-        x_of[sender.name] = x
-    x_of["logits"] = float(graph.n_layers)
-    columns: dict[float, list[str]] = {}
+        x_of[sender.name], group_of[sender.name] = x, sender.position
+    for group in graph.positions or (None,):
+        name = "logits" if group is None else f"logits@{group}"
+        x_of[name], group_of[name] = float(graph.n_layers), group
+    columns: dict[tuple, list[str]] = {}
     for name in names:
-        columns.setdefault(x_of[name], []).append(name)
-    return {name: (x, i - (len(column) - 1) / 2) for x, column in columns.items() for i, name in enumerate(column)}
+        columns.setdefault((x_of[name], group_of[name]), []).append(name)
+    height = max((len(column) for column in columns.values()), default=1) + 1  # a band's height
+    bands = {group: -i * height for i, group in enumerate(graph.positions or (None,))}
+    return {name: (x, bands[group] + i - (len(column) - 1) / 2)
+            for (x, group), column in columns.items() for i, name in enumerate(column)}, height
+
+
+def _target(graph, receiver) -> str:
+    """The node a receiver's edges are drawn to: the first sender it feeds (at its own position
+    group in a positional graph), or the logits."""
+    if not receiver.feeds:
+        return receiver.name.split(".")[0] if receiver.position is None else f"logits@{receiver.position}"
+    first = receiver.feeds[0]
+    return first if receiver.position is None else f"{first.rsplit('@', 1)[0]}@{receiver.position}"
 
 
 def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
     """The circuit's graph (module docstring)."""
     graph, kept, scores = circuit.graph, circuit.kept, circuit.scores
     edges = [(int(e), *graph.edges[e].tolist()) for e in kept.nonzero()[:, 0]]
-    targets = {}
-    for e, s, r in edges:
-        feeds = graph.receivers[r].feeds
-        targets[e] = feeds[0] if feeds else "logits"
+    targets = {e: _target(graph, graph.receivers[r]) for e, _, r in edges}
+    order = {s.name: i for i, s in enumerate(graph.senders)}
     names = sorted({graph.senders[s].name for _, s, _ in edges} | set(targets.values()),
-                   key=lambda n: [s.name for s in graph.senders].index(n) if n != "logits" else len(graph.senders))
-    where = _layout_nodes(graph, names)
+                   key=lambda n: order.get(n, len(order)))
+    where, height = _layout_nodes(graph, names)
     biggest = max((abs(float(scores[e])) for e, _, _ in edges), default=1.0) or 1.0
     figure = go.Figure()
     mid_x, mid_y, mid_text, mid_role = [], [], [], []
@@ -66,7 +81,8 @@ def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
         mid_y.append((y0 + y1) / 2)
         mid_text.append(f"{graph.senders[s].name} -> {graph.receivers[r].name}<br>score {score:.4g}")
         receiver = graph.receivers[r]
-        mid_role.append(receiver.name.rsplit(".", 1)[-1] if receiver.slots or receiver.name.endswith(".rest") else "")
+        role = receiver.name.split("@")[0].rsplit(".", 1)[-1]
+        mid_role.append(role if receiver.slots or role == "rest" else "")
     labels = mid_role if len(edges) <= MAX_LABELLED else None  # the receiver's input (q, k, v, write, read)
     figure.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers+text" if labels else "markers", text=labels,
                                 textposition="bottom center", textfont=dict(size=10, color="#555"),
@@ -78,21 +94,54 @@ def circuit_figure(circuit, title: str = "Circuit") -> go.Figure:
         out_sum[graph.senders[s].name] += float(scores[e])
         in_sum[targets[e]] += float(scores[e])
     kinds = {s.name: s.kind for s in graph.senders}
+    if graph.positions:
+        _link_positions(figure, names, where)
+    _add_nodes(figure, names, kinds, where, in_sum, out_sum)
+    _finish_layout(figure, circuit, title, height)
+    return figure
+
+
+def _link_positions(figure, names: list[str], where: dict) -> None:
+    """A dotted line through one component's nodes at different position groups (it mixes positions)."""
+    xs, ys = [], []
+    for component in dict.fromkeys(n.split("@")[0] for n in names):
+        members = [n for n in names if n.split("@")[0] == component]
+        if len(members) > 1:
+            xs += [where[n][0] for n in members] + [None]
+            ys += [where[n][1] for n in members] + [None]
+    if xs:
+        figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color="#888", dash="dot"),
+                                    name="one component at several positions"))
+
+
+def _add_nodes(figure, names, kinds, where, in_sum, out_sum) -> None:
     for i, kind in enumerate(("embed", "attention", "state", "mixer", "mlp", "logits")):
         members = [n for n in names if kinds.get(n, "logits") == kind]
         if not members:
             continue
         figure.add_trace(go.Scatter(
             x=[where[n][0] for n in members], y=[where[n][1] for n in members], mode="markers+text",
-            text=members, textposition="top center", name=kind,
+            text=[n.split("@")[0] for n in members], textposition="top center", name=kind,
             marker=dict(size=16, color=palette_color(i), line=dict(width=1, color="#333")),
             hovertext=[f"{n}<br>scores out {out_sum[n]:.4g}<br>scores in {in_sum[n]:.4g}" for n in members],
             hoverinfo="text"))
-    figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=600,
+
+
+def _finish_layout(figure, circuit, title: str, height: int) -> None:
+    """Axes: layer on x; y the node within its layer, or in a positional graph the position
+    group's band (ticks named by group, separated by dotted lines)."""
+    graph = circuit.graph
+    yaxis = dict(title="node within the layer", showticklabels=False, zeroline=False)
+    if graph.positions:
+        centres = [-i * height for i in range(len(graph.positions))]
+        yaxis = dict(title="position (role) - nodes of a layer stacked within it", zeroline=False,
+                     tickvals=centres, ticktext=list(graph.positions), showgrid=False)
+        for centre in centres[:-1]:
+            figure.add_hline(y=centre - height / 2, line=dict(color="#bbb", dash="dot", width=1))
+    size = 600 if not graph.positions else max(600, 150 * len(graph.positions) + 40 * height)
+    figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=size,
                          xaxis=dict(title="layer (MLP at +0.5; embed -1, logits last)", zeroline=False),
-                         yaxis=dict(title="node within the layer", showticklabels=False, zeroline=False),
-                         legend=dict(title="node kind"))
-    return figure
+                         yaxis=yaxis, legend=dict(title="node kind"))
 
 
 def faithfulness_figure(rows: Sequence[Mapping], title: str = "Faithfulness vs circuit size") -> go.Figure:
