@@ -1,5 +1,6 @@
 """The gated delta rule (delta_rule with g, alpha_t = exp(g_t)): every impl against the definition,
-gradcheck, patches, and fla's gated_delta_rule as an oracle."""
+gradcheck, patches, and fla's gated_delta_rule as an oracle; the shared tests also run with a
+channel-wise decay g [B, T, H, K] (Kimi Delta Attention; its own tests: test_kda_kernels.py)."""
 
 import pytest
 import torch
@@ -17,11 +18,16 @@ needs_triton = pytest.mark.skipif(
 )
 
 
-def gated_problem(batch, length, heads, d_k, d_v, seed, dtype=torch.float32):
-    """make_problem's (q, k, v, beta, s0, pin values) plus a log decay g in [-1.5, 0]."""
+def gated_problem(batch, length, heads, d_k, d_v, seed, dtype=torch.float32, channels=False, strength=1.5):
+    """make_problem's (q, k, v, beta, s0, pin values) plus a log decay g in [-strength, 0], [B, T, H]
+    or with channels [B, T, H, K]."""
     q, k, v, beta, s0, values = make_problem(batch, length, heads, d_k, d_v, seed, dtype)
-    g = -1.5 * torch.rand(batch, length, heads, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
+    shape = (batch, length, heads, d_k) if channels else (batch, length, heads)
+    g = -strength * torch.rand(shape, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
     return [q, k, v, beta, g.requires_grad_(), s0, values]
+
+
+DECAYS = pytest.mark.parametrize("channels", [False, True], ids=["head", "channel"])
 
 
 def run(impl, problem, export_at=None, mask=None, chunk_size=4):
@@ -70,9 +76,10 @@ def some_pins(length: int) -> torch.Tensor:
     return mask
 
 
+@DECAYS
 @pytest.mark.parametrize("length,chunk", [(1, 4), (7, 4), (19, 5), (33, 16)])  # 16: > 8 states in a chunk
-def test_chunked_matches_naive_with_pins_and_exports(length, chunk):
-    problem = gated_problem(2, length, 2, 8, 5, seed=length)
+def test_chunked_matches_naive_with_pins_and_exports(length, chunk, channels):
+    problem = gated_problem(2, length, 2, 8, 5, seed=length, channels=channels)
     for export_at in ([0, length - 1, length // 2, -1, length // 3], "all"):
         for mask in (None, some_pins(length)):
             assert_agree("chunked", problem, export_at, mask, chunk)
@@ -87,9 +94,10 @@ def test_triton_matches_naive(length, d_k, d_v, pinned):
     assert_agree("triton", problem, [0, length - 1, length // 2], some_pins(length) if pinned else None)
 
 
+@DECAYS
 @pytest.mark.parametrize("impl", ["naive", "chunked"])
-def test_gradcheck_float64(impl):
-    q, k, v, beta, g, s0, values = gated_problem(1, 6, 1, 3, 2, seed=7, dtype=torch.float64)
+def test_gradcheck_float64(impl, channels):
+    q, k, v, beta, g, s0, values = gated_problem(1, 6, 1, 3, 2, seed=7, dtype=torch.float64, channels=channels)
     mask = torch.zeros(1, 6, dtype=torch.bool)
     mask[0, 2] = True
 
@@ -113,10 +121,12 @@ def test_zero_decay_is_the_plain_delta_rule(impl):
 
 
 @needs_native
+@DECAYS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("length,d_k,d_v", [(1, 4, 3), (19, 8, 5), (33, 6, 9)])  # d_k 6: the 4-row loop and its tail
-def test_native_forward_matches_naive(length, d_k, d_v, dtype):
-    q, k, v, beta, g, s0, values = [x.detach() for x in gated_problem(2, length, 2, d_k, d_v, seed=length, dtype=dtype)]
+def test_native_forward_matches_naive(length, d_k, d_v, dtype, channels):
+    problem = gated_problem(2, length, 2, d_k, d_v, seed=length, dtype=dtype, channels=channels)
+    q, k, v, beta, g, s0, values = [x.detach() for x in problem]
     mask = some_pins(length)
     for pins in (None, (mask, values)):
         args = dict(g=g, initial_state=s0, output_final_state=True, export_at=[0, length // 2, -1], pins=pins)
@@ -126,11 +136,12 @@ def test_native_forward_matches_naive(length, d_k, d_v, dtype):
             assert rel_err(x, r) <= (1e-5 if dtype == torch.float32 else 1e-12)
 
 
+@DECAYS
 @pytest.mark.parametrize("impl", ["naive", "chunked", pytest.param("native", marks=needs_native)])
 @pytest.mark.parametrize("t", [0, 6, 11])
-def test_patch_equals_run_replace_run_on(impl, t):
+def test_patch_equals_run_replace_run_on(impl, t, channels):
     length = 12
-    q, k, v, beta, g, s0, _ = [x.detach() for x in gated_problem(2, length, 2, 5, 4, seed=11)]
+    q, k, v, beta, g, s0, _ = [x.detach() for x in gated_problem(2, length, 2, 5, 4, seed=11, channels=channels)]
     new_state = torch.randn(2, 2, 4, 5, generator=torch.Generator().manual_seed(1))
     head = delta_rule(q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], beta[:, : t + 1], g=g[:, : t + 1],
                       initial_state=s0, impl="naive")

@@ -7,7 +7,15 @@ transpose unless called with state_v_first=True) and an optional decay alpha_t =
         = alpha_t S_{t-1} + beta_t (v_t - alpha_t S_{t-1} k_t) k_t^T
     o_t = S_t q_t
 
-(g None: alpha_t = 1, DeltaNet; g given: Gated DeltaNet, fla's gated_delta_rule with its g.)
+(g None: alpha_t = 1, DeltaNet; g [B, T, H]: Gated DeltaNet, fla's gated_delta_rule with its g.)
+With a channel-wise decay g [B, T, H, K] (Kimi Delta Attention, fla's kda with its g), alpha_t
+[K] scales each key column of the state, D_t = S_{t-1} Diag(alpha_t):
+
+    S_t = S_{t-1} Diag(alpha_t) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
+        = D_t + beta_t (v_t - D_t k_t) k_t^T                                 o_t = S_t q_t
+
+(in fla's [K, V] layout S_t^T = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1}^T + beta_t k_t v_t^T,
+o_t = (S_t^T)^T q_t); alpha_t = exp(g_t) c (c constant) is the scalar case.
 
 q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H] (already scaled: beta = s * sigmoid(...), any
 value; with unit-norm keys the transition I - beta k k^T has eigenvalues 1 (K-1 times) and
@@ -26,8 +34,9 @@ Arguments shared with the other scan kernels (`models.kernels.diag_scan`):
                       state after step t is replaced (give pins or patches, not both)
   impl                "auto" | "naive" | "chunked" | "native" | "triton"
 delta-specific:
-  g                   None or [B, T, H]: the log decay, alpha_t = exp(g_t) (any real; the chunked
-                      form is exact in float for g <= 0, where every exponent it forms is <= 0)
+  g                   None, [B, T, H] (one decay a head) or [B, T, H, K] (one a key channel): the
+                      log decay, alpha_t = exp(g_t) (any real; the chunked form is exact in float
+                      for g <= 0, where every exponent it forms is <= 0)
   beta_clamp          None or [H, 2] (min, max per head): beta is clamped per head before use
                       (ablations: clamp one head to [0, 1], others to (-inf, inf)); gradients
                       follow torch.clamp (zero where clamped)
@@ -41,8 +50,11 @@ Implementations:
            W = T K, U = T V, the chunk's corrected values are U' = U - W S_0^T, its outputs
            O = Q S_0^T + tril(Q K^T) U' and its end state S_0 + U'^T K; states inside a chunk are
            S_0 + cumsum_i u'_i k_i^T; the decay enters as exp(G_i - G_j) factors of cumulative
-           log decays G inside a chunk (Yang et al. 2025, Gated DeltaNet; _chunked_segment). After the first pin the sequence is split at each pin and the
-           scan resumes from the pinned state.
+           log decays G inside a chunk (Yang et al. 2025, Gated DeltaNet; _chunked_segment); a
+           channel-wise decay enters per key channel, A_ij = beta_i sum_c k_ic k_jc
+           exp(G_ic - G_jc) (and QK alike) from the [C, C, K] decay factors of a chunk (every
+           exponent <= 0 for g <= 0: no exp(-G) that overflows under strong decay). After the
+           first pin the sequence is split at each pin and the scan resumes from the pinned state.
   native   the recurrence as a plain-C loop on the CPU (models/kernels/native/delta.py, built once
            per machine with the system C compiler), forward only: raises ValueError when a
            gradient is wanted (grad mode on and an input requires grad); float32 / float64
@@ -60,8 +72,14 @@ C = chunk_size steps, the states inside a chunk recomputed from them as partial 
 per-chunk tensors of the inputs' order (A, QK [B, H, C, C] and W, U, the corrected values per
 chunk: B T H (2 C + K + 2 V) elements), never a state per step; at C = 64 the chunk states are
 as many as library.span_spacing's sqrt(B T / 2) checkpoints up to T = 2 C^2 = 8192 (B = 1), and
-grow as T / C past it. `triton` stores no state at all (the residuals r [B, T, H, V]; the backward
-rebuilds the states from them on chip); `native` has no backward (forward only).
+grow as T / C past it. A channel-wise decay adds the chunk's decay factors [B, H, C, C, K] a
+chunk (B T H C K elements: 8 T H C K bytes in float32 for A and QK together at B = 1; use a smaller
+chunk_size where that is large). `triton` stores no state for the scalar decay (the residuals
+r [B, T, H, V]; the backward rebuilds the states from them on chip); with a channel-wise decay
+its backward also needs D_t = S_{t-1} Diag(alpha_t) in reverse order, so the forward keeps a
+checkpoint state every CK = 16 steps (B ceil(T / CK) S elements) and the backward replays each
+block of CK steps from it into a scratch of CK states per program (B H CK V K elements) before
+walking the block backwards; `native` has no backward (forward only).
 
 Returns `ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None,
 states_at [B, n_export, H, V, K] | None)` (the tuple of `models.kernels.diag_scan`). States are
@@ -138,24 +156,26 @@ def delta_rule(
 
 
 def _check_inputs(q, k, v, beta, g) -> tuple[int, int, int, int, int]:
-    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("beta", beta, 3), ("g", g, 3)):
+    for name, x, ranks in (("q", q, (4,)), ("k", k, (4,)), ("v", v, (4,)), ("beta", beta, (3,)), ("g", g, (3, 4))):
         if name == "g" and x is None:
             continue
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
         if not x.dtype.is_floating_point:
             raise TypeError(f"{name} must have a floating dtype; got {x.dtype}")
-        if x.dim() != rank:
-            raise ValueError(f"{name} must have rank {rank}; got shape {tuple(x.shape)}")
+        if x.dim() not in ranks:
+            raise ValueError(f"{name} must have rank {' or '.join(map(str, ranks))}; got shape {tuple(x.shape)}")
     batch, length, heads, d_k = k.shape
     d_v = v.shape[-1]
     expected = {"q": (batch, length, heads, d_k), "v": (batch, length, heads, d_v),
-                "beta": (batch, length, heads), "g": (batch, length, heads)}
+                "beta": (batch, length, heads),
+                "g": (batch, length, heads, d_k) if g is not None and g.dim() == 4 else (batch, length, heads)}
     for name, x in (("q", q), ("v", v), ("beta", beta), ("g", g)):
         if x is not None and tuple(x.shape) != expected[name]:
             raise ValueError(
                 f"{name} must have shape {expected[name]} to match k {tuple(k.shape)} "
-                f"(q, k [B, T, H, K], v [B, T, H, V], beta and g [B, T, H]); got {tuple(x.shape)}"
+                f"(q, k [B, T, H, K], v [B, T, H, V], beta [B, T, H], g [B, T, H] or [B, T, H, K]); "
+                f"got {tuple(x.shape)}"
             )
     if length < 1:
         raise ValueError(f"the sequence length T must be >= 1; got q of shape {tuple(q.shape)}")
@@ -299,8 +319,8 @@ def _naive(q, k, v, beta, g, state, export, pin_list):
     wanted = set(export or ())
     outs, kept = [], {}
     for t in range(length):
-        if g is not None:
-            S = torch.exp(g[:, t])[..., None, None] * S  # alpha_t S_{t-1}
+        if g is not None:  # alpha_t S_{t-1}, or S_{t-1} Diag(alpha_t) for a channel-wise decay
+            S = (torch.exp(g[:, t])[..., None, :] if g.dim() == 4 else torch.exp(g[:, t])[..., None, None]) * S
         k_t = k[:, t]  # [B, H, K]
         recalled = torch.einsum("bhvk,bhk->bhv", S, k_t)
         delta = beta[:, t, :, None] * (v[:, t] - recalled)  # [B, H, V]
@@ -370,6 +390,9 @@ def _chunked_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
     S_i = gamma_i S_0 + sum_{j<=i} exp(G_i - G_j) w_j k_j^T, and the writes solve
     (I + A) W = diag(beta) V - diag(beta gamma) K S_0^T with A_jl = beta_j exp(G_j - G_l) k_j . k_l
     (l < j). Every exponent is <= 0 for g <= 0 (the masked ones are -inf before exp).
+    A channel-wise g [B, L, H, K] makes G_i, gamma_i K-vectors: S_i = S_0 Diag(gamma_i) + sum_{j<=i}
+    w_j (exp(G_i - G_j) * k_j)^T and A_jl = beta_j sum_c exp(G_jc - G_lc) k_jc k_lc
+    (_channel_products).
     """
     batch, length, heads, d_k = k.shape
     size = min(chunk_size, length)
@@ -384,10 +407,19 @@ def _chunked_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
 
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # bc [N, B, H, C]
     kb = kc * bc[..., None]  # beta_i k_i
-    A = torch.tril(kb @ kc.transpose(-1, -2), diagonal=-1)  # [N, B, H, C, C]
-    QK = torch.tril(qc @ kc.transpose(-1, -2))  # [N, B, H, C, C]
+    if g is None or g.dim() == 3:
+        A = torch.tril(kb @ kc.transpose(-1, -2), diagonal=-1)  # [N, B, H, C, C]
+        QK = torch.tril(qc @ kc.transpose(-1, -2))  # [N, B, H, C, C]
+    channels = g is not None and g.dim() == 4
     if g is None:
         kg = kb
+    elif channels:  # G [N, B, H, C, K]; the decay per key channel enters the products
+        gc = chunks(g)
+        G = gc.cumsum(-2)
+        A, QK = _channel_products(qc, kc, bc, G)
+        gamma = G.exp()  # [N, B, H, C, K]
+        kg, qc = kb * gamma, qc * gamma
+        k_end = kc * (G[..., -1:, :] - G).exp()  # exp(G_end - G_j) * k_j per channel
     else:
         gc = chunks(g)  # [N, B, H, C]
         G = gc.cumsum(-1)
@@ -421,8 +453,8 @@ def _chunked_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
         if g is not None or len(inside) > 8:  # running sum of the rank-1 writes (cumsum over dim 2 is slow on CPU)
             partial, chosen = S, set(inside)
             for j in range(max(inside, default=-1) + 1):
-                if g is not None:
-                    partial = gc[n][:, :, j, None, None].exp() * partial
+                if g is not None:  # [B, H, 1, K] channel-wise, [B, H, 1, 1] a head
+                    partial = (gc[n][:, :, j, None, :] if channels else gc[n][:, :, j, None, None]).exp() * partial
                 partial = torch.addcmul(partial, corrected[:, :, j, :, None], kc[n][:, :, j, None, :])
                 if j in chosen:
                     kept[n * size + j] = partial
@@ -433,3 +465,17 @@ def _chunked_segment(q, k, v, beta, g, S, offsets: list[int], chunk_size: int):
         S = S_next
     o = torch.stack(outs, dim=1).permute(0, 1, 3, 2, 4)  # [B, N, C, H, V]
     return o.reshape(batch, n_chunks * size, heads, -1)[:, :length], S, kept
+
+
+def _channel_products(qc, kc, bc, G):
+    """A [N, B, H, C, C] (strictly lower: beta_i sum_c exp(G_ic - G_jc) k_ic k_jc) and QK (lower:
+    sum_c exp(G_ic - G_jc) q_ic k_jc) of a chunk under a channel-wise decay with cumulative log
+    decays G [N, B, H, C, K]; the factors exp(G_i - G_j) [N, B, H, C, C, K] are formed for i >= j
+    only (-inf before exp elsewhere), so no exponent exceeds 0 for g <= 0."""
+    size = G.shape[-2]
+    lower = torch.ones(size, size, dtype=torch.bool, device=G.device).tril()
+    decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~lower[..., None], float("-inf")).exp()
+    kd = kc[..., None, :, :] * decay  # exp(G_i - G_j) k_j  [N, B, H, C (i), C (j), K]
+    A = torch.tril(torch.einsum("nbhik,nbhijk->nbhij", kc, kd), diagonal=-1) * bc[..., None]
+    QK = torch.einsum("nbhik,nbhijk->nbhij", qc, kd)  # zero above the diagonal (decay 0 there)
+    return A, QK
