@@ -26,6 +26,9 @@ FAMILIES = {
     "gated_deltanet": dict(mixer="gated_deltanet"),
     "lstm": dict(mixer="lstm", residual=True, norm="layernorm"),
     "hybrid": dict(mixer=["attention", "mamba2"]),
+    "zamba2": dict(mixer="mamba2", shared_block=[0, 0], shared_adapter_rank=2, mlp=True, d_state=4, n_heads=4,
+                   mlp_activation="geglu", norm="rmsnorm",
+                   mixer_options={"mamba2": {"n_heads": 2}}),
 }
 
 
@@ -90,7 +93,8 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
     mask [N, T]: at those positions only (a positional edge)."""
     u, r = graph.edges[edge].tolist()
     sender, receiver = graph.senders[u], graph.receivers[r]
-    names = sorted({sender.hook} | {f"blocks.{l}.hook_resid_pre" for l in range(graph.n_layers)}
+    names = sorted({sender.hook, "hook_embed"} | {f"blocks.{l}.hook_resid_pre" for l in range(graph.n_layers)}
+                   | {f"blocks.{l}.shared.hook_out" for l in range(graph.n_layers)}
                    | {f"blocks.{l}.hook_resid_mid" for l in range(graph.n_layers)}
                    | {f"blocks.{graph.n_layers - 1}.hook_resid_post"})
     names = [n for n in names if n in model.hook_dict]
@@ -107,8 +111,15 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
         elif receiver.site == "mlp":
             out = block.mlp(block.norm_mlp(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_mid"] + diff))
             hooks = [(f"blocks.{receiver.layer}.mlp.hook_out", lambda x, hook: out)]
+        elif receiver.site.startswith("shared"):  # Zamba2's shared branch reads x and the embedding
+            x, e = corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"], corrupt_cache["hook_embed"]
+            out = block.shared(x + diff, e) if receiver.site == "shared" else block.shared(x, e + diff)
+            hooks = [(f"blocks.{receiver.layer}.shared.hook_out", lambda x, hook: out)]
         else:
-            normed = block.norm_mixer(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"] + diff)
+            stream = corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"]
+            if hasattr(block, "shared"):  # the mixer reads norm(x + shared(x, e))
+                stream = stream + corrupt_cache[f"blocks.{receiver.layer}.shared.hook_out"]
+            normed = block.norm_mixer(stream + diff)
             if not receiver.slots:  # a whole input, or the rest: the slots' hooks at their corrupted values
                 slot_hooks = sorted({h for i in graph.mixer_receivers(receiver.layer, receiver.module)
                                      for h, _, _ in graph.receivers[i].slots})
@@ -137,7 +148,7 @@ def _replace(value, axis, indices):
 
 
 @pytest.mark.parametrize("family", ["attention", "attention_gqa_gated", "mamba", "mamba2", "deltanet",
-                                    "gated_deltanet", "lstm"])
+                                    "gated_deltanet", "lstm", "zamba2"])
 def test_single_edge_patch_equals_manual_two_pass(family, pair):
     model = tiny(family, seed=1)
     scored = setup(model, *pair, metric="logit_diff")
@@ -282,3 +293,12 @@ def test_mean_baseline_of_identical_examples_is_the_clean_run(pair):
     assert torch.allclose(values[0], scored.clean_metric, atol=1e-10, rtol=0)  # the mean of copies is the copy
     assert torch.allclose(faithfulness(model, scored, torch.zeros(1, n, dtype=torch.bool), baseline="mean"),
                           torch.ones(1, dtype=torch.float64), atol=1e-9)
+
+
+def test_graph_of_zamba2_shared_blocks():
+    graph = build_graph(tiny("zamba2"))
+    names = graph.edge_names()
+    assert {"z0", "z1"} <= {s.name for s in graph.senders}
+    assert "embed->z1.e" in names and "mlp0->z1.in" in names and "z0->s0.h1.write" in names and "z0->s0.rest" in names
+    assert not {"mlp0->z1.e", "z0->mlp0.in", "z0->s1.h0.write", "z0->logits", "z0->z1.in"} & set(names)
+    assert [e for e in names if e.endswith("->z1.e")] == ["embed->z1.e"]

@@ -53,7 +53,7 @@ def test_position_masks_partition_the_positions(pair):
         setup(tiny("attention"), *pair, graph=build_graph(tiny("attention"), positions=["nowhere"]))
 
 
-@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "gated_deltanet", "hybrid"])
+@pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "gated_deltanet", "hybrid", "zamba2"])
 def test_full_positional_graph_is_clean_and_empty_is_corrupt(family, pair):
     model = tiny(family)
     scored = setup(model, *pair, graph=build_graph(model, positions=ROLES))
@@ -68,7 +68,7 @@ def test_full_positional_graph_is_clean_and_empty_is_corrupt(family, pair):
     assert (middle - scored.clean_metric).abs().max() > 1e-6 and (middle - scored.corrupt_metric).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("family", ["attention_gqa_gated", "mamba", "mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("family", ["attention_gqa_gated", "mamba", "mamba2", "gated_deltanet", "zamba2"])
 def test_single_positional_edge_equals_manual_two_pass(family, pair):
     model = tiny(family, seed=1)
     scored = setup(model, *pair, graph=build_graph(model, positions=ROLES))

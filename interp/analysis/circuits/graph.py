@@ -14,6 +14,9 @@ and each mixer's output splits further into one term per head where the mixer re
                           that head's state, its hook_result slice)
     m{l}                  a mixer without per-head outputs, whole (Mamba, RNNs, convolutions)
     mlp{l}                the MLP of block l
+    z{l}                  Zamba2's shared transformer at depth l (shared.hook_out), one node: it
+                          adds to block l's mixer input only (norm(x + z(x, embed))), so its edges
+                          go to block l's mixer receivers only
 
 and the receivers (each one reads its own copy of the residual stream, through the block's norm):
 
@@ -28,6 +31,8 @@ and the receivers (each one reads its own copy of the residual stream, through t
                               z gate): the mixer as called on its input
     m{l}.in                   a whole mixer's input
     mlp{l}.in                 an MLP's input
+    z{l}.in / z{l}.e          a shared transformer's two inputs: the residual stream x, and the
+                              embedding it reads beside it (an edge from embed only)
     logits                    the final norm's input at the answer position
 
 A receiver inside a mixer is a *slot*: a set of (hook, axis, indices) whose values it sets (e.g.
@@ -146,12 +151,13 @@ def build_graph(model, positions: Sequence[str | int] | None = None) -> Graph:
     if not getattr(cfg, "residual", True):
         raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
                          "residual=False, so a block's input is not a sum of upstream outputs")
-    shared = [layer for layer, block in enumerate(model.blocks) if hasattr(block, "shared")]
-    if shared:  # its mixer reads norm(x + shared(x, embed)): a path the receivers' inputs do not model yet
-        raise ValueError(f"build_graph does not model shared blocks (Zamba2's, at layers {shared}) yet")
     senders = [Sender("embed", -1, "hook_embed", kind="embed")]
     receivers: list[Receiver] = []
     for layer, block in enumerate(model.blocks):
+        if hasattr(block, "shared"):  # Zamba2: the shared transformer at this depth, one node
+            receivers += [Receiver(f"z{layer}.in", layer, "shared", feeds=(f"z{layer}",)),
+                          Receiver(f"z{layer}.e", layer, "shared_embed", feeds=(f"z{layer}",))]
+            senders.append(Sender(f"z{layer}", layer, f"blocks.{layer}.shared.hook_out", kind="shared"))
         for slot, mixer in block_mixers(block).items():
             mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot)
             receivers += mixer_receivers
@@ -198,9 +204,13 @@ def positional_graph(graph: Graph, positions: Sequence[str | int]) -> Graph:
 
 
 def _upstream(sender: Sender, receiver: Receiver) -> bool:
+    if receiver.site == "shared_embed":  # a shared branch's embedding input reads hook_embed only
+        return sender.kind == "embed"
+    if sender.kind == "shared":  # it adds to its block's mixer input, not to the residual stream
+        return sender.layer == receiver.layer and receiver.site == "mixer"
     if sender.layer < receiver.layer:
         return True
-    return sender.layer == receiver.layer and receiver.site == "mlp" and sender.kind != "mlp"
+    return sender.layer == receiver.layer and receiver.site == "mlp" and sender.kind not in ("mlp", "shared")
 
 
 def block_mixers(block) -> dict:

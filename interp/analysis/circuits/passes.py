@@ -6,6 +6,7 @@ norm), `delta_of(r, x, current)` may return a tensor d of x's shape; r then read
 of x, and only r does:
 
     whole inputs (mlp{l}.in, logits)                               the norm's input becomes x + d
+    a shared branch's inputs (z{l}.in, z{l}.e: Zamba2)             its x (or embed) becomes x + d
     whole mixer inputs (m{l}.in, a mixer's rest)                   the mixer's input becomes
         norm(x + d) (a block's parallel mixers read one norm, each its own copy)
     slots (a{l}.h{i}.q, s{l}.h{i}.write, ...)                      the mixer is run once more on
@@ -72,6 +73,9 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
             for slot, mixer in mixers.items():
                 handles.append(mixer.register_forward_pre_hook(
                     _mixer_pre_hook(state, graph, block, layer, mixer, graph.mixer_receivers(layer, slot), delta_of)))
+            shared = [i for i, r in enumerate(graph.receivers) if r.layer == layer and r.site.startswith("shared")]
+            if shared:  # Zamba2's shared branch: its inputs x and embed (z{l}.in, z{l}.e)
+                handles.append(block.shared.register_forward_pre_hook(_shared_pre_hook(state, shared, delta_of)))
             mlp = [i for i, r in enumerate(graph.receivers) if r.layer == layer and r.site == "mlp"]
             if mlp:
                 handles.append(block.norm_mlp.register_forward_pre_hook(_whole_pre_hook(state, mlp[0], delta_of)))
@@ -116,6 +120,17 @@ def _whole_pre_hook(state: _PassState, receiver: int, delta_of):
     def pre(module, args):
         delta = delta_of(receiver, args[0], state.current)
         return None if delta is None else (args[0] + delta,) + tuple(args[1:])
+
+    return pre
+
+
+def _shared_pre_hook(state: _PassState, receivers: list[int], delta_of):
+    def pre(module, args):  # args (x, embed, run)
+        moved = list(args)
+        for i, r in enumerate(receivers):  # z{l}.in moves x, z{l}.e the embedding
+            delta = delta_of(r, args[i], state.current)
+            moved[i] = args[i] if delta is None else args[i] + delta
+        return tuple(moved)
 
     return pre
 
