@@ -81,11 +81,13 @@ def shifted_delta_inputs(shift, k, v, pins, log_decay=None):
     1 without a decay). With P_t = alpha_t P_{t-1} + shift_t (a diagonal scan; a cumulative sum for
     alpha = 1), R_t = S_t - P_t is the plain (gated) delta rule with values v_t - alpha_t P_{t-1} k_t
     = v_t - (P_t - shift_t) k_t, and pinned R = pinned S - P. shift [B, T, H, V, K], k [B, T, H, K],
-    v [B, T, H, V], log_decay [B, T, H] -> (values, pins, P); `shifted_delta_outputs` undoes it."""
+    v [B, T, H, V], log_decay [B, T, H] or channel-wise [B, T, H, K] (P_t = P_{t-1} Diag(alpha_t)
+    + shift_t, the same values) -> (values, pins, P); `shifted_delta_outputs` undoes it."""
     if log_decay is None:
         total = shift.cumsum(1)  # P [B, T, H, V, K]
     else:
-        alpha = torch.exp(log_decay).to(shift.dtype)[..., None, None].expand_as(shift)
+        alpha = torch.exp(log_decay).to(shift.dtype)
+        alpha = (alpha[..., None, :] if log_decay.dim() == 4 else alpha[..., None, None]).expand_as(shift)
         total = diag_scan(alpha, shift).output
     v = v - torch.einsum("bthvk,bthk->bthv", total - shift, k.to(total.dtype)).to(v.dtype)
     return v, pins if pins is None else (pins[0], pins[1] - total), total
