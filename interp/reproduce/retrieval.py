@@ -32,7 +32,26 @@ READ_MIN = 0.5   # a role "restores" when its mean restoration is at least this
 AR_MODELS = {"attention": ("transformer", {"positional": "none"}), "based": ("based", {"mixer_options": {"window": 2}}),
              "mamba": ("mamba", {"d_conv": 4}), "h3": ("h3", {}), "hyena": ("hyena", {}), "deltanet": ("deltanet", {}),
              "mamba d_conv=1": ("mamba", {"d_conv": 1})}
-ATR_MODELS = {"attention": ("transformer", {"positional": "none"}), "mamba d_conv=1": ("mamba", {"d_conv": 1})}
+ATR_MODELS = {"attention": ("transformer", {"positional": "none"}), "mamba d_conv=1": ("mamba", {"d_conv": 1}),
+              "mamba": ("mamba", {"d_conv": 4})}
+MEDIUM_AR = ("attention", "mamba", "mamba d_conv=1")
+CURRICULUM = {"curriculum": True, "curriculum_start": 2, "curriculum_patience": 2}   # medium: doubling at >= 95%
+EARLY_STOP = {"accuracy": 0.95, "evals": 4}   # medium: 4 evaluations (100 steps) at the training length
+# The medium budget search (2026-12-03, seed 0, one thread at nice 5, load 4-6): probe -> (final-state accuracy on 512
+# fresh sequences at the training length, steps trained of the budget, training CPU seconds)
+# (None: not measured). Every probe: d 64, 2 layers, batch 64, d_state 8, eval every 25 steps on 128 sequences.
+SEARCH = {
+    "AR 8/16 attention, no curriculum, lr 1e-3, 1500 steps": (0.13, 1500, None),
+    "AR 8/16 Mamba, no curriculum, lr 3e-3, 1500 steps": (0.13, 1500, None),
+    "ATR 12 attention, no curriculum, lr 1e-3, 1500 steps": (0.82, 1500, None),
+    "ATR 12 Mamba d_conv=1, no curriculum, lr 3e-3, 1500 steps": (0.77, 1500, None),
+    "AR 8/16 attention, curriculum, lr 1e-3, warmup 100, 3000 steps": (0.94, 3000, 82),
+    "AR 8/16 Mamba, curriculum, lr 3e-3, warmup 100, 3000 steps": (0.98, 1650, 61),
+    "ATR 12 attention, curriculum, lr 1e-3, warmup 100, 3000 steps": (0.85, 3000, 69),
+    "ATR 12 Mamba d_conv=1, curriculum, lr 3e-3, warmup 100, 3000 steps (stuck at 8 terminals)": (0.70, 3000, 91),
+    "ATR 12 attention, curriculum, lr 1e-3, warmup 100, 8000 steps": (0.92, 8000, 182),
+    "ATR 12 Mamba, curriculum, lr 3e-3, warmup 100, 8000 steps": (0.97, 2800, 96),
+}
 
 SCALE = {
     # all_at: the AR size every model trains at; small_models: the models also trained at the other sizes.
@@ -41,8 +60,14 @@ SCALE = {
     "quick": dict(ar=[(2, 4)], all_at=(2, 4), small_models=(), models=("attention", "mamba", "mamba d_conv=1"),
                   atr_models=("mamba d_conv=1",), atr_length=4, d_attn=8, d_ssm=8, d_state=2, steps=6,
                   batch=8, n=16, n_patch=8, seeds=[0]),
-    "cpu": dict(ar=[(4, 8), (8, 16)], all_at=(4, 8), small_models=("attention", "mamba", "based"), atr_length=12, d_attn=64, d_ssm=64,
+    "cpu": dict(ar=[(4, 8), (8, 16)], all_at=(4, 8), small_models=("attention", "mamba", "based"),
+                atr_models=("attention", "mamba d_conv=1"), atr_length=12, d_attn=64, d_ssm=64,
                 d_state=8, steps=1500, batch=64, n=512, n_patch=128, seeds=[0]),
+    # medium (issue 26): AR 8 / 16 and ATR 12 where the cpu budget did not fit, with the length curriculum
+    # (2 -> 4 -> 8 pairs / -> 12 terminals) found by the budget search (SEARCH), early-stopped at fit
+    "medium": dict(ar=[(8, 16)], all_at=(8, 16), small_models=(), models=MEDIUM_AR, atr_models=tuple(ATR_MODELS),
+                   atr_length=12, d_attn=64, d_ssm=64, d_state=8, steps=3000, atr_steps=8000, batch=64, n=512,
+                   n_patch=128, seeds=[0], eval_every=25, train={**CURRICULUM, "warmup": 100}, warmup=100),
     "paper": dict(ar=[(4, 64), (8, 64), (16, 64)], all_at=(16, 64), small_models=tuple(AR_MODELS), atr_length=32, d_attn=64, d_ssm=128,
                   d_state=16, steps=20_000, batch=128, n=1024, n_patch=512, seeds=[0, 1]),
 }
@@ -56,12 +81,14 @@ def plan(scale: str) -> Plan:
     s, runs = SCALE[scale], []
 
     def add(task, options, length, label, preset, extra, info):
+        steps = s.get("atr_steps", s["steps"]) if task == "ATR" else s["steps"]
         for seed in s["seeds"]:
             d = s["d_attn"] if preset == "transformer" else s["d_ssm"]
             runs.append(Run(f"{task}{'' if task == 'ATR' else length}-{slug(label)}-s{seed}", preset, task, options,
                             {"d_model": d, "n_layers": 2, "d_state": s["d_state"], **extra},
-                            {"steps": s["steps"], "batch_size": s["batch"], "lr": 1e-3 if preset == "transformer" else 3e-3,
-                             "train_length": length, "eval_every": max(1, s["steps"] // 20), "eval_size": 128, "seed": seed},
+                            {"steps": steps, "batch_size": s["batch"], "lr": 1e-3 if preset == "transformer" else 3e-3,
+                             "train_length": length, "eval_every": s.get("eval_every", max(1, steps // 20)),
+                             "eval_size": 128, "seed": seed, **s.get("train", {})},
                             {**info, "model": label, "seed": seed}))
 
     for pairs, keys in s["ar"]:
@@ -74,7 +101,8 @@ def plan(scale: str) -> Plan:
             add("ATR", {}, s["atr_length"], label, preset, extra, {"task": "ATR", "pairs": s["atr_length"], "keys": 64})
     sizes = [size("AR sizes (pairs in context, keys = values)", s["ar"], "up to 16 pairs: the paper's code (issue 17); "
                   "the vocabulary is our choice"),
-             size("AR size every model trains at (the others: " + ", ".join(s["small_models"]) + ")", s["all_at"],
+             size("AR size every model trains at" + (" (the others: " + ", ".join(s["small_models"]) + ")"
+                                                      if s["small_models"] else ""), s["all_at"],
                   "the largest" if s["all_at"] == s["ar"][-1] else "our choice (where attention and Mamba fit in the "
                   "step budget)"),
              size("layers", 2, SEED_003 + " (two-layer induction)"),
@@ -83,11 +111,30 @@ def plan(scale: str) -> Plan:
              size("attention positions", "none", "issue 17 (attention without positions)"),
              size("Mamba d_conv (trained) / ablation", "4 / retrained at 1 and truncated to 4, 3, 2, 1", SEED_003),
              size("Based sliding window", 2), size("ATR document terminals", s["atr_length"]),
-             size("d_state", s["d_state"]), size("steps / batch", f"{s['steps']} / {s['batch']}"),
+             size("d_state", s["d_state"]),
+             size("steps (AR / ATR) / batch", f"{s['steps']} / {s.get('atr_steps', s['steps'])} / {s['batch']}"),
              size("peak lr", "3e-3 (attention 1e-3)"), size("seeds", len(s["seeds"])),
              size("interchange pairs (kept where p_clean - p_corrupt > 0.01)", s["n_patch"]),
              size("accuracy sequences", s["n"])]
-    return Plan(scale, runs, sizes, settings={"n": s["n"], "n_patch": s["n_patch"]}, fit_n=s["n"])
+    early = EARLY_STOP if scale == "medium" else None
+    if scale == "medium":
+        sizes += medium_sizes(s)
+    return Plan(scale, runs, sizes, settings={"n": s["n"], "n_patch": s["n_patch"]}, fit_n=s["n"], early_stop=early)
+
+
+def medium_sizes(s: dict) -> list[dict]:
+    """The medium profile's curriculum, warmup and early stop, and the budget search that chose them."""
+    rows = [size("length curriculum", f"from {CURRICULUM['curriculum_start']}, doubling after "
+                 f"{CURRICULUM['curriculum_patience']} evaluations (every {s['eval_every']} steps) at >= 95%",
+                 "the budget search below (without it attention and Mamba stayed at chance on AR 8 / 16)"),
+            size("warmup steps", s["warmup"]),
+            size("early stop at fit (curriculum at the training length, last k evaluations and the fit metric >= a)",
+                 f"k = {EARLY_STOP['evals']}, a = {EARLY_STOP['accuracy']}", "our choice (CPU budget)")]
+    return rows + [size(f"budget search: {probe}", f"accuracy {acc:.2f}, {steps} steps"
+                        + ("" if cpu is None else f", {cpu:.0f} CPU-s"),
+                        "the cpu profile (2026-12-02)" if cpu is None else
+                        "probe 2026-12-03 (seed 0, one thread, nice 5, load 4-7; REPRODUCTIONS.md)")
+                   for probe, (acc, steps, cpu) in SEARCH.items()]
 
 
 def reading(rows: list[dict]) -> str:
@@ -165,9 +212,10 @@ def judge(done, plan: Plan):
                  and (o.run.info["pairs"], o.run.info["keys"]) in sizes]   # a failure counts where others fit
     claims.append(Claim(SEED_003, "H3 and Hyena fail to learn the task effectively under these conditions.",
                         "H3 및 Hyena: 이러한 조건 하에서 작업을 효과적으로 학습하는 데 실패합니다.",
-                        "; ".join(f"{o.run.label}: acc {o.measures.get('accuracy', float('nan')):.2f} ({o.status})"
-                                  for o in fail_runs) + f"; {n_fit} of {len(fail_runs)} fit; other models that fit "
-                        f"at the same size: {', '.join(o.run.label for o in learnable) or 'none'}",
+                        ("; ".join(f"{o.run.label}: acc {o.measures.get('accuracy', float('nan')):.2f} ({o.status})"
+                                   for o in fail_runs) + f"; {n_fit} of {len(fail_runs)} fit; other models that fit "
+                         f"at the same size: {', '.join(o.run.label for o in learnable) or 'none'}")
+                        if fail_runs else "no H3 / Hyena runs at this scale",
                         "inconclusive" if not learnable else "reproduces" if n_fit == 0
                         else "partly reproduces" if n_fit < len(fail_runs) else "does not reproduce"))
     retrained_all = [o for o in ar if o.run.info["model"] == "mamba d_conv=1"]
@@ -198,14 +246,18 @@ def judge(done, plan: Plan):
                         "did not fit" if not atr_fit else "reproduces" if len(induction) == len(atr_runs)
                         else "partly reproduces" if induction else "does not reproduce"))
     atr_acc = [o.measures.get("accuracy", 0.0) for o in atr_runs]
-    att_acc = [o.measures.get("accuracy", 0.0) for o in select(done, task="ATR", model="attention")]
+    others = {label: [o.measures.get("accuracy", 0.0) for o in select(done, task="ATR", model=label)]
+              for label in ATR_MODELS if label != "mamba d_conv=1"}
+    others = {label: acc for label, acc in others.items() if acc}
+    other_acc = [a for acc in others.values() for a in acc]
     claims.append(Claim(SEED_003, "Behavioural result: Mamba, even without short convolution, matches or beats every other "
                         "architecture on ATR.", "행동 결과: Mamba는 단기 컨볼루션 없이도 다른 모든 아키텍처보다 우수하거나 "
                         "대등한 성능을 ATR에서 보여줍니다.",
-                        f"ATR accuracy: Mamba d_conv=1 {', '.join(f'{a:.2f}' for a in atr_acc)}; attention "
-                        f"{', '.join(f'{a:.2f}' for a in att_acc)} (only attention is compared at this scale)",
-                        "did not fit" if not atr_fit else "inconclusive" if not att_acc else "reproduces"
-                        if min(atr_acc) >= max(att_acc) - 0.02 else "does not reproduce"))
+                        f"ATR accuracy: Mamba d_conv=1 {', '.join(f'{a:.2f}' for a in atr_acc)}"
+                        + "".join(f"; {label} {', '.join(f'{a:.2f}' for a in acc)}" for label, acc in others.items())
+                        + f" (compared at this scale: {', '.join(others) or 'no other model'})",
+                        "did not fit" if not atr_fit else "inconclusive" if not other_acc else "reproduces"
+                        if min(atr_acc) >= max(other_acc) - 0.02 else "does not reproduce"))
     summary = [{"run": o.run.label, "status": o.status, "accuracy": o.measures.get("accuracy"),
                 "pairs kept": o.measures.get("n_kept"), "reading (layer-1 block input)": o.measures.get("reading")}
                for o in done]
