@@ -87,6 +87,16 @@ def test_full_graph_is_clean_and_empty_graph_is_corrupt(family, pair):
     assert (scored.clean_metric - scored.corrupt_metric).abs().max() > 1e-3  # the pair differs
 
 
+def _patch_derivative(model, scored, tokens, edge: int, eps: float = 1e-5) -> torch.Tensor:
+    """d metric / d t [N] (central differences) of the corrupted run with edge carrying
+    corrupt + t (clean - corrupt) of its sender, at t = 0: what EAP estimates."""
+    mask = torch.zeros(1, scored.graph.n_edges, dtype=torch.bool)
+    mask[0, edge] = True
+    ends = [_run(model, scored, tokens, {h: scored.corrupt_acts[h] + s * eps * (scored.clean_acts[h]
+                                          - scored.corrupt_acts[h]) for h in scored.clean_acts}, mask) for s in (1, -1)]
+    return (ends[0] - ends[1])[0] / (2 * eps)
+
+
 def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask=None) -> torch.Tensor:
     """The corrupted run with edge u -> r carrying u's clean output, with plain hooks: cache both
     runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in.
@@ -103,6 +113,7 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
         _, corrupt_cache = model.run_with_cache(corrupt.tokens, names=names)
         diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
         diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
+        diff = diff if sender.channels is None else diff[:, :, sender.channels[0]:sender.channels[1]]  # a conv node
         diff = diff if mask is None else diff * mask[..., None]
         block = model.blocks[receiver.layer] if receiver.site != "logits" else None
         if receiver.site == "logits":
@@ -111,6 +122,9 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
         elif receiver.site == "mlp":
             out = block.mlp(block.norm_mlp(corrupt_cache[f"blocks.{receiver.layer}.hook_resid_mid"] + diff))
             hooks = [(f"blocks.{receiver.layer}.mlp.hook_out", lambda x, hook: out)]
+        elif receiver.site == "conv":  # reads a conv node's channels of hook_conv: add the difference there
+            (hook, axis, indices), = receiver.slots
+            hooks = [(hook, lambda x, hook: x.index_add(axis, torch.tensor(indices), diff))]
         elif receiver.site.startswith("shared"):  # Zamba2's shared branch reads x and the embedding
             x, e = corrupt_cache[f"blocks.{receiver.layer}.hook_resid_pre"], corrupt_cache["hook_embed"]
             out = block.shared(x + diff, e) if receiver.site == "shared" else block.shared(x, e + diff)
@@ -175,14 +189,8 @@ def test_eap_is_the_derivative_of_the_edge_patched_metric(family, metric, pair):
     scores = eap(model, *pair, metric=metric)
     scored = scores.setup
     top = scores.scores.abs().argsort(descending=True)[:3].tolist()
-    eps = 1e-5
     for e in top:
-        mask = torch.zeros(1, scored.graph.n_edges, dtype=torch.bool)
-        mask[0, e] = True
-        ends = [_run(model, scored, pair[1].tokens, {h: scored.corrupt_acts[h] + s * eps * (scored.clean_acts[h]
-                                                      - scored.corrupt_acts[h]) for h in scored.clean_acts}, mask)
-                for s in (1, -1)]
-        derivative = (ends[0] - ends[1])[0] / (2 * eps)  # [N]
+        derivative = _patch_derivative(model, scored, pair[1].tokens, e)
         assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), scored.graph.edge_names()[e]
 
 
@@ -302,3 +310,56 @@ def test_graph_of_zamba2_shared_blocks():
     assert "embed->z1.e" in names and "mlp0->z1.in" in names and "z0->s0.h1.write" in names and "z0->s0.rest" in names
     assert not {"mlp0->z1.e", "z0->mlp0.in", "z0->s1.h0.write", "z0->logits", "z0->z1.in"} & set(names)
     assert [e for e in names if e.endswith("->z1.e")] == ["embed->z1.e"]
+
+
+CONV_FAMILIES = ["mamba2", "deltanet", "gated_deltanet", "gdn_gva"]
+
+
+def _conv_model(family: str, seed: int):
+    if family != "gdn_gva":
+        return tiny(family, seed)
+    torch.manual_seed(seed)
+    return models.build("gated_deltanet", vocab_size=VOCAB, d_model=16, n_layers=2,
+                        mixer_options={"num_heads": 2, "num_v_heads": 4}).double().eval()
+
+
+def test_conv_nodes_graph():
+    graph = build_graph(tiny("mamba2"), conv=True)
+    names = graph.edge_names()
+    assert {"c0.h1.x", "c1.g0.B", "c1.g0.C"} <= {s.name for s in graph.senders}
+    assert "embed->c1.h0.x.in" in names and "c1.h0.x->s1.h0.x" in names and "c1.g0.C->s1.g0.read" in names
+    assert [n for n in names if n.startswith("c1.h0.x->")] == ["c1.h0.x->s1.h0.x"]  # one reader each
+    assert [r.slots for r in graph.receivers if r.name == "s1.h0.write"][0] == (("blocks.1.mixer.hook_dt", 2, (0,)),)
+    model = _conv_model("gdn_gva", 0)
+    d_k = model.blocks[1].mixer.d_k
+    reader = next(r for r in build_graph(model, conv=True).receivers if r.name == "s1.k1.read")
+    assert reader.feeds == ("s1.h2", "s1.h3") and reader.slots[0][2] == tuple(range(d_k, 2 * d_k))  # key head 1's q
+
+
+@pytest.mark.parametrize("family", CONV_FAMILIES)
+def test_conv_nodes_are_exact(family, pair):
+    """Full = clean, empty = corrupt; one edge into each kind of receiver (conv inputs, the
+    readers of conv nodes, the rest) = the manual two-pass; EAP = the derivative of the patch."""
+    model = _conv_model(family, seed=8)
+    scores = eap(model, *pair, graph=build_graph(model, conv=True))
+    scored, graph = scores.setup, scores.graph
+    n = graph.n_edges
+    ends = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(ends[0], scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(ends[1], scored.corrupt_metric, atol=1e-10, rtol=0)
+    kinds = {}
+    for e, (u, r) in enumerate(graph.edges.tolist()):
+        receiver = graph.receivers[r]
+        kind = receiver.site + "." + receiver.name.split(".")[-1]
+        if graph.senders[u].name != "embed" or kind not in kinds:
+            kinds[kind] = e
+    edges = sorted(kinds.values())
+    assert any(graph.receivers[graph.edges[e, 1]].site == "conv" for e in edges)
+    effects = edge_effects(model, scored, edges)
+    for row, e in enumerate(edges):
+        manual = _manual_single_edge(model, graph, e, *pair, scored.metric)
+        assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), graph.edge_names()[e]
+    conv_edges = [e for e in range(n) if graph.senders[graph.edges[e, 0]].kind == "conv"]
+    for e in sorted(conv_edges, key=lambda e: -scores.scores[e].abs())[:2] + scores.scores.abs().argsort()[-2:].tolist():
+        derivative = _patch_derivative(model, scored, pair[1].tokens, e)
+        assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), graph.edge_names()[e]

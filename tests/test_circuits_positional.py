@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from interp.analysis.circuits import build_graph, eap, edge_effects, extract, faithfulness, patched_metric, setup
-from interp.analysis.circuits.edge_patching import _run
 from interp.analysis.circuits.graph import positional_graph
 from interp.analysis.circuits.positional import position_masks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_circuits import _manual_single_edge, pair, tiny  # noqa: E402, F401 (pair: the module's fixture)
+from test_circuits import _manual_single_edge, _patch_derivative, pair, tiny  # noqa: E402, F401 (pair: the module's fixture)
 
 ROLES = ["key", "value", "query"]
 
@@ -98,14 +97,8 @@ def test_positional_eap_is_the_derivative_of_the_positional_edge_patch(family, p
     scores = eap(model, *pair, graph=graph)
     scored = scores.setup
     top = scores.scores.abs().argsort(descending=True)[:4].tolist()
-    eps = 1e-5
     for e in top:
-        mask = torch.zeros(1, graph.n_edges, dtype=torch.bool)
-        mask[0, e] = True
-        ends = [_run(model, scored, pair[1].tokens, {h: scored.corrupt_acts[h] + s * eps * (scored.clean_acts[h]
-                                                      - scored.corrupt_acts[h]) for h in scored.clean_acts}, mask)
-                for s in (1, -1)]
-        derivative = (ends[0] - ends[1])[0] / (2 * eps)  # [N]
+        derivative = _patch_derivative(model, scored, pair[1].tokens, e)
         assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), graph.edge_names()[e]
     plain = eap(model, *pair, graph=graph.base)
     summed = scores.per_example.view(graph.base.n_edges, len(graph.positions), -1).sum(1)
@@ -126,3 +119,50 @@ def test_positional_circuit_pruning_keeps_faithfulness(pair):
     assert torch.allclose(values[:4], values[4:], atol=1e-9, rtol=0)
     circuit = extract(eap(model, *pair, graph=scored.graph), n=20)
     assert all("@" in name for name in circuit.edge_names()) and circuit.n_edges <= 20
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet"])
+def test_positional_conv_nodes_are_exact(family, pair):
+    """The conv read at the value position of what the stream held at the key: positional conv
+    nodes, exact at both ends, per single edge (manual two-pass) and to first order."""
+    model = tiny(family, seed=9)
+    graph = build_graph(model, positions=ROLES, conv=True)
+    scores = eap(model, *pair, graph=graph)
+    scored, base, groups = scores.setup, graph.base, len(graph.positions)
+    n = graph.n_edges
+    ends = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(ends[0], scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(ends[1], scored.corrupt_metric, atol=1e-10, rtol=0)
+    reader = base.edge_index("c1.h0.x->s1.h0.x" if family == "mamba2" else "c1.h0.v->s1.h0.v")
+    into_conv = base.edge_index("embed->c1.h0.x.in" if family == "mamba2" else "s0.h0->c1.h0.v.in")
+    edges = [e * groups + g for e in (reader, into_conv) for g in range(groups)]
+    effects = edge_effects(model, scored, edges)
+    for row, e in enumerate(edges):
+        manual = _manual_single_edge(model, base, e // groups, *pair, scored.metric,
+                                     mask=scored.positions[e % groups].double())
+        assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), graph.edge_names()[e]
+    assert effects.abs().max() > 1e-6
+    for e in edges:
+        derivative = _patch_derivative(model, scored, pair[1].tokens, e)
+        assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), graph.edge_names()[e]
+
+
+def test_positional_conv_report_renders(pair, tmp_path):
+    from interp.analysis.circuits import faithfulness_curve
+    from interp.report.circuits import circuit_figure, write_circuit_report
+    from tests.browser import assert_renders
+
+    model = tiny("hybrid", seed=10)
+    scores = eap(model, *pair, graph=build_graph(model, positions=ROLES, conv=True))
+    circuit = extract(scores, n=25)
+    figure = circuit_figure(circuit)
+    assert list(figure.layout.yaxis.ticktext) == ["key", "value", "query", "other"]
+    centres = list(figure.layout.yaxis.tickvals)
+    half = (centres[0] - centres[1]) / 2
+    nodes = [(text.split("<br>")[0], y) for trace in figure.data if trace.mode == "markers+text" and trace.hovertext
+             for text, y in zip(trace.hovertext, trace.y) if "scores out" in text]
+    assert {name for name, _ in nodes} >= set(circuit.nodes()) and len(nodes) > 3
+    for name, y in nodes:  # each node inside its position group's band
+        assert abs(y - centres[ROLES.index(name.split("@")[1]) if "@other" not in name else 3]) < half, name
+    curve = faithfulness_curve(model, {"eap": scores}, fractions=(0.0, 0.1, 1.0))
+    assert_renders(write_circuit_report(tmp_path / "c.html", circuit, curve, "hybrid, positional, conv nodes"))

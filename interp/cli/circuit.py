@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     circuit.add_argument("--positions", type=comma_list, default=None,
                          help="positional nodes: comma-separated roles (key, value, query, answer, bos, eos) and "
                               "integer positions, each node split by them (plus 'other', the positions left)")
+    circuit.add_argument("--conv-nodes", action="store_true",
+                         help="the short convolutions of Mamba-2 / DeltaNet / Gated DeltaNet as nodes of their own")
     circuit.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
     circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
@@ -56,7 +58,7 @@ def measure(args: argparse.Namespace):
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
     positions = None if args.positions is None else [int(p) if p.lstrip("-").isdigit() else p for p in args.positions]
-    graph = build_graph(model, positions=positions)
+    graph = build_graph(model, positions=positions, conv=args.conv_nodes)
     scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph)}
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
                               progress=not args.no_progress)

@@ -30,11 +30,11 @@ MAX_LABELLED = 60  # edges up to which each one's receiver input is written on i
 
 def _layout_nodes(graph, names: list[str]) -> dict[str, tuple[float, float]]:
     """x, y of each sender name (and "logits"): x the layer (MLPs at l + 0.5, embed -1, a parallel
-    mixer2 at l + 0.25), y the node's rank among the circuit's nodes of that x, centred; in a
+    mixer2 at l + 0.25, a conv node at l - 0.3, Zamba2's shared block at l - 0.2), y the node's rank among the circuit's nodes of that x, centred; in a
     positional graph, y within its position group's band (the first group on top)."""
     x_of, group_of = {}, {}
     for sender in graph.senders:
-        x = float(sender.layer) + (0.5 if sender.kind == "mlp" else 0.0)
+        x = float(sender.layer) + {"mlp": 0.5, "conv": -0.3, "shared": -0.2}.get(sender.kind, 0.0)
         if sender.name.split(".")[0].split("@")[0].endswith("b"):
             x += 0.25
         x_of[sender.name], group_of[sender.name] = x, sender.position
@@ -115,7 +115,7 @@ def _link_positions(figure, names: list[str], where: dict) -> None:
 
 
 def _add_nodes(figure, names, kinds, where, in_sum, out_sum) -> None:
-    for i, kind in enumerate(("embed", "attention", "state", "mixer", "mlp", "logits")):
+    for i, kind in enumerate(("embed", "attention", "state", "mixer", "mlp", "logits", "conv", "shared")):
         members = [n for n in names if kinds.get(n, "logits") == kind]
         if not members:
             continue
@@ -140,7 +140,8 @@ def _finish_layout(figure, circuit, title: str, height: int) -> None:
             figure.add_hline(y=centre - height / 2, line=dict(color="#bbb", dash="dot", width=1))
     size = 600 if not graph.positions else max(600, 150 * len(graph.positions) + 40 * height)
     figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=size,
-                         xaxis=dict(title="layer (MLP at +0.5; embed -1, logits last)", zeroline=False),
+                         xaxis=dict(title="layer (MLP at +0.5, short conv at -0.3, shared block at -0.2; embed -1, "
+                                          "logits last)", zeroline=False),
                          yaxis=yaxis, legend=dict(title="node kind"))
 
 
@@ -169,6 +170,8 @@ def write_circuit_report(path: str | Path, circuit, curve: Sequence[Mapping], ti
     rows = [{"edge": names[i], "score": float(scores[i]), "in circuit": bool(circuit.kept[i])} for i in order]
     return write_report(path, title, [
         Text("Edges: sender -> receiver (q / k / v inputs of attention heads; write / read of a recurrent "
-             "head's state; whole inputs). Width by |score|, blue positive, red negative."),
+             "head's state; `in` of a short-conv node and x / B / k / v where the state reads one; whole inputs). "
+             "Width by |score|, blue positive, red negative. A positional graph's nodes sit in the band of "
+             "their position (role); edges join equal positions, positions mix inside nodes."),
         circuit_figure(circuit, title), faithfulness_figure(curve), Table(rows, heading=f"Top {top} edges by |score|"),
     ])

@@ -66,8 +66,9 @@ class Sender:
     layer: int  # -1 for embed
     hook: str
     head: int | None = None
-    kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp", "shared"
+    kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp", "shared", "conv"
     position: str | None = None  # a positional graph's position group (interp.analysis.circuits.positional)
+    channels: tuple[int, int] | None = None  # a conv node: channels [start, stop) of hook [B, T, C]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Receiver:
     feeds: tuple[str, ...] = ()
     module: str = "mixer"  # the block's mixer it belongs to ("mixer" / "mixer2"), for site "mixer"
     position: str | None = None  # a positional graph's position group
+    reads: str | None = None  # site "conv": the conv node it reads (its slot is that node's channels)
 
 
 @dataclass
@@ -141,12 +143,13 @@ class Graph:
         return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges{where})"
 
 
-def build_graph(model, positions: Sequence[str | int] | None = None) -> Graph:
+def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool = False) -> Graph:
     """The circuit graph of a SequenceModel (module docstring); with positions (roles such as "key",
-    "value", "query", or int positions) its positional refinement (`positional_graph`). ValueError
+    "value", "query", or int positions) its positional refinement (`positional_graph`); conv: the
+    short convolutions of Mamba-2, DeltaNet and Gated DeltaNet as nodes of their own. ValueError
     for a model without a residual stream (its blocks' inputs are not sums of upstream outputs)."""
     if positions is not None:
-        return positional_graph(build_graph(model), positions)
+        return positional_graph(build_graph(model, conv=conv), positions)
     cfg = model.cfg
     if not getattr(cfg, "residual", True):
         raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
@@ -159,7 +162,7 @@ def build_graph(model, positions: Sequence[str | int] | None = None) -> Graph:
                           Receiver(f"z{layer}.e", layer, "shared_embed", feeds=(f"z{layer}",))]
             senders.append(Sender(f"z{layer}", layer, f"blocks.{layer}.shared.hook_out", kind="shared"))
         for slot, mixer in block_mixers(block).items():
-            mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot)
+            mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot, conv)
             receivers += mixer_receivers
             senders += mixer_senders
         if hasattr(block, "mlp"):
@@ -204,6 +207,8 @@ def positional_graph(graph: Graph, positions: Sequence[str | int]) -> Graph:
 
 
 def _upstream(sender: Sender, receiver: Receiver) -> bool:
+    if receiver.reads is not None or sender.kind == "conv":  # a conv node feeds the one receiver reading it
+        return sender.name == receiver.reads
     if receiver.site == "shared_embed":  # a shared branch's embedding input reads hook_embed only
         return sender.kind == "embed"
     if sender.kind == "shared":  # it adds to its block's mixer input, not to the residual stream
@@ -220,22 +225,29 @@ def block_mixers(block) -> dict:
     return {"mixer": block.mixer} if getattr(block, "mixer", None) is not None else {}
 
 
-def _mixer_nodes(mixer, layer: int, slot: str = "mixer") -> tuple[list[Sender], list[Receiver]]:
+def _mixer_nodes(mixer, layer: int, slot: str = "mixer", conv: bool = False) -> tuple[list[Sender], list[Receiver]]:
     """The senders and receivers of one of a block's mixers (slot "mixer" or "mixer2": its nodes'
-    names then end their layer with "b", e.g. s3b.h0)."""
+    names then end their layer with "b", e.g. s3b.h0); conv: its short conv as nodes."""
     name, prefix = mixer.mixer_name, f"blocks.{layer}.{slot}."
     per_head = hasattr(mixer, "hook_result")
     kind = "attention" if name == "attention" else ("state" if hasattr(mixer, "hook_state") else "mixer")
     tag = {"attention": "a", "state": "s"}.get(kind, "m")
     layer_tag = f"{layer}b" if slot == "mixer2" else f"{layer}"
-    senders, receivers = _named_nodes(mixer, layer, prefix, kind, tag, per_head)
-    return ([replace(s, name=s.name.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1)) for s in senders],
-            [replace(r, name=r.name.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1), module=slot,
-                     feeds=tuple(f.replace(f"{tag}{layer}", f"{tag}{layer_tag}", 1) for f in r.feeds))
-             for r in receivers])
+    senders, receivers = _named_nodes(mixer, layer, prefix, kind, tag, per_head, conv and name in CONV_ROLES)
+
+    def renamed(text: str | None) -> str | None:
+        if text is None:
+            return None
+        for t in (tag, "c"):
+            text = text.replace(f"{t}{layer}.", f"{t}{layer_tag}.", 1)
+        return text
+
+    return ([replace(s, name=renamed(s.name)) for s in senders],
+            [replace(r, name=renamed(r.name), module=slot, feeds=tuple(renamed(f) for f in r.feeds),
+                     reads=renamed(r.reads)) for r in receivers])
 
 
-def _named_nodes(mixer, layer: int, prefix: str, kind: str, tag: str, per_head: bool):
+def _named_nodes(mixer, layer: int, prefix: str, kind: str, tag: str, per_head: bool, conv: bool):
     name = mixer.mixer_name
     heads = _result_heads(mixer) if per_head else 0
     if not per_head:
@@ -243,15 +255,18 @@ def _named_nodes(mixer, layer: int, prefix: str, kind: str, tag: str, per_head: 
                 [Receiver(f"m{layer}.in", layer, "mixer", feeds=(f"m{layer}",))])
     senders = [Sender(f"{tag}{layer}.h{i}", layer, prefix + "hook_result", i, kind) for i in range(heads)]
     if name == "mamba2":
-        receivers = _mamba2_slots(mixer, layer, prefix)
+        receivers = _mamba2_slots(mixer, layer, prefix, conv)
     elif name in SLOT_HOOKS:
-        receivers = _head_slots(mixer, layer, prefix, tag, SLOT_HOOKS[name])
+        receivers = _head_slots(mixer, layer, prefix, tag, (CONV_SLOT_HOOKS if conv else SLOT_HOOKS)[name])
     else:  # per-head outputs but no known input slots: the mixer's input, whole
         feeds = tuple(s.name for s in senders)
         return senders, [Receiver(f"{tag}{layer}.in", layer, "mixer", feeds=feeds)]
     rest = HAS_REST.get(name)
     if rest is not None and _option(mixer, rest):
         receivers.append(Receiver(f"{tag}{layer}.rest", layer, "mixer", feeds=tuple(s.name for s in senders)))
+    if conv:
+        conv_senders, conv_receivers = _conv_nodes(mixer, layer, prefix)
+        senders, receivers = senders + conv_senders, receivers + conv_receivers
     return senders, receivers
 
 
@@ -287,20 +302,67 @@ def _head_slots(mixer, layer: int, prefix: str, tag: str, roles: dict) -> list[R
     return receivers
 
 
-def _mamba2_slots(mixer, layer: int, prefix: str) -> list[Receiver]:
+def _mamba2_slots(mixer, layer: int, prefix: str, conv: bool = False) -> list[Receiver]:
     """Mamba-2: per head its x channels of hook_conv and its dt; per group B and C (read). Every
     one feeds the heads of its group (the group norm divides each head's output by the group's
-    norm)."""
+    norm). conv: the write is dt only, x, B and C being conv nodes (`_conv_nodes`)."""
     heads, groups, p, n, e = mixer.heads, mixer.groups, mixer.head_dim, mixer.d_state, mixer.d_inner
     per_group = heads // groups
     group_of = [tuple(f"s{layer}.h{i}" for i in range(g * per_group, (g + 1) * per_group)) for g in range(groups)]
     # the gated group norm mixes the heads of a group: a head's write reaches its group's outputs
-    receivers = [Receiver(f"s{layer}.h{i}.write", layer, "mixer",
-                          ((prefix + "hook_conv", 2, tuple(range(i * p, (i + 1) * p))), (prefix + "hook_dt", 2, (i,))),
+    def x_slot(i: int) -> tuple:  # head i's x channels of hook_conv, unless the conv is a node of its own
+        return () if conv else ((prefix + "hook_conv", 2, tuple(range(i * p, (i + 1) * p))),)
+
+    receivers = [Receiver(f"s{layer}.h{i}.write", layer, "mixer", x_slot(i) + ((prefix + "hook_dt", 2, (i,)),),
                           group_of[i // per_group]) for i in range(heads)]
-    for g in range(groups):
+    for g in range(0 if conv else groups):
         feeds = group_of[g]
         for role, start in (("B", e + g * n), ("read", e + groups * n + g * n)):
             receivers.append(Receiver(f"s{layer}.g{g}.{role}", layer, "mixer",
                                       ((prefix + "hook_conv", 2, tuple(range(start, start + n))),), feeds))
     return receivers
+
+
+# with conv=True the slots that the short conv feeds are conv nodes, and the rest stay slots
+CONV_SLOT_HOOKS = {"deltanet": {"write": ("hook_beta",)}, "gated_deltanet": {"write": ("hook_beta", "hook_dt")}}
+CONV_ROLES = {"mamba2": {"x": "x", "B": "B", "C": "read"}, "deltanet": {"q": "read", "k": "k", "v": "v"},
+              "gated_deltanet": {"q": "read", "k": "k", "v": "v"}}  # mixer -> {conv channels: what reads them}
+
+
+def _conv_nodes(mixer, layer: int, prefix: str) -> tuple[list[Sender], list[Receiver]]:
+    """The short conv of a mixer as nodes: per head (or group) and kind of channel, a sender
+    c{l}.{unit}.{role} (its hook_conv channels), the receiver c{l}.{unit}.{role}.in of its input
+    (those channels set from its own copy of the stream: the conv reads d_conv positions of it) and
+    the receiver s{l}.{unit}.{reader} that reads its output into the state (the one edge from it)."""
+    hook = prefix + "hook_conv"
+    senders, inputs, readers = [], [], []
+    for unit, role, start, stop, heads in _conv_segments(mixer):
+        name, channels = f"c{layer}.{unit}.{role}", tuple(range(start, stop))
+        feeds = tuple(f"s{layer}.h{i}" for i in heads)
+        senders.append(Sender(name, layer, hook, kind="conv", channels=(start, stop)))
+        inputs.append(Receiver(f"{name}.in", layer, "mixer", ((hook, 2, channels),), (name,)))
+        readers.append(Receiver(f"s{layer}.{unit}.{CONV_ROLES[mixer.mixer_name][role]}", layer, "conv",
+                                ((hook, 2, channels),), feeds, reads=name))
+    return senders, inputs + readers
+
+
+def _conv_segments(mixer) -> list[tuple[str, str, int, int, range]]:
+    """(unit, role, start, stop, heads fed) of each conv node of hook_conv's channels."""
+    if mixer.mixer_name == "mamba2":  # x per head; B, C per group, read by the group's heads
+        heads, groups, p, n, e = mixer.heads, mixer.groups, mixer.head_dim, mixer.d_state, mixer.d_inner
+        per_group = heads // groups
+        segments = [(f"h{i}", "x", i * p, (i + 1) * p, range(g * per_group, (g + 1) * per_group))
+                    for i in range(heads) for g in [i // per_group]]
+        for role, offset in (("B", e), ("C", e + groups * n)):
+            segments += [(f"g{g}", role, offset + g * n, offset + (g + 1) * n, range(g * per_group, (g + 1) * per_group))
+                         for g in range(groups)]
+        return segments
+    if mixer.mixer_name == "deltanet":  # q | k | v, each per head
+        h, d = mixer.heads, mixer.d_head
+        return [(f"h{i}", role, (j * h + i) * d, (j * h + i + 1) * d, range(i, i + 1))
+                for j, role in enumerate(("q", "k", "v")) for i in range(h)]
+    h, hv, dk, dv = mixer.heads, mixer.v_heads, mixer.d_k, mixer.d_v  # Gated DeltaNet: q, k per key head
+    per_key = hv // h
+    segments = [(f"k{j}", role, (r * h + j) * dk, (r * h + j + 1) * dk, range(j * per_key, (j + 1) * per_key))
+                for r, role in enumerate(("q", "k")) for j in range(h)]
+    return segments + [(f"h{i}", "v", 2 * h * dk + i * dv, 2 * h * dk + (i + 1) * dv, range(i, i + 1)) for i in range(hv)]

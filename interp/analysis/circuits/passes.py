@@ -49,6 +49,8 @@ def sender_value(sender: Sender, acts: dict[str, torch.Tensor], at: torch.Tensor
     value = acts[sender.hook]
     if sender.head is not None:
         value = value[:, :, sender.head]
+    if sender.channels is not None:  # a conv node: its channels of hook_conv
+        value = value[:, :, sender.channels[0]:sender.channels[1]]
     if at is None:
         return value
     return value[torch.arange(len(at), device=value.device), at.to(value.device)][:, None]
@@ -63,7 +65,7 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
     state = _PassState()
     fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in sorted({s.hook for s in graph.senders})]
     slot_hooks = sorted({hook for r in graph.receivers for hook, _, _ in r.slots})
-    fwd += [(h, _slot_hook(state, h)) for h in slot_hooks]
+    fwd += [(h, _slot_hook(state, h, _conv_readers(state, graph, h, delta_of))) for h in slot_hooks]
     handles = []
     try:
         for layer, block in enumerate(model.blocks):
@@ -96,7 +98,7 @@ def _sender_hook(state: _PassState):
     return capture
 
 
-def _slot_hook(state: _PassState, name: str):
+def _slot_hook(state: _PassState, name: str, readers=None):
     def slot(x: torch.Tensor, hook) -> torch.Tensor | None:
         if state.side:
             if name in state.needed:
@@ -107,13 +109,34 @@ def _slot_hook(state: _PassState, name: str):
             return None
         overrides = state.overrides.get(name)
         if not overrides:
-            return None
+            return None if readers is None else readers(x)
         out = x.clone()
         for axis, index, value in overrides:  # value: the slot's own [B, T, ..k..] at index on axis
             out.index_copy_(axis, index.to(x.device), value.to(x))
-        return out
+        return out if readers is None else readers(out)
 
     return slot
+
+
+def _conv_readers(state: _PassState, graph: Graph, name: str, delta_of):
+    """For a hook holding conv nodes (site "conv" receivers read them): after the slots' overrides,
+    record the hook as the conv senders' value and add each reader's delta to its channels."""
+    readers = [r for r, receiver in enumerate(graph.receivers) if receiver.site == "conv" and receiver.slots[0][0] == name]
+    if not readers:
+        return None
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        state.current[name] = x
+        out = x
+        for r in readers:
+            (_, axis, indices), = graph.receivers[r].slots
+            index = torch.tensor(indices, device=x.device)
+            delta = delta_of(r, x.index_select(axis, index), state.current)
+            if delta is not None:
+                out = out.index_add(axis, index, delta.to(x))
+        return out
+
+    return apply
 
 
 def _whole_pre_hook(state: _PassState, receiver: int, delta_of):
