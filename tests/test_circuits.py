@@ -97,6 +97,19 @@ def _patch_derivative(model, scored, tokens, edge: int, eps: float = 1e-5) -> to
     return (ends[0] - ends[1])[0] / (2 * eps)
 
 
+def _group_term(model, tokens, sender) -> torch.Tensor:
+    """W_out[:, group g] v_g [N, T, D] of a Mamba channel-group sender, from out_proj's input v."""
+    linear, seen = model.get_submodule(sender.hook), []
+    handle = linear.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    try:
+        model(tokens)
+    finally:
+        handle.remove()
+    width = linear.in_features // sender.split
+    columns = slice(sender.head * width, (sender.head + 1) * width)
+    return seen[0][..., columns] @ linear.weight[:, columns].T
+
+
 def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask=None) -> torch.Tensor:
     """The corrupted run with edge u -> r carrying u's clean output, with plain hooks: cache both
     runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in.
@@ -111,8 +124,11 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(clean.tokens, names=names)
         _, corrupt_cache = model.run_with_cache(corrupt.tokens, names=names)
-        diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
-        diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
+        if sender.split:  # a Mamba channel group: its term of out_proj in both runs
+            diff = _group_term(model, clean.tokens, sender) - _group_term(model, corrupt.tokens, sender)
+        else:
+            diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
+            diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
         diff = diff if sender.channels is None else diff[:, :, sender.channels[0]:sender.channels[1]]  # a conv node
         diff = diff if mask is None else diff * mask[..., None]
         block = model.blocks[receiver.layer] if receiver.site != "logits" else None
@@ -363,3 +379,36 @@ def test_conv_nodes_are_exact(family, pair):
     for e in sorted(conv_edges, key=lambda e: -scores.scores[e].abs())[:2] + scores.scores.abs().argsort()[-2:].tolist():
         derivative = _patch_derivative(model, scored, pair[1].tokens, e)
         assert torch.allclose(scores.per_example[e], derivative, atol=1e-7, rtol=1e-5), graph.edge_names()[e]
+
+
+@pytest.mark.parametrize("family", ["mamba", "hybrid_mamba"])
+def test_mamba_channel_groups_are_exact(family, pair):
+    if family == "mamba":
+        model = tiny("mamba", seed=11)
+    else:
+        torch.manual_seed(11)
+        model = models.build("attention", mixer=["mamba", "attention"], vocab_size=VOCAB, d_model=16,
+                             n_layers=2).double().eval()
+    graph = build_graph(model, channel_groups=4)
+    assert [s.name for s in graph.senders if s.layer == 0 and s.kind == "state"] == [f"s0.g{g}" for g in range(4)]
+    scores = eap(model, *pair, graph=graph)
+    scored = scores.setup
+    terms = scored.clean_acts["blocks.0.mixer.out_proj"]  # [N, T, G, D]
+    _, cache = model.run_with_cache(pair[0].tokens, names=["blocks.0.mixer.hook_out"])
+    assert torch.allclose(terms.sum(2), cache["blocks.0.mixer.hook_out"], atol=1e-12)  # the groups sum to the output
+    n = graph.n_edges
+    ends = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(ends[0], scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(ends[1], scored.corrupt_metric, atol=1e-10, rtol=0)
+    edges = [e for e, name in enumerate(graph.edge_names()) if name.startswith("s0.g")]
+    effects = edge_effects(model, scored, edges)
+    for row, e in enumerate(edges):
+        manual = _manual_single_edge(model, graph, e, *pair, scored.metric)
+        assert torch.allclose(effects[row] + scored.corrupt_metric, manual, atol=1e-10, rtol=0), graph.edge_names()[e]
+        assert torch.allclose(scores.per_example[e], _patch_derivative(model, scored, pair[1].tokens, e),
+                              atol=1e-7, rtol=1e-5), graph.edge_names()[e]
+    assert effects.abs().max() > 1e-6
+    with pytest.raises(ValueError, match="divide"):
+        build_graph(model, channel_groups=5)
+    with pytest.raises(ValueError, match="channel_groups"):
+        build_graph(tiny("attention"), channel_groups=2)

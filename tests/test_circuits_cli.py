@@ -60,3 +60,6 @@ def test_circuit_command_with_positional_nodes(ar_run, tmp_path, capsys):
     assert main(["circuit", str(ar_run), "--n", "4", "--positions", "keys", "--out", str(tmp_path / "x.html"),
                  "--no-progress"]) == 2
     assert "keys" in capsys.readouterr().err
+    assert main(["circuit", str(ar_run), "--n", "4", "--channel-groups", "2", "--out", str(tmp_path / "y.html"),
+                 "--no-progress"]) == 2
+    assert "channel_groups must be an int >= 1 for a model with Mamba layers" in capsys.readouterr().err

@@ -166,3 +166,16 @@ def test_positional_conv_report_renders(pair, tmp_path):
         assert abs(y - centres[ROLES.index(name.split("@")[1]) if "@other" not in name else 3]) < half, name
     curve = faithfulness_curve(model, {"eap": scores}, fractions=(0.0, 0.1, 1.0))
     assert_renders(write_circuit_report(tmp_path / "c.html", circuit, curve, "hybrid, positional, conv nodes"))
+
+
+def test_positional_mamba_channel_groups_ends_and_eap(pair):
+    model = tiny("mamba", seed=12)
+    graph = build_graph(model, positions=ROLES, channel_groups=2)
+    scores = eap(model, *pair, graph=graph)
+    scored, n = scores.setup, graph.n_edges
+    ends = patched_metric(model, scored, torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    assert torch.allclose(ends[0], scored.clean_metric, atol=1e-12, rtol=0)
+    assert torch.allclose(ends[1], scored.corrupt_metric, atol=1e-10, rtol=0)
+    for e in scores.scores.abs().argsort()[-3:].tolist():
+        assert torch.allclose(scores.per_example[e], _patch_derivative(model, scored, pair[1].tokens, e),
+                              atol=1e-7, rtol=1e-5), graph.edge_names()[e]

@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
                               "integer positions, each node split by them (plus 'other', the positions left)")
     circuit.add_argument("--conv-nodes", action="store_true",
                          help="the short convolutions of Mamba-2 / DeltaNet / Gated DeltaNet as nodes of their own")
+    circuit.add_argument("--channel-groups", type=positive_int, default=None,
+                         help="split each Mamba (-1) layer's output into this many channel groups (senders s{l}.g{g})")
     circuit.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
     circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
@@ -58,7 +60,7 @@ def measure(args: argparse.Namespace):
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
     positions = None if args.positions is None else [int(p) if p.lstrip("-").isdigit() else p for p in args.positions]
-    graph = build_graph(model, positions=positions, conv=args.conv_nodes)
+    graph = build_graph(model, positions=positions, conv=args.conv_nodes, channel_groups=args.channel_groups)
     scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph)}
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
                               progress=not args.no_progress)

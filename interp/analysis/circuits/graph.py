@@ -49,6 +49,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from models.mixers.mamba import Mamba
+
 SLOT_HOOKS = {  # mixer name -> {role: hooks}, each hook with its head axis (2) unless listed in CHANNELS
     "attention": {"q": ("hook_q",), "k": ("hook_k",), "v": ("hook_v",)},
     "deltanet": {"write": ("hook_k", "hook_v", "hook_beta"), "read": ("hook_q",)},
@@ -69,6 +71,7 @@ class Sender:
     kind: str = "mixer"  # "embed", "attention", "state", "mixer", "mlp", "shared", "conv"
     position: str | None = None  # a positional graph's position group (interp.analysis.circuits.positional)
     channels: tuple[int, int] | None = None  # a conv node: channels [start, stop) of hook [B, T, C]
+    split: int | None = None  # a channel group: hook names a Linear whose input splits into `split` groups
 
 
 @dataclass(frozen=True)
@@ -143,13 +146,18 @@ class Graph:
         return f"Graph({len(self.senders)} senders, {len(self.receivers)} receivers, {self.n_edges} edges{where})"
 
 
-def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool = False) -> Graph:
+def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool = False,
+                channel_groups: int | None = None) -> Graph:
     """The circuit graph of a SequenceModel (module docstring); with positions (roles such as "key",
     "value", "query", or int positions) its positional refinement (`positional_graph`); conv: the
-    short convolutions of Mamba-2, DeltaNet and Gated DeltaNet as nodes of their own. ValueError
-    for a model without a residual stream (its blocks' inputs are not sums of upstream outputs)."""
+    short convolutions of Mamba-2, DeltaNet and Gated DeltaNet as nodes of their own;
+    channel_groups: each Mamba (-1) layer's output split into that many channel groups
+    (`_channel_groups`). ValueError for a model without a residual stream (its blocks' inputs are
+    not sums of upstream outputs)."""
     if positions is not None:
-        return positional_graph(build_graph(model, conv=conv), positions)
+        return positional_graph(build_graph(model, conv=conv, channel_groups=channel_groups), positions)
+    if channel_groups is not None:
+        _check_channel_groups(model, channel_groups)
     cfg = model.cfg
     if not getattr(cfg, "residual", True):
         raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
@@ -162,7 +170,7 @@ def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool 
                           Receiver(f"z{layer}.e", layer, "shared_embed", feeds=(f"z{layer}",))]
             senders.append(Sender(f"z{layer}", layer, f"blocks.{layer}.shared.hook_out", kind="shared"))
         for slot, mixer in block_mixers(block).items():
-            mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot, conv)
+            mixer_senders, mixer_receivers = _mixer_nodes(mixer, layer, slot, conv, channel_groups)
             receivers += mixer_receivers
             senders += mixer_senders
         if hasattr(block, "mlp"):
@@ -225,22 +233,25 @@ def block_mixers(block) -> dict:
     return {"mixer": block.mixer} if getattr(block, "mixer", None) is not None else {}
 
 
-def _mixer_nodes(mixer, layer: int, slot: str = "mixer", conv: bool = False) -> tuple[list[Sender], list[Receiver]]:
+def _mixer_nodes(mixer, layer: int, slot: str = "mixer", conv: bool = False,
+                 channel_groups: int | None = None) -> tuple[list[Sender], list[Receiver]]:
     """The senders and receivers of one of a block's mixers (slot "mixer" or "mixer2": its nodes'
-    names then end their layer with "b", e.g. s3b.h0); conv: its short conv as nodes."""
+    names then end their layer with "b", e.g. s3b.h0); conv: its short conv as nodes;
+    channel_groups: a Mamba-1 mixer's output split into that many channel groups."""
     name, prefix = mixer.mixer_name, f"blocks.{layer}.{slot}."
     per_head = hasattr(mixer, "hook_result")
     kind = "attention" if name == "attention" else ("state" if hasattr(mixer, "hook_state") else "mixer")
     tag = {"attention": "a", "state": "s"}.get(kind, "m")
-    layer_tag = f"{layer}b" if slot == "mixer2" else f"{layer}"
-    senders, receivers = _named_nodes(mixer, layer, prefix, kind, tag, per_head, conv and name in CONV_ROLES)
+    if channel_groups is not None and isinstance(mixer, Mamba):
+        senders, receivers = _channel_groups(mixer, layer, prefix, channel_groups)
+    else:
+        senders, receivers = _named_nodes(mixer, layer, prefix, kind, tag, per_head, conv and name in CONV_ROLES)
 
-    def renamed(text: str | None) -> str | None:
+    def renamed(text: str | None) -> str | None:  # the node's own layer tag: s3.h0 -> s3b.h0, m3 -> m3b
         if text is None:
             return None
-        for t in (tag, "c"):
-            text = text.replace(f"{t}{layer}.", f"{t}{layer_tag}.", 1)
-        return text
+        head, dot, rest = text.partition(".")
+        return f"{head}b{dot}{rest}" if slot == "mixer2" and head in (f"{tag}{layer}", f"c{layer}", f"m{layer}") else text
 
     return ([replace(s, name=renamed(s.name)) for s in senders],
             [replace(r, name=renamed(r.name), module=slot, feeds=tuple(renamed(f) for f in r.feeds),
@@ -366,3 +377,23 @@ def _conv_segments(mixer) -> list[tuple[str, str, int, int, range]]:
     segments = [(f"k{j}", role, (r * h + j) * dk, (r * h + j + 1) * dk, range(j * per_key, (j + 1) * per_key))
                 for r, role in enumerate(("q", "k")) for j in range(h)]
     return segments + [(f"h{i}", "v", 2 * h * dk + i * dv, 2 * h * dk + (i + 1) * dv, range(i, i + 1)) for i in range(hv)]
+
+
+def _check_channel_groups(model, groups) -> None:
+    mambas = [mixer for block in model.blocks for mixer in block_mixers(block).values() if isinstance(mixer, Mamba)]
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or not mambas:
+        raise ValueError(f"channel_groups must be an int >= 1 for a model with Mamba layers; got {groups!r} "
+                         f"({len(mambas)} Mamba layers)")
+    widths = sorted({mixer.d_inner for mixer in mambas})
+    if any(width % groups for width in widths):
+        raise ValueError(f"channel_groups={groups} must divide the Mamba layers' d_inner {widths}")
+
+
+def _channel_groups(mixer, layer: int, prefix: str, groups: int) -> tuple[list[Sender], list[Receiver]]:
+    """Mamba (-1) by channel groups: out = out_proj(v), v = (y + D x) * SiLU(z) [B, T, E], so
+    out = sum over groups g of W_out[:, g's channels] v_g (+ bias): sender s{l}.g{g} is that term,
+    the read-out of the group's states (channel e's state reads only x_e, dt_e and the shared B, C).
+    The inputs stay whole (s{l}.in, feeding every group): B, C and dt come from x_proj over every
+    channel, so a group's channels reach every group's state."""
+    senders = [Sender(f"s{layer}.g{g}", layer, prefix + "out_proj", g, "state", split=groups) for g in range(groups)]
+    return senders, [Receiver(f"s{layer}.in", layer, "mixer", feeds=tuple(s.name for s in senders))]

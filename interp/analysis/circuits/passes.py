@@ -63,10 +63,11 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
     current), the senders' hook values of the pass {hook: [B, T, ...]}). fwd_hooks: more
     patches for the pass (EAP-IG's interpolated embedding)."""
     state = _PassState()
-    fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in sorted({s.hook for s in graph.senders})]
+    fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in sorted({s.hook for s in graph.senders if not s.split})]
     slot_hooks = sorted({hook for r in graph.receivers for hook, _, _ in r.slots})
     fwd += [(h, _slot_hook(state, h, _conv_readers(state, graph, h, delta_of))) for h in slot_hooks]
-    handles = []
+    handles = [model.get_submodule(h).register_forward_hook(_group_terms(state, h, g))  # Mamba channel groups
+               for h, g in sorted({(s.hook, s.split) for s in graph.senders if s.split})]
     try:
         for layer, block in enumerate(model.blocks):
             mixers = {slot: m for slot, m in block_mixers(block).items() if graph.mixer_receivers(layer, slot)}
@@ -94,6 +95,17 @@ def _sender_hook(state: _PassState):
     def capture(x: torch.Tensor, hook) -> None:
         if not state.side:
             state.current[hook.name] = x
+
+    return capture
+
+
+def _group_terms(state: _PassState, name: str, groups: int):
+    """A Linear's output split by input channel group: W[:, group g] x_g -> current[name] [B, T, G, D]."""
+    def capture(module, args, out) -> None:
+        if not state.side:
+            x = args[0]
+            weight = module.weight.view(module.weight.shape[0], groups, -1)  # [D, G, E / G]
+            state.current[name] = torch.einsum("btge,dge->btgd", x.view(*x.shape[:-1], groups, -1), weight)
 
     return capture
 
