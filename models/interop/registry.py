@@ -45,6 +45,7 @@ CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "qwen3_5_moe_text": ("models.interop.qwen3_5", ("Qwen3_5MoeForCausalLM",)),
     "qwen3_5_moe": ("models.interop.qwen3_5", ("Qwen3_5MoeForConditionalGeneration",)),
     "rwkv7": ("models.interop.rwkv7", ("RWKV7ForCausalLM",)),
+    "kimi_linear": ("models.interop.kimi_linear", ("KimiLinearForCausalLM",)),
 }
 
 
@@ -91,6 +92,9 @@ NOTES: dict[str, tuple[str, str]] = {
     "qwen3_5_moe_text": ("as qwen3_next (MoE MLPs)", "as qwen3_next"),
     "qwen3_5_moe": ("the language model of the multimodal checkpoint (the vision tower is left out)",
                     "as qwen3_next"),
+    "kimi_linear": ("Kimi Delta Attention (channel-wise gated delta rule) and NoPE multi-head latent attention, "
+                    "dense or DeepSeek-style MoE MLPs (sigmoid grouped routing, shared experts)",
+                    "num_key_value_heads != num_attention_heads, n_shared_experts 0, hidden_act other than silu"),
     "rwkv7": ("time mix and channel mix as two blocks per layer, fused or plain norms",
               "fla attention layers, hidden_act other than sqrelu, value_dim varying by layer, tied embeddings "
               "with norm_first"),

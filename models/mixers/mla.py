@@ -62,9 +62,6 @@ def _options(cfg) -> dict:
     eps = opts["latent_norm_eps"]
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"mla mixer_options['latent_norm_eps'] must be a positive float; got {eps!r}")
-    if cfg.positional == "rope":
-        raise ValueError("mla has no rotary positions (Kimi Linear's MLA is NoPE); got positional='rope'; "
-                         "allowed: 'none' or 'learned'")
     return {**opts, "qk_nope_head_dim": opts["qk_nope_head_dim"] or cfg.head_dim,
             "v_head_dim": opts["v_head_dim"] or cfg.head_dim}
 
