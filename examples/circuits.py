@@ -1,23 +1,26 @@
 """Which paths carry the answer of associative recall? Edge-level circuits through attention and states.
 
 Trains (or reloads from OUT/<model>) a 2-layer Transformer, Mamba-2 and hybrid (attention, then
-Mamba-2) on AR, scores every edge of each model's graph by EAP-IG on clean / key-corrupted pairs
-(interp.analysis.circuits: heads' q / k / v inputs, recurrent heads' state write and read-out),
-re-scores the top edges by exact edge patching, keeps the top --fraction of edges (pruned) and
-measures its faithfulness. Then, with the scores split per position, it asks seed 003's question
-at the level of paths:
+Mamba-2) on AR and scores every edge of each model's *positional* graph by EAP-IG on clean /
+key-corrupted pairs (interp.analysis.circuits: nodes per component and role key / value / query /
+other; heads' q / k / v inputs; recurrent heads' state write and read-out; the short convolution
+of Mamba-2 as a node of its own), re-scores the top edges by exact edge patching, keeps the top
+--fraction of edges (pruned), measures its faithfulness and writes the circuit figure (nodes by
+layer and role). Then it asks seed 003's question at the level of paths:
 
-  Transformer  is the circuit the induction path? The embedding -> a layer-0 head's value input
-               at the key position (the previous-token head reads the key), a layer-0 head -> a
-               layer-1 head's key input at the value position (where it writes the key), and the
-               layer-1 heads -> logits. (The key corruption leaves the query token as it is, so no
-               score flows from the query's own embedding.)
-  Mamba-2      is it write -> state -> read-out? A head's write input (its x and dt: the short conv
-               reads the key beside the value) carried at the key / value positions, the same
-               layer's read-out C at the query position, that head -> logits.
+  Transformer  is the circuit the induction path? embed@key -> a layer-0 head's value input at
+               the key (the previous-token head reads the key), a layer-0 head@value -> a layer-1
+               head's key input@value (where it writes the key), the layer-1 heads -> logits. (The key corruption leaves the query token as it is, so no score flows
+               from the query's own embedding.)
+  Mamba-2      is it short conv -> state -> read-out? The conv reading the key (edges into
+               c*.in@key), the conv's output read by the state at the value (c* -> s*.x@value:
+               the conv carries the key beside its value), the read-out C at the query (into
+               s*.read@query), the last layer's states -> logits.
 
-Reading: shares are of the |score| of a kind of edge carried at those positions. Only a model
-that solves AR says anything (the accuracy is printed); --quick runs toy sizes, numbers mean nothing.
+Reading: each share is the |score| of a kind of edge at that role over its |score| at every role
+(into the logits: the share of their |score| from that layer).
+Only a model that solves AR says anything (the accuracy is printed); --quick runs toy sizes,
+numbers mean nothing.
 
     python examples/circuits.py [--models transformer,mamba2,hybrid] [--steps 3000] [--quick] [--out DIR]
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from interp.analysis.circuits import eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
+from interp.analysis.circuits import build_graph, eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
 from interp.analysis.interventions import corrupt_ar
 from interp.report.circuits import write_circuit_report
 from interp.tasks import make_task
@@ -66,41 +69,42 @@ def trained(name: str, task, args):
     return train(cfg, task, config, out=str(Path(args.out) / name), resume=True, progress=False, label=name).model.eval()
 
 
-def share(scores, clean, edges: torch.Tensor, roles: list[str]) -> float:
-    """Share of the |per-position score| of `edges` carried at the examples' `roles` positions."""
-    values = scores.per_position[edges].abs()  # [k, N, T]
-    at = torch.zeros(values.shape[1:], dtype=torch.bool)
-    for role in roles:
-        at[torch.arange(len(clean)), clean.roles[role].long()] = True
-    total = values.sum()
-    return float(values[:, at].sum() / total) if total > 0 else float("nan")
-
-
-def kinds(graph, sender: str, receiver: str, role: str = "") -> torch.Tensor:
-    """Edges from senders named sender* into receivers named receiver*role."""
-    return torch.tensor([i for i, (s, r) in enumerate(graph.edges.tolist())
-                         if graph.senders[s].name.startswith(sender) and graph.receivers[r].name.startswith(receiver)
-                         and graph.receivers[r].name.endswith(role)], dtype=torch.long)
+def share(scores, sender: str, receiver: str, role: str, where: str) -> float:
+    """|score| of the edges sender*@where -> receiver*role@where over that of the same edges at every
+    position group (NaN when none carries any)."""
+    graph = scores.graph
+    mine, every = 0.0, 0.0
+    for e, (u, r) in enumerate(graph.edges.tolist()):
+        s, t = graph.senders[u], graph.receivers[r]
+        base = t.name.split("@")[0]
+        if s.name.startswith(sender) and base.startswith(receiver) and base.endswith(role):
+            value = float(scores.scores[e].abs())
+            every += value
+            mine += value if t.position == where else 0.0
+    return mine / every if every > 0 else float("nan")
 
 
 def logit_share(scores, sender: str) -> float:
     """Share of the |score| into the logits that comes from senders named sender*."""
-    g = scores.graph
-    return float(scores.scores[kinds(g, sender, "logits")].abs().sum() / scores.scores[kinds(g, "", "logits")].abs().sum())
+    graph = scores.graph
+    into = [e for e, r in enumerate(graph.edges[:, 1].tolist()) if graph.receivers[r].site == "logits"]
+    mine = [e for e in into if graph.senders[graph.edges[e, 0]].name.startswith(sender)]
+    return float(scores.scores[mine].abs().sum() / scores.scores[into].abs().sum())
 
 
-def paths(name: str, scores, clean) -> dict:
-    """The per-position shares of the question's edges (module docstring)."""
-    g = scores.graph
+def paths(name: str, scores) -> dict:
+    """The shares of the question's edges (module docstring)."""
     if name == "transformer":
-        return {"a0 -> a1.k at value": share(scores, clean, kinds(g, "a0.", "a1.", ".k"), ["value"]),
-                "embed -> a0.v at key": share(scores, clean, kinds(g, "embed", "a0.", ".v"), ["key"]),
+        return {"a0 -> a1.k at value": share(scores, "a0.", "a1.", ".k", "value"),
+                "embed -> a0.v at key": share(scores, "embed", "a0.", ".v", "key"),
                 "a1 -> logits": logit_share(scores, "a1.")}
-    shares = {"write at key/value": share(scores, clean, kinds(g, "", "s", ".write"), ["key", "value"]),
-              "read-out at query": share(scores, clean, kinds(g, "", "s", ".read"), ["query"]),
+    shares = {"into conv at key": share(scores, "", "c", ".in", "key"),
+              "conv -> state x at value": share(scores, "c", "s", ".x", "value"),
+              "read-out at query": share(scores, "", "s", ".read", "query"),
               "s1 -> logits": logit_share(scores, "s1.")}
-    if name == "hybrid":  # attention first: does a layer-0 head feed the state's write at the value?
-        shares["a0 -> s1.write at value"] = share(scores, clean, kinds(g, "a0.", "s1.", ".write"), ["value"])
+    if name == "hybrid":  # attention first: does a layer-0 head feed the conv at the key / value?
+        shares["a0 -> s1 conv at key/value"] = (share(scores, "a0.", "c1.", ".in", "key")
+                                                 + share(scores, "a0.", "c1.", ".in", "value"))
     return shares
 
 
@@ -112,15 +116,16 @@ def run(args) -> dict:
     for name in args.models.split(","):
         model = trained(name, task, args)
         accuracy = final_state_accuracy(model, task, args.pairs, 256, args.seed + 1)
-        plain = eap(model, clean, corrupt)
-        ig = eap_ig(model, clean, corrupt, steps=args.steps_ig, graph=plain.graph, per_position=True, progress=False)
+        graph = build_graph(model, positions=["key", "value", "query"], conv=True)
+        plain = eap(model, clean, corrupt, graph=graph)
+        ig = eap_ig(model, clean, corrupt, steps=args.steps_ig, graph=graph, progress=False)
         exact = rescore(model, ig, k=min(args.rescore, ig.graph.n_edges))
         circuit = extract(exact, fraction=args.fraction)
         faithful = float(faithfulness(model, ig.setup, circuit.kept)[0])
         curve = faithfulness_curve(model, {"eap": plain, "eap-ig": ig, "eap-ig+exact": exact})
         report = write_circuit_report(Path(args.out) / f"{name}.html", circuit, curve, f"{name} on AR")
         out[name] = {"AR accuracy": accuracy, "edges": ig.graph.n_edges, "circuit edges": circuit.n_edges,
-                     "faithfulness": round(faithful, 3), **{k: round(v, 3) for k, v in paths(name, ig, clean).items()}}
+                     "faithfulness": round(faithful, 3), **{k: round(v, 3) for k, v in paths(name, ig).items()}}
         print(name, out[name], "top:", exact.top(5), f"report: {report}", flush=True)
     return out
 
