@@ -221,8 +221,10 @@ class Block(nn.Module):
         if hasattr(self, "shared") and embed is None:
             raise ValueError("this block has a shared branch (Zamba2) that reads the embedding: pass "
                              "embed=[B, T, D] (the model's hook_embed output)")
-        normed = self.norm_mixer(x if not hasattr(self, "shared") else x + self.shared(x, embed, run))
-        outs = [mixer(normed) if run is None else run(slot, mixer, normed) for slot, mixer in self.mixers.items()]
+        inputs = x if not hasattr(self, "shared") else x + self.shared(x, embed, run)
+        normed = self.norm_mixer(inputs)
+        outs = [run(slot, mixer, normed) if run is not None else mixer(normed, inputs, self.norm_mixer)
+                if mixer.reads_residual() else mixer(normed) for slot, mixer in self.mixers.items()]
         return self.after_mixer(x, outs[0] if len(outs) == 1 else outs[0] + outs[1])
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry: dict | None = None,

@@ -57,7 +57,8 @@ from models.tl_names import to_ours
 
 DRY_LENGTHS = (2, 3)
 # hooks with a head axis, wherever a mixer has them: the axis of [B, T, H, ...] / [B, H, T, T]
-PER_HEAD = {"hook_q": 2, "hook_k": 2, "hook_v": 2, "hook_z": 2, "hook_result": 2, "hook_beta": 2,
+PER_HEAD = {"hook_q": 2, "hook_k": 2, "hook_v": 2, "hook_z": 2, "hook_result": 2, "hook_beta": 2, "hook_attn_in": 2,
+            "hook_q_input": 2, "hook_k_input": 2, "hook_v_input": 2,
             "hook_attn_scores": 1, "hook_pattern": 1}
 # mixers whose hook_state [B, T, *S] has heads (S = [H, ...]) or channels (S = [C, N]) on axis 2
 STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "based", "rwkv7"})

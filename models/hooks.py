@@ -39,6 +39,9 @@ Grammar (shapes batch-first):
     blocks.{l}.mixer.hook_pattern                 [B, H, T, T]
     blocks.{l}.mixer.hook_z                       [B, T, H, d_head]  per-head values into out_proj
     blocks.{l}.mixer.hook_result                  [B, T, H, d_model] per-head output (sum + bias = hook_out)
+    blocks.{l}.mixer.hook_attn_in | hook_q_input  [B, T, H, d_model] attention's per-head copies of the residual
+    blocks.{l}.mixer.hook_k_input | hook_v_input  [B, T, G, d_model] before the norm (TL's; opt-in: by name only,
+                                                  HookPoint.opt_in; models.mixers.attention)
     blocks.{l}.hook_mlp_in                        [B, T, d_model] the MLP's input before norm_mlp: a copy of
                                                   hook_resid_mid that only the MLP reads (TL's hook_mlp_in)
     blocks.{l}.mlp.hook_pre | hook_post           [B, T, d_mlp]  neurons before / after the nonlinearity
@@ -94,9 +97,12 @@ NameFilter = "None | str | Sequence[str] | Callable[[str], bool]"
 class HookPoint(nn.Module):
     """Identity module marking one named activation site."""
 
-    def __init__(self) -> None:
+    def __init__(self, opt_in: bool = False) -> None:
         super().__init__()
         self.name: str = "<unnamed>"
+        # an opt-in hook point runs only when requested (is_requested) and is left out of
+        # hook_names(), so names=None, predicates and every-hook sweeps do not request it
+        self.opt_in = opt_in
         self._readers: list[Reader] = []
         # while emit(x, positions) runs: the steps x holds on its time axis, when a mixer formed
         # only the steps its readers want (selected_steps); None: every step
@@ -128,6 +134,17 @@ class HookPoint(nn.Module):
                 reader(x, self)
         finally:
             self.emitted_positions = self.emitted_heads = None
+
+    @property
+    def is_patched(self) -> bool:
+        """True when a hook function (ours or any torch forward hook) is attached."""
+        return bool(self._forward_hooks) or bool(self._forward_pre_hooks)
+
+    @property
+    def is_requested(self) -> bool:
+        """True when a hook function, a reader or a gradient probe is attached (forcing the
+        instrumented path aside): what an opt-in hook point's computation is run for."""
+        return self.is_patched or bool(self._readers) or bool(self._probes)
 
     @property
     def has_patches(self) -> bool:
@@ -205,9 +222,12 @@ class HookedMixin:
             if isinstance(module, HookPoint):
                 module.name = path
                 self.hook_dict[path] = module
+        self._listed = [name for name, point in self.hook_dict.items() if not point.opt_in]
 
     def hook_names(self) -> list[str]:
-        return list(self.hook_dict)
+        """Every hook name but the opt-in ones (an attention mixer's per-head inputs), which are
+        taken only by name."""
+        return list(self._listed)
 
     def resolve_hook_names(self, names: NameFilter) -> list[str]:  # type: ignore[valid-type]
         """None -> all; a string or list -> those names (checked; TransformerLens names become
@@ -215,7 +235,7 @@ class HookedMixin:
         if names is None:
             return self.hook_names()
         if callable(names):
-            return [n for n in self.hook_dict if names(n)]
+            return [n for n in self._listed if names(n)]
         if isinstance(names, str):
             names = [names]
         if not isinstance(names, (list, tuple)):
@@ -244,7 +264,7 @@ class HookedMixin:
     ) -> Iterator["HookedMixin"]:
         """Attach patches and readers for the duration of the context; always removed after."""
         pairs = _checked_pairs(fwd_hooks, "fwd_hooks")
-        targets = [([n for n in self.hook_dict if name(n)] if callable(name) else [name], name) for name, _ in pairs]
+        targets = [([n for n in self._listed if name(n)] if callable(name) else [name], name) for name, _ in pairs]
         for names, name in targets:
             if not names:
                 raise ValueError(f"fwd_hooks predicate {getattr(name, '__name__', name)!r} matches no hook "

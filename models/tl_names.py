@@ -32,8 +32,11 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
     blocks.l.attn.hook_rot_q|rot_k      none: we rotate inside the mixer
     blocks.l.mlp.hook_pre|post          the same (swiglu: hook_pre is gate(x), as TL's)
     blocks.l.mlp.hook_pre_linear|mid    none
-    blocks.l.hook_q_input|k_input|v_input|attn_in   none: TL's per-head copies of the
-                                        residual [B, T, H, D]; read blocks.l.hook_resid_pre
+    blocks.l.hook_attn_in|q_input|      blocks.l.mixer.hook_attn_in|q_input|k_input|v_input (mixer2 as
+    k_input|v_input (and TL's            for attn): per-head copies of the residual before the norm,
+    blocks.l.attn.hook_*)                [B, T, H, D] (k / v: [B, T, G, D], G key/value heads), each
+                                        normed per head; opt-in (by name only, as TL's flags),
+                                        models.mixers.attention
     blocks.l.hook_mlp_in                the same: the MLP's input before norm_mlp (patching it changes
                                         the MLP's input only, not the residual stream)
     blocks.l.mlp.gate.hook_out          a sparse MLP's blocks.l.mlp.hook_router_logits (TL's [B T, E]:
@@ -64,8 +67,6 @@ _LAYER_TYPE_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": 
 _ATTN_NAMES = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores")
 _MLP_NAMES = ("pre", "post", "mid", "pre_linear")
 
-_RESID_INPUT = ("TL's per-head copy of the residual stream [B, T, H, D] (use_split_qkv_input / "
-                "use_attn_in); we have no per-head input: read blocks.{l}.hook_resid_pre")
 # (TL pattern, our name with {l} (or its readings in order of preference) or None, why there is
 # none). Tried in order; the first match wins.
 _RULES: list[tuple[str, str | tuple[str, ...] | None, str]] = [
@@ -84,8 +85,7 @@ _RULES: list[tuple[str, str | tuple[str, ...] | None, str]] = [
      "rotation, as TL's hook_q / hook_k"),
     (r"blocks\.(\d+)\.attn\.hook_(\w+)", ("blocks.{l}.mixer.hook_{x}", "blocks.{l}.mixer2.hook_{x}"), ""),
     (r"blocks\.(\d+)\.mlp\.gate\.hook_out", ("blocks.{l}.mlp.hook_router_logits", "blocks.{l}.mlp.hook_pre"), ""),
-    (r"blocks\.(\d+)\.hook_[qkv]_input", None, _RESID_INPUT),
-    (r"blocks\.(\d+)\.hook_attn_in", None, _RESID_INPUT),
+    (r"blocks\.(\d+)\.hook_(attn_in|[qkv]_input)", ("blocks.{l}.mixer.hook_{x}", "blocks.{l}.mixer2.hook_{x}"), ""),
     (r"blocks\.(\d+)\.mlp\.hook_(mid|pre_linear)", None,
      "our MLPs have hook_pre (the pre-activation; gate(x) for swiglu), hook_post and hook_out"),
 ]

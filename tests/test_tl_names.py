@@ -28,8 +28,7 @@ TL_TO_OURS = {
     "ln_final.hook_scale": "norm_final.hook_scale",
 }
 NORMALIZED = ["blocks.0.ln1.hook_normalized", "blocks.0.ln2.hook_normalized", "ln_final.hook_normalized"]
-NONE_HERE = [*NORMALIZED, "blocks.0.attn.hook_rot_q", "blocks.0.hook_q_input", "blocks.0.hook_attn_in",
-             "blocks.0.mlp.hook_mid"]
+NONE_HERE = [*NORMALIZED, "blocks.0.attn.hook_rot_q", "blocks.0.mlp.hook_mid"]
 SHORT = {("q", 0, "attn"): "blocks.0.attn.hook_q", ("scale", 0, "ln1"): "blocks.0.ln1.hook_scale",
          ("resid_pre", 0, None): "blocks.0.hook_resid_pre",
          ("embed",): "hook_embed", ("k2",): "blocks.2.attn.hook_k", ("scale1ln2",): "blocks.1.ln2.hook_scale",
@@ -76,8 +75,10 @@ def test_names_without_counterpart_raise_saying_so_and_what_to_read():
             to_ours(name)
         assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
     assert to_ours("blocks.3.hook_mlp_in") == "blocks.3.hook_mlp_in" and to_ours("hook_pos_embed") == "hook_pos_embed"
-    with pytest.raises(KeyError, match="blocks.3.hook_resid_pre"):
-        to_ours("blocks.3.hook_q_input")
+    with pytest.raises(KeyError, match="before the rotation"):
+        to_ours("blocks.3.attn.hook_rot_k")
+    assert to_ours("blocks.3.hook_q_input") == "blocks.3.mixer.hook_q_input"  # tests/test_tl_head_inputs.py
+    assert to_ours("blocks.3.attn.hook_attn_in") == "blocks.3.mixer.hook_attn_in"
 
 
 def test_cache_takes_tl_keys(setup):
@@ -134,7 +135,7 @@ def test_hook_functions_fire_under_tl_names(setup):
     assert sorted(cache) == ["blocks.0.norm_mixer.hook_scale", "blocks.2.mixer.hook_z"]
     assert model.hook_point("blocks.2.ln2.hook_scale") is model.blocks[2].norm_mlp.hook_scale
     with pytest.raises(ValueError, match="no counterpart"):
-        model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_attn_in", record)])
+        model.run_with_hooks(ids, fwd_hooks=[("blocks.0.mlp.hook_mid", record)])
     with pytest.raises(ValueError, match="unknown hook name"):
         model.hook_point("blocks.0.attn.hook_nonsense")
 

@@ -27,6 +27,16 @@ reads; with the gate the pattern-weighted values are hook_z / hook_gate), hook_r
 [B, T, H, d_model] (W_o's head-h columns times z_s^h: their sum over heads plus W_o's bias is
 hook_out), hook_out.
 
+Per-head inputs (TransformerLens' use_split_qkv_input / use_attn_in), opt-in: hook_attn_in
+[B, T, H, D] (H copies of the block's residual before its norm), hook_q_input [B, T, H, D] (copies
+of hook_attn_in), hook_k_input / hook_v_input [B, T, G, D] (its first G copies, as TL's); each
+copy is normed by the block's norm (without its hook_scale, which sees the residual once) and
+projected by its own head's rows of qkv, so a hook can edit one head's input. This path runs only
+while one of these four is requested (a hook function, a reader, a gradient probe: taken by name
+only, never by names=None, a predicate or the forced instrumented path; Block hands the residual
+over when reads_residual()); otherwise they cost nothing. A patch on hook_in then is refused (q, k
+and v would not see it); decoding, resumed runs and a shared branch's attention refuse them.
+
 Fast path: torch.nn.functional.scaled_dot_product_attention (is_causal). The explicit path
 (the output from the materialised pattern) runs when hook_attn_scores or hook_pattern is patched
 or probed for a gradient, or the instrumented path is forced, or no gradient is recorded; while
@@ -162,16 +172,72 @@ class Attention(Mixer):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
         self.hook_z, self.hook_result = HookPoint(), HookPoint()
+        self.hook_attn_in, self.hook_q_input = HookPoint(opt_in=True), HookPoint(opt_in=True)
+        self.hook_k_input, self.hook_v_input = HookPoint(opt_in=True), HookPoint(opt_in=True)
 
-    def heads(self, x: torch.Tensor, start: int = 0, queries_from: int = 0):
+    @property
+    def input_hooks(self) -> tuple[HookPoint, ...]:
+        return self.hook_attn_in, self.hook_q_input, self.hook_k_input, self.hook_v_input
+
+    def reads_residual(self) -> bool:
+        """Whether a per-head input hook (hook_attn_in, hook_q/k/v_input) is requested: the block
+        then hands forward the residual before its norm (module docstring)."""
+        return any(hook.is_requested for hook in self.input_hooks)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: nn.Module | None = None):
+        """hook_out(mix(hook_in(x))) for x [B, T, D] the normed input; with the block's residual
+        [B, T, D] before its norm (Block passes it while reads_residual()), through the per-head
+        inputs: q, k, v from per-head copies of the residual, each copy normed by `norm`."""
+        if residual is None:
+            if self.reads_residual():
+                raise ValueError(f"{self.input_hooks[0].name.rsplit('.', 1)[0]}: the per-head input hooks (hook_attn_in, "
+                                 "hook_q/k/v_input) need the residual before the norm, which only a block's own "
+                                 "mixer is given (not a shared branch's attention, a resumed run or decoding)")
+            return super().forward(x)
+        x = self.hook_in(x)
+        if self.hook_in.is_patched:
+            raise ValueError(f"{self.hook_in.name!r} is patched while a per-head input hook of the same mixer is "
+                             "requested: q, k and v are then computed from the per-head copies of the residual and "
+                             "would not see the patch (TransformerLens ignores it silently); patch one of them")
+        return self.hook_out(self.attend(*self.heads(x, projected=self.per_head_projections(residual, norm))))
+
+    def per_head_projections(self, residual: torch.Tensor, norm: nn.Module | None):
+        """q [B, T, H, d_head], k, v [B, T, G, d_head] from per-head copies of residual [B, T, D]
+        (hooks attn_in [B, T, H, D], then q_input [B, T, H, D], k_input / v_input the first G
+        copies [B, T, G, D]), each copy normed by norm without its hook_scale, then projected by
+        its own head's rows of qkv."""
+        if not isinstance(self.qkv, nn.Linear):
+            raise ValueError(f"the per-head input hooks need a plain qkv map; {self.hook_in.name!r} has "
+                             f"{type(self.qkv).__name__}")
+        H, G, d = self.n_heads, self.n_kv, self.d_head
+        attn_in = residual[:, :, None].expand(-1, -1, H, -1)  # [B, T, H, D], a view
+        if self.hook_attn_in.is_requested:
+            attn_in = self.hook_attn_in(attn_in.contiguous())
+        inputs = [attn_in, attn_in[:, :, :G], attn_in[:, :, :G]]
+        weight = self.qkv.weight.view(H + 2 * G, d, -1)  # [H + 2 G, d_head, D]
+        bias = None if self.qkv.bias is None else self.qkv.bias.view(H + 2 * G, d)
+        out = []
+        for hook, x, rows in zip(self.input_hooks[1:], inputs, (slice(0, H), slice(H, H + G), slice(H + G, None))):
+            if hook.is_requested:
+                x = hook(x.contiguous())
+            x = unhooked_norm(norm, x)
+            y = torch.einsum("bthi,hdi->bthd", x, weight[rows])  # [B, T, heads, d_head]
+            out.append(y if bias is None else y + bias[rows])
+        return out
+
+    def heads(self, x: torch.Tensor, start: int = 0, queries_from: int = 0, projected=None):
         """x [B, T, D] (positions start, ..., start + T - 1) -> q [B, H, Tq, d_head] (the last
         Tq = T - queries_from positions), k, v [B, G, T, d_head], normed and rotated, and the
-        output gate [B, Tq, H, d_head] (None without output_gate); hooks q / k / v / gate."""
+        output gate [B, Tq, H, d_head] (None without output_gate); hooks q / k / v / gate.
+        projected: (q [B, T, H, d_head], k, v [B, T, G, d_head]) to use instead of qkv(x)."""
         batch, length, _ = x.shape
-        heads = self.qkv(x).view(batch, length, self.n_heads + 2 * self.n_kv, self.d_head)
-        q = self.hook_q(heads[:, queries_from:, : self.n_heads])  # [B, Tq, H, d_head]
-        k = self.hook_k(heads[:, :, self.n_heads : self.n_heads + self.n_kv])  # [B, T, G, d_head]
-        v = self.hook_v(heads[:, :, self.n_heads + self.n_kv :])
+        if projected is None:
+            heads = self.qkv(x).view(batch, length, self.n_heads + 2 * self.n_kv, self.d_head)
+            projected = (heads[:, :, : self.n_heads], heads[:, :, self.n_heads : self.n_heads + self.n_kv],
+                         heads[:, :, self.n_heads + self.n_kv :])
+        q = self.hook_q(projected[0][:, queries_from:])  # [B, Tq, H, d_head]
+        k = self.hook_k(projected[1])  # [B, T, G, d_head]
+        v = self.hook_v(projected[2])
         if self.options["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.positional == "rope":
@@ -220,6 +286,7 @@ class Attention(Mixer):
         hook_out), the queries attending every cached position: O(start) per new token, no
         earlier position recomputed. The hooks see the n new positions only (scores / pattern
         [B, H, n, start + n])."""
+        self.refuse_per_head_inputs("decoding")
         q, k, v, gate = self.heads(x, start)
         keys[:, :, start : start + x.shape[1]] = k
         values[:, :, start : start + x.shape[1]] = v
@@ -227,4 +294,19 @@ class Attention(Mixer):
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry=None) -> torch.Tensor:
         """Mixer.resume with queries at the resumed positions only (keys and values everywhere)."""
+        self.refuse_per_head_inputs("a resumed run")
         return self.hook_out(self.mix(self.hook_in(torch.cat([before, x], dim=1)), before.shape[1]))
+
+    def refuse_per_head_inputs(self, where: str) -> None:
+        if self.reads_residual():
+            raise ValueError(f"the per-head input hooks of {self.hook_in.name.rsplit('.', 1)[0]!r} (hook_attn_in, "
+                             f"hook_q/k/v_input) are not available in {where}: run the model forward")
+
+
+def unhooked_norm(norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+    """norm over the last axis of x [..., D] without firing its hook_scale (torch's own norm on
+    the module's weights; None or an identity: x)."""
+    for base in (nn.LayerNorm, nn.RMSNorm):
+        if isinstance(norm, base):
+            return base.forward(norm, x)
+    return x if norm is None else norm(x)

@@ -93,6 +93,11 @@ class Mixer(nn.Module):
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         raise NotImplementedError
 
+    def reads_residual(self) -> bool:
+        """Whether forward(x, residual=, norm=) wants the block's residual before its norm too
+        (an attention mixer's per-head input hooks); False here."""
+        return False
+
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
         """forward() at positions start, ..., start + n - 1 only -> [B, n, D].
 
