@@ -254,7 +254,7 @@ class Block(nn.Module):
             x = x + mixed if self.residual else mixed
         x = self.hook_resid_mid(x)
         if hasattr(self, "mlp"):
-            out = self.mlp(self.norm_mlp(self.hook_mlp_in(x)))
+            out = self.mlp(self.norm_mlp(self.hook_mlp_in(x.view_as(x))))  # a view: its own gradient (the MLP's)
             x = x + out if self.residual else out
         return self.hook_resid_post(x)
 

@@ -290,22 +290,20 @@ class HookedMixin:
     def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple] = (),
                        allow_nonfinite: bool = False, bwd_hooks: Sequence[tuple] = (), return_type="logits",
                        loss_per_token: bool = False, stop_at_layer: int | None = None,
-                       remove_batch_dim: bool = False, start_at_layer: int | None = None, **kwargs):
+                       remove_batch_dim: bool = False, start_at_layer: int | None = None, labels=None, **kwargs):
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
         TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer, start_at_layer
-        (tokens is then the residual stream [B, T, D] entering that block) and remove_batch_dim
-        as in TL (models.tl_run)."""
+        (tokens is then the residual stream [B, T, D] entering that block; a loss needs labels=
+        the token ids), labels and remove_batch_dim as in TL (models.tl_run)."""
         tl_run.refuse_unsupported(kwargs)
         tl_run.check_return_type(return_type)
-        if start_at_layer is not None and return_type in ("loss", "both"):
-            raise ValueError(f"return_type={return_type!r} with start_at_layer needs the tokens, and the input here is "
-                             "the residual stream: take return_type='logits' and models.tl_run.lm_loss(logits, tokens)")
+        targets = tl_run.loss_targets(tokens, labels, start_at_layer, return_type)
         fwd = _checked_pairs(fwd_hooks, "fwd_hooks")
         fwd = [(n, tl_run.unbatched(fn)) for n, fn in fwd] if remove_batch_dim else fwd
         bwd = [(n, tl_run.backward_hook(fn)) for n, fn in _checked_pairs(bwd_hooks, "bwd_hooks")]
         with self.hooks(fwd + bwd, allow_nonfinite=allow_nonfinite):
             out = tl_run.forward(self, tokens, stop_at_layer, kwargs, start_at_layer)
-        return out if stop_at_layer is not None else tl_run.output(out, tokens, return_type, loss_per_token)
+        return out if stop_at_layer is not None else tl_run.output(out, targets, return_type, loss_per_token)
 
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
                    incl_bwd: bool = False, heads=None, **kwargs) -> CachePlan:
@@ -336,6 +334,8 @@ class HookedMixin:
         loss_per_token: bool = False,
         stop_at_layer: int | None = None,
         remove_batch_dim: bool = False,
+        start_at_layer: int | None = None,
+        labels=None,
         **kwargs,
     ) -> tuple[torch.Tensor, Cache]:
         """Forward pass returning (logits, Cache) of the named activations (after any patches).
@@ -365,21 +365,30 @@ class HookedMixin:
         scan's per-step gates).
 
         TransformerLens' names_filter (= names), pos_slice (-> positions), return_type,
-        loss_per_token, stop_at_layer and remove_batch_dim work as in TL (models.tl_run);
-        incl_bwd=True with return_type="loss" and no metric differentiates the loss.
+        loss_per_token, stop_at_layer, start_at_layer (tokens is then the residual stream
+        [B, T, D] entering that block; the Cache holds the hooks from there on), labels and
+        remove_batch_dim work as in TL (models.tl_run); incl_bwd=True with return_type="loss"
+        and no metric differentiates the loss.
         """
+        targets = tl_run.loss_targets(tokens, labels, start_at_layer, return_type)
         names, positions, metric = tl_run.cache_arguments(tokens, names, names_filter, positions, pos_slice,
                                                           return_type, incl_bwd, metric, remove_batch_dim, to_disk,
-                                                          kwargs)
+                                                          kwargs, targets)
         if incl_bwd and not callable(metric):
             raise TypeError(f"incl_bwd=True needs metric, a function logits -> scalar tensor; got {metric!r}")
         if to_disk is not None and (incl_bwd or not detach):
             raise ValueError(f"to_disk={to_disk!r} streams detached activations; incl_bwd=True and detach=False need "
                              f"them in memory (got incl_bwd={incl_bwd}, detach={detach})")
         selected = self.resolve_hook_names(names)
-        if hasattr(self, "check_tokens"):  # bad tokens: the model's one-line error, before any planning
+        planned = tokens  # what the planner's dry runs feed the model: token ids
+        if start_at_layer is not None:
+            tl_run.check_residual(self, tokens)
+            selected = tl_run.started_names(selected, len(self.blocks), start_at_layer)
+            planned = torch.zeros(tokens.shape[:2], dtype=torch.long, device=tokens.device)  # hooks from block k
+            # on have the shapes they have on any tokens of this [B, T]
+        elif hasattr(self, "check_tokens"):  # bad tokens: the model's one-line error, before any planning
             self.check_tokens(tokens)
-        plan = plan_cache(self, tokens, selected, positions, incl_bwd, heads, **kwargs)
+        plan = plan_cache(self, planned, selected, positions, incl_bwd, heads, **kwargs)
         plan.check(budget_bytes(max_memory), streaming=to_disk is not None)
         store = None
         if to_disk is not None:
@@ -388,18 +397,19 @@ class HookedMixin:
         cache = Cache(store, model=self, positions=plan.positions, heads=plan.heads)  # type: ignore[arg-type]
         try:
             logits = self._cached_forward(tokens, cache, plan, selected, fwd_hooks, detach, allow_nonfinite,
-                                          incl_bwd, metric, kwargs, stop_at_layer)
+                                          incl_bwd, metric, kwargs, stop_at_layer, start_at_layer)
         except BaseException:
             if store is not None:
                 store.abandon()
             raise
         if store is not None:
             store.finish(**cache.index_info(), batch=plan.batch, length=plan.length)
-        out = logits if stop_at_layer is not None else tl_run.output(logits, tokens, return_type, loss_per_token)
+        out = logits if stop_at_layer is not None else tl_run.output(logits, targets, return_type, loss_per_token)
         return out, cache.remove_batch_dim() if remove_batch_dim else cache
 
     def _cached_forward(self, tokens, cache: Cache, plan: CachePlan, selected: list[str], fwd_hooks, detach: bool,
-                        allow_nonfinite: bool, incl_bwd: bool, metric, kwargs, stop_at_layer=None) -> torch.Tensor:
+                        allow_nonfinite: bool, incl_bwd: bool, metric, kwargs, stop_at_layer=None,
+                        start_at_layer=None) -> torch.Tensor:
         """run_with_cache's forward (and backward, incl_bwd): fills cache, returns the logits."""
         live: dict[str, torch.Tensor] = {}
 
@@ -421,7 +431,7 @@ class HookedMixin:
         try:
             with self.hooks(fwd_hooks, readers=[(n, reader(n)) for n in selected], allow_nonfinite=allow_nonfinite), \
                     grad_mode:
-                logits = tl_run.forward(self, tokens, stop_at_layer, kwargs)
+                logits = tl_run.forward(self, tokens, stop_at_layer, kwargs, start_at_layer)
         finally:
             for name, found in probes.items():
                 self.hook_dict[name]._probes.remove(found)

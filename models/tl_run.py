@@ -7,12 +7,16 @@
                       [B, T, d_model] (0: hook_embed; negative counts from the end; n_layers: the
                       last block's hook_resid_post, before the final norm); return_type is then
                       ignored, as in TL, and hooks after the stop do not fire
-    start_at_layer    run_with_hooks: the first argument is the residual stream [B, T, d_model]
-                      entering block start_at_layer (what blocks.{k}.hook_resid_pre reads; negative
-                      counts from the end); blocks k.. run, then the final norm and unembedding, and
-                      hooks before block k (hook_embed, earlier blocks) do not fire. With
-                      stop_at_layer, blocks [k, stop) run. return_type "loss" / "both" need the
-                      tokens, which TL takes as tokens=: here compute the loss from the logits
+    start_at_layer    the first argument is the residual stream [B, T, d_model] entering block
+                      start_at_layer (what blocks.{k}.hook_resid_pre reads; negative counts from
+                      the end); blocks k.. run, then the final norm and unembedding, and hooks
+                      before block k (hook_embed, earlier blocks) do not fire: run_with_cache's
+                      Cache holds blocks >= k and the final ones (names before k, even named, are
+                      left out, as TL's). With stop_at_layer, blocks [k, stop) run. return_type
+                      "loss" / "both" then need labels= (the token ids [B, T]; HookedTransformer's
+                      tokens=)
+    labels            token ids [B, T] the loss is computed against instead of the input (TL 4.3's
+                      bridge): next-token targets labels[:, 1:], -100 ignored
     bwd_hooks         [(name, fn)]: fn(grad, hook) sees d output / d activation when the caller
                       runs backward() on what came back (a returned tensor replaces the gradient);
                       the hooks stay on the autograd graph, so TL's reset_hooks_end=False is not
@@ -25,7 +29,7 @@
                       tuple or a list) as `positions`; an int, which drops the axis in TL, is
                       refused (positions=[t] keeps a length-1 axis)
 
-Other TL arguments (start_at_layer in run_with_cache, reset_hooks_end=False,
+Other TL arguments (reset_hooks_end=False,
 return_cache_object=False, clear_contexts, prepend_bos, padding_side, attention_mask,
 past_kv_cache) raise a TypeError saying what to do here instead.
 
@@ -97,13 +101,9 @@ def forward_from(model, residual: torch.Tensor, start_at_layer: int, stop_at_lay
     """TL's start_at_layer: residual [B, T, D] enters block k = start_at_layer; blocks k..
     (to stop_at_layer) run -> the logits [B, T, V], or with stop_at_layer the residual after
     block stop - 1 [B, T, D]."""
-    n_layers, width = len(model.blocks), model.cfg.d_model
+    n_layers = len(model.blocks)
     start = start_layer(n_layers, start_at_layer)
-    if not isinstance(residual, torch.Tensor) or not residual.is_floating_point() or residual.dim() != 3 \
-            or residual.shape[-1] != width:
-        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
-        raise ValueError(f"with start_at_layer the input is the residual stream, a float tensor [B, T, d_model="
-                         f"{width}]; got {shape}")
+    check_residual(model, residual)
     stop = n_layers
     if stop_at_layer is not None:
         name = stop_hook(n_layers, stop_at_layer)
@@ -115,6 +115,16 @@ def forward_from(model, residual: torch.Tensor, start_at_layer: int, stop_at_lay
     for block in model.blocks[start:stop]:
         x = block(x)
     return x if stop_at_layer is not None else model.read_out(x)
+
+
+def check_residual(model, residual) -> None:
+    """The input of a run with start_at_layer: a float residual stream [B, T, d_model]."""
+    width = model.cfg.d_model
+    if not isinstance(residual, torch.Tensor) or not residual.is_floating_point() or residual.dim() != 3 \
+            or residual.shape[-1] != width:
+        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"with start_at_layer the input is the residual stream, a float tensor [B, T, d_model="
+                         f"{width}]; got {shape}")
 
 
 # TL arguments we do not take: (the value that is what we do anyway, or None; what to do instead)
@@ -147,20 +157,55 @@ def check_return_type(return_type) -> None:
 
 def lm_loss(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
     """TL's lm_cross_entropy_loss: -log p(tokens[:, t + 1] | logits[:, t]), its mean over every
-    example and position (per_token: [B, T - 1])."""
+    example and position (per_token: [B, T - 1]); targets -100 (labels) are left out of the mean
+    and 0 per token, as TL's labels loss."""
+    targets = tokens[:, 1:].to(logits.device)
+    valid = targets != IGNORE
     log_probs = logits.log_softmax(dim=-1)
-    nll = -log_probs[:, :-1].gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
-    return nll if per_token else nll.mean()
+    nll = -log_probs[:, :-1].gather(-1, targets.clamp(min=0)[..., None])[..., 0] * valid
+    return nll if per_token else nll.sum() / valid.sum()
 
 
-def output(logits: torch.Tensor, tokens: torch.Tensor, return_type, per_token: bool = False):
-    """What TL's forward returns for return_type (checked by check_return_type)."""
+IGNORE = -100  # a label left out of the loss
+
+
+def loss_targets(tokens: torch.Tensor, labels, start_at_layer, return_type) -> torch.Tensor | None:
+    """The token ids the loss is computed against: labels if given (checked), else the input
+    tokens; None where no loss is wanted. With start_at_layer a loss needs labels."""
+    if labels is not None:
+        shape = tuple(tokens.shape[:2])
+        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or tuple(labels.shape) != shape:
+            raise ValueError(f"labels must be token ids [B, T] = {list(shape)} (-100: left out of the loss); got "
+                             f"{getattr(labels, 'shape', type(labels).__name__)!r}")
+        return labels
+    if start_at_layer is not None and return_type in ("loss", "both"):
+        raise ValueError(f"return_type={return_type!r} with start_at_layer needs the token ids the loss is against: "
+                         "pass labels=tokens [B, T] (TL 4.3's labels=, HookedTransformer's tokens=)")
+    return tokens if start_at_layer is None else None
+
+
+def output(logits: torch.Tensor, tokens: torch.Tensor | None, return_type, per_token: bool = False):
+    """What TL's forward returns for return_type (checked by check_return_type); tokens: the
+    loss's targets (loss_targets)."""
     if return_type is None:
         return None
     if return_type == "logits":
         return logits
     loss = lm_loss(logits, tokens, per_token)
     return loss if return_type == "loss" else (logits, loss)
+
+
+def started_names(names: list[str], n_layers: int, start_at_layer: int | None) -> list[str]:
+    """names without those that do not fire when the run starts at block start_at_layer (the
+    embedding's, blocks before it), as TL's run_with_cache leaves them out."""
+    if start_at_layer is None:
+        return names
+    start = start_layer(n_layers, start_at_layer)
+    return [n for n in names if n not in EMBEDDING_HOOKS
+            and not (n.startswith("blocks.") and int(n.split(".")[1]) < start)]
+
+
+EMBEDDING_HOOKS = frozenset({"hook_embed", "hook_token_embed", "hook_pos_embed"})
 
 
 def backward_hook(fn: Callable) -> Callable:
@@ -207,16 +252,11 @@ def positions_of(pos_slice, length: int) -> list[int]:
 
 
 def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_slice, return_type, incl_bwd: bool,
-                    metric, remove_batch_dim: bool, to_disk, kwargs: dict):
+                    metric, remove_batch_dim: bool, to_disk, kwargs: dict, targets: torch.Tensor | None = None):
     """run_with_cache's (names, positions, metric) with TL's names_filter, pos_slice and
-    return_type="loss" (incl_bwd without a metric: the gradient of the loss, as TL's
-    incl_bwd) folded in; each checked, and TL arguments we do not take refused from kwargs."""
-    if kwargs.get("start_at_layer") is not None:
-        raise TypeError(f"start_at_layer={kwargs['start_at_layer']!r} is a TransformerLens argument run_with_cache does "
-                        "not take (its memory plan runs the model from tokens): run_with_hooks(residual, start_at_layer=k, fwd_hooks=[(name, "
-                        "fn)]) with functions that keep what they see, or model.resume_from(cache, examples, layer, "
-                        "start, end) for a cached run")
-    kwargs.pop("start_at_layer", None)
+    return_type="loss" (incl_bwd without a metric: the gradient of the loss against targets,
+    loss_targets, as TL's incl_bwd) folded in; each checked, and TL arguments we do not take
+    refused from kwargs."""
     refuse_unsupported(kwargs)
     check_return_type(return_type)
     if names_filter is not None:
@@ -228,9 +268,9 @@ def cache_arguments(tokens: torch.Tensor, names, names_filter, positions, pos_sl
         if positions is not None:
             raise ValueError(f"pass positions or pos_slice (TransformerLens'), not both; got positions={positions!r}, "
                              f"pos_slice={pos_slice!r}")
-        positions = positions_of(pos_slice, tokens.shape[-1])
+        positions = positions_of(pos_slice, tokens.shape[1])
     if incl_bwd and metric is None and return_type in ("loss", "both"):
-        metric = lambda logits: lm_loss(logits, tokens)  # noqa: E731
+        metric = lambda logits: lm_loss(logits, targets)  # noqa: E731
     if remove_batch_dim and to_disk is not None:
         raise ValueError(f"remove_batch_dim=True builds the Cache in memory; with to_disk={to_disk!r} call "
                          "cache.remove_batch_dim() when you read it")

@@ -161,12 +161,11 @@ def test_neuron_results_stacked_activations_and_batch_slices(setup):
     assert not one.has_batch_dim and one["hook_embed"].shape == (ids.shape[1], D)
     with torch.no_grad():
         model.run_with_cache(ids, reset_hooks_end=True, return_cache_object=True, names="hook_embed")
-    for bad in (dict(start_at_layer=1), dict(reset_hooks_end=False), dict(attention_mask=torch.ones_like(ids))):
+    for bad in (dict(reset_hooks_end=False), dict(attention_mask=torch.ones_like(ids))):
         with pytest.raises(TypeError, match="TransformerLens argument"):
             model.run_with_cache(ids, **bad)
-        if "start_at_layer" not in bad:  # run_with_hooks takes it (tests/test_tl_run.py)
-            with pytest.raises(TypeError, match="TransformerLens argument"):
-                model.run_with_hooks(ids, **bad)
+        with pytest.raises(TypeError, match="TransformerLens argument"):
+            model.run_with_hooks(ids, **bad)
 
 
 def test_neuron_results_stacked_activations_and_batch_slices_as_transformer_lens(setup, theirs):

@@ -155,13 +155,43 @@ def test_start_at_layer_runs_the_blocks_from_there(setup):
                         for n in seen)
     for bad, message in [(dict(start_at_layer=3), "start_at_layer must be"), (dict(start_at_layer=True), "start_at_layer"),
                          (dict(start_at_layer=2, stop_at_layer=1), "no block would run"),
-                         (dict(start_at_layer=1, return_type="loss"), "needs the tokens")]:
+                         (dict(start_at_layer=1, return_type="loss"), "pass labels=tokens"),
+                         (dict(start_at_layer=1, return_type="loss", labels=ids[:, :3]), "labels must be")]:
         with pytest.raises(ValueError, match=message):
             model.run_with_hooks(full["blocks.1.hook_resid_pre"], **bad)
+        with pytest.raises(ValueError, match=message):
+            model.run_with_cache(full["blocks.1.hook_resid_pre"], **bad)
     with pytest.raises(ValueError, match="residual stream"):
         model.run_with_hooks(ids, start_at_layer=1)
-    with pytest.raises(TypeError, match="run_with_hooks"):
-        model.run_with_cache(full["blocks.1.hook_resid_pre"], start_at_layer=1)
+    with pytest.raises(ValueError, match="residual stream"):
+        model.run_with_cache(ids, start_at_layer=1)
+
+
+def test_run_with_cache_from_a_layer_by_hand(setup):
+    """The cache of a run started at block k holds what the whole run's holds from block k on."""
+    _, model, ids = setup
+    with torch.no_grad():
+        logits, full = model.run_with_cache(ids)
+        for start in (1, -1):
+            got, cache = model.run_with_cache(full[f"blocks.{start % 3}.hook_resid_pre"], start_at_layer=start)
+            close(got, logits)
+            kept = [n for n in full if n in ("hook_final", "hook_logits") or n.startswith("norm_final.")
+                    or n.startswith("blocks.") and int(n.split(".")[1]) >= start % 3]
+            assert sorted(cache) == sorted(kept)
+            for name in kept:
+                close(cache[name], full[name])
+        named = ["hook_embed", "blocks.0.hook_resid_post", "blocks.2.attn.hook_pattern"]
+        _, cache = model.run_with_cache(full["blocks.2.hook_resid_pre"], start_at_layer=2, names_filter=named)
+        assert list(cache) == ["blocks.2.mixer.hook_pattern"]  # names before the start are left out, as TL's
+        loss, cache = model.run_with_cache(full["blocks.1.hook_resid_pre"], start_at_layer=1, return_type="loss",
+                                           labels=ids, names=["blocks.2.hook_resid_post"], pos_slice=[0, 2])
+        close(loss, model.run_with_hooks(ids, return_type="loss"))
+        assert cache["blocks.2.hook_resid_post"].shape[1] == 2
+        masked = ids.clone()
+        masked[:, 3] = -100  # a target left out of the loss
+        per_token = model.run_with_hooks(ids, return_type="loss", loss_per_token=True)
+        close(model.run_with_hooks(full["blocks.1.hook_resid_pre"], start_at_layer=1, return_type="loss",
+                                   labels=masked), (per_token.sum() - per_token[:, 2].sum()) / (per_token.numel() - 2))
 
 
 def test_start_at_layer_same_as_transformer_lens(setup, bridge):
@@ -175,6 +205,48 @@ def test_start_at_layer_same_as_transformer_lens(setup, bridge):
         patch = [("blocks.2.attn.hook_z", lambda x, hook: 0.5 * x)]
         close(model.run_with_hooks(resid, start_at_layer=1, fwd_hooks=patch),
               bridge.run_with_hooks(resid, start_at_layer=1, fwd_hooks=patch))
+        for kind in ("loss", "both"):
+            mine = model.run_with_hooks(resid, start_at_layer=1, return_type=kind, labels=ids, fwd_hooks=patch)
+            theirs = bridge.run_with_hooks(resid, start_at_layer=1, return_type=kind, labels=ids, fwd_hooks=patch)
+            for a, b in zip(mine if kind == "both" else [mine], theirs if kind == "both" else [theirs]):
+                close(a, b)
+        mine, cache = model.run_with_cache(resid, start_at_layer=1)
+        theirs, their_cache = bridge.run_with_cache(resid, start_at_layer=1)
+        close(mine, theirs)
+        ours = {model.hook_point(n).name for n in their_cache.keys() if not n.endswith("hook_normalized")
+                and n in model.hook_dict or _has_counterpart(model, n)}
+        assert ours <= set(cache)  # ours adds hook_result, hook_mlp_in (TL: behind flags), hook_final, hook_logits
+        assert not any(n.startswith(("hook_embed", "hook_pos_embed", "blocks.0.")) for n in cache)
+        for name in their_cache.keys():
+            if _has_counterpart(model, name) and not name.endswith("hook_normalized"):
+                close(cache[name], their_cache[name])
+    loss, cache = model.run_with_cache(resid, start_at_layer=1, return_type="loss", labels=ids, incl_bwd=True,
+                                       names=["blocks.2.attn.hook_pattern"])
+    their_loss, their_cache = bridge.run_with_cache(resid, start_at_layer=1, return_type="loss", labels=ids,
+                                                    incl_bwd=True, names_filter=["blocks.2.attn.hook_pattern"])
+    close(loss, their_loss)
+    close(cache["blocks.2.attn.hook_pattern_grad"], their_cache["blocks.2.attn.hook_pattern_grad"])
+
+
+def test_mlp_input_gradient_is_the_mlp_branchs(setup, bridge):
+    """d loss / d hook_mlp_in is the MLP branch's share of d loss / d hook_resid_mid (the rest goes
+    through the skip to hook_resid_post): TL 4.3's bridge caches it under hook_resid_mid (its alias
+    of ln2.hook_in, the norm's input), ours under hook_mlp_in; our hook_resid_mid's is the total."""
+    _, model, ids = setup
+    names = [f"blocks.1.hook_{n}" for n in ("resid_mid", "mlp_in", "resid_post")]
+    _, cache = model.run_with_cache(ids, names=names, incl_bwd=True, return_type="loss")
+    _, theirs = bridge.run_with_cache(ids, names_filter=["blocks.1.hook_resid_mid"], incl_bwd=True, return_type="loss")
+    close(cache["blocks.1.hook_mlp_in_grad"], theirs["blocks.1.hook_resid_mid_grad"])
+    close(cache["blocks.1.hook_resid_mid_grad"], cache["blocks.1.hook_mlp_in_grad"] + cache["blocks.1.hook_resid_post_grad"])
+    assert (cache["blocks.1.hook_mlp_in_grad"] - cache["blocks.1.hook_resid_mid_grad"]).abs().max() > 1e-3
+
+
+def _has_counterpart(model, tl_name: str) -> bool:
+    try:
+        model.hook_point(tl_name)
+    except ValueError:
+        return False
+    return True
 
 
 def test_bwd_hooks_refuse_hook_state():

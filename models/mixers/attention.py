@@ -175,9 +175,8 @@ class Attention(Mixer):
         self.hook_attn_in, self.hook_q_input = HookPoint(opt_in=True), HookPoint(opt_in=True)
         self.hook_k_input, self.hook_v_input = HookPoint(opt_in=True), HookPoint(opt_in=True)
 
-    @property
-    def input_hooks(self) -> tuple[HookPoint, ...]:
-        return self.hook_attn_in, self.hook_q_input, self.hook_k_input, self.hook_v_input
+        # hook_attn_in, hook_q_input, hook_k_input, hook_v_input (a tuple: not registered twice)
+        self.input_hooks = (self.hook_attn_in, self.hook_q_input, self.hook_k_input, self.hook_v_input)
 
     def reads_residual(self) -> bool:
         """Whether a per-head input hook (hook_attn_in, hook_q/k/v_input) is requested: the block
