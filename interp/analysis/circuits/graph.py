@@ -35,6 +35,12 @@ and the receivers (each one reads its own copy of the residual stream, through t
                               embedding it reads beside it (an edge from embed only)
     logits                    the final norm's input at the answer position
 
+Options: build_graph(model, conv=True) adds the short convolution of Mamba-2 / DeltaNet / Gated
+DeltaNet as nodes (`_conv_nodes`: sender c{l}.{unit}.{role}, its input receiver ...in, the state's
+reader s{l}.{unit}.{x, B, read, k, v}); channel_groups=G splits a Mamba (-1) layer's output into
+senders s{l}.g{g} (`_channel_groups`); positions=[roles] splits every node by position group
+(`positional_graph`).
+
 A receiver inside a mixer is a *slot*: a set of (hook, axis, indices) whose values it sets (e.g.
 hook_q at head i); its input passes through the norm and the mixer's own maps up to those hooks
 (`interp.analysis.circuits.passes`). Every sender upstream of a receiver has an edge to it:
