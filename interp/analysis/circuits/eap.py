@@ -68,7 +68,8 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
     (interp.analysis.circuits.metrics); answer: a role naming the answer position (default the last
     loss_mask position)."""
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
-        return fold(eap(model, clean, corrupt, metric, graph.base, answer, True), graph, per_position)
+        return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
+                    graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
     grads = _receiver_grads(model, pair, pair.corrupt.tokens, None, 1)
     return _scores(pair, grads, "eap", per_position)
@@ -85,8 +86,8 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1; got {steps!r}")
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
-        return fold(eap_ig(model, clean, corrupt, steps, metric, graph.base, answer, True, rows, max_memory, progress),
-                    graph, per_position)
+        return fold(eap_ig(model, clean, corrupt, steps=steps, metric=metric, graph=graph.base, answer=answer,
+                           per_position=True, rows=rows, max_memory=max_memory, progress=progress), graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
     n, length = clean.tokens.shape
     if rows is None:
