@@ -17,7 +17,7 @@ from models.memory import MemoryRefused
 from tests.browser import assert_renders
 
 NAMES = ["mamba", "negative_mamba", "mamba2", "aussm", "mamba3", "s4d", "h3", "deltanet", "deltanet_neg",
-         "gated_deltanet", "based", "linear_rnn", "token_gated_rnn", "dense_ssm"]
+         "gated_deltanet", "kda", "based", "linear_rnn", "token_gated_rnn", "dense_ssm"]
 DENSE = {"linear_rnn", "token_gated_rnn", "dense_ssm"}
 
 

@@ -17,10 +17,10 @@ mixer's recurrence implements for the current input (from the zero initial state
     Complex states (s4d, aussm, mamba3): the output is the real part of C h and x is real, so
       Re(sum_s c_s x_s) = sum_s Re(c_s) x_s and M is the real part of the complex coefficients
       (real, like the output; s4d's factor 2 is its conjugate pair).
-    Delta rule (deltanet, deltanet_neg, gated_deltanet): per head, x the values v_s and y the
+    Delta rule (deltanet, deltanet_neg, gated_deltanet, kda): per head, x the values v_s and y the
       kernel output o_t = S_t q_t (before the output norm and gate):
-        M[t, s] = beta_s k_s^T A_{s+1} ... A_t q_t,  A_r = alpha_r (I - beta_r k_r k_r^T)
-      (alpha = 1 without a decay). This is exact, the key removal (- beta k k^T) included: the
+        M[t, s] = beta_s k_s^T A_{s+1} ... A_t q_t,  A_r = Diag(alpha_r) (I - beta_r k_r k_r^T)
+      (alpha = 1 without a decay; one alpha a head, or one a key channel for kda). This is exact, the key removal (- beta k k^T) included: the
       recurrence is linear in the values, so no approximation is needed (TransformerLens'
       linearised views of attention are heuristics; this is the operator itself).
     Linear attention (based): per head, x the values v_s and y the normalised linear attention:
@@ -68,7 +68,7 @@ from models.mixers.based import taylor_features
 DIAGONAL = ("mamba", "negative_mamba", "mamba2", "aussm", "mamba3")
 COMPLEX = ("aussm", "mamba3")
 INVARIANT = ("s4d", "h3")
-DELTA = ("deltanet", "gated_deltanet")
+DELTA = ("deltanet", "gated_deltanet", "kda")
 LINEAR = ("based",)
 DENSE = ("linear_rnn", "token_gated_rnn", "dense_ssm")
 COVERED = DIAGONAL + INVARIANT + DELTA + LINEAR + DENSE
@@ -449,15 +449,17 @@ def _delta(mixer, inputs, plan: Selection, progress: bool) -> EffectiveAttention
     beta = mixer._beta(inputs["beta"]) if hasattr(mixer, "_beta") else inputs["beta"]
     beta = beta[:, steps, plan.index].to(plan.dtype)  # [B, W, H]
     alpha = torch.exp(inputs["g"][:, steps, plan.index].to(plan.dtype)) if "g" in inputs else None
+    if alpha is not None and alpha.dim() == 3:  # one decay a head: [B, W, H, 1]
+        alpha = alpha[..., None]
     batch, _, heads, d = k.shape
     matrix = q.new_zeros(batch, heads, plan.rows, plan.cols)
     rows = q.new_zeros(batch, plan.cols, heads, d)
     for t in _steps(plan, progress, f"effective attention ({mixer.mixer_name})"):
         i, live = t - plan.s0, plan.live(t)
         kt, current = k[:, i, None], rows[:, :live]  # [B, 1, H, d], [B, s, H, d]
+        if alpha is not None:  # r^T Diag(alpha_t), then the key removal
+            current *= alpha[:, i, None]
         current -= beta[:, i, None, :, None] * (current * kt).sum(-1, keepdim=True) * kt
-        if alpha is not None:
-            current *= alpha[:, i, None, :, None]
         if t < plan.s1:
             rows[:, i] = beta[:, i, :, None] * k[:, i]
         if t >= plan.t0:
