@@ -49,6 +49,9 @@ Grammar (shapes batch-first):
     blocks.{l}.norm_mixer.hook_scale | norm_mlp.hook_scale, norm_final.hook_scale   [B, T, 1]
     hook_final | hook_logits                      [B, T, d_model] | [B, T, vocab]
 
+TransformerLens' names (GPT-2 style, its 4.3 bridge's, Mamba / Mamba-2's `mixer.hook_ssm_state` ->
+hook_state, ...) resolve to these wherever a name is taken: the table is models.tl_names'.
+
 A `StatePatch` is a hook_state patch that declares what it does (which example and step, and
 the new state: values, deltas or a function of the state there). Used as a hook function it
 patches like any other; where it is the only thing on a recurrent mixer's hook_state (no other

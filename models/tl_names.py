@@ -46,6 +46,31 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
                                         weights [B, T, k]; TL's [B T, E] those weights scattered to their
                                         experts (zeros elsewhere), i.e. ours scattered by the indices
 
+TL 4.3's bridge names, and its Mamba / Mamba-2 (SSM block) names:
+
+    blocks.l.hook_in | blocks.l.hook_out  blocks.l.hook_resid_pre | hook_resid_post
+    blocks.l.ln1|norm.hook_in             blocks.l.hook_resid_pre (norm: an SSM block's one norm)
+    blocks.l.ln2.hook_in                  blocks.l.hook_mlp_in (its value is hook_resid_mid's, its
+                                          gradient the MLP branch's: TL's hook_resid_mid_grad)
+    blocks.l.ln1|norm.hook_out,           blocks.l.mixer.hook_in
+    blocks.l.hook_mixer_in
+    blocks.l.norm.hook_scale|normalized   blocks.l.norm_mixer.hook_scale (normalized: computed, as ln1's)
+    blocks.l.hook_mixer_out,              blocks.l.mixer.hook_out
+    mixer.hook_ssm_out, out_proj.hook_out
+    blocks.l.mixer.hook_ssm_state         blocks.l.mixer.hook_state: Mamba's ours [B, T, E, N], TL's
+                                          [B, E, T, N]; Mamba-2's [B, T, H, P, N] both. A patch of ours
+                                          propagates to later steps (a causal state patch); TL's changes
+                                          only that step's read-out (its propagating edit is hook_ssm_write)
+    blocks.l.mixer.hook_inner_norm,       blocks.l.mixer.hook_z (Mamba-2): out_proj's input, ours
+    inner_norm.hook_out, out_proj.hook_in  [B, T, H, P], TL's [B, T, E] (E = H P, flattened)
+    blocks.l.mixer.hook_conv              the same name, another value: TL's is the conv's raw output
+                                          [B, C, T + W - 1] before the SiLU, ours SiLU(conv) [B, T, C]
+    mixer.hook_ssm_write, hook_in_proj,   none (NoCounterpart says what to read: hook_state,
+    hook_x_proj, hook_dt_proj, hook_ssm_dt hook_conv, hook_gate, hook_dt = softplus(TL's hook_ssm_dt))
+    (pre-softplus), conv1d.*, inner_norm.hook_in|gate
+    embed.hook_out | unembed.hook_in,     hook_token_embed (else hook_embed) | hook_final |
+    ln_final.hook_out | hook_unembed        hook_final | hook_logits
+
 Short names (get_act_name): "embed" -> hook_embed, "q" / "k" / "v" / "z" / "result" / "pattern" /
 "attn_scores" (and "attn", "attn_logits", "query", "key", "value") take the "attn" layer type,
 "pre" / "post" / "mid" / "pre_linear" (and "mlp_pre", "mlp_post") the "mlp" one; "scale" and
@@ -75,7 +100,31 @@ _RULES: list[tuple[str, str | tuple[str, ...] | None, str]] = [
     (r"blocks\.(\d+)\.ln1\.hook_scale", "blocks.{l}.norm_mixer.hook_scale", ""),
     (r"blocks\.(\d+)\.ln2\.hook_scale", "blocks.{l}.norm_mlp.hook_scale", ""),
     (r"ln_final\.hook_scale", "norm_final.hook_scale", ""),
-    (r"(?:blocks\.(\d+)\.ln[12]|ln_final)\.hook_normalized", None,
+    (r"blocks\.(\d+)\.norm\.hook_scale", "blocks.{l}.norm_mixer.hook_scale", ""),
+    (r"blocks\.(\d+)\.(?:ln1|norm)\.hook_in|blocks\.(\d+)\.hook_in", "blocks.{l}.hook_resid_pre", ""),
+    (r"blocks\.(\d+)\.(?:ln1|norm)\.hook_out|blocks\.(\d+)\.(?:hook_mixer_in|mixer\.hook_in)",
+     "blocks.{l}.mixer.hook_in", ""),
+    (r"blocks\.(\d+)\.(?:hook_mixer_out|mixer\.hook_ssm_out|mixer\.out_proj\.hook_out)", "blocks.{l}.mixer.hook_out", ""),
+    (r"blocks\.(\d+)\.hook_out", "blocks.{l}.hook_resid_post", ""),
+    (r"blocks\.(\d+)\.ln2\.hook_in", "blocks.{l}.hook_mlp_in", ""),
+    (r"blocks\.(\d+)\.mixer\.hook_ssm_state", "blocks.{l}.mixer.hook_state", ""),
+    (r"blocks\.(\d+)\.mixer\.(?:hook_inner_norm|inner_norm\.hook_out|out_proj\.hook_in)", "blocks.{l}.mixer.hook_z", ""),
+    (r"blocks\.(\d+)\.mixer\.hook_ssm_write", None,
+     "TL's per-step write dt_t x_t B_t (a patch there re-runs its scan); we hook the states themselves: a "
+     "blocks.{l}.mixer.hook_state patch at step t propagates to every later step"),
+    (r"blocks\.(\d+)\.mixer\.(?:hook_in_proj|in_proj\.hook_\w+|conv1d\.hook_\w+|hook_x_proj|x_proj\.hook_\w+)",
+     None, "we do not hook in_proj's raw output, the conv before its SiLU or x_proj's (dt_low, B, C): "
+           "blocks.{l}.mixer.hook_conv is SiLU(conv) [B, T, C], hook_gate SiLU(z) [B, T, E]"),
+    (r"blocks\.(\d+)\.mixer\.(?:hook_dt_proj|hook_ssm_dt|dt_proj\.hook_\w+)", None,
+     "TL's is dt_proj's output before the softplus; ours, blocks.{l}.mixer.hook_dt, is after it (the step size)"),
+    (r"blocks\.(\d+)\.mixer\.inner_norm\.hook_(?:in|gate)", None,
+     "the gated norm's inputs (y, z): ours are hook_gate = SiLU(z) and, after the norm, hook_z"),
+    (r"embed\.hook_out", ("hook_token_embed", "hook_embed"), ""),
+    (r"embed\.hook_in", None, "TL's is the token ids, the input; we hook from the embedding on (hook_embed)"),
+    (r"ln_final\.hook_in", None, "TL's is the last block's output: read blocks.{{L - 1}}.hook_resid_post"),
+    (r"(?:unembed\.hook_in|ln_final\.hook_out)", "hook_final", ""),
+    (r"(?:hook_unembed|unembed\.hook_out)", "hook_logits", ""),
+    (r"(?:blocks\.(\d+)\.(?:ln[12]|norm)|ln_final)\.hook_normalized", None,
      "TL's hook_normalized is the centred input divided by hook_scale, before the gain and bias; "
      "our norms hook only the scale (a Cache computes hook_normalized from the cached residual and "
      "scale; the norm's output, with them, is what the next module reads: mixer.hook_in after ln1, "
@@ -135,7 +184,7 @@ def to_ours(name: str, known=None) -> str:
         if match is None:
             continue
         groups = match.groups()
-        layer = groups[0] if groups else ""
+        layer = next((g for g in groups if g is not None and g.isdigit()), "")  # alternatives: one group each
         if ours is None:
             raise NoCounterpart(f"{name!r} is a TransformerLens name with no counterpart here: "
                                 f"{why.format(l=layer or 0)}")
@@ -146,15 +195,15 @@ def to_ours(name: str, known=None) -> str:
 
 
 def normalized_inputs(name: str, n_layers: int) -> tuple[str, str] | None:
-    """For a TL hook_normalized name (ln1, ln2, ln_final): (our residual it normalises, our
-    hook_scale of that norm); else None."""
-    match = re.fullmatch(r"(?:blocks\.(\d+)\.(ln[12])|ln_final)\.hook_normalized", name)
+    """For a TL hook_normalized name (ln1, ln2, an SSM block's norm, ln_final): (our residual it
+    normalises, our hook_scale of that norm); else None."""
+    match = re.fullmatch(r"(?:blocks\.(\d+)\.(ln[12]|norm)|ln_final)\.hook_normalized", name)
     if match is None:
         return None
     layer, norm = match.groups()
     if norm is None:
         return f"blocks.{n_layers - 1}.hook_resid_post", "norm_final.hook_scale"
-    resid, ours = ("resid_pre", "norm_mixer") if norm == "ln1" else ("resid_mid", "norm_mlp")
+    resid, ours = ("resid_mid", "norm_mlp") if norm == "ln2" else ("resid_pre", "norm_mixer")
     return f"blocks.{layer}.hook_{resid}", f"blocks.{layer}.{ours}.hook_scale"
 
 

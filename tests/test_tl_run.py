@@ -237,6 +237,7 @@ def test_mlp_input_gradient_is_the_mlp_branchs(setup, bridge):
     _, cache = model.run_with_cache(ids, names=names, incl_bwd=True, return_type="loss")
     _, theirs = bridge.run_with_cache(ids, names_filter=["blocks.1.hook_resid_mid"], incl_bwd=True, return_type="loss")
     close(cache["blocks.1.hook_mlp_in_grad"], theirs["blocks.1.hook_resid_mid_grad"])
+    assert cache["blocks.1.ln2.hook_in_grad"] is cache["blocks.1.hook_mlp_in_grad"]  # TL's name of it
     close(cache["blocks.1.hook_resid_mid_grad"], cache["blocks.1.hook_mlp_in_grad"] + cache["blocks.1.hook_resid_post_grad"])
     assert (cache["blocks.1.hook_mlp_in_grad"] - cache["blocks.1.hook_resid_mid_grad"]).abs().max() > 1e-3
 
