@@ -13,8 +13,9 @@ layer and role). Then it asks seed 003's question at the level of paths:
                head's key input@value (where it writes the key), the layer-1 heads -> logits. (The key corruption leaves the query token as it is, so no score flows
                from the query's own embedding.)
   Mamba-2      is it short conv -> state -> read-out? The conv reading the key (edges into
-               c*.in@key), the conv's output read by the state at the value (c* -> s*.x@value:
-               the conv carries the key beside its value), the read-out C at the query (into
+               c*.in@key), the conv's output read by the state at the value (c* -> s*.x@value
+               and s*.B@value: the conv carries the key beside its value, into x or into the
+               input vector B), the read-out C at the query (into
                s*.read@query), the last layer's states -> logits.
 
 Reading: each share is the |score| of a kind of edge at that role over its |score| at every role
@@ -100,6 +101,7 @@ def paths(name: str, scores) -> dict:
                 "a1 -> logits": logit_share(scores, "a1.")}
     shares = {"into conv at key": share(scores, "", "c", ".in", "key"),
               "conv -> state x at value": share(scores, "c", "s", ".x", "value"),
+              "conv -> state B at value": share(scores, "c", "s", ".B", "value"),
               "read-out at query": share(scores, "", "s", ".read", "query"),
               "s1 -> logits": logit_share(scores, "s1.")}
     if name == "hybrid":  # attention first: does a layer-0 head feed the conv at the key / value?
