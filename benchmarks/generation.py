@@ -4,7 +4,8 @@
                                     [--rounds 2] [--threads 1] [--markdown]
 
 For each model (benchmarks/real_configs.py: Mamba-130m, Mamba-2 130M, GPT-2 small, Llama 125M, and
-a 172M NemotronH hybrid of Mamba-2, attention and MLP layers),
+a 172M NemotronH hybrid of Mamba-2, attention and MLP layers; here: "lfm2", LFM2-350M's published
+config, 354M parameters, 10 gated short-conv and 6 GQA attention layers, ~1.4 GB in float32),
 converted with models.from_pretrained, B = 1, greedy, in one process, the contenders interleaved
 in rounds (benchmarks/timing.py):
   ours: generate N tokens from the DecodingState after the prompt (a copy per run; the copy is
@@ -31,6 +32,34 @@ from models import StatePatch
 from models.memory import format_bytes
 from real_configs import HYBRIDS, REAL_SIZES, build_source, tokens  # benchmarks/real_configs.py
 from timing import interleaved  # benchmarks/timing.py
+
+
+# LFM2-350M (LiquidAI/LFM2-350M config.json): d 1024, 16 layers, attention at 2, 5, 8, 10, 12, 14
+LFM2_ATTENTION = (2, 5, 8, 10, 12, 14)
+EXTRA = ("lfm2",)
+
+
+def lfm2_source(seed: int = 0) -> torch.nn.Module:
+    """A random-weight transformers Lfm2ForCausalLM of LFM2-350M's config, eval mode, float32."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = tf.Lfm2Config(
+        vocab_size=65536, hidden_size=1024, intermediate_size=6656, num_hidden_layers=16, num_attention_heads=16,
+        num_key_value_heads=8, conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=True, max_position_embeddings=128000, rope_theta=1e6, norm_eps=1e-5,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=7,
+        layer_types=["full_attention" if i in LFM2_ATTENTION else "conv" for i in range(16)])
+    return tf.Lfm2ForCausalLM(config).eval()
+
+
+def source_and_prompt(name: str, length: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The random-weight transformers model `name` and a random prompt [1, length] in its vocabulary."""
+    if name == "lfm2":
+        source = lfm2_source()
+        return source, torch.randint(0, source.config.vocab_size, (1, length),
+                                     generator=torch.Generator().manual_seed(0))
+    return build_source(name), tokens(name, 1, length)
 
 
 def hf_generate(source, prompt, new: int, **options):
@@ -116,9 +145,8 @@ def per_token(rounds, label: str, new: int, prefill_label: str | None = None) ->
 
 
 def measure(name: str, length: int, new: int, n_rounds: int) -> dict:
-    source = build_source(name)
+    source, prompt = source_and_prompt(name, length)
     ours = models.from_pretrained(source)
-    prompt = tokens(name, 1, length)
     with torch.no_grad():
         ours_tokens, state = ours.generate(prompt, new, return_state=True, progress=False)
         hf_tokens, hf_bytes = hf_run(source, prompt, new)
@@ -162,7 +190,7 @@ def show(result: dict, markdown: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mamba", "mamba2", "gpt2", "nemotron_h"],
-                        choices=REAL_SIZES + HYBRIDS)
+                        choices=REAL_SIZES + HYBRIDS + EXTRA)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)

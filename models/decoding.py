@@ -7,17 +7,19 @@ hook points, continuing from that carried state:
     recurrent mixers (resume_context not None)   the state after the last step [B, *S] and what
         prepare() reads of earlier positions: the short-conv window [B, C, W - 1] of the conv's
         inputs where that is all (Mixer.carries_conv: Mamba, Mamba-2, DeltaNet, Gated DeltaNet,
-        H3; Mixer.convolve continues it), else the mixer inputs (after hook_in) at the last
+        H3, RWKV-7; Mixer.convolve continues it; Based also keeps its sliding window's last
+        keys and values there), else the mixer inputs (after hook_in) at the last
         resume_context positions [B, w, D] (Mamba-3); one step of the recurrence per token
         (fast_segment from the carried state; the instrumented path while hook_state /
         hook_gate is in use).
     attention                                   a KV cache: rotated keys and values
         [B, G, T, d_head] (Attention.mix_cached); the new query attends every cached position.
-    mixers without a carried state (resume_context None: Based, Hyena, BaseConv)   the mixer
-        input before hook_in at every position [B, t, D]: the mixer is recomputed over the whole
-        prefix at each token (correct, but at least O(t) per token, Based's parallel form
-        O(t^2); their hooks then see every position). Based's linear-attention state and
-        sliding window could carry forward; not done yet.
+    long convolutions (mix_from_history: Hyena, BaseConv)   the short-conv window and the long
+        convolution's inputs at every position [B, t, C] (a buffer grown like the KV cache):
+        the new position's output reads them all, O(t) per token, no projection re-run.
+    other mixers without a carried state (resume_context None)   the mixer input before
+        hook_in at every position [B, t, D]: the mixer is recomputed over the whole prefix at
+        each token (correct, but at least O(t) per token; its hooks then see every position).
 
 Positions. While a call runs every hook point of the model has `hook.position`, the absolute
 position of the first step on the time axis of what it sees (the query axis of hook_attn_scores
@@ -50,15 +52,19 @@ from models.memory import progress_bar
 QUERY_AXIS_HOOKS = ("hook_attn_scores", "hook_pattern")
 READ_OUT_HOOKS = ("hook_final", "hook_logits", "norm_final.hook_scale")
 UNSET = object()
+BUFFER_AXES = {"keys": 2, "values": 2, "history": 1}  # DecodingState entries grown ahead, their time axis
 
 
 def mixer_kind(mixer) -> str:
-    """How a mixer decodes: "attention" (KV cache), "recurrent" (carried state and window) or
-    "recompute" (the whole prefix again at every token)."""
+    """How a mixer decodes: "attention" (KV cache), "recurrent" (carried state and window),
+    "history" (a long convolution over its carried inputs) or "recompute" (the whole prefix
+    again at every token)."""
     if hasattr(mixer, "mix_cached"):
         return "attention"
     if hasattr(mixer, "hook_state") and mixer.resume_context is not None:
         return "recurrent"
+    if hasattr(mixer, "mix_from_history"):
+        return "history"
     return "recompute"
 
 
@@ -67,9 +73,12 @@ class DecodingState:
 
         recurrent   {"state": [B, *S] after the last step, and "conv": [B, C, W - 1] the
                      short conv's last inputs (carries_conv) or "window": [B, w, D] mixer inputs
-                     (after hook_in) at the last w = resume_context positions}
+                     (after hook_in) at the last w = resume_context positions; Based also
+                     "swa_keys", "swa_values" [B, H, <= window - 1, d_head]}
         attention   {"keys", "values": [B, G, >= position, d_head]} (buffers; positions
                      < `position` are valid; keys rotated for positional="rope")
+        history     {"conv": [B, C, W - 1], "history": [B, >= position, C]} the long convolution's
+                     inputs (a buffer like the keys)
         recompute   {"inputs": [B, position, D]} mixer inputs (before hook_in) at every position
 
     A block with a parallel second mixer (Block.mixer2) keeps that mixer's entries in the same
@@ -83,8 +92,9 @@ class DecodingState:
         self.layers, self.position = layers, position
 
     def trimmed(self) -> list[dict[str, torch.Tensor]]:
-        """The layers with the KV buffers cut to the valid positions (views)."""
-        return [{k: v[:, :, : self.position] if k in ("keys", "values") else v for k, v in layer.items()}
+        """The layers with the KV and history buffers cut to the valid positions (views)."""
+        return [{k: v.narrow(BUFFER_AXES[k.rsplit(".", 1)[-1]], 0, self.position)
+                 if k.rsplit(".", 1)[-1] in BUFFER_AXES else v for k, v in layer.items()}
                 for layer in self.layers]
 
     def copy(self) -> "DecodingState":
@@ -190,16 +200,24 @@ def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0
     return mixer.hook_out(out)
 
 
-def prepare_conv(mixer, u: torch.Tensor, layer: dict) -> dict[str, torch.Tensor]:
-    """prepare(u) [B, n, D] continuing the carried short-conv window (Mixer.convolve), which is
-    replaced by the one after u: the hooks of prepare see the n new positions only."""
-    mixer.conv_carry = {"conv": layer["conv"]} if "conv" in layer else {}
+@contextlib.contextmanager
+def carrying(mixer, layer):
+    """Within the block mixer.conv_carry holds the layer's carried windows (Mixer.convolve's, and
+    whatever else a mixer keeps there: Based's window keys and values); the layer then takes
+    what the mixer left there."""
+    mixer.conv_carry = {k: v for k, v in layer.items() if k not in ("state", "history") and "." not in k}
     try:
-        inputs = mixer.prepare(u)
+        yield
+        layer.update(mixer.conv_carry)
     finally:
-        carried, mixer.conv_carry = mixer.conv_carry, None
-    layer.update(carried)
-    return inputs
+        mixer.conv_carry = None
+
+
+def prepare_conv(mixer, u: torch.Tensor, layer: dict) -> dict[str, torch.Tensor]:
+    """prepare(u) [B, n, D] continuing the carried windows (carrying), replaced by what follows
+    u: the hooks of prepare see the n new positions only."""
+    with carrying(mixer, layer):
+        return mixer.prepare(u)
 
 
 def prepare_window(mixer, u: torch.Tensor, layer: dict, start: int) -> dict[str, torch.Tensor]:
@@ -235,6 +253,19 @@ def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
     return out, final[-1]
 
 
+def run_history(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
+    """A long-convolution mixer (Hyena, BaseConv: mix_from_history) from its carried short-conv
+    window and the history of its long convolution's inputs [B, >= start + n, C] (a buffer
+    grown like the KV cache): x [B, n, D] -> [B, n, D], O(t) per new token."""
+    u = mixer.hook_in(x)
+    end = start + x.shape[1]
+    like = u.new_empty(u.shape[0], 1, mixer.history_width)
+    layer["history"] = grown(layer.get("history"), 1, end, room, like)
+    with carrying(mixer, layer):
+        out = mixer.mix_from_history(u, layer["history"], start)
+    return mixer.hook_out(out)
+
+
 def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
     """A mixer without a carried state, recomputed over every position so far -> [B, n, D]."""
     n = x.shape[1]
@@ -244,7 +275,7 @@ def run_recompute(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0
         return mixer(history)[:, history.shape[1] - n:]
 
 
-RUNNERS = {"attention": run_attention, "recurrent": run_recurrent, "recompute": run_recompute}
+RUNNERS = {"attention": run_attention, "recurrent": run_recurrent, "history": run_history, "recompute": run_recompute}
 
 
 class Prefixed(MutableMapping):

@@ -22,15 +22,24 @@ window = 0 drops the sliding-window part (the Zoology-style linear-attention-plu
 The last column of S holds the normaliser sum_t phi(k_t), so the whole linear-attention state is
 one tensor. The update is affine with identity transition (is_affine, transition = 1).
 phi(q).phi(k) >= 1/2, so the normaliser of an unpatched run is >= (t + 1) / 2 and needs no epsilon.
+The sliding window reads only x (never S), so prepare() computes it (inputs["swa"], after W_o')
+and the scan carries S alone. The window reads the pattern's band only: a hook writing
+hook_pattern outside positions t - window < s <= t changes nothing.
 
 Hooks: hook_conv [B, T, D] (short-conv output), hook_q, hook_k [B, T, H, f] (before phi),
 hook_v [B, T, H, d_head], hook_state [B, T, H, 1 + f + f^2, d_head + 1] (causal patches),
 hook_pattern [B, H, T, T] (sliding-window softmax probabilities; only when window > 0).
 
 Fast path: the parallel form lin = (M o K)[V, 1] with K[s, t] = 1 + s_st + s_st^2 / 2 and M the
-causal mask (the state is never built), plus scaled_dot_product_attention with a band mask.
-Instrumented path: the state recurrence above (per-step states, patchable) and the explicit window
-pattern.
+causal mask (the state is never built), plus scaled_dot_product_attention with a band mask;
+from a carried state S_0 (fast_segment) phi(q_t)^T S_0 is added to the numerator and the final
+state is S_0 + phi(K)^T [V, 1]. Instrumented path: the state recurrence above (per-step states,
+patchable) and the explicit window pattern.
+
+Decoding (models.decoding) carries S, the short conv's last d_conv - 1 inputs and the window's
+last window - 1 keys and values (Mixer.convolve's conv_carry: "conv", "swa_keys", "swa_values"
+[B, H, <= window - 1, d_head]): a new token costs O(1) in the prefix length. Its hook_pattern
+is [B, H, 1, t + 1] over absolute key positions (zero outside the window).
 
 mixer_options: feature_dim (int >= 1, default 16), window (int >= 0, default 64, the paper's size).
 """
@@ -44,7 +53,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.kernels import short_conv
 from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
 
 OPTIONS = {"feature_dim": 16, "window": 64}
@@ -67,7 +75,7 @@ def window_mask(length: int, window: int, device) -> torch.Tensor:
 @register_mixer("based", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
 class Based(RecurrentMixer):
     is_affine = True
-    resume_context = None  # the sliding window reads earlier positions in readout(): recompute
+    carries_conv = True  # decoding carries the short conv's and the window's inputs (conv_carry)
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -79,6 +87,7 @@ class Based(RecurrentMixer):
             raise ValueError(f"mixer_options['window'] must be an int >= 0 (0 = no SWA); got {self.window!r}")
         d, h, f = cfg.d_model, cfg.n_heads, self.feature_dim
         self.n_heads, self.d_head = h, cfg.head_dim
+        self.resume_context = max(cfg.d_conv - 1, self.window - 1)  # prepare() reads that far back
         self.state_shape = (h, 1 + f + f * f, self.d_head + 1)
         self.conv_weight = nn.Parameter(torch.randn(d, cfg.d_conv) / math.sqrt(cfg.d_conv))
         self.conv_bias = nn.Parameter(torch.zeros(d))
@@ -95,11 +104,14 @@ class Based(RecurrentMixer):
     # --- linear attention as a recurrence ---------------------------------------------------
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         batch, length, _ = x.shape
-        u = self.hook_conv(short_conv(x, self.conv_weight, self.conv_bias))  # [B, T, D]
+        u = self.hook_conv(self.convolve(x, self.conv_weight, self.conv_bias))  # [B, T, D]
         qk = self.proj_qk(u).view(batch, length, 2, self.n_heads, self.feature_dim)
         q, k = self.hook_q(qk[:, :, 0]), self.hook_k(qk[:, :, 1])  # [B, T, H, f]
         v = self.hook_v(self.proj_v(u).view(batch, length, self.n_heads, self.d_head))
-        return {"q": q, "k": k, "v": v}
+        inputs = {"q": q, "k": k, "v": v}
+        if self.window:
+            inputs["swa"] = self.swa_out(self.sliding_window(x))  # [B, T, D]
+        return inputs
 
     def step(self, inputs_t: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
         phi_k = taylor_features(inputs_t["k"])  # [B, H, F]
@@ -116,37 +128,75 @@ class Based(RecurrentMixer):
 
     def parallel(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The same linear attention in its masked quadratic form -> [B, T, H, dh]."""
+        num = self.parallel_terms(inputs)
+        return num[..., :-1] / num[..., -1:]
+
+    def parallel_terms(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(M o K) [V, 1], the numerator and (last column) the normaliser from S_0 = 0 -> [B, T, H, dh + 1]."""
         q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))  # [B, H, T, .]
         s = q @ k.transpose(-1, -2) / math.sqrt(self.feature_dim)  # [B, H, T, T]
         kernel = (1 + s + s.square() / 2).tril()
-        out = (kernel @ v) / kernel.sum(-1, keepdim=True)  # [B, H, T, dh]
-        return out.transpose(1, 2)
+        num = torch.cat([kernel @ v, kernel.sum(-1, keepdim=True)], dim=-1)  # [B, H, T, dh + 1]
+        return num.transpose(1, 2)
+
+    def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
+        """(output [B, T, D], S after the last step [B, H, F, dh+1]) from S_0 = initial: the
+        parallel form plus phi(q_t)^T S_0; the final state S_0 + phi(K)^T [V, 1]."""
+        if x.shape[1] == 1:  # one step: the recurrence itself (elementwise: no batch-dependent rounding)
+            h = self.initial_state(x.shape[0], x) if initial is None else initial
+            final = self.step({k: v[:, 0] for k, v in inputs.items()}, h)  # [B, H, F, dh+1]
+            num = (taylor_features(inputs["q"][:, 0])[..., None] * final).sum(-2)[:, None]  # [B, 1, H, dh+1]
+        else:
+            phi_k = taylor_features(inputs["k"])  # [B, T, H, F]
+            v1 = torch.cat([inputs["v"], torch.ones_like(inputs["v"][..., :1])], dim=-1)  # [B, T, H, dh+1]
+            total = torch.einsum("bthf,bthe->bhfe", phi_k, v1)
+            num = self.parallel_terms(inputs)
+            if initial is not None:
+                num = num + torch.einsum("bthf,bhfe->bthe", taylor_features(inputs["q"]), initial)
+            final = total if initial is None else initial + total
+        return self.combine(num[..., :-1] / num[..., -1:], inputs), final
 
     # --- sliding-window attention and output ----------------------------------------------
     def sliding_window(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, H*dh]
+        """Softmax attention over the last `window` positions; while decoding (conv_carry) the
+        keys and values of the window - 1 positions before x come from the carry, which keeps them."""
         batch, length, _ = x.shape
         qkv = self.swa_qkv(x).view(batch, length, 3, self.n_heads, self.d_head).transpose(1, 3)
         q, k, v = qkv.unbind(dim=2)  # [B, H, T, dh]
-        allowed = window_mask(length, self.window, x.device)
+        if self.conv_carry is not None:
+            k, v = (torch.cat([self.conv_carry[key], new], dim=2) if key in self.conv_carry else new
+                    for key, new in (("swa_keys", k), ("swa_values", v)))  # [B, H, c + T, dh]
+            keep = max(k.shape[2] - (self.window - 1), 0)
+            self.conv_carry["swa_keys"], self.conv_carry["swa_values"] = k[:, :, keep:], v[:, :, keep:]
+        context = k.shape[2] - length  # carried positions before x
+        allowed = window_mask(k.shape[2], self.window, x.device)[context:]  # [T, c + T]
         if self.use_instrumented(self.hook_pattern):
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
-            pattern = self.hook_pattern(scores.masked_fill(~allowed, float("-inf")).softmax(-1))
-            z = pattern @ v
+            band = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+            before = getattr(self.hook_pattern, "position", 0) - context  # earlier positions, not carried
+            pattern = self.hook_pattern(F.pad(band, (before, 0)))[..., before:]  # [B, H, T, position + T]
+            z = pattern.masked_fill(~allowed, 0.0) @ v
+        elif length == 1:  # one query: every carried key is in its window
+            z = F.scaled_dot_product_attention(q, k, v)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         return z.transpose(1, 2).reshape(batch, length, -1)
 
-    def combine(self, x: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
+    def combine(self, lin: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         y = self.out_proj(lin.flatten(2))  # [B, T, D]
-        if self.window:
-            y = y + self.swa_out(self.sliding_window(x))
-        return y
+        return y + inputs["swa"] if self.window else y
 
     def readout(self, x, states, inputs) -> torch.Tensor:
-        return self.combine(x, self.read_states(states, inputs["q"]))
+        return self.combine(self.read_states(states, inputs["q"]), inputs)
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        """Its own: the parallel form, or the instrumented path while hook_state is in use (StatePatches
+        are pinned, not run declared: float32 rounding of the parallel form against a set state
+        exceeds the 1e-6 the declared runs keep)."""
         inputs = self.prepare(x)
         if self.use_instrumented(self.hook_state):
             return self.instrumented_forward(x, inputs)
-        return self.combine(x, self.parallel(inputs))
+        return self.combine(self.parallel(inputs), inputs)
+
+    def fast_from(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
+        return self.fast_segment(x, inputs, initial)[0]

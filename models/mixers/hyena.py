@@ -19,6 +19,12 @@ Hyena has no finite recurrent state: the long convolution looks back over the wh
 filter that is not a finite sum of exponentials, so there is no hook_state (the "state" would be
 the whole input history). Fast and instrumented paths are the same computation.
 
+Decoding (models.decoding, mix_from_history) carries the short conv's last d_conv - 1 inputs and
+every earlier long-conv input x1_s * v_s (the history [B, t, D]): a new token costs one row of
+each projection and sum_s h[:, t - s] (x1 v)_s, O(t D), never the prefix again. The filter's
+taps for max_len positions are computed once (no gradient wanted) and kept until a parameter of
+the filter changes.
+
 Hooks: hook_conv [B, T, 3D] (short-conv output), hook_gate [B, T, 2, D] (the outer gate x0 and
 the inner gate x1, in that order).
 
@@ -33,9 +39,8 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.kernels import short_conv
-from models.kernels.fft_conv import fft_causal_conv
 from models.mixers.base import Mixer, mixer_options, register_mixer
+from models.mixers.baseconv import causal_conv_last, check_length
 
 OPTIONS = {"filter_order": 64, "emb_dim": 5}
 
@@ -97,18 +102,41 @@ class Hyena(Mixer):
         self.filter_bias = nn.Parameter(torch.randn(d))
         self.out_proj = nn.Linear(d, d)
         self.hook_conv, self.hook_gate = HookPoint(), HookPoint()
+        self.history_width = d  # models.decoding: the width of the long convolution's inputs
 
-    def long_conv(self, v: torch.Tensor) -> torch.Tensor:
-        """v [B, T, D] -> (h * v)[B, T, D] + bias * v, the causal long convolution by FFT."""
-        length = v.shape[1]
-        if length > self.cfg.max_len:
-            raise ValueError(f"hyena filters cover max_len={self.cfg.max_len} positions; got T={length}")
-        return fft_causal_conv(v, self.filter(length)) + self.filter_bias * v
+    def taps(self, length: int) -> torch.Tensor:
+        """The filter h[:, :length] [D, length]: without a gradient wanted, from h over max_len
+        positions computed once and kept while the filter's parameters are unchanged."""
+        if torch.is_grad_enabled():
+            return self.filter(length)
+        key = tuple((id(p), p._version, p.dtype, p.device) for p in self.filter.parameters())
+        kept = self.__dict__.get("kept_taps")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["kept_taps"] = (key, self.filter(self.cfg.max_len))
+        return kept[1][:, :length]
+
+    def long_conv(self, v: torch.Tensor, history: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        """v [B, n, D] at positions start, ... -> (h * v) + bias * v there [B, n, D], the causal long
+        convolution (by FFT; one position directly); history as in mix_from_history (v is written
+        into it and the convolution reads every position before)."""
+        length = check_length(self, start + v.shape[1])
+        u = v
+        if history is not None:
+            history[:, start:length] = v
+            u = history[:, :length]
+        return causal_conv_last(u, self.taps(length), v.shape[1]) + self.filter_bias * v
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        return self.mix_from_history(x, None, 0)
+
+    def mix_from_history(self, x: torch.Tensor, history: torch.Tensor | None, start: int) -> torch.Tensor:
+        """x [B, n, D] (after hook_in) at positions start, ..., start + n - 1 -> [B, n, D]; history
+        [B, >= start + n, D]: the long conv's inputs x1 * v, valid before start, this call's
+        written at [start, start + n) (None: a whole sequence, start 0). The short conv continues
+        from conv_carry while decoding (Mixer.convolve)."""
         d = x.shape[-1]
-        z = self.hook_conv(short_conv(self.in_proj(x), self.conv_weight, self.conv_bias))  # [B, T, 3D]
+        z = self.hook_conv(self.convolve(self.in_proj(x), self.conv_weight, self.conv_bias))  # [B, n, 3D]
         x0, x1, v = z.split(d, dim=-1)
-        gates = self.hook_gate(torch.stack([x0, x1], dim=2))  # [B, T, 2, D]
-        v = self.long_conv(gates[:, :, 1] * v)
-        return self.out_proj(gates[:, :, 0] * v)
+        gates = self.hook_gate(torch.stack([x0, x1], dim=2))  # [B, n, 2, D]
+        y = self.long_conv(gates[:, :, 1] * v, history, start)  # [B, n, D]
+        return self.out_proj(gates[:, :, 0] * y)
