@@ -25,7 +25,7 @@ end and are stored as t % T). The cache then holds [B, K, ...] on the time axis
 A hook's *head axis* is its axis of attention heads, recurrent heads or channel groups
 (`head_axis`): axis 2 of hook_q / k / v / z / result / beta [B, T, H, ...], axis 1 of
 hook_attn_scores / hook_pattern [B, H, T, T], and axis 2 of hook_state [B, T, *S] where the state is
-per head (S = [H, ...]: mamba2, deltanet, gated_deltanet, based) or per channel (S = [C, N]: mamba and
+per head (S = [H, ...]: mamba2, deltanet, gated_deltanet, kda, based) or per channel (S = [C, N]: mamba and
 its variants, h3, s4d: a "head" is then one channel); no other hook has one (docs/caches.md).
 `heads` keeps some indices of it, as `positions` does of the time axis:
 
@@ -61,7 +61,7 @@ PER_HEAD = {"hook_q": 2, "hook_k": 2, "hook_v": 2, "hook_z": 2, "hook_result": 2
             "hook_q_input": 2, "hook_k_input": 2, "hook_v_input": 2,
             "hook_attn_scores": 1, "hook_pattern": 1}
 # mixers whose hook_state [B, T, *S] has heads (S = [H, ...]) or channels (S = [C, N]) on axis 2
-STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "based", "rwkv7"})
+STATE_HEADS = frozenset({"mamba2", "deltanet", "gated_deltanet", "kda", "based", "rwkv7"})
 STATE_CHANNELS = frozenset({"mamba", "negative_mamba", "mamba3", "aussm", "h3", "s4d", "lfm2_conv", "rwkv7_ffn"})
 
 

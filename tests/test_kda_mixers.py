@@ -64,6 +64,23 @@ def test_mla_cache_keeps_a_patch_for_later_tokens(hook):
     assert (full[:, 4:] - clean[:, 4:]).abs().amax() > 1e-3 and torch.equal(full[:, :3], clean[:, :3])
 
 
+@pytest.mark.parametrize("name", ["kda", "mla"])
+def test_heads_equal_indexing_the_full_cache(name):
+    """run_with_cache(heads=...) keeps heads of hook_q / k / v / z / result / beta, the pattern and
+    (kda) hook_state [B, T, H, V, K] on axis 2, as indexing the full cache does."""
+    model = models.build(name, vocab_size=7)
+    tokens = torch.randint(0, 7, (2, 9), generator=torch.Generator().manual_seed(3))
+    plan = model.cache_plan(tokens)
+    axes = {n: layout.head_axis for n, layout in plan.layouts.items() if layout.head_axis is not None}
+    assert ("blocks.0.mixer.hook_state" in axes) == (name == "kda") and "blocks.0.mixer.hook_z" in axes
+    with torch.no_grad():
+        _, full = model.run_with_cache(tokens)
+        _, kept = model.run_with_cache(tokens, heads=[-1, 1])
+    for hook, value in full.items():
+        expected = value.index_select(axes[hook], torch.tensor([3, 1])) if hook in axes else value
+        assert torch.equal(kept[hook], expected), hook
+
+
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="the 'mla' mixer has none"):
         models.build("mla", positional="rope")
