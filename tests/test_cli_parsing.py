@@ -7,9 +7,12 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from interp.cli import main
+from interp.cli.args import GPU_DEVICE_FILES, NAMED_TASKS
 
 PROBE = """
 import json, sys
@@ -30,6 +33,10 @@ print(json.dumps({"status": status, "heavy": sorted({"torch", "numpy", "models"}
     ["drift", "runs/x", "extra"],
     ["reproduce", "parity", "--bogus"],
     ["sweep", "--out", "x"],
+    ["train", "--model", "tanh_rnn", "--task", "NOPE", "--steps", "3", "--out", "x"],   # an unknown task
+    ["train", "--model", "tanh_rnn", "--task", "mqar", "--steps", "3", "--out", "x"],   # its case fixed: 'MQAR'
+    pytest.param(["eval", "runs/x", "--device", "cuda:1"], marks=pytest.mark.skipif(
+        any(Path("/dev", name).exists() for name in GPU_DEVICE_FILES), reason="a GPU device file: torch checks it")),
 ])
 def test_argument_errors_come_before_heavy_imports(argv):
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True,
@@ -69,3 +76,20 @@ def test_deferred_flags_are_checked_after_parsing(capsys):
     with pytest.raises(SystemExit):
         main(["heads", "runs/x", "--device", "gpu"])
     assert "argument --device: " in capsys.readouterr().err
+
+
+def test_the_cli_knows_every_named_task():
+    """args.NAMED_TASKS (read without importing torch) are interp.tasks' named tasks."""
+    from interp.tasks import task_names
+
+    assert NAMED_TASKS == task_names()
+
+
+@pytest.mark.parametrize("task,expected", [("NOPE", "unknown task 'NOPE': allowed AR, MQAR"),
+                                           ("mqar", "did you mean 'MQAR'?"), ("a4xz5", "did you mean 'A4xZ5'?"),
+                                           ("Selectivecopy", "did you mean SelectiveCopy?")])
+def test_unknown_tasks_are_named_with_the_fix(task, expected, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--model", "tanh_rnn", "--task", task, "--steps", "3", "--out", "x"])
+    err = capsys.readouterr().err
+    assert f"argument --task: unknown task '{task}'" in err and expected in err

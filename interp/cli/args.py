@@ -6,6 +6,8 @@ list the choices, looked up only when help is printed).
 Parsing stays free of heavy imports (torch, the model registry), so that a mistyped command fails
 in a fraction of a second: a flag whose check needs them (`model_name`, `device_name`) is a
 `Deferred` type, kept as text until every flag has parsed and checked then (`Parser.parse_args`).
+What can be told without them is told at once: an unknown task (`task_spec`), a GPU device on a
+Linux machine without one (`device_name`).
 A flag the command does not have is named with the closest ones (`--stpes`: did you mean
 --steps?) before anything else is checked, so a typo is not reported as a missing flag.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from pathlib import Path
 
@@ -262,7 +265,41 @@ def _device_name(text: str) -> str:
     return text
 
 
-device_name = deferred(_device_name)
+GPU_DEVICE_FILES = ("nvidiactl", "nvidia0", "kfd", "dxg")  # NVIDIA, ROCm, WSL's GPU: /dev/<name>
+
+
+def device_name(text: str):
+    """--device: a GPU device on a Linux machine with no GPU device file (/dev/nvidia*, /dev/kfd,
+    /dev/dxg) is refused at once, without importing torch (only the CPU is there); any other
+    value is checked after parsing (Deferred: torch's own check)."""
+    gpu = re.fullmatch(r"cuda(:[0-9]+)?|mps", text.strip())
+    if gpu and sys.platform.startswith("linux") and not any(Path("/dev", n).exists() for n in GPU_DEVICE_FILES):
+        why = ("Apple GPUs only, on macOS" if text.strip() == "mps" else
+               "this machine has no GPU: no /dev/nvidia*, /dev/kfd or /dev/dxg")
+        raise argparse.ArgumentTypeError(f"{text!r} is not available ({why}); available: cpu")
+    return Deferred(_device_name, text)
+
+
+# interp.tasks.task_names() (tests/test_cli_parsing.py keeps them equal), known here without
+# importing interp.tasks (which imports torch) so that an unknown task is refused at once
+NAMED_TASKS = ("AR", "MQAR", "ATR", "REPL", "PFSA", "SelectiveCopy")
+GROUP_SHAPE = re.compile(r"[CZSA][1-9][0-9]*(x[CZSA][1-9][0-9]*)*")
+
+
+def task_spec(text: str) -> str:
+    """--task: refused at once, without importing torch, when it is neither a named task nor shaped
+    like a group name (naming the fix when case or spaces make it one); make_task checks the rest
+    (a group's size, the options) when the run starts."""
+    if text in NAMED_TASKS or GROUP_SHAPE.fullmatch(text):
+        return text
+    for fixed in (text.strip(), text.strip().upper(), text.strip().upper().replace("X", "x")):
+        if fixed in NAMED_TASKS or GROUP_SHAPE.fullmatch(fixed):
+            raise argparse.ArgumentTypeError(f"unknown task {text!r}: did you mean {fixed!r}? (task and group names "
+                                             "are case-sensitive, without spaces)")
+    close = difflib.get_close_matches(text, NAMED_TASKS, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown task {text!r}: allowed {', '.join(NAMED_TASKS)} or a group name "
+                                     f"(C<n>, Z<n>, S<k>, A<k>, products like A4xZ5){hint}")
 
 
 def fail(command: str, error: Exception | str) -> int:

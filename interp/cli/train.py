@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int,
-                            output_path, positive_float, positive_int)
+                            output_path, positive_float, positive_int, task_spec)
 
 MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
     "--d-model": ("d_model", positive_int, "residual width"),
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
                            description="Train a model on a task; writes config.json, metrics.jsonl and "
                                        "crash-safe checkpoints (weights, optimizer state) to --out.")
     train.add_argument("--model", type=model_name, required=True, help="model preset: {models}")
-    train.add_argument("--task", required=True, help="task spec: {tasks}")
+    train.add_argument("--task", type=task_spec, required=True, help="task spec: {tasks}")
     train.add_argument("--format", default=None, choices=("outcome", "acot", "cot"),
                        help="supervision of group word problems: the final state only, the state at "
                             "every step, or chain of thought (default acot)")
