@@ -223,8 +223,12 @@ class Block(nn.Module):
                              "embed=[B, T, D] (the model's hook_embed output)")
         inputs = x if not hasattr(self, "shared") else x + self.shared(x, embed, run)
         normed = self.norm_mixer(inputs)
-        outs = [run(slot, mixer, normed) if run is not None else mixer(normed, inputs, self.norm_mixer)
-                if mixer.reads_residual() else mixer(normed) for slot, mixer in self.mixers.items()]
+        if len(self.mixers) > 1:  # parallel mixers: each reads its own view, so each hook_in's gradient is its own
+            normed = [normed.view_as(normed) for _ in self.mixers]
+        else:
+            normed = [normed]
+        outs = [run(slot, mixer, x) if run is not None else mixer(x, inputs, self.norm_mixer)
+                if mixer.reads_residual() else mixer(x) for x, (slot, mixer) in zip(normed, self.mixers.items())]
         return self.after_mixer(x, outs[0] if len(outs) == 1 else outs[0] + outs[1])
 
     def resume(self, x: torch.Tensor, before: torch.Tensor, carry: dict | None = None,

@@ -242,6 +242,25 @@ def test_mlp_input_gradient_is_the_mlp_branchs(setup, bridge):
     assert (cache["blocks.1.hook_mlp_in_grad"] - cache["blocks.1.hook_resid_mid_grad"]).abs().max() > 1e-3
 
 
+def test_parallel_mixers_input_gradients_are_each_branchs():
+    """Two mixers on one norm (Falcon-H1's layout): d metric / d mixer.hook_in and d / d
+    mixer2.hook_in are each that branch's share (before: both the total), and through the norm
+    they and the skip add up to d / d hook_resid_pre."""
+    from models.config import ModelConfig
+    torch.manual_seed(0)
+    model = models.SequenceModel(ModelConfig(
+        mixer=["mamba2", "attention"], mixer2=["attention", None], mlp=True, n_layers=2, vocab_size=11, d_model=16,
+        n_heads=2, d_state=4, mixer_options={"mamba2": {"n_heads": 2, "head_dim": 8}})).double()
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(1))
+    names = ["blocks.0.mixer.hook_in", "blocks.0.mixer2.hook_in", "blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid"]
+    _, cache = model.run_with_cache(ids, names=names, incl_bwd=True, metric=lambda out: out[:, -1].logsumexp(-1).sum())
+    first, second = cache["blocks.0.mixer.hook_in_grad"], cache["blocks.0.mixer2.hook_in_grad"]
+    assert (first - second).abs().max() > 1e-3
+    resid = cache["blocks.0.hook_resid_pre"].clone().requires_grad_()
+    through_norm = torch.autograd.grad(model.blocks[0].norm_mixer(resid), resid, first + second)[0]
+    close(through_norm + cache["blocks.0.hook_resid_mid_grad"], cache["blocks.0.hook_resid_pre_grad"])
+
+
 def _has_counterpart(model, tl_name: str) -> bool:
     try:
         model.hook_point(tl_name)
