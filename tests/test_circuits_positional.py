@@ -52,6 +52,19 @@ def test_position_masks_partition_the_positions(pair):
         setup(tiny("attention"), *pair, graph=build_graph(tiny("attention"), positions=["nowhere"]))
 
 
+
+def test_position_masks_of_multi_query_roles():
+    from interp.tasks import make_task
+
+    batch = make_task("MQAR", n_keys=8, n_values=8, n_queries=2).sample(3, 4, seed=0)  # roles [N, 2]
+    masks = position_masks(batch, ("query", "key", "other"))
+    assert masks[0].sum(1).tolist() == [2, 2, 2] and masks[1].sum(1).tolist() == [2, 2, 2]
+    for column in range(2):
+        assert masks[0, torch.arange(3), batch.roles["query"][:, column]].all()
+        assert masks[1, torch.arange(3), batch.roles["key"][:, column]].all()
+    assert torch.equal(masks.sum(0), torch.ones_like(masks[0], dtype=torch.long))
+
+
 @pytest.mark.parametrize("family", ["attention", "mamba", "mamba2", "gated_deltanet", "hybrid", "zamba2"])
 def test_full_positional_graph_is_clean_and_empty_is_corrupt(family, pair):
     model = tiny(family)
