@@ -80,6 +80,20 @@ def test_conflicts_and_unsupported_runs_are_refused(setup):
         model.generate(ids[:1, :3], 2)
     predicate = model.run_with_cache(ids[:, :3], names=lambda n: n.endswith("input"))[1]
     assert not any("q_input" in n for n in predicate)  # predicates do not request them either
+    fired = []
+    for point in model.blocks[1].mixer.input_hooks:  # counts its calls without requesting it
+        point.forward = lambda x, point=point: fired.append(point.name) or x
+    try:
+        with models.instrumented(), torch.no_grad():  # the forced instrumented path does not request them
+            torch.testing.assert_close(model(ids), model.run_with_hooks(ids), atol=0, rtol=0)
+            model.run_with_cache(ids)
+        assert not fired
+        with torch.no_grad():
+            model.run_with_cache(ids, names=["blocks.1.hook_v_input"])
+        assert set(fired) == {"blocks.1.mixer.hook_v_input"}  # requested: the per-head path runs, calling it only
+    finally:
+        for point in model.blocks[1].mixer.input_hooks:
+            del point.forward
 
 
 @pytest.fixture(scope="module")
