@@ -83,7 +83,9 @@ def test_parity_in_float32(imported):
     dict(q_lora_rank=6, attention_bias=True, n_group=1, norm_topk_prob=False, n_shared_experts=2,
          layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"]),
     dict(tie_word_embeddings=True, qk_rope_head_dim=0, mlp_layer_types=["sparse"] * 4),
-], ids=["dense", "q_lora_bias", "all_sparse"])
+    dict(layer_types=None, linear_attn_config={"head_dim": 6, "num_heads": 2, "short_conv_kernel_size": 4,
+                                               "kda_layers": [1, 2, 4], "full_attn_layers": [3]}),
+], ids=["dense", "q_lora_bias", "all_sparse", "checkpoint_linear_attn_config"])
 def test_variants_parity(overrides):
     source = kimi_source(**overrides)
     assert_parity(source, models.from_pretrained(source), tokens(length=40), atol=1e-4)
