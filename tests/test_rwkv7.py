@@ -17,6 +17,7 @@ import torch
 
 import models
 from models.interop import UnsupportedConfig
+from models.kernels.native import library as native_library
 from models.kernels.rwkv7 import rwkv7_scan
 from tests.conftest import triton_interpreter_available
 from tests.fla_interpreter import single_config_autotune
@@ -100,7 +101,8 @@ def test_kernel_equals_flas_reference_recurrence():
     w = -0.6 * torch.rand(B, L, H, K, generator=gen)
     kk, alpha = torch.nn.functional.normalize(kk_raw, dim=-1), torch.sigmoid(a)
     h0 = torch.randn(B, H, V, K, generator=gen)
-    ours = rwkv7_scan(r, w, k, v, -kk, kk * alpha, initial_state=h0, output_final_state=True, export_at="all")
+    ours = rwkv7_scan(r, w, k, v, -kk, kk * alpha, initial_state=h0, output_final_state=True, export_at="all",
+                      impl="naive")
     o, final = reference_scan(r, w, k, v, -kk, kk * alpha, initial_state=h0.transpose(-1, -2), output_final_state=True)
     torch.testing.assert_close(ours.output, o, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.final_state, final.transpose(-1, -2), atol=1e-5, rtol=0)
@@ -108,13 +110,78 @@ def test_kernel_equals_flas_reference_recurrence():
     mask = torch.zeros(B, L, dtype=torch.bool)
     mask[1, 4] = True
     pinned = torch.randn(B, L, H, V, K, generator=gen)
-    patched = rwkv7_scan(r, w, k, v, -kk, kk * alpha, export_at="all", pins=(mask, pinned))
-    tail = rwkv7_scan(*(x[1:, 5:] for x in (r, w, k, v, -kk, kk * alpha)), initial_state=pinned[1:, 4])
+    patched = rwkv7_scan(r, w, k, v, -kk, kk * alpha, export_at="all", pins=(mask, pinned), impl="naive")
+    tail = rwkv7_scan(*(x[1:, 5:] for x in (r, w, k, v, -kk, kk * alpha)), initial_state=pinned[1:, 4], impl="naive")
     torch.testing.assert_close(patched.output[1:, 5:], tail.output, atol=1e-6, rtol=0)
     torch.testing.assert_close(patched.states_at[1, 4], pinned[1, 4], atol=0, rtol=0)
-    assert torch.equal(patched.output[0], rwkv7_scan(r, w, k, v, -kk, kk * alpha).output[0])
+    assert torch.equal(patched.output[0], rwkv7_scan(r, w, k, v, -kk, kk * alpha, impl="naive").output[0])
     with pytest.raises(ValueError, match="v must be"):
         rwkv7_scan(r, w, k, v[:, :, :1, :].expand(B, L, 1, V), -kk, kk)
+
+
+def scan_inputs(dtype, B=2, L=11, H=3, K=8, V=5, seed=0):
+    """r, w, k, v, a, b as RWKV-7 forms them (a = -kappa, b = kappa * alpha) and an initial state."""
+    gen = torch.Generator().manual_seed(seed)
+    r, k, kk_raw, alpha = (torch.randn(B, L, H, K, generator=gen, dtype=dtype) for _ in range(4))
+    v = torch.randn(B, L, H, V, generator=gen, dtype=dtype)
+    w = -0.6 * torch.rand(B, L, H, K, generator=gen, dtype=dtype)
+    kk = torch.nn.functional.normalize(kk_raw, dim=-1)
+    return (r, w, k, v, -kk, kk * torch.sigmoid(alpha)), torch.randn(B, H, V, K, generator=gen, dtype=dtype)
+
+
+native_built = pytest.mark.skipif(not native_library.available(), reason="the native CPU library did not build")
+
+
+@native_built
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_native_kernel_equals_the_naive_loop(dtype, tol):
+    """impl="native" (plain C) against the definition: outputs, final state and every state from an
+    initial state, with pins and a shift; "auto" takes it wherever no gradient is wanted."""
+    args, h0 = scan_inputs(dtype)
+    gen = torch.Generator().manual_seed(5)
+    mask = torch.zeros(2, 11, dtype=torch.bool)
+    mask[1, 4] = mask[0, 9] = True
+    pins = (mask, torch.randn(2, 11, 3, 5, 8, generator=gen, dtype=dtype))
+    shift = 0.1 * torch.randn(2, 11, 3, 5, 8, generator=gen, dtype=dtype)
+    for extra in ({}, {"pins": pins}, {"shift": shift, "pins": pins}):
+        options = dict(initial_state=h0, output_final_state=True, export_at="all", **extra)
+        naive, native = (rwkv7_scan(*args, **options, impl=impl) for impl in ("naive", "native"))
+        for name in ("output", "final_state", "states_at"):
+            torch.testing.assert_close(getattr(native, name), getattr(naive, name), atol=tol, rtol=tol,
+                                       msg=f"{name} {sorted(extra)}")
+        assert native.output.dtype == naive.output.dtype and native.final_state.dtype == naive.final_state.dtype
+        assert torch.equal(rwkv7_scan(*args, **options).output, native.output)  # auto, no gradient: native
+    plain = rwkv7_scan(*args, impl="native")
+    assert plain.final_state is None and plain.states_at is None
+
+
+@native_built
+def test_native_runs_agree_bit_for_bit_up_to_a_pin():
+    """Without a gradient every run is the one C loop: a pinned run equals the plain one before its
+    pin, a zero shift changes no bit, and two halves from the first's final state equal one run."""
+    args, _ = scan_inputs(torch.float32)
+    plain = rwkv7_scan(*args).output
+    mask = torch.zeros(2, 11, dtype=torch.bool)
+    mask[1, 4] = True
+    pinned = rwkv7_scan(*args, pins=(mask, torch.randn(2, 11, 3, 5, 8))).output
+    assert torch.equal(pinned[0], plain[0]) and torch.equal(pinned[1, :4], plain[1, :4])
+    assert not torch.equal(pinned[1, 4:], plain[1, 4:])
+    assert torch.equal(rwkv7_scan(*args, shift=torch.zeros(2, 11, 3, 5, 8)).output, plain)
+    first = rwkv7_scan(*(x[:, :6] for x in args), output_final_state=True)
+    second = rwkv7_scan(*(x[:, 6:] for x in args), initial_state=first.final_state)
+    assert torch.equal(torch.cat([first.output, second.output], dim=1), plain)
+    with pytest.raises(ValueError, match="no backward"):
+        rwkv7_scan(args[0].clone().requires_grad_(), *args[1:], impl="native")
+
+
+def test_auto_under_a_gradient_is_the_differentiable_loop():
+    """With a gradient wanted "auto" runs the torch loop: gradcheck in float64 on a tiny shape
+    (inputs, initial state), and its outputs equal impl="naive" bit for bit."""
+    args, h0 = scan_inputs(torch.float64, B=1, L=4, H=2, K=3, V=2, seed=3)
+    leaves = [x.clone().requires_grad_() for x in (*args, h0)]
+    run = lambda *x: rwkv7_scan(*x[:6], initial_state=x[6], output_final_state=True)[:2]  # noqa: E731
+    assert torch.autograd.gradcheck(run, leaves)
+    assert torch.equal(run(*leaves)[0], rwkv7_scan(*args, initial_state=h0, impl="naive").output)
 
 
 # ----------------------------------------------------------------------------- the import

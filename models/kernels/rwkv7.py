@@ -23,10 +23,17 @@ r, w, k, a, b [B, T, H, K], v [B, T, H, V]; w the log decay (any real; RWKV-7's 
                       the pinned state (models.state_hooks.scan_with_state_hook's form)
   shift               None or [B, T, H, V, K], added to each step's state before its pin (the
                       gradient contract of scan_with_state_hook)
-  impl                "auto" | "naive": the definition, a loop over t. (A chunked torch form, the
-                      removed values S_{t-1} a_t of a chunk by one triangular solve with pair decays
-                      e^{G_t - G_s} [C, C, K], was measured 11x slower on the CPU: 2.2 s against
-                      0.2 s for T 512, H 12, K V 64, one thread; not kept.)
+  impl                "naive": the definition, a loop over t in torch ops (differentiable).
+                      "native": a plain-C loop on the CPU (models/kernels/native/rwkv7_body.h;
+                      float32 / float64 states, every argument above, no autograd): one pass
+                      over the state per step, the next step's S_t a_{t+1} accumulated in it.
+                      "auto": native where no gradient is wanted (CPU, the library built), else
+                      naive. Every run without a gradient is then the same C loop, so a pinned,
+                      shifted or split run equals an unpatched one bit for bit up to the pin
+                      (what "nothing before a patch changes" needs). (A chunked torch form, the
+                      removed values S_{t-1} a_t of a chunk by one triangular solve with pair
+                      decays e^{G_t - G_s} [C, C, K], was measured 11x slower than the naive loop
+                      on the CPU: 2.2 s against 0.2 s for T 512, H 12, K V 64, one thread; not kept.)
 
 Returns ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None, states_at
 [B, T, H, V, K] | None). States are float32 (float64 for float64 inputs); output has v's dtype.
@@ -39,7 +46,7 @@ import torch
 
 from models.kernels.diag_scan import ScanOutput
 
-IMPLS = ("auto", "naive")
+IMPLS = ("auto", "naive", "native")
 
 
 def rwkv7_scan(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -58,6 +65,8 @@ def rwkv7_scan(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             raise ValueError(f"pins mask must be a [B={batch}, T={length}] bool tensor; got "
                              f"{tuple(pins[0].shape)} {pins[0].dtype}")
     _check_state("shift", shift, (batch, length, heads, d_v, d_k))
+    if impl == "native" or (impl == "auto" and native_applies(r, w, k, v, a, b, initial_state, pins, shift)):
+        return native_scan(r, w, k, v, a, b, initial_state, output_final_state, export_at, pins, shift)
     r, w, k, v, a, b = (x.to(compute) for x in (r, w, k, v, a, b))
     decay = torch.exp(w)
     h = r.new_zeros(state_shape) if initial_state is None else initial_state.to(compute)
@@ -76,6 +85,46 @@ def rwkv7_scan(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     output = torch.stack(outputs, dim=1).to(v.dtype)  # [B, T, H, V]
     return ScanOutput(output, h if output_final_state else None,
                       torch.stack(states, dim=1) if export_at is not None else None)
+
+
+def native_applies(*tensors) -> bool:
+    """Whether impl="auto" takes the native loop: CPU tensors (None skipped; pins a pair), the
+    library built, no gradient wanted."""
+    from models.kernels.native import library
+
+    given = [x for t in tensors for x in (t if isinstance(t, tuple) else (t,)) if isinstance(x, torch.Tensor)]
+    if any(x.device.type != "cpu" for x in given):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in given):
+        return False
+    return library.available()
+
+
+def native_scan(r, w, k, v, a, b, initial_state, output_final_state, export_at, pins, shift) -> ScanOutput:
+    """impl="native": the plain-C loop (float32 states for float32 and narrower inputs, float64
+    for float64)."""
+    from models.kernels.native.library import SUFFIX, I, P, empty, function, ptr
+
+    given = (r, w, k, v, a, b, initial_state, shift) + (() if pins is None else tuple(pins))
+    if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in given):
+        raise ValueError(f"rwkv7_scan impl='native' runs on the CPU; got {v.device}")
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in given):
+        raise ValueError("rwkv7_scan impl='native' has no backward; use impl='naive' where a gradient is wanted")
+    batch, length, heads, d_k = r.shape
+    d_v = v.shape[-1]
+    dtype, compute = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    r, w, k, v, a, b = (x.to(compute).contiguous() for x in (r, w, k, v, a, b))
+    state = (r.new_zeros(batch, heads, d_v, d_k) if initial_state is None
+             else initial_state.to(compute).contiguous().clone())
+    shift = None if shift is None else shift.to(compute).contiguous()
+    mask, values = (None, None) if pins is None else (pins[0].contiguous(), pins[1].to(compute).contiguous())
+    output = empty((batch, length, heads, d_v), v)
+    states = empty((batch, length, heads, d_v, d_k), v) if export_at is not None else None
+    work = v.new_empty(heads * (d_k * d_v + 2 * d_v + d_k))
+    function(f"rwkv7_fwd_{SUFFIX[compute]}", [I, I, I, I, I] + [P] * 13)(
+        batch, length, heads, d_k, d_v, ptr(r), ptr(w), ptr(k), ptr(v), ptr(a), ptr(b), ptr(state), ptr(output),
+        ptr(states), ptr(shift), ptr(mask), ptr(values), ptr(work))
+    return ScanOutput(output.to(dtype), state if output_final_state else None, states)
 
 
 def _check(r, w, k, v, a, b, impl, export_at) -> tuple[int, int, int, int]:

@@ -147,6 +147,19 @@ static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
 #undef R
 #undef SFX
 
+/* the RWKV-7 forward (models/kernels/rwkv7.py's impl="native"), real types only */
+#define R float
+#define SFX f32
+#include "rwkv7_body.h"
+#undef R
+#undef SFX
+
+#define R double
+#define SFX f64
+#include "rwkv7_body.h"
+#undef R
+#undef SFX
+
 #define R float
 #define CPLX 1
 #define SFX c64

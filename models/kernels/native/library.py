@@ -52,7 +52,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "kernels.c", HERE / "threads.h", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
-           HERE / "complex_body.h", HERE / "lstm_body.h", HERE / "softmax_body.h")
+           HERE / "complex_body.h", HERE / "lstm_body.h", HERE / "softmax_body.h", HERE / "rwkv7_body.h")
 # -fno-trapping-math lets selects (exp_f32's clamps) vectorise; it changes no value. -std=c99 turns
 # contraction into fused multiply-adds off (kernels.c turns it on for the kernels that gain: CONTRACT)
 FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fopenmp-simd", "-fno-trapping-math"]
