@@ -43,6 +43,8 @@ def test_per_head_inputs_are_opt_in_and_exact_copies(setup):
         assert value.shape == (*resid.shape[:2], tl_oracle.HEADS, resid.shape[-1])
         assert torch.equal(value, resid[:, :, None].expand_as(value))
     torch.testing.assert_close(split, plain, atol=1e-13, rtol=0)  # the per-head path = the fused one
+    assert cache["q_input", 1] is cache["blocks.1.mixer.hook_q_input"]  # TL's get_act_name shorthand
+    assert cache["blocks.1.attn.hook_attn_in"] is cache["blocks.1.mixer.hook_attn_in"]  # TL 4.3's own place
     _, one = model.run_with_cache(ids, names=["blocks.1.hook_k_input"], heads=[2])
     assert torch.equal(one["blocks.1.hook_k_input"], cache["blocks.1.hook_k_input"][:, :, 2:3])
 
