@@ -86,6 +86,8 @@ def test_bad_options_raise():
         models.build("mla", positional="rope")
     with pytest.raises(ValueError, match=r"mixer_options\['kv_lora_rank'\] must be an int >= 1; got 0"):
         models.build("mla", mixer_options={"kv_lora_rank": 0})
+    with pytest.raises(ValueError, match="got n_kv_heads=2 with n_heads=4"):
+        models.build("mla", n_kv_heads=2)
     with pytest.raises(ValueError, match=r"kda mixer_options\['impl'\] must be one of"):
         models.build("kda", mixer_options={"impl": "cuda"})
     with pytest.raises(ValueError, match=r"kda mixer_options: unknown keys \['gate'\]"):

@@ -16,7 +16,7 @@ input x_t [d_model]:
 
 The latent norms (q's and c's) have eps latent_norm_eps (1e-6, transformers' default for them).
 cfg.attention_bias: biases in W_qa, W_kva and W_o (transformers' attention_bias); W_q, W_qb and
-W_kvb have none.
+W_kvb have none. cfg.n_kv_heads must be None or n_heads (every head has its own key and value).
 
 Hooks: hook_q [B, T, H, d_qk], hook_latent [B, T, r] (the normed latent c, before W_kvb: a patch
 there changes every head's keys and values), hook_k [B, T, H, d_qk], hook_v [B, T, H, d_v],
@@ -59,6 +59,9 @@ def _options(cfg) -> dict:
                 not isinstance(value, int) or isinstance(value, bool) or value < low)):
             raise ValueError(f"mla mixer_options[{name!r}] must be {'None or ' if optional else ''}an int >= {low}; "
                              f"got {value!r}")
+    if cfg.kv_heads != cfg.n_heads:
+        raise ValueError(f"mla has one key and value per head (from the shared latent); got n_kv_heads={cfg.n_kv_heads} "
+                         f"with n_heads={cfg.n_heads} (allowed: None or n_heads)")
     eps = opts["latent_norm_eps"]
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"mla mixer_options['latent_norm_eps'] must be a positive float; got {eps!r}")
