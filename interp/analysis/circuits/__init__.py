@@ -5,7 +5,8 @@ and read-out, whole inputs, logits), scored by EAP and EAP-IG, verified by exact
 Modules: `graph` (build_graph: the nodes and edges from the hook grammar; optionally positional,
 with short-conv nodes, Mamba by channel groups), `positional` (position groups' masks, scores of a
 positional graph), `passes` (one forward
-in which each receiver reads its own copy of the residual stream), `metrics` (the pair and the
+in which each receiver reads its own copy of the residual stream), `gradients` (every receiver's
+gradient from one forward and backward), `metrics` (the pair and the
 metric: p(y), logit difference, KL), `eap` (eap, eap_ig), `edge_patching` (patched_metric,
 edge_effects), `circuit` (extract with pruning, faithfulness, faithfulness_curve, rescore).
 """

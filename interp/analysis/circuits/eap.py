@@ -6,17 +6,21 @@ run so that only r reads u's clean output changes the metric by about
     score[u -> r, b] = sum over positions t of (a_u,clean[b, t] - a_u,corrupt[b, t]) . g_r[b, t]
 
 g_r = d metric_b / d x_r at the corrupted run, x_r the receiver's own copy of the residual stream
-(before its norm: a zero leaf added to it, interp.analysis.circuits.passes). One clean forward,
-one corrupted forward with every receiver's leaf, one backward give every edge's score; the
-logits receiver reads the answer position only. `per_position=True` also keeps the terms per
-example and position t ([E, N, T]: where on the residual stream the edge carries its effect).
+(before its norm). The clean and corrupted forwards (interp.analysis.circuits.metrics.setup) and
+one forward and backward of the corrupted run give every receiver's g_r
+(interp.analysis.circuits.gradients: by the rows of a mixer's input maps where it has them, else
+by a zero leaf in the receiver's own copy); the scores of each group of receivers with the same
+senders are one batched product with the senders' differences. The logits receiver reads the
+answer position only. `per_position=True` also keeps the terms per example and position t
+([E, N, T]: where on the residual stream the edge carries its effect).
 
 EAP-IG (Hanna et al. 2024) replaces g_r by its mean along the straight path between the
 corrupted and the clean input embeddings, at the k midpoints alpha_j = (j + 1/2) / k:
 
     g_r <- (1/k) sum_j g_r(hook_embed = e_corrupt + alpha_j (e_clean - e_corrupt))
 
-the k steps run as one batch of k N rows (in passes of at most `rows` rows). The scores into
+the k steps run as one batch of k N rows (in passes of at most `rows` rows; each pass's products
+are added up, so only one pass's gradients are held). The scores into
 every receiver from the embedding then sum to about metric(clean) - metric(corrupt) (completeness).
 """
 
@@ -26,9 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from interp.analysis.circuits.graph import Graph
+from interp.analysis.circuits.gradients import Gradients, LeafPass, fast_receivers
+from interp.analysis.circuits.graph import Graph, block_mixers
 from interp.analysis.circuits.metrics import Setup, setup
-from interp.analysis.circuits.passes import edge_pass, sender_value
+from interp.analysis.circuits.passes import sender_value
 from interp.analysis.circuits.positional import fold
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
@@ -71,8 +76,9 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
         return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
                     graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
-    grads = _receiver_grads(model, pair, pair.corrupt.tokens, None, 1)
-    return _scores(pair, grads, "eap", per_position)
+    scorer = _Scorer(pair, per_position)
+    scorer.add(_gradients(model, pair, 1, None), 1)
+    return scorer.scores("eap")
 
 
 def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "logit_diff",
@@ -96,84 +102,100 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
                                  hint="pass fewer examples or a larger max_memory")
     per_pass = max(1, int(rows) // n)
     alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
-    total: dict[int, torch.Tensor] = {}
+    scorer = _Scorer(pair, per_position)
     chunks = list(alphas.split(per_pass))
     with progress_bar(len(chunks), progress, desc="eap-ig", unit="pass") as bar:
         for chunk in chunks:
-            for r, g in _receiver_grads(model, pair, pair.corrupt.tokens, chunk, len(chunk)).items():
-                g = g.view(len(chunk), n, *g.shape[1:]).sum(0)
-                total[r] = g if r not in total else total[r] + g
+            scorer.add(_gradients(model, pair, len(chunk), chunk), len(chunk))
             bar.update(1)
-    return _scores(pair, {r: g / steps for r, g in total.items()}, "eap-ig", per_position)
+    return scorer.scores("eap-ig", steps)
 
 
 def row_bytes(model, graph: Graph, length: int) -> float:
-    """Estimated bytes of one example row of a gradient pass: per position, each receiver's leaf
-    and gradient, each slot's copy of the stream and its norm (and, inside a recurrent mixer,
-    about 4 d_model more), every per-head sender output, and the blocks' own activations."""
+    """Estimated bytes of one example row of a gradient pass (gradients.LeafPass): per position,
+    the blocks' own activations, each map leaf read by map rows and its gradient, each other
+    receiver's leaf and gradient, and for a slot receiver without map rows its copy of the stream
+    and its norm in the side run (inside a recurrent mixer about 4 d_model more)."""
     width = model.cfg.d_model
     item = next(model.parameters()).element_size()
-    slots = sum(2 + (0 if r.slots[0][0].endswith(("hook_q", "hook_k", "hook_v")) else 4)
-                for r in graph.receivers if r.slots)
-    heads = sum(1 for s in graph.senders if s.head is not None)
-    per_position = 2 * len(graph.receivers) + slots + heads + ACTIVATIONS_PER_LAYER * graph.n_layers
-    return float(length * width * item * per_position)
+    fast = fast_receivers(model, graph)
+    maps = {(layer, slot, attr) for layer, slot, ranges in fast.values() for attr, _, _ in ranges}
+    map_width = sum(getattr(block_mixers(model.blocks[layer])[slot], attr).out_features for layer, slot, attr in maps)
+    others = [r for i, r in enumerate(graph.receivers) if i not in fast]
+    slots = sum(2 + (0 if r.slots[0][0].endswith(("hook_q", "hook_k", "hook_v")) else 4) for r in others if r.slots)
+    per_position = (2 * len(others) + slots + ACTIVATIONS_PER_LAYER * graph.n_layers) * width + 2 * map_width
+    return float(length * item * per_position)
 
 
-def _receiver_grads(model, pair: Setup, tokens: torch.Tensor, alphas: torch.Tensor | None,
-                    copies: int) -> dict[int, torch.Tensor]:
-    """{receiver: d (sum of the metric over rows) / d x_r [copies N, T, D]} at `tokens` repeated
-    `copies` times, the embedding interpolated by alphas [copies] when given."""
+def _gradients(model, pair: Setup, copies: int, alphas: torch.Tensor | None) -> Gradients:
+    """Every receiver's gradient of the summed metric at the corrupted tokens repeated `copies`
+    times, the embedding interpolated by alphas [copies] when given (gradients.LeafPass)."""
+    tokens = pair.corrupt.tokens.to(pair.at.device)
     n = len(tokens)
-    tokens = tokens.repeat(copies, 1)
-    at = pair.at.repeat(copies)
-    examples = torch.arange(n, device=at.device).repeat(copies)
-    leaves: dict[int, torch.Tensor] = {}
-
-    def delta_of(r, x, current):
-        leaves[r] = torch.zeros_like(x, requires_grad=True)
-        return leaves[r]
-
     hooks = []
     if alphas is not None:
         clean_e, corrupt_e = pair.clean_acts["hook_embed"], pair.corrupt_acts["hook_embed"]
         weights = alphas.to(clean_e).repeat_interleave(n)[:, None, None]  # [copies N, 1, 1]
         path = corrupt_e.repeat(copies, 1, 1) + weights * (clean_e - corrupt_e).repeat(copies, 1, 1)
         hooks = [("hook_embed", lambda x, hook: path.to(x))]
-    with torch.enable_grad():
-        logits, _ = edge_pass(model, pair.graph, tokens, at, delta_of, hooks)
-        value = pair.metric(logits, examples).sum()
-        order = sorted(leaves)
-        grads = torch.autograd.grad(value, [leaves[r] for r in order], allow_unused=True)
-    return {r: (torch.zeros_like(leaves[r]) if g is None else g).detach() for r, g in zip(order, grads)}
+    run = LeafPass(model, pair.graph, tokens.repeat(copies, 1), pair.at.repeat(copies), hooks, capture=False)
+    examples = torch.arange(n, device=pair.at.device).repeat(copies)
+    return run.gradients(pair.metric(run.logits, examples).sum())
 
 
-def _scores(pair: Setup, grads: dict[int, torch.Tensor], method: str, per_position: bool) -> EdgeScores:
-    """Per edge (clean - corrupt) . g_r, summed over positions (and kept per position): for each
-    group of receivers with the same senders (one block's mixer inputs, its MLP, the logits), one
-    batched product [N, U, T D] x [N, T D, R]."""
-    graph = pair.graph
-    n, length = pair.clean.tokens.shape
-    per_example = torch.zeros(graph.n_edges, n, dtype=torch.float64)
-    positions = torch.zeros(graph.n_edges, n, length, dtype=torch.float64) if per_position else None
-    groups: dict[tuple, list[int]] = {}
-    for r in range(len(graph.receivers)):
-        senders = tuple(graph.edges[graph.incoming(r), 0].tolist())
-        if senders:
-            groups.setdefault((graph.receivers[r].site == "logits", senders), []).append(r)
-    for (logits, senders), receivers in groups.items():
-        at = pair.at if logits else None
-        diff = torch.stack([sender_value(graph.senders[s], pair.clean_acts, at)
-                            - sender_value(graph.senders[s], pair.corrupt_acts, at) for s in senders])  # [U, N, t, D]
-        grad = torch.stack([grads[r] for r in receivers]).to(diff)  # [R, N, t, D]
-        products = torch.bmm(diff.transpose(0, 1).flatten(2), grad.permute(1, 2, 3, 0).flatten(1, 2))  # [N, U, R]
-        for j, r in enumerate(receivers):
-            edges = graph.incoming(r)
-            per_example[edges] = products[:, :, j].T.double().cpu()
-            if positions is not None:
-                terms = torch.einsum("untd,ntd->unt", diff.double(), grad[j].double()).cpu()  # [U, N, t]
-                if logits:  # the answer position of each example
-                    positions[edges[:, None], torch.arange(n)[None], pair.at.cpu()[None]] = terms[:, :, 0]
-                else:
-                    positions[edges] = terms
-    return EdgeScores(graph, per_example, method, pair, positions)
+class _Scorer:
+    """Per edge (clean - corrupt) . g_r summed over positions (and kept per position), added up
+    over gradient passes: for each group of receivers with the same senders (one block's mixer
+    inputs, its MLP, the logits), one batched product [N, U, T D] x [N, T D, R] with the senders'
+    differences stacked once ([N, U, T D], the senders of a group a prefix of the graph's)."""
+
+    def __init__(self, pair: Setup, per_position: bool) -> None:
+        graph = self.graph = pair.graph
+        self.pair = pair
+        n, length = pair.clean.tokens.shape
+        self.per_example = torch.zeros(graph.n_edges, n, dtype=torch.float64)
+        self.positions = torch.zeros(graph.n_edges, n, length, dtype=torch.float64) if per_position else None
+        self.groups: dict[tuple, list[int]] = {}
+        for r in range(len(graph.receivers)):
+            senders = tuple(graph.edges[graph.incoming(r), 0].tolist())
+            if senders:
+                self.groups.setdefault((graph.receivers[r].site == "logits", senders), []).append(r)
+        wide = [s for s, sender in enumerate(graph.senders) if sender.channels is None]  # into the stream
+        self.index = {s: i for i, s in enumerate(wide)}
+        self.diff = torch.stack([self._diff(s, None) for s in wide], 1)  # [N, U, T, D]
+        self.diff_at = self.diff[torch.arange(n), :, pair.at.to(self.diff.device)][:, :, None]  # [N, U, 1, D]
+
+    def _diff(self, sender: int, at: torch.Tensor | None) -> torch.Tensor:
+        s = self.graph.senders[sender]
+        return sender_value(s, self.pair.clean_acts, at) - sender_value(s, self.pair.corrupt_acts, at)  # [N, t, w]
+
+    def _group_diff(self, senders: tuple, logits: bool) -> torch.Tensor:
+        """[N, U, t, w]: a view of the stacked differences where the senders are consecutive there."""
+        if not all(s in self.index for s in senders):  # a conv node's channels
+            return torch.stack([self._diff(s, self.pair.at if logits else None) for s in senders], 1)
+        rows = [self.index[s] for s in senders]
+        stacked = self.diff_at if logits else self.diff
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            return stacked[:, rows[0]:rows[0] + len(rows)]
+        return stacked[:, rows]
+
+    def add(self, grads: Gradients, copies: int) -> None:
+        graph, n = self.graph, self.diff.shape[0]
+        for (logits, senders), receivers in self.groups.items():
+            diff = self._group_diff(senders, logits)  # [N, U, t, w]
+            grad = grads.of(receivers, copies).to(diff)  # [R, N, t, w]
+            products = torch.bmm(diff.flatten(2), grad.flatten(2).permute(1, 2, 0))  # [N, U, R]
+            wide = diff.double() if self.positions is not None else None
+            for j, r in enumerate(receivers):
+                edges = graph.incoming(r)
+                self.per_example[edges] += products[:, :, j].T.double().cpu()
+                if wide is not None:
+                    terms = torch.einsum("nutd,ntd->unt", wide, grad[j].double()).cpu()  # [U, N, t]
+                    if logits:  # the answer position of each example
+                        self.positions[edges[:, None], torch.arange(n)[None], self.pair.at.cpu()[None]] += terms[:, :, 0]
+                    else:
+                        self.positions[edges] += terms
+
+    def scores(self, method: str, steps: int = 1) -> EdgeScores:
+        positions = None if self.positions is None else self.positions / steps
+        return EdgeScores(self.graph, self.per_example / steps, method, self.pair, positions)

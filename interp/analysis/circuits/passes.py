@@ -17,7 +17,10 @@ of x, and only r does:
 `current` maps each sender hook to its value in this pass so far (senders upstream of r have
 fired), so edge patching is d_r = sum over r's patched edges (u, r) of (source_u - current_u),
 and EAP's gradient is that of a zero leaf d_r. Senders are read as they fire (hook_embed,
-mixer.hook_out / hook_result, mlp.hook_out), keeping the autograd graph.
+mixer.hook_out / hook_result, mlp.hook_out): under grad mode by patches that keep the autograd
+graph, else by readers (the mixers then form hook_result beside their output, without autograd).
+A mixer's slot hooks are hooked only while a side run's values replace them (a pass in which no
+receiver moves runs every mixer on its own path, its slot hooks untouched).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class _PassState:
         self.overrides: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # hook -> (axis, index, value)
         self.current: dict[str, torch.Tensor] = {}
         self.stream: dict[int, torch.Tensor] = {}  # block -> its residual stream (norm_mixer's input)
+        self.slot_hooks = contextlib.ExitStack()  # the running mixer's slot hooks
 
 
 def sender_value(sender: Sender, acts: dict[str, torch.Tensor], at: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,16 +62,25 @@ def sender_value(sender: Sender, acts: dict[str, torch.Tensor], at: torch.Tensor
 
 def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
               delta_of: Callable[[int, torch.Tensor, dict], torch.Tensor | None],
-              fwd_hooks: list = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              fwd_hooks: list = (), capture: str | None = "auto") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(logits [B, V] at `at` of tokens [B, T] with each receiver reading x + delta_of(r, x,
     current), the senders' hook values of the pass {hook: [B, T, ...]}). fwd_hooks: more
-    patches for the pass (EAP-IG's interpolated embedding)."""
+    patches for the pass (EAP-IG's interpolated embedding). capture: how the senders are read,
+    "auto" (module docstring), "values" (readers, also under grad mode) or None (not at all:
+    then delta_of sees no current values)."""
+    if capture not in ("auto", "values", None):
+        raise ValueError(f"capture must be 'auto', 'values' or None; got {capture!r}")
     state = _PassState()
-    fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in sorted({s.hook for s in graph.senders if not s.split})]
+    senders = sorted({s.hook for s in graph.senders if not s.split}) if capture else []
     slot_hooks = sorted({hook for r in graph.receivers for hook, _, _ in r.slots})
-    fwd += [(h, _slot_hook(state, h, _conv_readers(state, graph, h, delta_of))) for h in slot_hooks]
+    conv_hooks = {h: readers for h in slot_hooks for readers in [_conv_readers(state, graph, h, delta_of)] if readers}
+    # hooks of conv nodes are recorded (and read by their receivers) in the slot hook: never by readers
+    read = capture == "values" or not torch.is_grad_enabled()
+    fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in senders if not read or h in conv_hooks]
+    readers = [(h, _sender_reader(state)) for h in senders if h not in conv_hooks] if read else []
+    fwd += [(h, _slot_hook(state, h, conv_hooks[h])) for h in conv_hooks]  # the other slot hooks: while a side run's values replace them
     handles = [model.get_submodule(h).register_forward_hook(_group_terms(state, h, g))  # Mamba channel groups
-               for h, g in sorted({(s.hook, s.split) for s in graph.senders if s.split})]
+               for h, g in sorted({(s.hook, s.split) for s in graph.senders if s.split})] if capture else []
     try:
         for layer, block in enumerate(model.blocks):
             mixers = {slot: m for slot, m in block_mixers(block).items() if graph.mixer_receivers(layer, slot)}
@@ -75,7 +88,9 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
                 handles.append(block.norm_mixer.register_forward_pre_hook(_record_stream(state, layer)))
             for slot, mixer in mixers.items():
                 handles.append(mixer.register_forward_pre_hook(
-                    _mixer_pre_hook(state, graph, block, layer, mixer, graph.mixer_receivers(layer, slot), delta_of)))
+                    _mixer_pre_hook(state, model, graph, block, layer, mixer, graph.mixer_receivers(layer, slot),
+                                    delta_of, set(conv_hooks))))
+                handles.append(mixer.register_forward_hook(_close_slot_hooks(state)))
             shared = [i for i, r in enumerate(graph.receivers) if r.layer == layer and r.site.startswith("shared")]
             if shared:  # Zamba2's shared branch: its inputs x and embed (z{l}.in, z{l}.e)
                 handles.append(block.shared.register_forward_pre_hook(_shared_pre_hook(state, shared, delta_of)))
@@ -84,11 +99,12 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
                 handles.append(block.norm_mlp.register_forward_pre_hook(_whole_pre_hook(state, mlp[0], delta_of)))
         logits_r = next(i for i, r in enumerate(graph.receivers) if r.site == "logits")
         handles.append(model.norm_final.register_forward_pre_hook(_whole_pre_hook(state, logits_r, delta_of)))
-        with model.hooks(fwd):
+        with model.hooks(fwd, readers=readers):
             return model(tokens, at=at), state.current
     finally:
         for handle in handles:
             handle.remove()
+        state.slot_hooks.close()
 
 
 def _sender_hook(state: _PassState):
@@ -108,6 +124,22 @@ def _group_terms(state: _PassState, name: str, groups: int):
             state.current[name] = torch.einsum("btge,dge->btgd", x.view(*x.shape[:-1], groups, -1), weight)
 
     return capture
+
+
+def _sender_reader(state: _PassState):
+    def read(x: torch.Tensor, hook) -> None:
+        if not state.side:
+            state.current[hook.name] = x.detach()
+
+    return read
+
+
+def _close_slot_hooks(state: _PassState):
+    def post(module, args, output):
+        if not state.side:
+            state.slot_hooks.close()  # the mixer has run: its slot hooks are done
+
+    return post
 
 
 def _slot_hook(state: _PassState, name: str, readers=None):
@@ -178,20 +210,25 @@ def _record_stream(state: _PassState, layer: int):
     return pre
 
 
-def _mixer_pre_hook(state: _PassState, graph: Graph, block, layer: int, mixer, receivers: list[int], delta_of):
+def _mixer_pre_hook(state: _PassState, model, graph: Graph, block, layer: int, mixer, receivers: list[int],
+                    delta_of, hooked: set):
     """One mixer's receivers: a whole input (or the rest) replaces the mixer's input by
-    norm(x + d); slots run the side pass whenever any of the mixer's receivers is moved."""
+    norm(x + d); slots run the side pass whenever any of the mixer's receivers is moved, with the
+    mixer's slot hooks (those not `hooked` for the whole pass) hooked until it has run."""
     slots = [r for r in receivers if graph.receivers[r].slots]
     whole = [r for r in receivers if not graph.receivers[r].slots]
+    slot_hooks = sorted({h for r in slots for h, _, _ in graph.receivers[r].slots})
+    lazy = [h for h in slot_hooks if h not in hooked]
 
     def pre(module, args):
         if state.side:  # the side run's own call
             return None
         x = state.stream[layer]
         deltas = {r: delta_of(r, x, state.current) for r in receivers}
-        for hook in {h for r in slots for h, _, _ in graph.receivers[r].slots}:
+        for hook in slot_hooks:
             state.overrides.pop(hook, None)
         if slots and any(d is not None for d in deltas.values()):
+            state.slot_hooks.enter_context(model.hooks([(h, _slot_hook(state, h)) for h in lazy]))
             _side_run(state, graph, block, mixer, x, [(r, deltas[r]) for r in slots])
         moved = [deltas[r] for r in whole if deltas[r] is not None]
         return (block.norm_mixer.forward(x + sum(moved)),) + tuple(args[1:]) if moved else None
