@@ -36,17 +36,27 @@ def test_medium_plan_trains_ar8_and_atr_with_the_curriculum_and_early_stop():
     assert sorted(r.info["model"] for r in cpu.runs if r.task == "ATR") == ["attention", "mamba d_conv=1"]
 
 
+def layer1_rows(role):
+    """Restoration rows where `role` restores 0.9 at layer 1 and every other site 0.1 or 0."""
+    return [{"layer": layer, "hook": hook, "role": r, "sem": 0.01,
+             "restoration": (0.9 if r == role else 0.1) if layer == 1 else 0.0}
+            for layer in (0, 1) for hook in ("hook_resid_pre", "hook_out") for r in ("key", "value", "query")]
+
+
 def medium_outcomes(reading_of, accuracy_of):
-    """Outcomes of the medium plan; a run fits when accuracy_of(run) >= 0.9; layer-1 restoration rows
-    that read as reading_of(run) ("value" or "query" restores)."""
+    """Outcomes of the medium plan; a run fits when accuracy_of(run) >= 0.9; restoration rows that read
+    as reading_of(run): "value" (induction: on AR the value restores under the key corruption, on ATR
+    the key under the value corruption) or "query" (direct retrieval)."""
     done = []
     for run in MODULE.plan("medium").runs:
         acc = accuracy_of(run)
         role = reading_of(run)
-        rows = [{"layer": layer, "hook": hook, "role": r, "sem": 0.01,
-                 "restoration": (0.9 if r == role else 0.1) if layer == 1 else 0.0}
-                for layer in (0, 1) for hook in ("hook_resid_pre", "hook_out") for r in ("key", "value", "query")]
-        measures = {"accuracy": acc, "restoration": rows, "n_kept": 100, "n_pairs": 128, "reading": ""}
+        atr = run.task == "ATR"
+        measures = {"accuracy": acc, "restoration": layer1_rows("query" if atr else role), "n_kept": 100,
+                    "n_pairs": 128, "reading": ""}
+        if atr:
+            measures["value_corrupted"] = {"restoration": layer1_rows("key" if role == "value" else "query"),
+                                           "n_kept": 100}
         status = "fit" if acc >= 0.9 else "did not fit"
         done.append(Outcome(run, status, None, run.train["lr"], run.train["train_length"], acc, [], 1.0,
                             measures=measures))
@@ -67,6 +77,11 @@ def test_medium_verdicts_read_the_atr_mechanism_and_compare_every_atr_model():
     worse = lambda run: 0.92 if run.info["model"] == "mamba d_conv=1" else 0.99  # noqa: E731
     verdicts = [c.verdict for c in MODULE.judge(medium_outcomes(query_on_atr, worse), plan)[0]]
     assert verdicts[4] == "does not reproduce" and verdicts[5] == "does not reproduce"
+    # attention, the claim's reference, not reading as induction on ATR either: the premise fails
+    nobody = lambda run: "query" if run.task == "ATR" or run.info["model"] != "attention" else "value"  # noqa: E731
+    claims, _ = MODULE.judge(medium_outcomes(nobody, collapse), plan)
+    assert claims[4].verdict == "premise fails" and "does not read as induction on this ATR either" in claims[4].measured
+    assert "ATR-attention-s0: value corrupted 0.10 / 0.10 / 0.90, key corrupted" in claims[4].measured
     # nothing fits on ATR: both ATR claims say so
     unfit = lambda run: 0.8 if run.task == "ATR" else 0.97  # noqa: E731
     verdicts = [c.verdict for c in MODULE.judge(medium_outcomes(value_on_atr, unfit), plan)[0]]
@@ -99,3 +114,25 @@ def test_committed_medium_runs_are_the_plans_and_are_reused(tmp_path, monkeypatc
         assert row["status"] == outcome["status"] and row["in-dist acc"] == outcome["in_distribution"]
         assert row["measures"]["accuracy"] >= 0 and "reading" in row["measures"]
     assert not list((tmp_path / "out").rglob("*.safetensors"))
+
+
+def test_atr_value_precedes_key_so_the_induction_reading_uses_the_value_corruption():
+    """ATR puts a phrase's head first: the answer's occurrence (value) precedes the queried child (key) in
+    every document, so a key corruption leaves the value position untouched (restoration 0 by causality);
+    the reading takes the paper's measure, the value corrupted and the key restored."""
+    task = MODULE.plan("medium").runs[-1].task_object()
+    batch = task.sample(256, 12, 0)
+    assert bool((batch.roles["value"] < batch.roles["key"]).all())
+
+    def rows(key, value, query):
+        return [{"layer": layer, "hook": hook, "role": role, "sem": 0.01,
+                 "restoration": {"key": key, "value": value, "query": query}[role] if layer == 1 else 0.0}
+                for layer in (0, 1) for hook in ("hook_resid_pre", "hook_out") for role in ("key", "value", "query")]
+    direct = rows(key=0.2, value=0.0, query=0.9)            # key corrupted: the query restores
+    stored = {"restoration": direct, "value_corrupted": {"restoration": rows(key=0.8, value=0.0, query=0.1)}}
+    assert MODULE.read_measures(stored) == "induction"
+    weak = {"restoration": direct, "value_corrupted": {"restoration": rows(key=0.3, value=0.0, query=0.1)}}
+    assert MODULE.read_measures(weak) == "direct retrieval"
+    at_query = {"restoration": direct, "value_corrupted": {"restoration": rows(key=0.6, value=0.0, query=0.9)}}
+    assert MODULE.read_measures(at_query) == "direct retrieval"
+    assert MODULE.read_measures({"restoration": direct}) == "direct retrieval"   # AR: the key corruption only
