@@ -17,7 +17,8 @@ MODULE = claim_module("retrieval")
 def test_medium_plan_trains_ar8_and_atr_with_the_curriculum_and_early_stop():
     plan = MODULE.plan("medium")
     by_task = {task: sorted(r.info["model"] for r in plan.runs if r.info["task"] == task) for task in ("AR", "ATR")}
-    assert by_task == {"AR": ["attention", "mamba", "mamba d_conv=1"], "ATR": ["attention", "mamba", "mamba d_conv=1"]}
+    models = sorted(["attention", "mamba", "mamba d_conv=1"] * 2)          # seeds 0 and 1
+    assert by_task == {"AR": models, "ATR": models} and {r.info["seed"] for r in plan.runs} == {0, 1}
     assert {(r.info["pairs"], r.info["keys"]) for r in plan.runs if r.info["task"] == "AR"} == {(8, 16)}
     assert plan.early_stop == MODULE.EARLY_STOP
     for run in plan.runs:
@@ -67,7 +68,12 @@ def test_medium_verdicts_read_the_atr_mechanism_and_compare_every_atr_model():
     plan = MODULE.plan("medium")
     value_on_atr = lambda run: "value" if run.task == "ATR" or run.info["model"] == "attention" else "query"  # noqa: E731
     collapse = lambda run: 0.1 if run.task == "AR" and run.info["model"] == "mamba d_conv=1" else 0.97  # noqa: E731
-    claims, _ = MODULE.judge(medium_outcomes(value_on_atr, collapse), plan)
+    claims, sections = MODULE.judge(medium_outcomes(value_on_atr, collapse), plan)
+    # every run kept pairs: a heatmap per run and per ATR value corruption, no "no restoration profile" note
+    assert not any("no restoration profile" in str(getattr(x, "heading", "")) for x in sections)
+    titles = [x.layout.title.text for x in sections if hasattr(x, "layout")]
+    atr = sum(run.task == "ATR" for run in plan.runs)
+    assert sum("(key corrupted)" in t for t in titles) == len(plan.runs) and sum("(value corrupted)" in t for t in titles) == atr
     verdicts = [c.verdict for c in claims]
     # attention induction, Mamba direct retrieval, H3/Hyena not trained (inconclusive), collapse, ATR induction, ATR behaviour
     assert verdicts == ["reproduces", "reproduces", "inconclusive", "reproduces", "reproduces", "reproduces"]

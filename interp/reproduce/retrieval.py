@@ -67,6 +67,7 @@ SEARCH = {
     "ATR 12 Mamba d_conv=1, curriculum, lr 3e-3, warmup 100, 8000 steps": (0.88, 8000, 262),
     "ATR 12 Mamba d_conv=1, curriculum, lr 3e-3, warmup 100, 16000 steps": (0.95, 16000, 530),
     "ATR 12 Mamba, curriculum, lr 3e-3, warmup 100, 16000 steps": (0.97, 3200, 126),
+    "ATR 12 attention, curriculum, lr 1e-3, warmup 100, 16000 steps": (0.96, 12000, 305),
 }
 
 SCALE = {
@@ -83,7 +84,7 @@ SCALE = {
     # (2 -> 4 -> 8 pairs / -> 12 terminals) found by the budget search (SEARCH), early-stopped at fit
     "medium": dict(ar=[(8, 16)], all_at=(8, 16), small_models=(), models=MEDIUM_AR, atr_models=tuple(ATR_MODELS),
                    atr_length=12, d_attn=64, d_ssm=64, d_state=8, steps=3000, atr_steps=16000, batch=64, n=512,
-                   n_patch=128, seeds=[0], eval_every=25, train={**CURRICULUM, "warmup": 100}, warmup=100),
+                   n_patch=128, seeds=[0, 1], eval_every=25, train={**CURRICULUM, "warmup": 100}, warmup=100),
     "paper": dict(ar=[(4, 64), (8, 64), (16, 64)], all_at=(16, 64), small_models=tuple(AR_MODELS), atr_length=32, d_attn=64, d_ssm=128,
                   d_state=16, steps=20_000, batch=128, n=1024, n_patch=512, seeds=[0, 1]),
 }
@@ -302,7 +303,10 @@ def judge(done, plan: Plan):
                         "대등한 성능을 ATR에서 보여줍니다.",
                         f"ATR accuracy: Mamba d_conv=1 {', '.join(f'{a:.2f}' for a in atr_acc)}"
                         + "".join(f"; {label} {', '.join(f'{a:.2f}' for a in acc)}" for label, acc in others.items())
-                        + f" (compared at this scale: {', '.join(others) or 'no other model'})",
+                        + f" (compared at this scale: {', '.join(others) or 'no other model'}); steps trained: "
+                        + ", ".join(f"{o.run.label} {o.steps}/{o.run.train['steps']}" for o in select(done, task="ATR"))
+                        + (" (a run stops early at fit, so accuracies near the stop threshold are not maxima)"
+                           if plan.early_stop else ""),
                         "did not fit" if not atr_fit else "inconclusive" if not other_acc else "reproduces"
                         if min(atr_acc) >= max(other_acc) - 0.02 else "does not reproduce"))
     summary = [{"run": o.run.label, "status": o.status, "accuracy": o.measures.get("accuracy"),
@@ -310,10 +314,10 @@ def judge(done, plan: Plan):
                for o in done]
     sections = [Table(summary, heading="Accuracy and mechanism reading per run")]
     for o in done:
-        if o.measures.get("restoration") and o.measures.get("n_kept"):
-            sections.append(restoration_figure(o))
         if o.measures.get("value_corrupted", {}).get("n_kept"):
             sections.append(restoration_figure(o, "value"))
+        if o.measures.get("restoration") and o.measures.get("n_kept"):
+            sections.append(restoration_figure(o))
         elif o.measures.get("restoration"):
             sections.append(Text(f"{o.run.label}: accuracy {o.measures['accuracy']:.2f}; no pair kept (the corrupted "
                                  "input lowers the answer's probability in none of them), so there is no restoration "
