@@ -183,7 +183,8 @@ def _finishes(fn, limit_s: int) -> bool:
 
 def _versus(result: dict, ours: str = "ours", source: str = "source") -> dict:
     a, b = result[ours], result[source]
-    return {"ours_s": a["s"], "source_s": b["s"], "time_ratio": a["s"] / b["s"], "ours_peak": a["peak"],
+    return {"ours_s": a["s"], "source_s": b["s"], "time_ratio": a["s"] / b["s"], "cpu_ratio": a["cpu"] / b["cpu"],
+            "ours_peak": a["peak"],
             "source_peak": b["peak"], "peak_ratio": a["peak"] / max(b["peak"], 1), "load": a["load"]}
 
 
@@ -493,21 +494,21 @@ def gb(n) -> str:
 def table(section: str, rows: list[dict]) -> list[str]:
     """Markdown lines of one section's rows."""
     if section == "fwd":
-        lines = ["| model | T | pass | ours s | source s | time ours / source | ours peak GB | source peak GB | "
-                 "peak ours / source | load |", "|" + "---|" * 10]
+        lines = ["| model | T | pass | ours s | source s | time ours / source | CPU time ours / source | ours peak GB | "
+                 "source peak GB | peak ours / source | load |", "|" + "---|" * 11]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 6)
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 7)
                 continue
             if "source_over_s" in r:
                 over = r["source_over_s"]
                 note = f"not run (did not finish in {over} s at a shorter T)" if r.get("source_skipped") else \
                     f"did not finish in {over} s"
                 lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {note} | "
-                             f"< {r['ours_s'] / over:.2f} | {gb(r['ours_peak'])} | - | - | {r['load']} |")
+                             f"< {r['ours_s'] / over:.2f} | - | {gb(r['ours_peak'])} | - | - | {r['load']} |")
                 continue
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {r['source_s']:.2f} | "
-                         f"{r['time_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
+                         f"{r['time_ratio']:.2f} | {r['cpu_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
                          f"{r['peak_ratio']:.2f} | {r['load']} |")
         return lines
     if section == "lens":

@@ -271,7 +271,10 @@ def selective_states_forward(dt, A, x, Bm, initial_state, pins, scale: float) ->
     """selective_states' C loop (no autograd; pins checked): states [B, T, E, N]."""
     (batch, length, inner), n = dt.shape, A.shape[1]
     dt, A, x, Bm = (t.contiguous() for t in (dt, A, x, Bm))
-    states = empty((batch, length, inner, n), dt)
+    # not huge-page advised (library.empty): every state is a one-shot export for hooks and
+    # caches, and a fresh 805 MB advised export inside a forward cost 1.3-2.1 CPU-s of faults on
+    # this VM against about 0.5 s of 4 KiB faults (benchmarks/RESULTS.md, real size, state patch)
+    states = dt.new_empty(batch, length, inner, n)
     h = dt.new_zeros(batch, inner, n) if initial_state is None else initial_state.contiguous()
     h_stride = inner * n  # elements between batch rows of the state entering the next call
     pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
