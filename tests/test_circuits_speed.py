@@ -65,7 +65,8 @@ def reference_grads(model, pair_setup, copies=1, alphas=None) -> dict[int, torch
     hooks = []
     if alphas is not None:
         clean_e, corrupt_e = pair_setup.clean_acts["hook_embed"], pair_setup.corrupt_acts["hook_embed"]
-        path = corrupt_e.repeat(copies, 1, 1) + alphas.repeat_interleave(n)[:, None, None] * (clean_e - corrupt_e).repeat(copies, 1, 1)
+        weights = alphas.repeat_interleave(n)[:, None, None]  # [copies N, 1, 1]
+        path = corrupt_e.repeat(copies, 1, 1) + weights * (clean_e - corrupt_e).repeat(copies, 1, 1)
         hooks = [("hook_embed", lambda x, hook: path)]
     with torch.enable_grad():
         logits, _ = edge_pass(model, pair_setup.graph, tokens.repeat(copies, 1), pair_setup.at.repeat(copies),
@@ -100,7 +101,8 @@ def test_fast_receiver_gradients_equal_the_copies(family, pair):
     grads = run.gradients(scored.metric(run.logits, torch.arange(n)).sum())
     reference = reference_grads(model, scored)
     for r in range(len(scored.graph.receivers)):
-        torch.testing.assert_close(grads.of([r])[0], reference[r], atol=1e-10, rtol=0, msg=scored.graph.receivers[r].name)
+        torch.testing.assert_close(grads.of([r])[0], reference[r], atol=1e-10, rtol=0,
+                                   msg=scored.graph.receivers[r].name)
     assert max(g.abs().max().item() for g in reference.values()) > 1e-5  # not trivially zero
 
 

@@ -6,11 +6,11 @@ run so that only r reads u's clean output changes the metric by about
     score[u -> r, b] = sum over positions t of (a_u,clean[b, t] - a_u,corrupt[b, t]) . g_r[b, t]
 
 g_r = d metric_b / d x_r at the corrupted run, x_r the receiver's own copy of the residual stream
-(before its norm). The clean and corrupted forwards (interp.analysis.circuits.metrics.setup) and
-one forward and backward of the corrupted run give every receiver's g_r
-(interp.analysis.circuits.gradients: by the rows of a mixer's input maps where it has them, else
-by a zero leaf in the receiver's own copy); the scores of each group of receivers with the same
-senders are one batched product with the senders' differences. The logits receiver reads the
+(before its norm). A clean forward and one corrupted forward and backward give every edge's
+score: the corrupted run is the pass with the receivers' leaves (interp.analysis.circuits.
+gradients: g_r by the rows of a mixer's input maps where it has them, else by a zero leaf in the
+receiver's own copy), and the scores of each group of receivers with the same senders are one
+batched product with the senders' differences. The logits receiver reads the
 answer position only. `per_position=True` also keeps the terms per example and position t
 ([E, N, T]: where on the residual stream the edge carries its effect).
 
@@ -75,9 +75,16 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
         return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
                     graph, per_position)
-    pair = setup(model, clean, corrupt, metric, graph, answer)
+    runs: list[LeafPass] = []
+
+    def corrupt_pass(pass_graph: Graph, tokens: torch.Tensor, at: torch.Tensor):  # the leaves' pass
+        runs.append(LeafPass(model, pass_graph, tokens, at))
+        return runs[0].logits, runs[0].acts
+
+    pair = setup(model, clean, corrupt, metric, graph, answer, corrupt_pass=corrupt_pass)
+    examples = torch.arange(len(pair.at), device=pair.at.device)
     scorer = _Scorer(pair, per_position)
-    scorer.add(_gradients(model, pair, 1, None), 1)
+    scorer.add(runs[0].gradients(pair.metric(runs[0].logits, examples).sum()), 1)
     return scorer.scores("eap")
 
 
@@ -192,7 +199,8 @@ class _Scorer:
                 if wide is not None:
                     terms = torch.einsum("nutd,ntd->unt", wide, grad[j].double()).cpu()  # [U, N, t]
                     if logits:  # the answer position of each example
-                        self.positions[edges[:, None], torch.arange(n)[None], self.pair.at.cpu()[None]] += terms[:, :, 0]
+                        at = self.pair.at.cpu()[None]
+                        self.positions[edges[:, None], torch.arange(n)[None], at] += terms[:, :, 0]
                     else:
                         self.positions[edges] += terms
 

@@ -178,8 +178,8 @@ class LeafPass:
                                     allow_unused=True)
         leaves = [self.leaves[r] for r in whole] + [self.maps[k] for k in maps]
         grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
-        return Gradients(self.model, self.fast, dict(zip(whole, grads[:len(whole)])), dict(zip(maps, grads[len(whole):])),
-                         self.stream)
+        return Gradients(self.model, self.fast, dict(zip(whole, grads[:len(whole)])),
+                         dict(zip(maps, grads[len(whole):])), self.stream)
 
 
 class Gradients:
@@ -229,7 +229,8 @@ class Gradients:
             for j, (attr, start, stop) in enumerate(ranges):
                 key = (layer, slot, attr)
                 if key not in weights:
-                    weights[key] = folded_weight(norm, getattr(block_mixers(self.model.blocks[layer])[slot], attr).weight)
+                    linear = getattr(block_mixers(self.model.blocks[layer])[slot], attr)
+                    weights[key] = folded_weight(norm, linear.weight)
                 g, w = scaled[key][:, start:stop], weights[key][start:stop]  # [N T, c], [c, D]
                 if j == 0:
                     torch.mm(g, w, out=out[i])

@@ -48,8 +48,10 @@ class Setup:
 
 
 def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
-          answer: str | None = None) -> Setup:
-    """Check the pair, run it once each (no gradient) and fix the metric (module docstring)."""
+          answer: str | None = None, corrupt_pass=None) -> Setup:
+    """Check the pair, run it once each (no gradient) and fix the metric (module docstring).
+    corrupt_pass(graph, tokens, at) -> (logits, acts) runs the corrupted tokens instead (EAP's
+    forward with the receivers' leaves, so that the corrupted run is not run twice)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
     check_pair(clean, corrupt)
@@ -65,8 +67,11 @@ def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph
     device = next(model.parameters()).device
     with torch.no_grad():
         clean_logits, clean_acts = edge_pass(model, graph.pass_graph, clean.tokens.to(device), at.to(device), _none)
-        corrupt_logits, corrupt_acts = edge_pass(model, graph.pass_graph, corrupt.tokens.to(device), at.to(device),
-                                                 _none)
+        if corrupt_pass is None:
+            corrupt_logits, corrupt_acts = edge_pass(model, graph.pass_graph, corrupt.tokens.to(device),
+                                                     at.to(device), _none)
+    if corrupt_pass is not None:
+        corrupt_logits, corrupt_acts = corrupt_pass(graph.pass_graph, corrupt.tokens.to(device), at.to(device))
     y = clean.targets[torch.arange(len(clean)), at].to(device)  # [N] the clean answers
     rival = rival_answers(corrupt, corrupt_logits.double().cpu(), y.cpu(), at).to(device)
     clean_logp = clean_logits.double().log_softmax(-1)  # [N, V]

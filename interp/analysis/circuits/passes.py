@@ -78,7 +78,7 @@ def edge_pass(model, graph: Graph, tokens: torch.Tensor, at: torch.Tensor,
     read = capture == "values" or not torch.is_grad_enabled()
     fwd = list(fwd_hooks) + [(h, _sender_hook(state)) for h in senders if not read or h in conv_hooks]
     readers = [(h, _sender_reader(state)) for h in senders if h not in conv_hooks] if read else []
-    fwd += [(h, _slot_hook(state, h, conv_hooks[h])) for h in conv_hooks]  # the other slot hooks: while a side run's values replace them
+    fwd += [(h, _slot_hook(state, h, conv_hooks[h])) for h in conv_hooks]  # the others: while a side run replaces them
     handles = [model.get_submodule(h).register_forward_hook(_group_terms(state, h, g))  # Mamba channel groups
                for h, g in sorted({(s.hook, s.split) for s in graph.senders if s.split})] if capture else []
     try:
