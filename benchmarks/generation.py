@@ -13,8 +13,9 @@ in rounds (benchmarks/timing.py):
   HF: generate with max_new_tokens = 1 (the prompt, one read-out) and = N: (t_N - t_1) / (N - 1);
   ours + hook_state readers: a reader on every layer's hook_state (it keeps the largest |h| of
       each call), so every new token's states pass through the hook point (the instrumented path);
-  ours + state patch: a models.StatePatch (deltas) on the middle layer's hook_state at the
-      generated position T + N / 2 (the steps without an entry run plain).
+  ours + state patch: a models.StatePatch (deltas) on the middle layer's hook_state (the first
+      recurrent layer from the middle on) at the generated position T + N / 2 (the steps
+      without an entry run plain).
 Memory: the bytes our DecodingState carries after the prompt and after N tokens (constant for a
 purely recurrent model; the KV cache grows by 2 L G d_head values a token) and HF's cache the
 same way. Also whether our greedy tokens equal HF's (random real-size weights: near-ties may
@@ -98,11 +99,13 @@ def state_readers(model, found: list):
 
 
 def middle_patch(model, position: int):
-    layer = len(model.blocks) // 2
-    mixer = model.blocks[layer].mixer
-    if not hasattr(mixer, "hook_state"):
+    """A StatePatch (deltas 0.01) at `position` on the first layer from the middle on with a
+    hook_state (a hybrid's middle layer may be attention), or None where none has one."""
+    layer = next((i for i, block in enumerate(model.blocks)
+                  if i >= len(model.blocks) // 2 and hasattr(block.mixer, "hook_state")), None)
+    if layer is None:
         return None
-    deltas = torch.full((1, *mixer.state_shape), 0.01)
+    deltas = torch.full((1, *model.blocks[layer].mixer.state_shape), 0.01)
     return [(f"blocks.{layer}.mixer.hook_state", StatePatch([0], [position], deltas=deltas))]
 
 

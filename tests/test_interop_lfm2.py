@@ -78,14 +78,15 @@ def test_hook_conv_and_state_are_the_sources_conv():
 
 
 def test_every_hook_is_reachable():
-    """run_with_cache over every hook point of the import: each is recorded with the time axis of
-    the tokens, and the logits are those of the plain forward."""
+    """run_with_cache over every listed hook point of the import (hook_names(): the opt-in per-head
+    attention inputs are requested by name only): each is recorded, and the logits are those of
+    the plain forward."""
     model = models.from_pretrained(lfm2_source())
     with torch.no_grad():
         plain = model(tokens())
         logits, cache = model.run_with_cache(tokens())
     torch.testing.assert_close(logits, plain, atol=1e-6, rtol=0)
-    for name in model.hook_dict:
+    for name in model.hook_names():
         assert name in cache, name
     assert cache["blocks.0.mixer.hook_conv"].shape == (2, T, 16)
     assert cache["blocks.1.mixer.hook_pattern"].shape == (2, 4, T, T)

@@ -69,10 +69,12 @@ from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixe
 OPTIONS = {"rope_base": 10000.0, "partial_rotary_factor": 1.0, "qk_norm": False, "output_gate": False}
 
 
-def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, d_head] for the rotation of pairs (i, i + d_head/2) by t * base^(-2i/d_head)."""
+def rotary_tables(length: int, d_head: int, base: float, like: torch.Tensor,
+                  start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, d_head] for the rotation of pairs (i, i + d_head/2) by t * base^(-2i/d_head) at
+    positions t = start, ..., start + T - 1."""
     inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # [d_head/2]
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq  # [T, d_head/2]
+    angles = torch.arange(start, start + length, dtype=torch.float64)[:, None] * inv_freq  # [T, d_head/2]
     angles = torch.cat([angles, angles], dim=-1)  # [T, d_head]
     return angles.cos().to(like), angles.sin().to(like)
 
@@ -240,9 +242,9 @@ class Attention(Mixer):
         if self.options["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.positional == "rope":
-            cos, sin = rotary_tables(start + length, self.options["rotary_dim"], float(self.options["rope_base"]), q)
-            q = apply_rotary(q, cos[start + queries_from :], sin[start + queries_from :])
-            k = apply_rotary(k, cos[start:], sin[start:])
+            cos, sin = rotary_tables(length, self.options["rotary_dim"], float(self.options["rope_base"]), q, start)
+            q = apply_rotary(q, cos[queries_from:], sin[queries_from:])
+            k = apply_rotary(k, cos, sin)
         gate = None
         if self.options["output_gate"]:
             gate = self.hook_gate(torch.sigmoid(self.gate_proj(x[:, queries_from:])).view(q.shape))
@@ -256,9 +258,9 @@ class Attention(Mixer):
         """Causal attention of queries q [B, H, Tq, d_head] (rotated; the last Tq of the Tk key
         positions) over keys k and values v [B, G, Tk, d_head], times the output gate [B, Tq, H,
         d_head] when given -> the output [B, Tq, D] (hooks scores / pattern / z / result on the way)."""
-        if self.n_kv < self.n_heads:
-            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, Tk, d_head]
         explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
+        if self.n_kv < self.n_heads and (explicit or q.shape[2] > 1):  # one query alone: SDPA's enable_gqa
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, Tk, d_head]
         if (explicit and recording(q, k, v) and self.execution_path != "instrumented"
                 and only_read(self.hook_attn_scores, self.hook_pattern)):
             with torch.no_grad():  # for the readers
@@ -270,10 +272,10 @@ class Attention(Mixer):
         if explicit:
             z = self.hook_pattern(causal_softmax(self.hook_attn_scores(causal_scores(q, k)))) @ v  # [B, H, Tq, d_head]
         elif q.shape[2] == k.shape[2]:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] < q.shape[1])
         else:  # the last queries (one query, decoding: every key, no mask)
             mask = None if q.shape[2] == 1 else causal_mask(q.shape[2], k.shape[2], q.device)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] < q.shape[1])
         z = z.transpose(1, 2)  # [B, Tq, H, d_head]
         return head_outputs(z if gate is None else z * gate, self.out_proj, self.hook_z, self.hook_result)
 

@@ -71,6 +71,11 @@ class ConvWindowMixer(RecurrentMixer):
         return self.output(short_conv(inputs["v"], *self.conv_params(), window, impl="naive"), inputs)
 
     def fast_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None):
-        """fast_from and the window after the last step [B, C, W]."""
-        final = self.padded(inputs["v"], initial)[..., -self.width:]
-        return self.fast_from(x, inputs, initial), final.contiguous()
+        """fast_from and the window after the last step [B, C, W]; one step (decoding) from the
+        window itself, its taps summed in short_conv_naive's order."""
+        final = self.padded(inputs["v"], initial)[..., -self.width:].contiguous()
+        if inputs["v"].shape[1] > 1:
+            return self.fast_from(x, inputs, initial), final
+        weight, bias = self.conv_params()
+        y = sum(weight[:, k] * final[..., k] for k in range(self.width))  # [B, C]
+        return self.output((y if bias is None else y + bias)[:, None], inputs), final
