@@ -9,7 +9,7 @@ import torch
 import models
 from models.decoding import advance, mixer_kind
 from tests.test_decoding import B, SMALL, T, VOCAB, decode_and_compare, prompt, small_model
-from tests.test_decoding_hooks import assert_generate_matches_full
+from tests.test_decoding_hooks import assert_generate_matches_full, at_position
 
 WINDOW = 3  # shorter than the prompt: the carried window rolls
 
@@ -105,3 +105,18 @@ def test_long_convolutions_refuse_positions_past_max_len(name):
     model = models.build(name, **{**SMALL, "vocab_size": VOCAB}, max_len=T + 2).eval()
     with torch.no_grad(), pytest.raises(ValueError, match=f"max_len={T + 2}"):
         model.generate(prompt(), 4)
+
+
+@pytest.mark.parametrize("position", [2, T + 1])  # a prompt and a generated position
+@pytest.mark.parametrize("name", ["hyena", "baseconv"])
+def test_a_hook_on_the_short_conv_while_decoding_equals_the_full_forward(name, position):
+    """A hook function on hook_conv at one absolute position: generate's tokens and logits are the
+    hooked full forward's; earlier logits are the clean ones (to FFT rounding, which mixes
+    positions), later ones change."""
+    model = small_model(name)
+    width = model.cfg.d_model * (3 if name == "hyena" else 1)  # hyena's short conv runs on W_in x [3D]
+    delta = torch.randn(width, generator=torch.Generator().manual_seed(4)) * 3
+    out, logits = assert_generate_matches_full(model, [("blocks.0.mixer.hook_conv", at_position(position, delta))])
+    clean = model(out[:, :-1])
+    torch.testing.assert_close(logits[:, :position], clean[:, :position], atol=1e-6, rtol=0)
+    assert (logits[:, position:] - clean[:, position:]).abs().amax(-1).min() > 1e-4
