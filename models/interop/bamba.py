@@ -17,12 +17,13 @@ Refused (UnsupportedConfig): hidden_act other than silu, rope scaling. GraniteMo
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from torch import nn
 
 from models.config import ModelConfig
-from models.interop import mamba2 as mamba2_layout
+from models.interop import hybrid, mamba2 as mamba2_layout
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.llama import attention_weights, swiglu_weights
 
@@ -31,10 +32,7 @@ KINDS = {"linear_attention": "mamba2", "full_attention": "attention"}
 
 def layer_kinds(config: Any) -> list[str]:
     """Our mixer per layer from config.layers_block_type."""
-    types = list(config.layers_block_type)
-    if any(kind not in KINDS for kind in types):
-        raise unsupported(config, "layers_block_type", types, f"layers of the kinds {sorted(KINDS)}")
-    return [KINDS[kind] for kind in types]
+    return hybrid.layer_kinds(config, "layers_block_type", KINDS, f"layers of the kinds {sorted(KINDS)}")
 
 
 def rotary_options(config: Any) -> dict:
@@ -72,18 +70,15 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mixer_options={"mamba2": mamba2_options(config, eps)} | ({"attention": rotary_options(config)} if rope else {}),
     )
     weights = SourceWeights(source)
-    take = weights.take
-    state = {"embed.weight": take("model.embed_tokens.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        state |= mixer_weights(weights, config, kind, theirs, ours)
-        state |= swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", cfg.mlp_bias)
-        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
-    state["norm_final.weight"] = take("model.final_layernorm.weight")
-    state["unembed.weight"] = take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    return cfg, hybrid.stack_weights(weights, kinds, partial(block_weights, weights, config, cfg))
+
+
+def block_weights(weights: SourceWeights, config: Any, cfg: ModelConfig, layer: int, kind: str, theirs: str,
+                  ours: str) -> dict:
+    """Bamba layer `theirs` (Mamba-2 or attention, SwiGLU MLP, two norms) -> our block."""
+    return (mixer_weights(weights, config, kind, theirs, ours)
+            | swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", cfg.mlp_bias)
+            | hybrid.block_norms(weights, theirs, ours))
 
 
 def mixer_weights(weights: SourceWeights, config: Any, kind: str, theirs: str, ours: str) -> dict:

@@ -32,11 +32,13 @@ mamba_d_head, embedding_multiplier 0 with tied embeddings.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.interop import mamba2 as mamba2_layout
+from models.interop import hybrid, mamba2 as mamba2_layout
 from models.interop.bamba import mamba2_options, rotary_options
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.llama import attention_weights, swiglu_weights
@@ -73,23 +75,24 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
                        "attention": rotary_options(config)},
     )
     weights = SourceWeights(source)  # (mup_vector is a non-persistent buffer: ssm_multipliers)
-    take = weights.take
-    state = {"embed.weight": take("model.embed_tokens.weight", lambda w: w * e)}
-    for layer in range(cfg.n_layers):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        state |= mamba_weights(weights, config, f"{theirs}.mamba", f"{ours}.mixer")
-        state |= attention_branch(weights, config, cfg, f"{theirs}.self_attn", f"{ours}.mixer2")
-        mlp = swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", cfg.mlp_bias)
-        gate, down = (float(m) for m in config.mlp_multipliers)
-        state |= {name: value * (gate if ".mlp.gate." in name else down if ".mlp.down." in name else 1.0)
-                  for name, value in mlp.items()}
-        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
     m = float(config.lm_head_multiplier)
-    state["norm_final.weight"] = take("model.final_layernorm.weight", lambda w: w * (m / e) if tied else w)
-    state["unembed.weight"] = take("lm_head.weight", lambda w: w * e if tied else w * m)
-    weights.check_all_taken()
-    return cfg, state
+    ends = {"embed": lambda w: w * e, "norm_final": lambda w: w * (m / e) if tied else w,
+            "unembed": lambda w: w * e if tied else w * m}
+    return cfg, hybrid.stack_weights(weights, range(cfg.n_layers), partial(block_weights, weights, config, cfg),
+                                     transforms=ends)
+
+
+def block_weights(weights: SourceWeights, config, cfg: ModelConfig, layer: int, kind: int, theirs: str,
+                  ours: str) -> dict:
+    """Falcon-H1 layer `theirs` (the Mamba-2 and attention branches, the SwiGLU MLP with its
+    multipliers, two norms) -> our block."""
+    state = mamba_weights(weights, config, f"{theirs}.mamba", f"{ours}.mixer")
+    state |= attention_branch(weights, config, cfg, f"{theirs}.self_attn", f"{ours}.mixer2")
+    mlp = swiglu_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", cfg.mlp_bias)
+    gate, down = (float(m) for m in config.mlp_multipliers)
+    state |= {name: value * (gate if ".mlp.gate." in name else down if ".mlp.down." in name else 1.0)
+              for name, value in mlp.items()}
+    return state | hybrid.block_norms(weights, theirs, ours)
 
 
 def mup_vector(config, like: torch.Tensor) -> torch.Tensor:
@@ -104,13 +107,8 @@ def mamba_weights(weights: SourceWeights, config, theirs: str, ours: str) -> dic
     state = mamba2_layout.mixer_weights(weights, theirs, ours, config.mamba_conv_bias, config.mamba_proj_bias,
                                         norm=bool(config.mamba_rms_norm))
     rows = mup_vector(config, state[f"{ours}.in_proj.weight"])
-    state[f"{ours}.in_proj.weight"] = state[f"{ours}.in_proj.weight"] * (rows[:, None] * float(config.ssm_in_multiplier))
-    out = float(config.ssm_out_multiplier)
-    state[f"{ours}.out_proj.weight"] = state[f"{ours}.out_proj.weight"] * out
-    if config.mamba_proj_bias:
-        state[f"{ours}.in_proj.bias"] = state[f"{ours}.in_proj.bias"] * rows
-        state[f"{ours}.out_proj.bias"] = state[f"{ours}.out_proj.bias"] * out
-    return state
+    return folded(state, f"{ours}.in_proj", f"{ours}.out_proj", rows, float(config.ssm_in_multiplier),
+                  float(config.ssm_out_multiplier), bool(config.mamba_proj_bias))
 
 
 def attention_branch(weights: SourceWeights, config, cfg: ModelConfig, theirs: str, ours: str) -> dict:
@@ -119,12 +117,19 @@ def attention_branch(weights: SourceWeights, config, cfg: ModelConfig, theirs: s
     queries, keys = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     rows = torch.ones(queries + 2 * keys, dtype=state[f"{ours}.qkv.weight"].dtype)
     rows[queries : queries + keys] = float(config.key_multiplier)
-    state[f"{ours}.qkv.weight"] = state[f"{ours}.qkv.weight"] * (rows[:, None] * float(config.attention_in_multiplier))
-    out = float(config.attention_out_multiplier)
-    state[f"{ours}.out_proj.weight"] = state[f"{ours}.out_proj.weight"] * out
-    if cfg.attention_bias:
-        state[f"{ours}.qkv.bias"] = state[f"{ours}.qkv.bias"] * rows
-        state[f"{ours}.out_proj.bias"] = state[f"{ours}.out_proj.bias"] * out
+    return folded(state, f"{ours}.qkv", f"{ours}.out_proj", rows, float(config.attention_in_multiplier),
+                  float(config.attention_out_multiplier), cfg.attention_bias)
+
+
+def folded(state: dict, into: str, out: str, rows: torch.Tensor, scale_in: float, scale_out: float,
+           bias: bool) -> dict:
+    """A branch's weights with its multipliers folded in: the input map `into` times rows * scale_in
+    per output row (its bias times rows), the output map `out` (weight and bias) times scale_out."""
+    state[f"{into}.weight"] = state[f"{into}.weight"] * (rows[:, None] * scale_in)
+    state[f"{out}.weight"] = state[f"{out}.weight"] * scale_out
+    if bias:
+        state[f"{into}.bias"] = state[f"{into}.bias"] * rows
+        state[f"{out}.bias"] = state[f"{out}.bias"] * scale_out
     return state
 
 

@@ -28,10 +28,12 @@ with tied embeddings.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from torch import nn
 
 from models.config import ModelConfig
+from models.interop import hybrid
 from models.interop.bamba import layer_kinds, mamba2_options, mixer_weights, rotary_options
 from models.interop.convert import SourceWeights, require, unsupported
 
@@ -59,25 +61,25 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mixer_options={"mamba2": mamba2_options(config, eps)} | ({"attention": rotary_options(config)} if rope else {}),
     )
     weights = SourceWeights(source)
-    take = weights.take
     r, q_scale = float(config.residual_multiplier), float(config.attention_multiplier) * math.sqrt(d_head)
-    state = {"embed.weight": take("model.embed_tokens.weight", lambda w: w * e)}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        mixer = mixer_weights(weights, config, kind, theirs, ours)
-        out = "out_proj"
-        if kind == "attention":
-            mixer[f"{ours}.mixer.qkv.weight"] = scaled_rows(mixer[f"{ours}.mixer.qkv.weight"], cfg, q_scale)
-            if cfg.attention_bias:
-                mixer[f"{ours}.mixer.qkv.bias"] = scaled_rows(mixer[f"{ours}.mixer.qkv.bias"], cfg, q_scale)
-        state |= {name: value * r if name.startswith(f"{ours}.mixer.{out}.") else value for name, value in mixer.items()}
-        state |= mlp_weights(weights, theirs, f"{ours}.mlp", r, cfg.moe is not None)
-        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.post_attention_layernorm.weight")
-    state["norm_final.weight"] = take("model.norm.weight", lambda w: w / (e * s) if tied else w)
-    state["unembed.weight"] = take("lm_head.weight", lambda w: w * e if tied else w / s)
-    weights.check_all_taken()
-    return cfg, state
+    ends = {"embed": lambda w: w * e, "norm_final": lambda w: w / (e * s) if tied else w,
+            "unembed": lambda w: w * e if tied else w / s}
+    layers = partial(block_weights, weights, config, cfg, r, q_scale)
+    return cfg, hybrid.stack_weights(weights, kinds, layers, norm_final="norm", transforms=ends)
+
+
+def block_weights(weights: SourceWeights, config, cfg: ModelConfig, r: float, q_scale: float, layer: int, kind: str,
+                  theirs: str, ours: str) -> dict:
+    """Granite layer `theirs` (Bamba's mixer with the query scale q_scale and the residual
+    multiplier r folded in, the shared MLP or MoE, two norms) -> our block."""
+    mixer = mixer_weights(weights, config, kind, theirs, ours)
+    if kind == "attention":
+        mixer[f"{ours}.mixer.qkv.weight"] = scaled_rows(mixer[f"{ours}.mixer.qkv.weight"], cfg, q_scale)
+        if cfg.attention_bias:
+            mixer[f"{ours}.mixer.qkv.bias"] = scaled_rows(mixer[f"{ours}.mixer.qkv.bias"], cfg, q_scale)
+    state = {name: value * r if name.startswith(f"{ours}.mixer.out_proj.") else value for name, value in mixer.items()}
+    state |= mlp_weights(weights, theirs, f"{ours}.mlp", r, cfg.moe is not None)
+    return state | hybrid.block_norms(weights, theirs, ours, mlp="post_attention_layernorm")
 
 
 def mlp_weights(weights: SourceWeights, theirs: str, ours: str, r: float, sparse: bool) -> dict:

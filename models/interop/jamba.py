@@ -14,10 +14,12 @@ intermediate_size (feed_forward.router.weight, experts.gate_up_proj / down_proj)
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from models.config import ModelConfig
-from models.interop import mamba as mamba_layout
+from models.interop import hybrid, mamba as mamba_layout
 from models.interop.convert import SourceWeights, require
 from models.interop.experts import mlp_weights
 from models.interop.llama import attention_weights
@@ -42,24 +44,21 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
              "norm_topk_prob": False, "layers": sparse} if sparse else None,
     )
     weights = SourceWeights(source)
-    take = weights.take
-    state = {"embed.weight": take("model.embed_tokens.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        if kind == "attention":
-            state |= attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", bias=False)
-        else:
-            state |= mamba_layout.mixer_weights(weights, f"{theirs}.mamba", f"{ours}.mixer",
-                                                config.mamba_proj_bias, config.mamba_conv_bias)
-            for src, dst in [("dt_layernorm", "dt_norm"), ("b_layernorm", "B_norm"), ("c_layernorm", "C_norm")]:
-                state[f"{ours}.mixer.{dst}.weight"] = take(f"{theirs}.mamba.{src}.weight")
-        state |= mlp_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", layer in sparse, "router.weight")
-        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.pre_ff_layernorm.weight")
-    state["norm_final.weight"] = take("model.final_layernorm.weight")
-    state["unembed.weight"] = take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    return cfg, hybrid.stack_weights(weights, kinds, partial(block_weights, weights, config, sparse))
+
+
+def block_weights(weights: SourceWeights, config, sparse: list[int], layer: int, kind: str, theirs: str,
+                  ours: str) -> dict:
+    """Jamba layer `theirs` (attention or Mamba with its dt / B / C norms, MLP or MoE) -> our block."""
+    if kind == "attention":
+        state = attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", bias=False)
+    else:
+        state = mamba_layout.mixer_weights(weights, f"{theirs}.mamba", f"{ours}.mixer",
+                                           config.mamba_proj_bias, config.mamba_conv_bias)
+        for src, dst in [("dt_layernorm", "dt_norm"), ("b_layernorm", "B_norm"), ("c_layernorm", "C_norm")]:
+            state[f"{ours}.mixer.{dst}.weight"] = weights.take(f"{theirs}.mamba.{src}.weight")
+    state |= mlp_weights(weights, f"{theirs}.feed_forward", f"{ours}.mlp", layer in sparse, "router.weight")
+    return state | hybrid.block_norms(weights, theirs, ours)
 
 
 def source_blocks(source: nn.Module) -> list[nn.Module]:

@@ -19,11 +19,14 @@ the architecture is representable; a hidden_act other than silu or a scaled RoPE
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.interop.convert import SourceWeights, require, rope_base, unsupported
+from models.interop import hybrid
+from models.interop.convert import SourceWeights, require, rope_base
 
 KINDS = {"conv": "lfm2_conv", "full_attention": "attention"}
 
@@ -31,10 +34,7 @@ KINDS = {"conv": "lfm2_conv", "full_attention": "attention"}
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     config = source.config
     require(config, "hidden_act", "silu", None)
-    for kind in config.layer_types:
-        if kind not in KINDS:
-            raise unsupported(config, "layer_types", config.layer_types, f"entries in {sorted(KINDS)}")
-    kinds = [KINDS[kind] for kind in config.layer_types]
+    kinds = hybrid.layer_kinds(config, "layer_types", KINDS, f"entries in {sorted(KINDS)}")
     attention = "attention" in kinds
     layers = source.model.layers
     d_head = next((layer.self_attn.head_dim for layer in layers if layer.is_attention_layer), None)
@@ -51,22 +51,19 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mixer_options=options,
     )
     weights = SourceWeights(source)
-    take = weights.take
-    state = {"embed.weight": take("model.embed_tokens.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        if kind == "attention":
-            state |= attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer")
-        else:
-            state |= conv_weights(weights, f"{theirs}.conv", f"{ours}.mixer", bool(config.conv_bias))
-        state |= {f"{ours}.mlp.{mine}.weight": take(f"{theirs}.feed_forward.{name}.weight")
-                  for name, mine in (("w1", "gate"), ("w3", "up"), ("w2", "down"))}
-        state[f"{ours}.norm_mixer.weight"] = take(f"{theirs}.operator_norm.weight")
-        state[f"{ours}.norm_mlp.weight"] = take(f"{theirs}.ffn_norm.weight")
-    state["norm_final.weight"] = take("model.embedding_norm.weight")
-    state["unembed.weight"] = take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    layers = partial(block_weights, weights, bool(config.conv_bias))
+    return cfg, hybrid.stack_weights(weights, kinds, layers, norm_final="embedding_norm")
+
+
+def block_weights(weights: SourceWeights, conv_bias: bool, layer: int, kind: str, theirs: str, ours: str) -> dict:
+    """LFM2 layer `theirs` (short conv or attention, SwiGLU feed_forward w1 / w3 / w2, two norms) -> our block."""
+    if kind == "attention":
+        state = attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer")
+    else:
+        state = conv_weights(weights, f"{theirs}.conv", f"{ours}.mixer", conv_bias)
+    state |= {f"{ours}.mlp.{mine}.weight": weights.take(f"{theirs}.feed_forward.{name}.weight")
+              for name, mine in (("w1", "gate"), ("w3", "up"), ("w2", "down"))}
+    return state | hybrid.block_norms(weights, theirs, ours, "operator_norm", "ffn_norm")
 
 
 def attention_weights(weights: SourceWeights, theirs: str, ours: str) -> dict[str, torch.Tensor]:

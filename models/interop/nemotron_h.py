@@ -26,12 +26,13 @@ layers (num_nextn_predict_layers > 0), activations other than relu2 (MLP, expert
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from torch import nn
 
 from models.config import ModelConfig
-from models.interop import mamba2 as mamba2_layout
-from models.interop.convert import SourceWeights, require, unsupported
+from models.interop import hybrid, mamba2 as mamba2_layout
+from models.interop.convert import SourceWeights, require
 from models.interop.llama import attention_weights
 
 KINDS = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": None, "moe": None}
@@ -67,9 +68,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     require(config, "mamba_hidden_act", "silu")
     require(config, "num_nextn_predict_layers", 0)
     types = list(config.layers_block_type)
-    if any(kind not in KINDS for kind in types):
-        raise unsupported(config, "layers_block_type", types, f"layers of the kinds {sorted(KINDS)}")
-    kinds = [KINDS[kind] for kind in types]
+    kinds = hybrid.layer_kinds(config, "layers_block_type", KINDS, f"layers of the kinds {sorted(KINDS)}")
     eps = float(config.layer_norm_epsilon)
     cfg = ModelConfig(
         mixer=kinds, vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=len(kinds),
@@ -83,25 +82,26 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
                                   "dt_limit": [float(config.time_step_min), math.inf]}},
     )
     weights = SourceWeights(source)
+    layers = partial(block_weights, weights, config, types)
+    return cfg, hybrid.stack_weights(weights, kinds, layers, embed="embeddings", norm_final="norm_f")
+
+
+def block_weights(weights: SourceWeights, config, types: list[str], layer: int, kind: str | None, theirs: str,
+                  ours: str) -> dict:
+    """NemotronH layer `theirs` (one sublayer: Mamba-2, attention, MLP or MoE, and its norm) -> our block."""
     take = weights.take
-    state = {"embed.weight": take("model.embeddings.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        if types[layer] == "moe":
-            state |= moe_weights(take, f"{theirs}.mixer", f"{ours}.mlp", config.mlp_bias)
-        elif kind == "mamba2":
-            state |= mamba2_layout.mixer_weights(weights, f"{theirs}.mixer", f"{ours}.mixer",
-                                                 config.use_conv_bias, config.use_bias)
-        elif kind == "attention":
-            state |= attention_weights(weights, f"{theirs}.mixer", f"{ours}.mixer", bias=False)
-        else:
-            params = ("weight", "bias") if config.mlp_bias else ("weight",)
-            state |= {f"{ours}.mlp.{n}.{p}": take(f"{theirs}.mixer.{n}_proj.{p}") for n in ("up", "down") for p in params}
-        state[f"{ours}.{'norm_mlp' if kind is None else 'norm_mixer'}.weight"] = take(f"{theirs}.norm.weight")
-    state["norm_final.weight"] = take("model.norm_f.weight")
-    state["unembed.weight"] = take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    if types[layer] == "moe":
+        state = moe_weights(take, f"{theirs}.mixer", f"{ours}.mlp", config.mlp_bias)
+    elif kind == "mamba2":
+        state = mamba2_layout.mixer_weights(weights, f"{theirs}.mixer", f"{ours}.mixer",
+                                            config.use_conv_bias, config.use_bias)
+    elif kind == "attention":
+        state = attention_weights(weights, f"{theirs}.mixer", f"{ours}.mixer", bias=False)
+    else:
+        params = ("weight", "bias") if config.mlp_bias else ("weight",)
+        state = {f"{ours}.mlp.{n}.{p}": take(f"{theirs}.mixer.{n}_proj.{p}") for n in ("up", "down") for p in params}
+    state[f"{ours}.{'norm_mlp' if kind is None else 'norm_mixer'}.weight"] = take(f"{theirs}.norm.weight")
+    return state
 
 
 def source_blocks(source: nn.Module) -> list[nn.Module]:

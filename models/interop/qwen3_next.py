@@ -35,11 +35,13 @@ norm_topk_prob as the source's router. embed_tokens -> embed, lm_head -> unembed
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 
 from models.config import ModelConfig
+from models.interop import hybrid
 from models.interop.convert import SourceWeights, require, rope_base, unsupported
 from models.interop.experts import experts_weights
 from models.interop.llama import swiglu_weights
@@ -73,7 +75,7 @@ def convert_stack(source: nn.Module, config, prefix: str, projections: Projectio
     ("model", or "model.language_model"); projections(weights, linear_attn prefix, config) -> the
     GDN input maps as our q/k/v/g/b/a_proj weights; ignore: source weights left out (patterns)."""
     layers = source.get_submodule(prefix).layers
-    kinds = mixer_kinds(config)
+    kinds = hybrid.layer_kinds(config, "layer_types", KINDS, f"entries in {sorted(KINDS)}")
     sparse = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts")]
     cfg = ModelConfig(
         mixer=kinds, vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
@@ -85,30 +87,24 @@ def convert_stack(source: nn.Module, config, prefix: str, projections: Projectio
         moe=moe_config(config, sparse, len(layers)),
     )
     weights = SourceWeights(source, ignore)
-    state = {"embed.weight": weights.take(f"{prefix}.embed_tokens.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"{prefix}.layers.{layer}", f"blocks.{layer}"
-        if kind == "attention":
-            state |= attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", config)
-        else:
-            state |= gdn_weights(weights, f"{theirs}.linear_attn", f"{ours}.mixer", config, projections)
-        if layer in sparse:
-            state |= moe_weights(weights, f"{theirs}.mlp", f"{ours}.mlp")
-        else:
-            state |= swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", bias=False)
-        state[f"{ours}.norm_mixer.weight"] = zero_centred(weights, f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = zero_centred(weights, f"{theirs}.post_attention_layernorm.weight")
-    state["norm_final.weight"] = zero_centred(weights, f"{prefix}.norm.weight")
-    state["unembed.weight"] = weights.take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    layers = partial(block_weights, weights, config, sparse, projections)
+    return cfg, hybrid.stack_weights(weights, kinds, layers, prefix=prefix, norm_final="norm",
+                                     transforms={"norm_final": one_plus})
 
 
-def mixer_kinds(config) -> list[str]:
-    """Our mixer per layer from config.layer_types (anything else raises)."""
-    if not all(value in KINDS for value in config.layer_types):
-        raise unsupported(config, "layer_types", config.layer_types, f"entries in {sorted(KINDS)}")
-    return [KINDS[value] for value in config.layer_types]
+def block_weights(weights: SourceWeights, config, sparse: list[int], projections: Projections, layer: int,
+                  kind: str, theirs: str, ours: str) -> dict:
+    """Qwen3-Next layer `theirs` (Gated DeltaNet or gated attention, SwiGLU MLP or MoE, two
+    zero-centred norms) -> our block."""
+    if kind == "attention":
+        state = attention_weights(weights, f"{theirs}.self_attn", f"{ours}.mixer", config)
+    else:
+        state = gdn_weights(weights, f"{theirs}.linear_attn", f"{ours}.mixer", config, projections)
+    if layer in sparse:
+        state |= moe_weights(weights, f"{theirs}.mlp", f"{ours}.mlp")
+    else:
+        state |= swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", bias=False)
+    return state | hybrid.block_norms(weights, theirs, ours, mlp="post_attention_layernorm", transform=one_plus)
 
 
 def mixer_options(config, kinds: list[str]) -> dict:
@@ -139,9 +135,14 @@ def moe_config(config, sparse: list[int], n_layers: int) -> dict | None:
             "layers": None if len(sparse) == n_layers else sparse}
 
 
-def zero_centred(weights: SourceWeights, name: str) -> torch.Tensor:
+def one_plus(w: torch.Tensor) -> torch.Tensor:
     """A zero-centred RMSNorm weight w (x / rms(x) * (1 + w)) as our RMSNorm weight 1 + w."""
-    return weights.take(name, lambda w: w + 1)
+    return w + 1
+
+
+def zero_centred(weights: SourceWeights, name: str) -> torch.Tensor:
+    """The zero-centred RMSNorm weight `name` as ours (one_plus)."""
+    return weights.take(name, one_plus)
 
 
 def attention_weights(weights: SourceWeights, theirs: str, ours: str, config) -> dict:

@@ -27,6 +27,7 @@ with attention adapters (the adapters write num_attention_heads heads; the sourc
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from models.config import ModelConfig
 from models.interop import mamba2 as mamba2_layout
 from models.interop.bamba import rotary_options
 from models.interop.convert import SourceWeights, require, unsupported
+from models.interop.hybrid import layer_kinds, stack_weights
 
 ACTIVATIONS = {"gelu": "geglu", "silu": "swiglu"}
 
@@ -42,13 +44,11 @@ ACTIVATIONS = {"gelu": "geglu", "silu": "swiglu"}
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     config = source.config
     act = require(config, "hidden_act", *ACTIVATIONS)
-    types = list(config.layers_block_type)
-    if any(kind not in ("linear_attention", "hybrid") for kind in types):
-        raise unsupported(config, "layers_block_type", types, "'linear_attention' (Mamba-2) and 'hybrid' layers")
+    hybrid = layer_kinds(config, "layers_block_type", {"linear_attention": False, "hybrid": True},
+                         "'linear_attention' (Mamba-2) and 'hybrid' layers")
     if config.use_shared_attention_adapter and config.num_key_value_heads != config.num_attention_heads:
         raise unsupported(config, "num_key_value_heads", config.num_key_value_heads,  # (the source fails too)
                           f"num_attention_heads={config.num_attention_heads} with shared attention adapters")
-    hybrid = [kind == "hybrid" for kind in types]
     eps, bias = float(config.rms_norm_eps), bool(config.add_bias_linear)
     options = {"mamba2": {"n_heads": config.n_mamba_heads, "head_dim": config.mamba_headdim,
                           "n_groups": config.mamba_ngroups, "conv_bias": bool(config.use_conv_bias), "bias": bias,
@@ -58,7 +58,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     cfg = ModelConfig(
         mixer="mamba2", shared_block=shared_indices(config, hybrid), shared_adapter_rank=config.adapter_rank,
         vocab_size=config.vocab_size, d_model=config.hidden_size,
-        n_layers=len(types), n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads,
+        n_layers=len(hybrid), n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads,
         d_head=config.attention_head_dim, attention_bias=False,
         positional="rope" if config.use_mem_rope and any(hybrid) else "none", d_state=config.mamba_d_state,
         d_conv=config.mamba_d_conv, norm="rmsnorm", norm_eps=eps, mlp=False, d_mlp=config.intermediate_size,
@@ -66,19 +66,19 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         tie_embeddings=source.lm_head.weight is source.model.embed_tokens.weight, mixer_options=options,
     )
     weights = SourceWeights(source, ignore=other_depths_adapters(config))
-    take = weights.take
-    state = {"embed.weight": take("model.embed_tokens.weight")}
-    for layer, shared in enumerate(hybrid):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        mamba = f"{theirs}.mamba_decoder" if shared else theirs
-        state |= mamba2_layout.mixer_weights(weights, f"{mamba}.mamba", f"{ours}.mixer", config.use_conv_bias, bias)
-        state[f"{ours}.norm_mixer.weight"] = take(f"{mamba}.input_layernorm.weight")
-        if shared:
-            state |= shared_weights(weights, config, cfg, layer, f"{ours}.shared")
-    state["norm_final.weight"] = take("model.final_layernorm.weight")
-    state["unembed.weight"] = take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    return cfg, stack_weights(weights, hybrid, partial(block_weights, weights, config, cfg))
+
+
+def block_weights(weights: SourceWeights, config, cfg: ModelConfig, layer: int, shared: bool, theirs: str,
+                  ours: str) -> dict:
+    """Zamba2 layer `theirs` (its Mamba-2 and norm; at a hybrid layer the shared transformer) -> our block."""
+    mamba = f"{theirs}.mamba_decoder" if shared else theirs
+    state = mamba2_layout.mixer_weights(weights, f"{mamba}.mamba", f"{ours}.mixer", config.use_conv_bias,
+                                        cfg.mlp_bias)
+    state[f"{ours}.norm_mixer.weight"] = weights.take(f"{mamba}.input_layernorm.weight")
+    if shared:
+        state |= shared_weights(weights, config, cfg, layer, f"{ours}.shared")
+    return state
 
 
 def shared_indices(config, hybrid: list[bool]) -> list[int | None]:
