@@ -24,7 +24,10 @@ def test_medium_plan_trains_ar8_and_atr_with_the_curriculum_and_early_stop():
     for run in plan.runs:
         t = run.train
         assert t["curriculum"] is True and t["curriculum_start"] == 2 and t["eval_every"] == 25 and t["warmup"] == 100
-        assert t["steps"] == (MODULE.SCALE["medium"]["atr_steps"] if run.task == "ATR" else MODULE.SCALE["medium"]["steps"])
+        medium = MODULE.SCALE["medium"]
+        assert t["steps"] == (medium["atr_steps"] if run.task == "ATR"
+                              else medium["ar_steps"].get(run.info["model"], medium["steps"]))
+        assert t["steps"] == {("AR", "attention"): 6000, ("ATR", run.info["model"]): 16000}.get((run.task, run.info["model"]), 3000)
         assert t["lr"] == (1e-3 if run.preset == "transformer" else 3e-3)
         assert run.model["n_layers"] == 2 and run.model["d_model"] == 64
         assert run.model.get("d_conv", 4) == (1 if run.info["model"] == "mamba d_conv=1" else 4)
