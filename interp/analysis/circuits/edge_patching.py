@@ -92,9 +92,10 @@ def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tens
         delta = torch.zeros_like(x).view(k, n, *x.shape[1:])
         for u, weight in zip(graph.edges[edges[used], 0].tolist(), weights.unbind(1)):
             sender = graph.senders[u]
+            sets = torch.nonzero(weight.flatten(1).any(1))[:, 0]  # [K'] the edge sets patching u -> r
             diff = (sender_value(sender, acts, where[:n] if where is not None else None).to(x)[None]
-                    - sender_value(sender, current, where).view(k, n, *x.shape[1:]))  # [K, N, t, D]
-            delta += weight[..., None] * diff
+                    - sender_value(sender, current, where).view(k, n, *x.shape[1:])[sets])  # [K', N, t, D]
+            delta.index_add_(0, sets, weight[sets][..., None] * diff)
         return delta.view_as(x)
 
     logits, _ = edge_pass(model, graph, tokens.repeat(k, 1), at, delta_of)
