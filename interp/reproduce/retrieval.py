@@ -156,7 +156,7 @@ def medium_sizes(s: dict) -> list[dict]:
     return rows + [size(f"budget search: {probe}", f"accuracy {acc:.2f}, {steps} steps"
                         + ("" if cpu is None else f", {cpu:.0f} CPU-s"),
                         "the cpu profile (2026-12-02)" if cpu is None else
-                        "probe 2026-12-03 (seed 0, one thread, nice 5, load 4-7; REPRODUCTIONS.md)")
+                        "probe 2026-12-03 (seed 0 unless named, one thread, nice 5, load 4-8; REPRODUCTIONS.md)")
                    for probe, (acc, steps, cpu) in SEARCH.items()]
 
 
