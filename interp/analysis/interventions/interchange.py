@@ -199,7 +199,7 @@ def interchange(
     cached block inputs and recurrent states (everything before is the corrupt run's, by
     causality) and stops at the last site or answer position: the work per pair falls with the
     site's depth and position (`SequenceModel.resume_from`; attention still reads every earlier
-    key, and mixers without a carried state - Based, BaseConv, Hyena, see Mixer.resume_context -
+    key, and mixers without a carried state - BaseConv, Hyena, see Mixer.resume_context -
     recompute their prefix). The values agree with whole passes up to float rounding (1e-6
     measured, tests/test_interventions.py); False runs whole passes.
     metrics: more per-pair numbers, any of "logit_diff", "kl" (module docstring).
