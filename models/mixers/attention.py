@@ -259,8 +259,13 @@ class Attention(Mixer):
         positions) over keys k and values v [B, G, Tk, d_head], times the output gate [B, Tq, H,
         d_head] when given -> the output [B, Tq, D] (hooks scores / pattern / z / result on the way)."""
         explicit = self.use_instrumented(self.hook_attn_scores, self.hook_pattern)
-        if self.n_kv < self.n_heads and (explicit or q.shape[2] > 1):  # one query alone: SDPA's enable_gqa
+        if self.n_kv < self.n_heads and (explicit or 1 < q.shape[2] < k.shape[2]):  # else SDPA's enable_gqa
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))  # [B, H, Tk, d_head]
+        elif v.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
+            # q and k are rotated copies, so the v that SDPA saves for its backward would be the one
+            # view keeping the whole fused qkv output alive: a copy of v frees it (at Llama 125M,
+            # T 2048, forward+backward: 8.4 MB a layer, autograd then saves what transformers' does)
+            v = v.contiguous()
         if (explicit and recording(q, k, v) and self.execution_path != "instrumented"
                 and only_read(self.hook_attn_scores, self.hook_pattern)):
             with torch.no_grad():  # for the readers
