@@ -8,7 +8,7 @@
     interp patch runs/ar [--method both|exact|attribution] [--hooks ...] [--positions all|key,value,query]
     interp sweep spec.yaml --out sweeps/x [--executor local|ray] [--workers N]   grid or N* study, resumable
     interp sample-efficiency --models lstm,transformer --tasks Z5 --max-length 6 --out sweeps/se
-    interp reproduce NAME [--scale cpu|paper] [--device D] [--out DIR] [--quick]   one report per seed claim
+    interp reproduce NAME [--scale cpu|medium|paper] [--device D] [--out DIR] [--quick]   one report per seed claim
 """
 
 from __future__ import annotations

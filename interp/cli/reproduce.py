@@ -1,10 +1,15 @@
-"""`interp reproduce NAME [--scale cpu|paper] [--device ...] [--out DIR] [--quick]`: one report per seed claim."""
+"""`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick]`: one report per seed claim."""
 
 from __future__ import annotations
 
 import argparse
 
 from interp.cli.args import check_out, fail, output_path
+
+# The reproductions whose SCALE defines "medium", stated here because the claim modules import torch
+# and the command parses its arguments first (tests/test_cli_reproduce.py keeps it equal to
+# interp.reproduce.engine.claim_scales).
+MEDIUM = ("error-control", "retrieval")
 
 
 def add_parser(sub) -> None:
@@ -14,7 +19,9 @@ def add_parser(sub) -> None:
                                    "measured | verdict' table. Names: {reproductions}.")
     p.add_argument("name", metavar="NAME", help="the reproduction: {reproductions}")
     p.add_argument("--scale", default="cpu", metavar="SCALE",
-                   help="cpu (about 30 minutes on 2 cores) or paper (the seeds' sizes; for a GPU); default cpu")
+                   help="cpu (about 30 minutes on 2 cores), medium (only " + " and ".join(MEDIUM) + ": the runs a "
+                        "claim rests on at the source paper's size, CPU hours) or paper (the seeds' sizes; for a "
+                        "GPU); default cpu")
     p.add_argument("--quick", action="store_true", help="toy sizes in seconds (a smoke test; numbers mean nothing)")
     p.add_argument("--device", default="cpu", help="torch device for training and measurement (default cpu)")
     p.add_argument("--out", type=output_path, default=None, help="output directory (default runs/reproduce/NAME-SCALE)")
