@@ -32,15 +32,18 @@ layer kinds other than linear_attention / full_attention, MLP kinds other than d
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from models.config import ModelConfig
+from models.interop import hybrid
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.experts import experts_weights
 from models.interop.llama import swiglu_weights
 
 KINDS = {"linear_attention": "kda", "full_attention": "mla"}
-MLPS = ("dense", "sparse")
+MLPS = {"dense": False, "sparse": True}   # config.mlp_layer_types -> sparse?
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -59,21 +62,19 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         moe=moe_config(config, sparse, len(kinds)),
     )
     weights = SourceWeights(source)
-    state = {"embed.weight": weights.take("model.embed_tokens.weight")}
-    for layer, kind in enumerate(kinds):
-        theirs, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        mixer = kda_weights if kind == "kda" else mla_weights
-        state |= mixer(weights, f"{theirs}.self_attn", f"{ours}.mixer", config)
-        if layer in sparse:
-            state |= moe_weights(weights, f"{theirs}.mlp", f"{ours}.mlp")
-        else:
-            state |= swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", bias=False)
-        state[f"{ours}.norm_mixer.weight"] = weights.take(f"{theirs}.input_layernorm.weight")
-        state[f"{ours}.norm_mlp.weight"] = weights.take(f"{theirs}.post_attention_layernorm.weight")
-    state["norm_final.weight"] = weights.take("model.norm.weight")
-    state["unembed.weight"] = weights.take("lm_head.weight")
-    weights.check_all_taken()
-    return cfg, state
+    return cfg, hybrid.stack_weights(weights, kinds, partial(block_weights, weights, config, sparse), norm_final="norm")
+
+
+def block_weights(weights: SourceWeights, config, sparse: list[int], layer: int, kind: str, theirs: str,
+                  ours: str) -> dict:
+    """Kimi Linear layer `theirs` (KDA or MLA, SwiGLU MLP or MoE, two RMSNorms) -> our block."""
+    mixer = kda_weights if kind == "kda" else mla_weights
+    state = mixer(weights, f"{theirs}.self_attn", f"{ours}.mixer", config)
+    if layer in sparse:
+        state |= moe_weights(weights, f"{theirs}.mlp", f"{ours}.mlp")
+    else:
+        state |= swiglu_weights(weights, f"{theirs}.mlp", f"{ours}.mlp", bias=False)
+    return state | hybrid.block_norms(weights, theirs, ours, mlp="post_attention_layernorm")
 
 
 def source_blocks(source: nn.Module) -> list[nn.Module]:
@@ -82,16 +83,13 @@ def source_blocks(source: nn.Module) -> list[nn.Module]:
 
 def mixer_kinds(config) -> list[str]:
     """Our mixer per layer from config.layer_types (anything else raises)."""
-    if not all(value in KINDS for value in config.layer_types):
-        raise unsupported(config, "layer_types", config.layer_types, f"entries in {sorted(KINDS)}")
-    return [KINDS[value] for value in config.layer_types]
+    return hybrid.layer_kinds(config, "layer_types", KINDS, f"entries in {sorted(KINDS)}")
 
 
 def sparse_layers(config) -> list[int]:
-    """The layers whose MLP is the sparse one, from config.mlp_layer_types."""
-    if not all(value in MLPS for value in config.mlp_layer_types):
-        raise unsupported(config, "mlp_layer_types", config.mlp_layer_types, f"entries in {list(MLPS)}")
-    return [layer for layer, value in enumerate(config.mlp_layer_types) if value == "sparse"]
+    """The layers whose MLP is the sparse one, from config.mlp_layer_types (anything else raises)."""
+    sparse = hybrid.layer_kinds(config, "mlp_layer_types", MLPS, f"entries in {list(MLPS)}")
+    return [layer for layer, is_sparse in enumerate(sparse) if is_sparse]
 
 
 def mixer_options(config) -> dict:
