@@ -26,7 +26,8 @@ TL (HookedTransformer / TransformerBridge in compatibility mode)  ->  ours (l: t
                                         and scale. The norm's output (gain and bias applied) is
                                         blocks.l.mixer.hook_in, hook_final.
     blocks.l.attn.hook_X                blocks.l.mixer.hook_X (q, k, v, z, attn_scores, pattern,
-                                        result, in, out; q and k before the rotary map in both);
+                                        result, in, out; q and k before the rotary map in both; the
+                                        attention and mla mixers alike, tests/test_tl_mla.py);
                                         blocks.l.mixer2.hook_X where only the parallel mixer2 has it
                                         (Falcon-H1: TL's attn is our mixer2, its mamba our mixer)
     blocks.l.attn.hook_rot_q|rot_k      none: we rotate inside the mixer
