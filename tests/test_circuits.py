@@ -69,15 +69,14 @@ def test_graph_of_recurrent_mixers_has_state_nodes():
     assert [s.name for s in build_graph(tiny("lstm")).senders] == ["embed", "m0", "m1"]
 
 
-def test_graph_refuses_a_model_without_residual_stream():
-    model = models.build("tanh_rnn", vocab_size=VOCAB, d_model=8, n_layers=1, residual=False)
-    with pytest.raises(ValueError, match="residual"):
-        build_graph(model)
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_full_graph_is_clean_and_empty_graph_is_corrupt(family, pair):
-    model = tiny(family)
+    check_ends(tiny(family), pair)
+
+
+def check_ends(model, pair):
+    """Assert the full graph gives the clean metric, the empty one the corrupted; -> (the Setup,
+    the masks [2, E] of the full and empty graphs' patched edges)."""
     scored = setup(model, *pair, metric="logit_diff")
     n = scored.graph.n_edges
     masks = torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)])
@@ -85,6 +84,7 @@ def test_full_graph_is_clean_and_empty_graph_is_corrupt(family, pair):
     assert torch.allclose(full, scored.clean_metric, atol=1e-12, rtol=0)
     assert torch.allclose(empty, scored.corrupt_metric, atol=1e-10, rtol=0)
     assert (scored.clean_metric - scored.corrupt_metric).abs().max() > 1e-3  # the pair differs
+    return scored, masks
 
 
 def _patch_derivative(model, scored, tokens, edge: int, eps: float = 1e-5) -> torch.Tensor:

@@ -158,16 +158,12 @@ def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool 
     "value", "query", or int positions) its positional refinement (`positional_graph`); conv: the
     short convolutions of Mamba-2, DeltaNet and Gated DeltaNet as nodes of their own;
     channel_groups: each Mamba (-1) layer's output split into that many channel groups
-    (`_channel_groups`). ValueError for a model without a residual stream (its blocks' inputs are
-    not sums of upstream outputs)."""
+    (`_channel_groups`). Without a residual stream (cfg.residual=False: the RNN stacks) the graph
+    is a chain, each receiver reading the stage just before it (`_chain_upstream`)."""
     if positions is not None:
         return positional_graph(build_graph(model, conv=conv, channel_groups=channel_groups), positions)
     if channel_groups is not None:
         _check_channel_groups(model, channel_groups)
-    cfg = model.cfg
-    if not getattr(cfg, "residual", True):
-        raise ValueError(f"build_graph needs a residual stream (cfg.residual=True); this {cfg.mixer!r} model has "
-                         "residual=False, so a block's input is not a sum of upstream outputs")
     senders = [Sender("embed", -1, "hook_embed", kind="embed")]
     receivers: list[Receiver] = []
     for layer, block in enumerate(model.blocks):
@@ -183,7 +179,8 @@ def build_graph(model, positions: Sequence[str | int] | None = None, conv: bool 
             receivers.append(Receiver(f"mlp{layer}.in", layer, "mlp", feeds=(f"mlp{layer}",)))
             senders.append(Sender(f"mlp{layer}", layer, f"blocks.{layer}.mlp.hook_out", kind="mlp"))
     receivers.append(Receiver("logits", len(model.blocks), "logits"))
-    edges = [(s, r) for r, rec in enumerate(receivers) for s, snd in enumerate(senders) if _upstream(snd, rec)]
+    upstream = _upstream if getattr(model.cfg, "residual", True) else _chain_upstream(senders)
+    edges = [(s, r) for r, rec in enumerate(receivers) for s, snd in enumerate(senders) if upstream(snd, rec)]
     return Graph(senders, receivers, torch.tensor(edges, dtype=torch.long).reshape(-1, 2), len(model.blocks))
 
 
@@ -230,6 +227,28 @@ def _upstream(sender: Sender, receiver: Receiver) -> bool:
     if sender.layer < receiver.layer:
         return True
     return sender.layer == receiver.layer and receiver.site == "mlp" and sender.kind not in ("mlp", "shared")
+
+
+def _stage(node: Sender | Receiver) -> tuple[int, int]:
+    """Where a node sits on the stream: (layer, 0) for mixers and their inputs, (layer, 1) for an
+    MLP and its input, (-1, 1) for embed, (n_layers, 0) for the logits."""
+    return node.layer, int(node.kind in ("embed", "mlp") if isinstance(node, Sender) else node.site == "mlp")
+
+
+def _chain_upstream(senders: list[Sender]):
+    """_upstream without a residual stream (cfg.residual=False): a block's output replaces its
+    input, so a receiver's input is exactly the output of the stage just before it (embed, the
+    previous block's mixers or MLP, this block's mixers for its MLP): one sender for whole
+    mixers, the heads of a per-head mixer. Conv nodes and shared branches connect as with one."""
+    stages = sorted({_stage(s) for s in senders if s.kind not in ("conv", "shared")})
+
+    def upstream(sender: Sender, receiver: Receiver) -> bool:
+        if receiver.reads is not None or sender.kind in ("conv", "shared") or receiver.site == "shared_embed":
+            return _upstream(sender, receiver)
+        before = [stage for stage in stages if stage < _stage(receiver)]
+        return bool(before) and _stage(sender) == before[-1]
+
+    return upstream
 
 
 def block_mixers(block) -> dict:
