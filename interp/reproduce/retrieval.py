@@ -28,7 +28,7 @@ import numpy as np
 from interp.analysis.interventions import (ablate_short_conv, corrupt_ar, corrupt_atr, corrupt_value, interchange,
                                           short_convs, site_grid)
 from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
-from interp.report.interventions import accuracy_vs_d_conv, restoration_heatmap
+from interp.report.interventions import accuracy_vs_d_conv, cell_text, restoration_heatmap
 from interp.report.html import Table, Text
 from interp.training.evaluate import final_state_accuracy
 
@@ -348,7 +348,7 @@ def atr_profile(outcome) -> str:
 
     def triple(rows):
         at = layer1_inputs(rows)
-        return " / ".join(f"{at[r]:.2f}" if r in at else "-" for r in ("key", "value", "query"))
+        return " / ".join(cell_text(at[r]) if r in at else "-" for r in ("key", "value", "query"))
     value = f"value corrupted {triple(m['value_corrupted']['restoration'])}, " if "value_corrupted" in m else ""
     return f"{outcome.run.label}: {value}key corrupted {triple(m['restoration'])}"
 
