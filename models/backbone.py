@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.config import ModelConfig
+from models.gated_product import ACTIVATIONS, gated_product
 from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.mixers import MIXERS
 from models.moe import MoE, uses_moe
@@ -64,9 +65,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
-GATED = {"swiglu": F.silu, "geglu": F.gelu}
-
-
 class MLP(nn.Module):
     """down(act(up(x))), act erf GELU ("gelu"), its tanh approximation ("gelu_tanh") or squared
     ReLU ("relu2"), or down(act(gate(x)) * up(x)) with act SiLU ("swiglu") or erf GELU ("geglu");
@@ -79,15 +77,15 @@ class MLP(nn.Module):
         super().__init__()
         width, bias = cfg.mlp_width, cfg.mlp_bias
         self.activation = cfg.mlp_activation
-        if self.activation in GATED:
+        if self.activation in ACTIVATIONS:
             self.gate = nn.Linear(cfg.d_model, width, bias=bias)
         self.up = nn.Linear(cfg.d_model, width, bias=bias)
         self.down = nn.Linear(width, cfg.d_model, bias=bias)
         self.hook_pre, self.hook_post, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        if self.activation in GATED:
-            hidden = GATED[self.activation](self.hook_pre(self.gate(x))) * self.up(x)
+        if self.activation in ACTIVATIONS:  # keeps gate and up only for the backward (models/gated_product.py)
+            hidden = gated_product(self.hook_pre(self.gate(x)), self.up(x), self.activation)
         elif self.activation == "relu2":
             hidden = F.relu(self.hook_pre(self.up(x))).square()
         else:

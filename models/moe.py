@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.gated_product import gated_product
 from models.hooks import HookPoint
 
 OPTIONS: dict[str, Any] = {"experts": None, "top_k": None, "d_expert": None, "norm_topk_prob": True,
@@ -127,7 +128,7 @@ class Experts(nn.Module):
     def neurons(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Expert `expert`'s neurons [N, F] for its tokens x [N, D]."""
         if hasattr(self, "gate"):
-            return F.silu(x @ self.gate[expert].T) * (x @ self.up[expert].T)
+            return gated_product(x @ self.gate[expert].T, x @ self.up[expert].T, "swiglu")
         return F.relu(x @ self.up[expert].T).square()
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, hook_post: HookPoint) -> torch.Tensor:
