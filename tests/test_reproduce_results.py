@@ -109,3 +109,68 @@ def test_train_false_reports_the_committed_runs_and_lists_the_rest(committed_par
     saved = json.loads((tmp_path / "out" / "claims.json").read_text())
     assert [r["run"] for r in saved["runs"]] == labels[:2] and saved["pending"] == labels[2:]
     assert "not trained yet" in (tmp_path / "out" / "report.html").read_text()
+
+
+def _partly_trained(run, run_dir, steps: int):
+    """Train `run` as the engine would, stopping (with a checkpoint) after `steps` steps."""
+    task = run.task_object()
+    config = engine.models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
+    cfg = engine.train_config(run, float(run.train["lr"]), "cpu")
+    return engine.train(config, task, cfg, run_dir, resume=True, stop_at=steps, progress=False)
+
+
+def test_an_unfinished_run_copied_into_results_resumes_bit_for_bit_elsewhere(committed_parity, tmp_path):
+    root, labels = committed_parity
+    module = claim_module("parity")
+    run = next(r for r in module.plan("quick").runs if r.label == labels[0])
+    half = run.train["steps"] // 2
+    _partly_trained(run, tmp_path / "first" / "runs" / run.label, half)
+    results = tmp_path / "results"
+    assert committed.commit_unfinished(module, "quick", tmp_path / "first", results) == [run.label]
+    kept = results / committed.UNFINISHED / run.label
+    assert json.loads((kept / "checkpoint.json").read_text())["step"] == half
+
+    lines = []      # a fresh machine: nothing under out/, the copy in results/
+    fresh = tmp_path / "second" / "runs" / run.label
+    assert committed.resume_unfinished(run, results, fresh, log=lines.append)
+    assert any(f"step {half}" in line for line in lines)
+    resumed = engine.train_run(run, fresh.parent, progress=False)
+    straight = engine.train_run(run, root / "out" / "runs", progress=False)    # trained without a stop
+    for (name, a), (_, b) in zip(resumed.model.state_dict().items(), straight.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not committed.resume_unfinished(run, results, fresh, log=quiet)      # the run directory is further along
+
+    assert committed.commit_finished(module, "quick", tmp_path / "second", results, labels=[run.label]) == [run.label]
+    assert not kept.exists() and (results / run.label / "outcome.json").is_file()
+
+
+def test_an_unfinished_copy_of_another_config_is_not_used(committed_parity, tmp_path):
+    _root, labels = committed_parity
+    module = claim_module("parity")
+    run = next(r for r in module.plan("quick").runs if r.label == labels[0])
+    _partly_trained(run, tmp_path / "out" / "runs" / run.label, 2)
+    committed.commit_unfinished(module, "quick", tmp_path / "out", tmp_path / "results")
+    config_path = tmp_path / "results" / committed.UNFINISHED / run.label / "config.json"
+    config = json.loads(config_path.read_text())
+    config["train"]["lr"] *= 2
+    config_path.write_text(json.dumps(config))
+    lines = []
+    assert not committed.resume_unfinished(run, tmp_path / "results", tmp_path / "new" / run.label, log=lines.append)
+    assert any("another config" in line and "train.lr" in line for line in lines)
+    assert not (tmp_path / "new").exists()
+
+
+def test_reproduce_resumes_an_unfinished_run_from_the_results_folder(committed_parity, tmp_path):
+    root, labels = committed_parity
+    module = claim_module("parity")
+    run = next(r for r in module.plan("quick").runs if r.label == labels[0])
+    _partly_trained(run, tmp_path / "first" / "runs" / run.label, 3)
+    results = tmp_path / "results"
+    committed.commit_unfinished(module, "quick", tmp_path / "first", results)
+    for label in labels[1:]:
+        committed.shutil.copytree(root / "results" / label, results / label)
+    lines = []
+    reproduce("parity", "quick", tmp_path / "out", progress=False, log=lines.append, results=results)
+    assert any(line.startswith(f"{run.label}: resuming from the unfinished run") and "step 3" in line for line in lines)
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "runs" / run.label / "metrics.jsonl").open()]
+    assert metrics[-1]["step"] == run.train["steps"]

@@ -35,7 +35,8 @@ claim counts it as a model that fit and then failed to generalise.
 
 Committed runs (interp.reproduce.results): before training, a run committed under
 results/reproduce/<NAME>-<scale>/<label> (config, final weights, metrics, measurement cache) with
-the config the plan would train is loaded instead; `results.commit_finished` commits finished runs.
+the config the plan would train is loaded instead; `results.commit_finished` commits finished runs,
+`results.commit_unfinished` the last checkpoint of unfinished ones, which a later run resumes from.
 
 Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the claim, the
 scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
@@ -342,6 +343,7 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             "resuming/reusing" if (out / "runs" / run.label / ckpt.CONFIG).exists() else "training")
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {reused}")
         if outcome is None:
+            committed_runs.resume_unfinished(run, kept, inside(out, "runs") / run.label, device, log)
             outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "

@@ -4,6 +4,8 @@ session (or a user) continues instead of retraining.
     commit_run(outcome, results_dir, extra={"cpu_seconds": ...}) -> results_dir/<label>
     commit_finished(claim_module, scale, out, results_dir) -> [labels committed]
     committed_outcome(run, results_dir, out_dir, device) -> Outcome or None
+    commit_unfinished(claim_module, scale, out, results_dir) -> [labels copied]
+    resume_unfinished(run, results_dir, run_dir, device) -> True when run_dir was seeded from it
 
 Layout: results/reproduce/<claim>-<scale>/<label>/ (`results_dir(name, scale)`), per run
 
@@ -18,6 +20,15 @@ Layout: results/reproduce/<claim>-<scale>/<label>/ (`results_dir(name, scale)`),
 `interp reproduce` looks here before training a run: a committed run whose config is the one the
 plan would train (every field but the device) is loaded (`models.load`, sha256-checked) and not
 retrained; a committed run with another config is ignored (reported) and the run trains as usual.
+
+Unfinished runs (medium profiles take CPU hours; a session can end, or a machine go, mid-run):
+`commit_unfinished` copies the latest checkpoint of each started, unfinished run into
+results/<claim>-<scale>/unfinished/<label>/ (config.json, checkpoint.json, the checkpoint it names:
+weights, optimizer and RNG state, trainer_state.json; metrics.jsonl), replacing an older copy.
+Before training a run, `interp reproduce` seeds its run directory from there when that copy is of
+the plan's config and further along than the run directory (`resume_unfinished`); the run then
+resumes from that step bit for bit, as from its own checkpoint. A run committed as finished drops
+its unfinished copy.
 """
 
 from __future__ import annotations
@@ -29,10 +40,11 @@ from typing import Any
 import models
 from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
-from models.paths import sha256_of
+from models.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "reproduce"
+UNFINISHED = "unfinished"       # results/<claim>-<scale>/unfinished/<label>/: an unfinished run's last checkpoint
 OUTCOME = "outcome.json"
 MEASURES = "reproduce.json"     # engine.CACHE
 OPTIONAL = (MEASURES, "early_stop.json", "train_time.json")
@@ -90,8 +102,77 @@ def commit_finished(claim, scale: str, out: str | Path, results: str | Path | No
         outcome = train_run(run, Path(out) / "runs", device, False, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         commit_run(outcome, target, (extra or {}).get(run.label))
+        stale = target / UNFINISHED / run.label
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
         done.append(run.label)
     return done
+
+
+def commit_unfinished(claim, scale: str, out: str | Path, results: str | Path | None = None,
+                      labels=None) -> list[str]:
+    """Copy the latest checkpoint of every started, unfinished run of claim.plan(scale) under out/runs
+    (those in `labels` only, when given) into results/unfinished/<label>, replacing an older copy
+    (see the module docstring); returns the labels copied. Safe while the run trains."""
+    target = (results_dir(claim.NAME, scale) if results is None else Path(results)) / UNFINISHED
+    copied = []
+    for run in claim.plan(scale).runs:
+        source = Path(out) / "runs" / run.label
+        if ((labels is not None and run.label not in labels) or not (source / ckpt.POINTER).is_file()
+                or finished(run, source)):
+            continue
+        _snapshot(source, target / run.label)
+        copied.append(run.label)
+    return copied
+
+
+def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
+    """source's config, checkpoint pointer, the checkpoint it names and metrics into target, swapped
+    in whole (a staging sibling renamed over it). A trainer that moves on to a newer checkpoint
+    while the copy runs removes the old one: copy again (at most `attempts` times)."""
+    staging = target.with_name(f".{target.name}.staging")
+    for _ in range(attempts):
+        pointer = ckpt.read_pointer(source)
+        if staging.exists():
+            shutil.rmtree(staging)
+        try:
+            shutil.copytree(inside(source, pointer["path"]), staging / pointer["path"], symlinks=True)
+        except FileNotFoundError:
+            continue
+        for name in (ckpt.CONFIG, ckpt.METRICS):   # metrics.jsonl only grows; a resume truncates it to the step
+            shutil.copyfile(inside(source, name), staging / name)
+        ckpt.write_json(staging / ckpt.POINTER, pointer)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        return
+    raise ckpt.CheckpointError(f"{source} moved to a newer checkpoint during each of {attempts} copies; try again")
+
+
+def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cpu", log=print) -> bool:
+    """Seed run_dir from results/unfinished/<label> when that copy has the config the plan would
+    train (at the run's first learning rate) and a later step than run_dir's own checkpoint (or
+    run_dir has none); returns whether it did. run_dir's older progress is replaced."""
+    source = Path(results) / UNFINISHED / run.label
+    if not (source / ckpt.POINTER).is_file():
+        return False
+    saved = ckpt.read_pointer(source)
+    differences = [line for line in ckpt.config_differences(ckpt.read_config(source),
+                                                            expected_config(run, float(run.train["lr"]), device),
+                                                            field_defaults())
+                   if not line.startswith(IGNORED)]
+    if differences:
+        log(f"{run.label}: the unfinished run in {source} has another config ({'; '.join(differences[:3])}); not used")
+        return False
+    own = ckpt.read_pointer(run_dir) if (run_dir / ckpt.POINTER).is_file() else None
+    if own is not None and own["step"] >= saved["step"]:
+        return False
+    if run_dir.is_dir() and not run_dir.is_symlink():
+        shutil.rmtree(run_dir)
+    shutil.copytree(source, run_dir, symlinks=True)
+    was = "" if own is None else f"; this run directory was at step {own['step']}"
+    log(f"{run.label}: resuming from the unfinished run in {source} (step {saved['step']}{was})")
+    return True
 
 
 def expected_config(run, lr: float, device: str) -> dict[str, Any]:
