@@ -17,7 +17,10 @@ Sections:
                every parameter's gradient) at B = 1 and each length, ours against the source. A
                source call that does not finish in REAL_SIZE_SOURCE_LIMIT_S (400 s) is recorded
                as such (transformers' Mamba on a CPU: a Python loop over the positions) and
-               ours is timed alone; its ratio is then an upper bound.
+               ours is timed alone; its ratio is then an upper bound. forward+backward also
+               counts the bytes autograd keeps for the backward (distinct storages packed by
+               saved_tensors_hooks): the activation memory by design, which the RSS peak shows
+               only through the allocator (its heap state moves the peak by several percent).
   cache        run_with_cache at T = 512 under torch.no_grad(): every hook, hook_state only (and
                its head 0 / channel 0), and streamed to disk, against a plain forward of ours
                (time ratio, peak); the default budget (half the memory available) may refuse.
@@ -100,6 +103,21 @@ def with_peak(fn, peaks: list):
     return run
 
 
+def saved_for_backward(fn) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward during fn() (the activation
+    memory a backward needs, independent of the allocator's state, unlike the RSS peak)."""
+    sizes = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        sizes[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn()
+    return sum(sizes.values())
+
+
 def measure(contenders: dict, rounds: int, warmup: int = 1) -> dict:
     """{name: {"s": min wall s, "cpu": min CPU s, "peak": bytes, "load": "a-b"}} of interleaved rounds."""
     peaks = {name: [] for name in contenders}
@@ -154,7 +172,8 @@ def section_fwd(name: str, lengths: list[int], rounds: int) -> list[dict]:
                              "source_over_s": SOURCE_LIMIT_S, "source_skipped": what in skipped, "load": result["load"]})
                 continue
             result = measure(group, rounds, warmup=1 if length <= 512 else 0)
-            rows.append({"model": name, "T": length, "what": what, **_versus(result)})
+            saved = {} if what == "forward" else {f"{who}_saved": saved_for_backward(group[who]) for who in group}
+            rows.append({"model": name, "T": length, "what": what, **_versus(result), **saved})
     return rows
 
 
@@ -487,6 +506,12 @@ def _fwd_rows(name: str, args) -> list[dict]:
     return rows
 
 
+def _saved(row: dict) -> str:
+    if "ours_saved" not in row:
+        return "-"
+    return f"{gb(row['ours_saved'])} / {gb(row['source_saved'])} = {row['ours_saved'] / row['source_saved']:.2f}"
+
+
 def gb(n) -> str:
     return "-" if n is None else f"{n / 1e9:.2f}"
 
@@ -495,21 +520,21 @@ def table(section: str, rows: list[dict]) -> list[str]:
     """Markdown lines of one section's rows."""
     if section == "fwd":
         lines = ["| model | T | pass | ours s | source s | time ours / source | CPU time ours / source | ours peak GB | "
-                 "source peak GB | peak ours / source | load |", "|" + "---|" * 11]
+                 "source peak GB | peak ours / source | saved for backward GB, ours / source | load |", "|" + "---|" * 12]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 7)
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 8)
                 continue
             if "source_over_s" in r:
                 over = r["source_over_s"]
                 note = f"not run (did not finish in {over} s at a shorter T)" if r.get("source_skipped") else \
                     f"did not finish in {over} s"
                 lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {note} | "
-                             f"< {r['ours_s'] / over:.2f} | - | {gb(r['ours_peak'])} | - | - | {r['load']} |")
+                             f"< {r['ours_s'] / over:.2f} | - | {gb(r['ours_peak'])} | - | - | - | {r['load']} |")
                 continue
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {r['source_s']:.2f} | "
                          f"{r['time_ratio']:.2f} | {r['cpu_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
-                         f"{r['peak_ratio']:.2f} | {r['load']} |")
+                         f"{r['peak_ratio']:.2f} | {_saved(r)} | {r['load']} |")
         return lines
     if section == "lens":
         lines = ["| model | T | contender | s | vs our forward | vs TransformerLens | CPU time vs TransformerLens | "
