@@ -19,8 +19,9 @@ Sections:
                as such (transformers' Mamba on a CPU: a Python loop over the positions) and
                ours is timed alone; its ratio is then an upper bound. forward+backward also
                counts the bytes autograd keeps for the backward (distinct storages packed by
-               saved_tensors_hooks): the activation memory by design, which the RSS peak shows
-               only through the allocator (its heap state moves the peak by several percent).
+               saved_tensors_hooks), and both passes the peak of live tensor bytes (the
+               profiler's allocation records): memory by design, which the RSS peak shows only
+               through the allocator (its heap state moves that peak by several percent).
   cache        run_with_cache at T = 512 under torch.no_grad(): every hook, hook_state only (and
                its head 0 / channel 0), and streamed to disk, against a plain forward of ours
                (time ratio, peak); the default budget (half the memory available) may refuse.
@@ -118,6 +119,22 @@ def saved_for_backward(fn) -> int:
     return sum(sizes.values())
 
 
+def live_peak(fn) -> int:
+    """The most bytes of CPU tensors alive at once during fn(): the running sum of the profiler's
+    allocation and free records (torch.profiler, profile_memory), independent of the allocator."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+        fn()
+    changes = sorted((event.start_ns(), event.nbytes()) for event in recorded.profiler.kineto_results.events()
+                     if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU)
+    live = peak = 0
+    for _, change in changes:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
 def measure(contenders: dict, rounds: int, warmup: int = 1) -> dict:
     """{name: {"s": min wall s, "cpu": min CPU s, "peak": bytes, "load": "a-b"}} of interleaved rounds."""
     peaks = {name: [] for name in contenders}
@@ -172,8 +189,10 @@ def section_fwd(name: str, lengths: list[int], rounds: int) -> list[dict]:
                              "source_over_s": SOURCE_LIMIT_S, "source_skipped": what in skipped, "load": result["load"]})
                 continue
             result = measure(group, rounds, warmup=1 if length <= 512 else 0)
-            saved = {} if what == "forward" else {f"{who}_saved": saved_for_backward(group[who]) for who in group}
-            rows.append({"model": name, "T": length, "what": what, **_versus(result), **saved})
+            tensors = {f"{who}_live": live_peak(group[who]) for who in group}
+            if what != "forward":
+                tensors.update({f"{who}_saved": saved_for_backward(group[who]) for who in group})
+            rows.append({"model": name, "T": length, "what": what, **_versus(result), **tensors})
     return rows
 
 
@@ -506,10 +525,11 @@ def _fwd_rows(name: str, args) -> list[dict]:
     return rows
 
 
-def _saved(row: dict) -> str:
-    if "ours_saved" not in row:
+def _pair_of(row: dict, kind: str) -> str:
+    if f"ours_{kind}" not in row:
         return "-"
-    return f"{gb(row['ours_saved'])} / {gb(row['source_saved'])} = {row['ours_saved'] / row['source_saved']:.2f}"
+    ours, source = row[f"ours_{kind}"], row[f"source_{kind}"]
+    return f"{gb(ours)} / {gb(source)} = {ours / source:.2f}"
 
 
 def gb(n) -> str:
@@ -520,21 +540,22 @@ def table(section: str, rows: list[dict]) -> list[str]:
     """Markdown lines of one section's rows."""
     if section == "fwd":
         lines = ["| model | T | pass | ours s | source s | time ours / source | CPU time ours / source | ours peak GB | "
-                 "source peak GB | peak ours / source | saved for backward GB, ours / source | load |", "|" + "---|" * 12]
+                 "source peak GB | peak ours / source | live tensors' peak GB, ours / source | saved for backward GB, "
+                 "ours / source | load |", "|" + "---|" * 13]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 8)
+                lines.append(f"| {r['model']} | - | {r['what']} | {r['error']} |" + " |" * 9)
                 continue
             if "source_over_s" in r:
                 over = r["source_over_s"]
                 note = f"not run (did not finish in {over} s at a shorter T)" if r.get("source_skipped") else \
                     f"did not finish in {over} s"
                 lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {note} | "
-                             f"< {r['ours_s'] / over:.2f} | - | {gb(r['ours_peak'])} | - | - | - | {r['load']} |")
+                             f"< {r['ours_s'] / over:.2f} | - | {gb(r['ours_peak'])} | - | - | - | - | {r['load']} |")
                 continue
             lines.append(f"| {r['model']} | {r['T']} | {r['what']} | {r['ours_s']:.2f} | {r['source_s']:.2f} | "
                          f"{r['time_ratio']:.2f} | {r['cpu_ratio']:.2f} | {gb(r['ours_peak'])} | {gb(r['source_peak'])} | "
-                         f"{r['peak_ratio']:.2f} | {_saved(r)} | {r['load']} |")
+                         f"{r['peak_ratio']:.2f} | {_pair_of(r, 'live')} | {_pair_of(r, 'saved')} | {r['load']} |")
         return lines
     if section == "lens":
         lines = ["| model | T | contender | s | vs our forward | vs TransformerLens | CPU time vs TransformerLens | "
