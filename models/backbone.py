@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from models.config import ModelConfig
 from models.gated_product import ACTIVATIONS, gated_product
 from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
+from models.layout import input_major_
 from models.mixers import MIXERS
 from models.moe import MoE, uses_moe
 
@@ -321,6 +322,7 @@ class SequenceModel(HookedMixin, nn.Module):
             self.unembed.weight = self.embed.weight
         self.hook_logits = HookPoint()
         self.setup_hooks()
+        input_major_(self)   # widening maps (the unembedding, MLP in, q / k / v) store W input-major
 
     def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         self.check_tokens(tokens)

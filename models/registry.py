@@ -16,7 +16,7 @@ from models.devices import check_device
 from models.hooks import unknown_name_message
 from models.mixers import PRESETS
 from models.paths import check_sha256, inside, read_regular, regular_file
-from models.saving import WEIGHTS_SHA256
+from models.saving import WEIGHTS_SHA256, load_weights, tied_groups
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -99,21 +99,12 @@ def _recorded_digest(run_dir: Path, config: dict, weights_path: Path) -> tuple[s
     return config.get(WEIGHTS_SHA256), str(run_dir / "config.json")
 
 
-def _tied_groups(model) -> list[set[str]]:
-    """The state-dict names that hold one tensor, per tensor held under more than one name."""
-    groups: dict[int, set[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        groups.setdefault(id(tensor), set()).add(name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
 def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     """Rebuild a model from a run directory (config.json with a "model" entry + the weights of its
     current checkpoint) or a model directory (config.json + model.safetensors), in the dtype its
     weights were saved in. The weights' sha256 is checked against the digest recorded when they
     were written (ValueError naming the file on a mismatch: a flipped bit, a file replaced)."""
     from safetensors import safe_open
-    from safetensors.torch import load_model
 
     device = str(check_device(device))
     run_dir = Path(run_dir)
@@ -143,9 +134,9 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     if len(dtypes) == 1 and None not in dtypes:  # one floating dtype: build the model in it
         model = model.to(dtypes.pop())
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    for names in _tied_groups(model):  # save_model keeps one name of each tied group (embed / unembed, shared blocks)
+    for names in tied_groups(model):  # the file keeps one name of each tied group (embed / unembed, shared blocks)
         if any(name in shapes for name in names):
-            for name in names - set(shapes):
+            for name in set(names) - set(shapes):
                 expected.pop(name)
     wrong = [f"{key} {shapes[key]} (the config makes {expected[key]})"
              for key in expected if key in shapes and shapes[key] != expected[key]]
@@ -157,7 +148,9 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
         )
     check_sha256(weights_path, *_recorded_digest(run_dir, config, weights_path))
     try:
-        load_model(model, str(weights_path), strict=True, device=device)
+        missing, unexpected = load_weights(model, weights_path, device)
     except Exception as error:  # safetensors raises its own error types for corrupt files
         raise ValueError(f"{weights_path} could not be read (truncated or corrupt): {error}") from error
+    if missing or unexpected:
+        raise ValueError(f"{weights_path} does not fill the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(device)

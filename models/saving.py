@@ -1,6 +1,14 @@
 """save(model, run_dir): a model as a directory `models.load` rebuilds bit for bit (config.json and
 model.safetensors, each written atomically). Apart from models.registry so that a model's own
-`save` method (models.backbone) and the registry, which builds models, need not import each other."""
+`save` method (models.backbone) and the registry, which builds models, need not import each other.
+
+    save_weights(model, path, metadata=None)     its state dict as one safetensors file
+    load_weights(model, path, device="cpu") -> (missing, unexpected) names
+
+The file format is safetensors.torch.save_model's: one name per tied group (the first in sorted
+order; the others recorded in the metadata as dropped for it) and every tensor contiguous. It is
+written here rather than by save_model / load_model because those locate tied tensors through
+`tensor.view(-1)`, which input-major weights (models.layout) refuse."""
 
 from __future__ import annotations
 
@@ -24,19 +32,50 @@ def save(model, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Pa
     JSON-serialisable, e.g. where it came from) and model.safetensors (its weights in their
     dtype), each written atomically. An existing
     model.safetensors (a training run's, say) is replaced only with overwrite=True."""
-    from safetensors.torch import save_model
-
     if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "cfg", None), ModelConfig):
         raise TypeError(f"model must be a SequenceModel; got {type(model).__name__}")
     run_dir = Path(run_dir)
     if (run_dir / "model.safetensors").exists() and not overwrite:
         raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "model.safetensors", lambda tmp: save_model(model, tmp))
+    _atomic_write(run_dir / "model.safetensors", lambda tmp: save_weights(model, tmp))
     record = {"model": model.cfg.to_dict(), **info, WEIGHTS_SHA256: sha256_of(run_dir / "model.safetensors")}
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     _atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return run_dir
+
+
+def tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """The state-dict names that hold one tensor (sorted), per tensor held under more than one name."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def save_weights(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """model's state dict into the safetensors file `path` (the module docstring's format)."""
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    metadata = dict(metadata or {})
+    for kept, *dropped in tied_groups(model):
+        for name in dropped:
+            metadata.setdefault(name, kept)
+            del state[name]
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(path), metadata=metadata or None)
+
+
+def load_weights(model: torch.nn.Module, path: str | os.PathLike, device: str = "cpu") -> tuple[list[str], list[str]]:
+    """Fill model from the safetensors file `path` in place (each parameter keeps its layout; a
+    tied group from whichever of its names the file holds); returns the names of the model the
+    file did not fill and the file's names the model does not have."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device=device)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    filled = {name for group in tied_groups(model) if set(group) & set(state) for name in group}
+    return sorted(set(missing) - filled), sorted(unexpected)
 
 
 def _atomic_write(path: Path, write) -> None:

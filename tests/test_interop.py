@@ -129,7 +129,8 @@ def test_the_result_owns_its_weights_and_keeps_ties_and_flags(name):
     model = models.from_pretrained(source)
     theirs = {t.untyped_storage().data_ptr() for t in source.state_dict().values()}
     assert not theirs & {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
-    assert all(p.is_contiguous() for p in model.parameters())
+    built = dict(models.build(model.cfg).named_parameters())   # each laid out as a model built here (models.layout)
+    assert all(p.stride() == built[n].stride() for n, p in model.named_parameters())
     assert (model.unembed.weight is model.embed.weight) == model.cfg.tie_embeddings
     before = model(tokens()).detach()
     with torch.no_grad():

@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_file, save_file
 
 from models.paths import check_sha256, in_place_file, inside, open_appending, read_regular, regular_file, sha256_of
+from models.saving import load_weights, save_weights
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -235,7 +236,7 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     tensors, scalars = flatten_optimizer(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
     _durable(target / OPTIMIZER, lambda tmp: save_file(tensors, tmp, metadata=meta))
-    _durable(target / MODEL, lambda tmp: save_model(model, tmp, metadata=meta))
+    _durable(target / MODEL, lambda tmp: save_weights(model, tmp, metadata=meta))
     state = {
         "step": step,
         "optimizer": scalars,
@@ -346,10 +347,8 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_model_weights(model: torch.nn.Module, path: Path) -> None:
-    from safetensors.torch import load_model
-
     try:
-        missing, unexpected = load_model(model, str(path), strict=False)
+        missing, unexpected = load_weights(model, path)
     except (SafetensorError, OSError, RuntimeError) as error:
         raise CheckpointError(f"{path} does not fit the model: {error}") from error
     if missing or unexpected:

@@ -23,6 +23,7 @@ from models.backbone import SequenceModel
 from models.interop.checkpoint import Checkpoint
 from models.interop.convert import reading
 from models.interop.registry import CONVERTERS, converter_for
+from models.layout import is_input_major
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -85,10 +86,12 @@ def filled(cfg, state: dict[str, torch.Tensor], dtype: torch.dtype, shared: set[
 
 
 def _owned(value: torch.Tensor, meta: torch.Tensor, dtype: torch.dtype, shared: set[int]) -> torch.Tensor:
-    """value as our own contiguous tensor (in dtype when floating), a Parameter like meta."""
-    tensor = value.detach().to(dtype if value.is_floating_point() else value.dtype).contiguous()
+    """value as our own tensor laid out like meta (contiguous, or input-major: models.layout), in
+    dtype when floating, a Parameter like meta."""
+    tensor = value.detach().to(dtype if value.is_floating_point() else value.dtype)
+    tensor = tensor.t().contiguous().t() if is_input_major(meta) else tensor.contiguous()
     if tensor.untyped_storage().data_ptr() in shared:
-        tensor = tensor.clone(memory_format=torch.contiguous_format)
+        tensor = tensor.clone(memory_format=torch.preserve_format)
     if not isinstance(meta, nn.Parameter):
         return tensor
     parameter = nn.Parameter(tensor, requires_grad=meta.requires_grad)
