@@ -170,18 +170,23 @@ def test_native_runs_agree_bit_for_bit_up_to_a_pin():
     first = rwkv7_scan(*(x[:, :6] for x in args), output_final_state=True)
     second = rwkv7_scan(*(x[:, 6:] for x in args), initial_state=first.final_state)
     assert torch.equal(torch.cat([first.output, second.output], dim=1), plain)
-    with pytest.raises(ValueError, match="no backward"):
-        rwkv7_scan(args[0].clone().requires_grad_(), *args[1:], impl="native")
+    graded = rwkv7_scan(args[0].clone().requires_grad_(), *args[1:], pins=(mask, torch.randn(2, 11, 3, 5, 8)))
+    assert graded.output.requires_grad and torch.equal(graded.output[1, :4], plain[1, :4])  # the same loop
 
 
-def test_auto_under_a_gradient_is_the_differentiable_loop():
-    """With a gradient wanted "auto" runs the torch loop: gradcheck in float64 on a tiny shape
-    (inputs, initial state), and its outputs equal impl="naive" bit for bit."""
+@native_built
+def test_auto_under_a_gradient_is_the_native_backward():
+    """With a gradient wanted "auto" on the CPU runs the native loops with their backward: gradcheck
+    in float64 on a tiny shape (inputs, initial state), its outputs equal the no-gradient native
+    run bit for bit and the naive loop to rounding."""
     args, h0 = scan_inputs(torch.float64, B=1, L=4, H=2, K=3, V=2, seed=3)
     leaves = [x.clone().requires_grad_() for x in (*args, h0)]
     run = lambda *x: rwkv7_scan(*x[:6], initial_state=x[6], output_final_state=True)[:2]  # noqa: E731
     assert torch.autograd.gradcheck(run, leaves)
-    assert torch.equal(run(*leaves)[0], rwkv7_scan(*args, initial_state=h0, impl="naive").output)
+    assert run(*leaves)[0].grad_fn.name() == "RWKV7ScanBackward"
+    assert torch.equal(run(*leaves)[0], rwkv7_scan(*args, initial_state=h0, impl="native").output)
+    torch.testing.assert_close(run(*leaves)[0], rwkv7_scan(*args, initial_state=h0, impl="naive").output,
+                               atol=1e-13, rtol=0)
 
 
 # ----------------------------------------------------------------------------- the import

@@ -23,12 +23,23 @@ r, w, k, a, b [B, T, H, K], v [B, T, H, V]; w the log decay (any real; RWKV-7's 
                       the pinned state (models.state_hooks.scan_with_state_hook's form)
   shift               None or [B, T, H, V, K], added to each step's state before its pin (the
                       gradient contract of scan_with_state_hook)
-  impl                "naive": the definition, a loop over t in torch ops (differentiable).
-                      "native": a plain-C loop on the CPU (models/kernels/native/rwkv7_body.h;
-                      float32 / float64 states, every argument above, no autograd): one pass
-                      over the state per step, the next step's S_t a_{t+1} accumulated in it.
-                      "auto": native where no gradient is wanted (CPU, the library built), else
-                      naive. Every run without a gradient is then the same C loop, so a pinned,
+  impl                "naive": the definition, a loop over t in torch ops (differentiable;
+                      autograd keeps one state per step).
+                      "native": plain-C loops on the CPU (models/kernels/native/rwkv7.py and
+                      rwkv7_body.h; float32 / float64 states, every argument above): the forward
+                      makes one pass over the state per step, the next step's S_t a_{t+1}
+                      accumulated in it. Differentiable in r, w, k, v, a, b, initial_state, shift
+                      and the pin values, through the output, the final state and the exported
+                      states: the forward keeps a checkpoint every k steps (k from the memory
+                      model of models/kernels/native/library.py: B H ceil(T / k) checkpoints of
+                      one head's state, O(sqrt(B H T)), and a span of k + 1 in the backward); the
+                      backward recomputes the states between checkpoints bit for bit and runs the
+                      reverse recurrence, G_{t-1} = G_t diag(e^{w_t}) + (G_t b_t) a_t^T + the
+                      read-out's gO_{t-1} r_{t-1}^T (zero through a pinned step, whose pin value
+                      gets G_t). At B 1, T 512, H 12, K V 64, one thread, forward + backward about
+                      15x faster than the naive loop under autograd (benchmarks/RESULTS.md).
+                      "auto": native on CPU tensors where the library built, with or without a
+                      gradient; else naive. Every CPU run is then the same C loop, so a pinned,
                       shifted or split run equals an unpatched one bit for bit up to the pin
                       (what "nothing before a patch changes" needs). (A chunked torch form, the
                       removed values S_{t-1} a_t of a chunk by one triangular solve with pair
@@ -37,7 +48,6 @@ r, w, k, a, b [B, T, H, K], v [B, T, H, V]; w the log decay (any real; RWKV-7's 
 
 Returns ScanOutput(output [B, T, H, V], final_state [B, H, V, K] | None, states_at
 [B, T, H, V, K] | None). States are float32 (float64 for float64 inputs); output has v's dtype.
-The loop differentiates through torch ops (autograd keeps one state per step).
 """
 
 from __future__ import annotations
@@ -88,43 +98,38 @@ def rwkv7_scan(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def native_applies(*tensors) -> bool:
-    """Whether impl="auto" takes the native loop: CPU tensors (None skipped; pins a pair), the
-    library built, no gradient wanted."""
+    """Whether impl="auto" takes the native loops: CPU tensors (None skipped; pins a pair) and the
+    library built (a gradient wanted or not: RWKV7Scan differentiates them)."""
     from models.kernels.native import library
 
     given = [x for t in tensors for x in (t if isinstance(t, tuple) else (t,)) if isinstance(x, torch.Tensor)]
     if any(x.device.type != "cpu" for x in given):
-        return False
-    if torch.is_grad_enabled() and any(x.requires_grad for x in given):
         return False
     return library.available()
 
 
 def native_scan(r, w, k, v, a, b, initial_state, output_final_state, export_at, pins, shift) -> ScanOutput:
     """impl="native": the plain-C loop (float32 states for float32 and narrower inputs, float64
-    for float64)."""
-    from models.kernels.native.library import SUFFIX, I, P, empty, function, ptr
+    for float64), differentiable through models.kernels.native.rwkv7.RWKV7Scan."""
+    from models.kernels.native.rwkv7 import RWKV7Scan, rwkv7_forward
 
     given = (r, w, k, v, a, b, initial_state, shift) + (() if pins is None else tuple(pins))
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in given):
         raise ValueError(f"rwkv7_scan impl='native' runs on the CPU; got {v.device}")
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in given):
-        raise ValueError("rwkv7_scan impl='native' has no backward; use impl='naive' where a gradient is wanted")
-    batch, length, heads, d_k = r.shape
-    d_v = v.shape[-1]
+    batch, _, heads, d_k = r.shape
     dtype, compute = v.dtype, torch.promote_types(v.dtype, torch.float32)
     r, w, k, v, a, b = (x.to(compute).contiguous() for x in (r, w, k, v, a, b))
-    state = (r.new_zeros(batch, heads, d_v, d_k) if initial_state is None
-             else initial_state.to(compute).contiguous().clone())
+    state = (r.new_zeros(batch, heads, v.shape[-1], d_k) if initial_state is None
+             else initial_state.to(compute).contiguous())
     shift = None if shift is None else shift.to(compute).contiguous()
     mask, values = (None, None) if pins is None else (pins[0].contiguous(), pins[1].to(compute).contiguous())
-    output = empty((batch, length, heads, d_v), v)
-    states = empty((batch, length, heads, d_v, d_k), v) if export_at is not None else None
-    work = v.new_empty(heads * (d_k * d_v + 2 * d_v + d_k))
-    function(f"rwkv7_fwd_{SUFFIX[compute]}", [I, I, I, I, I] + [P] * 13)(
-        batch, length, heads, d_k, d_v, ptr(r), ptr(w), ptr(k), ptr(v), ptr(a), ptr(b), ptr(state), ptr(output),
-        ptr(states), ptr(shift), ptr(mask), ptr(values), ptr(work))
-    return ScanOutput(output.to(dtype), state if output_final_state else None, states)
+    export = export_at is not None
+    inputs = (r, w, k, v, a, b, state, shift, values)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        output, final, states = RWKV7Scan.apply(*inputs, mask, export)
+    else:
+        output, final, states, _ = rwkv7_forward(r, w, k, v, a, b, state, export, shift, mask, values)
+    return ScanOutput(output.to(dtype), final if output_final_state else None, states if export else None)
 
 
 def _check(r, w, k, v, a, b, impl, export_at) -> tuple[int, int, int, int]:

@@ -50,7 +50,9 @@ re-runs the recurrence from the pinned state, so every later step changes and no
 
 mixer_options: value_dim (None: d_model), decay_low_rank, a_low_rank, v_low_rank, gate_low_rank
 (ints, default 32), norm_eps (1e-5; the GroupNorm's eps is d_head * norm_eps), l2_eps (None:
-kappa = x / max(|x|, 1e-12) as F.normalize; a float: x / sqrt(|x|^2 + l2_eps), fla's l2_norm).
+kappa = x / max(|x|, 1e-12) as F.normalize; a float: x / sqrt(|x|^2 + l2_eps), fla's l2_norm), impl
+(models.kernels.rwkv7's: "auto", "naive" or "native"; "auto" runs the native C loops, forward and
+backward, on the CPU).
 
 Channel mix ("rwkv7_ffn", models/mixers/conv_window.py with W = 2 taps):
 
@@ -72,13 +74,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.hooks import HookPoint
-from models.kernels.rwkv7 import rwkv7_scan
+from models.kernels.rwkv7 import IMPLS, rwkv7_scan
 from models.mixers.base import PRESETS, Mixer, head_outputs, mixer_options, register_mixer
 from models.mixers.conv_window import ConvWindowMixer
 from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {"value_dim": None, "decay_low_rank": 32, "a_low_rank": 32, "v_low_rank": 32, "gate_low_rank": 32,
-           "norm_eps": 1e-5, "l2_eps": None}
+           "norm_eps": 1e-5, "l2_eps": None, "impl": "auto"}
 DECAY_SCALE = math.exp(-0.5)  # w = -e^{-1/2} sigmoid(.): the decay exp(w) lies in [exp(-e^{-1/2}), 1)
 MIXES = ("r", "w", "k", "v", "a", "g")
 
@@ -112,6 +114,8 @@ def _options(cfg) -> dict:
                 not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
             raise ValueError(f"rwkv7 mixer_options[{name!r}] must be a positive float"
                              f"{' or None' if allow_none else ''}; got {value!r}")
+    if opts["impl"] not in IMPLS:
+        raise ValueError(f"rwkv7 mixer_options['impl'] must be one of {IMPLS}; got {opts['impl']!r}")
     return {**opts, "value_dim": value_dim}
 
 
@@ -226,7 +230,7 @@ class RWKV7(DeltaRuleMixer):
 
     def kernel(self, inputs, initial=None, **kwargs):
         return rwkv7_scan(inputs["q"], inputs["w"], inputs["k"], inputs["v"], -inputs["kk"],
-                          inputs["kk"] * inputs["a"], initial_state=initial, **kwargs)
+                          inputs["kk"] * inputs["a"], initial_state=initial, impl=self.options["impl"], **kwargs)
 
     def head_states(self, inputs: dict[str, torch.Tensor], heads: list[int]) -> torch.Tensor:
         """The states of heads `heads` only [B, T, k, V, K] (each head's recurrence runs apart)."""
