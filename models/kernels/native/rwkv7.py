@@ -80,7 +80,7 @@ def rwkv7_backward(r, w, k, v, a, b, shift, mask, values, ckpt, every: int, thre
     grad_shift = empty((batch, length, heads, d_v, d_k), v) if need_shift else None
     grad_values = torch.zeros(batch, length, heads, d_v, d_k, dtype=v.dtype) if need_values else None
     span = min(every, length)
-    work = empty((threads, (span + 3) * d_k * d_v + (span + 7) * d_v + d_k), v)
+    work = empty((threads, (span + 3) * d_k * d_v + (span + 8) * d_v + d_k), v)
     dr, dw, dk, dv, da, db = grads
     function(f"rwkv7_bwd_{SUFFIX[v.dtype]}", _BWD)(
         batch, length, heads, d_k, d_v, ptr(r), ptr(w), ptr(k), ptr(v), ptr(a), ptr(b), ptr(shift), ptr(mask),

@@ -136,27 +136,45 @@ static INLINE void WFN(rwkv7_row_grads)(R *restrict g, const R *restrict s, cons
     *dk = sk, *db = sb, *da = sa, *dw = di * sw;
 }
 
-/* Step p's read-out into one key row: g += r_i gO (+ gx, the exported state's cotangent row);
- * dr_i = s . gO (s = S_p[i]); un += b_i g and dvn += k_i g (u_p = G_p b_p, dv_p = G_p k_p). */
+/* Step p's read-out into one key row: g += r_i gO + gx (gx: the exported state's cotangent row;
+ * gO and gx zero rows where none); dr_i = s . gO (s = S_p[i]); un += b_i g and dvn += k_i g
+ * (u_p = G_p b_p, dv_p = G_p k_p). */
 static INLINE void WFN(rwkv7_row_readout)(R *restrict g, const R *restrict s, const R *restrict go,
                                           const R *restrict gx, R ri, R bi, R ki, R *restrict un, R *restrict dvn,
                                           R *dr, int64_t V) {
     R sr = 0;
-    if (gx)
-        for (int64_t j = 0; j < V; j++) g[j] += gx[j];
-    if (go) {
 #pragma omp simd reduction(+ : sr)
-        for (int64_t j = 0; j < V; j++) {
-            g[j] += ri * go[j];
-            sr += s[j] * go[j];
-        }
-    }
-#pragma omp simd
     for (int64_t j = 0; j < V; j++) {
-        un[j] += bi * g[j];
-        dvn[j] += ki * g[j];
+        const R gj = (g[j] + gx[j]) + ri * go[j];
+        sr += s[j] * go[j];
+        un[j] += bi * gj;
+        dvn[j] += ki * gj;
+        g[j] = gj;
     }
     *dr = sr;
+}
+
+/* rwkv7_row_grads and then rwkv7_row_readout of step t - 1 on one key row, in one loop (the same
+ * operations). */
+static INLINE void WFN(rwkv7_row_both)(R *restrict g, const R *restrict s, const R *restrict u, const R *restrict vt,
+                                       const R *restrict mt, R di, R ai, R *dk, R *db, R *da, R *dw,
+                                       const R *restrict go, const R *restrict gx, R ri, R bi, R ki,
+                                       R *restrict un, R *restrict dvn, R *dr, int64_t V) {
+    R sk = 0, sb = 0, sa = 0, sw = 0, sr = 0;
+#pragma omp simd reduction(+ : sk, sb, sa, sw, sr)
+    for (int64_t j = 0; j < V; j++) {
+        const R gj = g[j], sj = s[j];
+        sk += gj * vt[j];
+        sb += gj * mt[j];
+        sa += sj * u[j];
+        sw += sj * gj;
+        const R next = ((di * gj + ai * u[j]) + gx[j]) + ri * go[j];
+        sr += sj * go[j];
+        un[j] += bi * next;
+        dvn[j] += ki * next;
+        g[j] = next;
+    }
+    *dk = sk, *db = sb, *da = sa, *dw = di * sw, *dr = sr;
 }
 
 struct WFN(rwkv7_bwd_args) {
@@ -167,15 +185,16 @@ struct WFN(rwkv7_bwd_args) {
 };
 
 /* Step p's read-out over every key row of G (step p's cotangents absorbed): see rwkv7_row_readout;
- * gxt [K, V] the transposed exported cotangent (NULL: none); zeroes un and dvn first. */
+ * gxt [K, V] the transposed exported cotangent (NULL: none), zero a zero row [V]; zeroes un and dvn
+ * first. */
 static INLINE void WFN(rwkv7_readout)(const struct WFN(rwkv7_bwd_args) *A, R *restrict G, const R *Sp,
-                                      const R *gxt, int64_t bi, int64_t h, int64_t p, R *restrict un,
-                                      R *restrict dvn) {
+                                      const R *gxt, const R *zero, int64_t bi, int64_t h, int64_t p,
+                                      R *restrict un, R *restrict dvn) {
     const int64_t K = A->K, V = A->V, ap = ((bi * A->T + p) * A->H + h) * K;
-    const R *go = A->go ? A->go + ((bi * A->T + p) * A->H + h) * V : NULL;
+    const R *go = A->go ? A->go + ((bi * A->T + p) * A->H + h) * V : zero;
     for (int64_t j = 0; j < V; j++) un[j] = dvn[j] = 0;
     for (int64_t i = 0; i < K; i++)
-        WFN(rwkv7_row_readout)(G + i * V, Sp + i * V, go, gxt ? gxt + i * V : NULL, A->r[ap + i], A->b[ap + i],
+        WFN(rwkv7_row_readout)(G + i * V, Sp + i * V, go, gxt ? gxt + i * V : zero, A->r[ap + i], A->b[ap + i],
                                A->k[ap + i], un, dvn, A->dr + ap + i, V);
 }
 
@@ -186,15 +205,16 @@ static const R *WFN(rwkv7_gexp)(const struct WFN(rwkv7_bwd_args) *A, R *gxt, int
     return gxt;
 }
 
-static void WFN(rwkv7_bwd_units)(void *ctx, int64_t thread, int64_t u0, int64_t u1) {
-    const struct WFN(rwkv7_bwd_args) *A = (const struct WFN(rwkv7_bwd_args) *)ctx;
+/* The units [u0, u1) (one batch row and head each) on the thread's share of the work (see rwkv7_bwd). */
+CLONES static void WFN(rwkv7_bwd_units)(const struct WFN(rwkv7_bwd_args) *A, int64_t thread, int64_t u0, int64_t u1) {
     const int64_t T = A->T, H = A->H, K = A->K, V = A->V, every = A->every, KV = K * V;
     const int64_t n_ckpt = (T + every - 1) / every, span = every < T ? every : T;
     /* the thread's work: span (span + 1) [K, V], ms span [V], G [K, V], gxt [K, V], u, un, dv, dvn,
-     * m, next, osc [V], dec [K] */
+     * m, next, osc, zero [V], dec [K] */
     R *span_buf = A->work + thread * A->per_thread, *ms = span_buf + (span + 1) * KV, *G = ms + span * V;
     R *gxt = G + KV, *u = gxt + KV, *un = u + V, *dv = un + V, *dvn = dv + V, *m = dvn + V, *next = m + V;
-    R *osc = next + V, *dec = osc + V;
+    R *osc = next + V, *zero = osc + V, *dec = zero + V;
+    memset(zero, 0, (size_t)V * sizeof(R));
     for (int64_t unit = u0; unit < u1; unit++) {
         const int64_t bi = unit / H, h = unit % H;
         if (A->gfinal) WTRANSPOSE(A->gfinal + unit * KV, G, V, K);
@@ -218,11 +238,11 @@ static void WFN(rwkv7_bwd_units)(void *ctx, int64_t thread, int64_t u0, int64_t 
                                                         osc, K, V);
             }
             if (t1 == T) /* G_{T-1}: the last step's read-out, from S_{T-1} */
-                WFN(rwkv7_readout)(A, G, span_buf + (T - t0) * KV, WFN(rwkv7_gexp)(A, gxt, bi, h, T - 1), bi, h,
-                                   T - 1, u, dv);
+                WFN(rwkv7_readout)(A, G, span_buf + (T - t0) * KV, WFN(rwkv7_gexp)(A, gxt, bi, h, T - 1), zero, bi,
+                                   h, T - 1, u, dv);
             for (int64_t t = t1 - 1; t >= t0; t--) {
                 const int64_t at = ((bi * T + t) * H + h) * K, vt = ((bi * T + t) * H + h) * V;
-                const int64_t sv = ((bi * T + t) * H + h) * KV;
+                const int64_t sv = ((bi * T + t) * H + h) * KV, ap = at - H * K; /* ap: step t - 1 */
                 const R *Sp = span_buf + (t - t0) * KV, *mt = ms + (t - t0) * V;
                 const int pinned = A->pin_mask && A->pin_mask[bi * T + t];
                 if (A->dshift) {
@@ -237,26 +257,42 @@ static void WFN(rwkv7_bwd_units)(void *ctx, int64_t thread, int64_t u0, int64_t 
                 } else {
                     memcpy(A->dv + vt, dv, (size_t)V * sizeof(R));
                     WFN(rwkv7_decays)(dec, A->w + at, K);
-                    for (int64_t i = 0; i < K; i++)
-                        WFN(rwkv7_row_grads)(G + i * V, Sp + i * V, u, A->v + vt, mt, dec[i], A->a[at + i],
-                                             A->dk + at + i, A->db + at + i, A->da + at + i, A->dw + at + i, V);
                 }
-                if (t > 0) {
-                    WFN(rwkv7_readout)(A, G, Sp, WFN(rwkv7_gexp)(A, gxt, bi, h, t - 1), bi, h, t - 1, un, dvn);
-                    R *swap = u;
-                    u = un, un = swap, swap = dv, dv = dvn, dvn = swap;
+                /* per key row: step t's gradients (G_t -> its part of G_{t-1}), then step t-1's read-out */
+                const R *go = t > 0 && A->go ? A->go + (ap / K) * V : zero;
+                const R *gx = t > 0 ? WFN(rwkv7_gexp)(A, gxt, bi, h, t - 1) : NULL;
+                for (int64_t j = 0; j < V; j++) un[j] = dvn[j] = 0;
+                for (int64_t i = 0; i < K; i++) {
+                    R *g = G + i * V;
+                    const R *s = Sp + i * V, *gxi = gx ? gx + i * V : zero;
+                    if (!pinned && t > 0)
+                        WFN(rwkv7_row_both)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i, A->db + at + i,
+                                            A->da + at + i, A->dw + at + i, go, gxi, A->r[ap + i], A->b[ap + i],
+                                            A->k[ap + i], un, dvn, A->dr + ap + i, V);
+                    else if (!pinned)
+                        WFN(rwkv7_row_grads)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i,
+                                             A->db + at + i, A->da + at + i, A->dw + at + i, V);
+                    else if (t > 0)
+                        WFN(rwkv7_row_readout)(g, s, go, gxi, A->r[ap + i], A->b[ap + i], A->k[ap + i], un, dvn,
+                                               A->dr + ap + i, V);
                 }
+                R *swap = u;
+                u = un, un = swap, swap = dv, dv = dvn, dvn = swap;
             }
         }
         WTRANSPOSE(G, A->dh0 + unit * KV, K, V);
     }
 }
 
+static void WFN(rwkv7_bwd_range)(void *ctx, int64_t thread, int64_t u0, int64_t u1) {
+    WFN(rwkv7_bwd_units)((const struct WFN(rwkv7_bwd_args) *)ctx, thread, u0, u1);
+}
+
 /* The backward of rwkv7_fwd (see the top of the file) from its checkpoints: cotangents go [B, T, H, V]
  * of o, gexp [B, T, H, V, K] of the exported states, gfinal [B, H, V, K] of the final state (each
  * NULL: zero) -> dr, dw, dk, da, db [B, T, H, K], dv [B, T, H, V], dh0 [B, H, V, K], dshift
  * [B, T, H, V, K] (NULL: not wanted), dpins [B, T, H, V, K] (NULL: not wanted; written at the
- * pinned steps only). work: threads * per_thread elements, per_thread = (n + 3) K V + (n + 7) V + K
+ * pinned steps only). work: threads * per_thread elements, per_thread = (n + 3) K V + (n + 8) V + K
  * with n = min(every, T). Each unit's arithmetic is the same for any thread count and any spacing. */
 CLONES void WFN(rwkv7_bwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, const R *r, const R *w,
                            const R *k, const R *v, const R *a, const R *b, const R *shift, const uint8_t *pin_mask,
@@ -264,7 +300,7 @@ CLONES void WFN(rwkv7_bwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V
                            R *dr, R *dw, R *dk, R *dv, R *da, R *db, R *dh0, R *dshift, R *dpins, R *work,
                            int64_t threads) {
     const int64_t span = every < T ? every : T;
-    struct WFN(rwkv7_bwd_args) args = {T, H, K, V, every, (span + 3) * K * V + (span + 7) * V + K,
+    struct WFN(rwkv7_bwd_args) args = {T, H, K, V, every, (span + 3) * K * V + (span + 8) * V + K,
                                        r, w, k, v, a, b, shift, pins, ckpt, go, gexp, gfinal, pin_mask,
                                        dr, dw, dk, dv, da, db, dh0, dshift, dpins, work};
     if (T == 0) { /* nothing to walk: dS_{-1} = gfinal */
@@ -272,7 +308,7 @@ CLONES void WFN(rwkv7_bwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V
             for (int64_t e = 0; e < K * V; e++) dh0[unit * K * V + e] = gfinal ? gfinal[unit * K * V + e] : 0;
         return;
     }
-    parallel_ranges(threads, B * H, WFN(rwkv7_bwd_units), &args);
+    parallel_ranges(threads, B * H, WFN(rwkv7_bwd_range), &args);
 }
 
 #undef WTRANSPOSE
