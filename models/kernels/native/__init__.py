@@ -12,4 +12,6 @@ with the system compiler) and their Python faces, one module per op family:
                   and states; sincos_f32
     softmax.py    causal attention scores and pattern from q, k in one pass (the attention readers)
     lstm.py       the LSTM recurrence with every gate and state, differentiable (its instrumented path)
+    rwkv7.py      the RWKV-7 scan, forward and checkpointed backward, state export, shift and pins
+                  (models.kernels.rwkv7's impl="native")
 """

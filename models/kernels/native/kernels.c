@@ -6,7 +6,7 @@
  * every state, forward only, for the instrumented path), and AUSSM's and Mamba-3's complex-transition
  * scans (complex_body.h, the same three kernels over complex states), and the LSTM recurrence
  * with every gate and state, forward and backward (lstm_body.h), and causal attention scores and
- * pattern in one pass (softmax_body.h).
+ * pattern in one pass (softmax_body.h), and the RWKV-7 scan, forward and backward (rwkv7_body.h).
  * One sequential pass per batch row over contiguous [T, M] memory: the state stays in cache and
  * every input is read once, so the scan runs at memory bandwidth. No torch headers; the diagonal
  * scan shares its batch rows (or blocks of channels) among threads (threads.h). */
@@ -147,7 +147,7 @@ static inline void prefetch_bytes(const void *p, size_t n) { (void)p, (void)n; }
 #undef R
 #undef SFX
 
-/* the RWKV-7 forward (models/kernels/rwkv7.py's impl="native"), real types only */
+/* the RWKV-7 scan, forward and backward (models/kernels/native/rwkv7.py), real types only */
 #define R float
 #define SFX f32
 #include "rwkv7_body.h"

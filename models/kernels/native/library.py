@@ -16,7 +16,8 @@ Large outputs are advised as transparent huge pages (`empty`): on the shared VM 
 on, first-touch page faults of fresh gradient tensors cost about as much as the backward itself.
 threads_for(nbytes) how many threads a kernel that can share its work (threads.h) may use.
 
-Memory model of the checkpointed backwards (diag.py, selective.py, complex.py). With S the bytes
+Memory model of the checkpointed backwards (diag.py, selective.py, complex.py, rwkv7.py: there one
+head of one batch row is a row, B H of them, with w = 1). With S the bytes
 of one step's state (one batch row), w the states a backward keeps per recomputed step (its span
 factor: 2 for all three, the states and adjoints of the diagonal scan (its buffer holds a third
 row for grad c), the states and exp(dt A) of the selective scan, the complex states and
