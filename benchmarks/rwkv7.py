@@ -64,16 +64,10 @@ def step(name: str, problem: dict) -> None:
     (output(name, problem["leaves"]) * problem["weights"]).sum().backward()
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _peak(name: str, batch: int, length: int, heads: int, dim: int) -> dict:
     """One contender's peak resident memory of a forward + backward (run in a fresh interpreter)."""
+    from benchmarks.scan_memory import _status
+
     torch.set_num_threads(1)
     step(name, setup(batch, min(length, 32), heads, dim))  # warm-up at T 32 (fla_chunkwise: a multiple of 32)
     problem = setup(batch, length, heads, dim)

@@ -119,23 +119,6 @@ CLONES void WFN(rwkv7_fwd)(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V
     }
 }
 
-/* Step t's gradients from one key row: s = S_{t-1}[i] and g = G_t[i] (rows along V); g becomes
- * its part of G_{t-1} through step t, e^{w_i} g + a_i u. */
-static INLINE void WFN(rwkv7_row_grads)(R *restrict g, const R *restrict s, const R *restrict u, const R *restrict vt,
-                                        const R *restrict mt, R di, R ai, R *dk, R *db, R *da, R *dw, int64_t V) {
-    R sk = 0, sb = 0, sa = 0, sw = 0;
-#pragma omp simd reduction(+ : sk, sb, sa, sw)
-    for (int64_t j = 0; j < V; j++) {
-        const R gj = g[j], sj = s[j];
-        sk += gj * vt[j];
-        sb += gj * mt[j];
-        sa += sj * u[j];
-        sw += sj * gj;
-        g[j] = di * gj + ai * u[j];
-    }
-    *dk = sk, *db = sb, *da = sa, *dw = di * sw;
-}
-
 /* Step p's read-out into one key row: g += r_i gO + gx (gx: the exported state's cotangent row;
  * gO and gx zero rows where none); dr_i = s . gO (s = S_p[i]); un += b_i g and dvn += k_i g
  * (u_p = G_p b_p, dv_p = G_p k_p). */
@@ -154,8 +137,9 @@ static INLINE void WFN(rwkv7_row_readout)(R *restrict g, const R *restrict s, co
     *dr = sr;
 }
 
-/* rwkv7_row_grads and then rwkv7_row_readout of step t - 1 on one key row, in one loop (the same
- * operations). */
+/* Step t's gradients from one key row, s = S_{t-1}[i] and g = G_t[i] (rows along V): dk_i, db_i,
+ * da_i, dw_i; g becomes G_{t-1}[i], its part through step t (e^{w_i} g + a_i u) plus step t - 1's
+ * read-out as in rwkv7_row_readout (at t = 0 with zero rows and coefficients), in one loop. */
 static INLINE void WFN(rwkv7_row_both)(R *restrict g, const R *restrict s, const R *restrict u, const R *restrict vt,
                                        const R *restrict mt, R di, R ai, R *dk, R *db, R *da, R *dw,
                                        const R *restrict go, const R *restrict gx, R ri, R bi, R ki,
@@ -265,13 +249,12 @@ CLONES static void WFN(rwkv7_bwd_units)(const struct WFN(rwkv7_bwd_args) *A, int
                 for (int64_t i = 0; i < K; i++) {
                     R *g = G + i * V;
                     const R *s = Sp + i * V, *gxi = gx ? gx + i * V : zero;
-                    if (!pinned && t > 0)
+                    R unused;
+                    if (!pinned)
                         WFN(rwkv7_row_both)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i, A->db + at + i,
-                                            A->da + at + i, A->dw + at + i, go, gxi, A->r[ap + i], A->b[ap + i],
-                                            A->k[ap + i], un, dvn, A->dr + ap + i, V);
-                    else if (!pinned)
-                        WFN(rwkv7_row_grads)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i,
-                                             A->db + at + i, A->da + at + i, A->dw + at + i, V);
+                                            A->da + at + i, A->dw + at + i, go, gxi, t > 0 ? A->r[ap + i] : 0,
+                                            t > 0 ? A->b[ap + i] : 0, t > 0 ? A->k[ap + i] : 0, un, dvn,
+                                            t > 0 ? A->dr + ap + i : &unused, V);
                     else if (t > 0)
                         WFN(rwkv7_row_readout)(g, s, go, gxi, A->r[ap + i], A->b[ap + i], A->k[ap + i], un, dvn,
                                                A->dr + ap + i, V);
