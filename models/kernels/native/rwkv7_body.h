@@ -140,7 +140,7 @@ static INLINE void WFN(rwkv7_row_readout)(R *restrict g, const R *restrict s, co
 /* Step t's gradients from one key row, s = S_{t-1}[i] and g = G_t[i] (rows along V): dk_i, db_i,
  * da_i, dw_i; g becomes G_{t-1}[i], its part through step t (e^{w_i} g + a_i u) plus step t - 1's
  * read-out as in rwkv7_row_readout (at t = 0 with zero rows and coefficients), in one loop. */
-static INLINE void WFN(rwkv7_row_both)(R *restrict g, const R *restrict s, const R *restrict u, const R *restrict vt,
+static INLINE void WFN(rwkv7_row_step)(R *restrict g, const R *restrict s, const R *restrict u, const R *restrict vt,
                                        const R *restrict mt, R di, R ai, R *dk, R *db, R *da, R *dw,
                                        const R *restrict go, const R *restrict gx, R ri, R bi, R ki,
                                        R *restrict un, R *restrict dvn, R *dr, int64_t V) {
@@ -251,7 +251,7 @@ CLONES static void WFN(rwkv7_bwd_units)(const struct WFN(rwkv7_bwd_args) *A, int
                     const R *s = Sp + i * V, *gxi = gx ? gx + i * V : zero;
                     R unused;
                     if (!pinned)
-                        WFN(rwkv7_row_both)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i, A->db + at + i,
+                        WFN(rwkv7_row_step)(g, s, u, A->v + vt, mt, dec[i], A->a[at + i], A->dk + at + i, A->db + at + i,
                                             A->da + at + i, A->dw + at + i, go, gxi, t > 0 ? A->r[ap + i] : 0,
                                             t > 0 ? A->b[ap + i] : 0, t > 0 ? A->k[ap + i] : 0, un, dvn,
                                             t > 0 ? A->dr + ap + i : &unused, V);
