@@ -174,3 +174,19 @@ def test_reproduce_resumes_an_unfinished_run_from_the_results_folder(committed_p
     assert any(line.startswith(f"{run.label}: resuming from the unfinished run") and "step 3" in line for line in lines)
     metrics = [json.loads(line) for line in (tmp_path / "out" / "runs" / run.label / "metrics.jsonl").open()]
     assert metrics[-1]["step"] == run.train["steps"]
+
+
+def test_keep_unfinished_copies_the_checkpoint_after_every_chunk_until_the_run_finishes(committed_parity, tmp_path):
+    _root, labels = committed_parity
+    run = next(r for r in claim_module("parity").plan("quick").runs if r.label == labels[0])
+    run = engine.dataclasses.replace(run, train={**run.train, "steps": 8, "eval_every": 2})
+    copies = []
+
+    def keep():
+        assert committed.keep_unfinished(run, tmp_path / "runs" / run.label, tmp_path / "results")
+        copies.append(json.loads((tmp_path / "results" / "unfinished" / run.label / "checkpoint.json").read_text())["step"])
+
+    never = {"accuracy": 1.0, "evals": 100}     # a rule no 8-step run meets: it trains in chunks of 2 to the end
+    outcome = engine.train_run(run, tmp_path / "runs", progress=False, early_stop=never, after_chunk=keep)
+    assert copies == [2, 4, 6] and outcome.steps == 8
+    assert not committed.keep_unfinished(run, tmp_path / "runs" / run.label, tmp_path / "results")   # finished

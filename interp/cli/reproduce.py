@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device for training and measurement (default cpu)")
     p.add_argument("--out", type=output_path, default=None, help="output directory (default runs/reproduce/NAME-SCALE)")
     p.add_argument("--no-progress", action="store_true", help="hide the per-run progress bars")
+    p.add_argument("--keep-unfinished", action="store_true",
+                   help="after every chunk of an early-stopped run, copy its checkpoint into "
+                        "results/reproduce/NAME-SCALE/unfinished/ so that another session resumes it")
     p.set_defaults(func=run)
 
 
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     try:
-        report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress)
+        report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress,
+                           keep_unfinished=args.keep_unfinished)
     except (ValueError, TypeError, DirectoryLocked) as error:
         return fail("reproduce", error)
     except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)

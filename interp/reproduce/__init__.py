@@ -38,13 +38,15 @@ def claim_module(name: str):
 
 
 def reproduce(name: str, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
-              progress: bool = True, log=print, results: str | Path | None = None, train: bool = True) -> Path:
+              progress: bool = True, log=print, results: str | Path | None = None, train: bool = True,
+              keep_unfinished: bool = False) -> Path:
     """Run the reproduction `name` at `scale` ("quick", "cpu", "medium" where defined, "paper"), loading
     the runs committed under `results` (default results/reproduce/NAME-SCALE); train=False reports on
-    the committed and finished runs only; see `engine.reproduce`."""
+    the committed and finished runs only; keep_unfinished=True copies each unfinished run's checkpoint
+    into `results` after every chunk, for another session to resume; see `engine.reproduce`."""
     module = claim_module(name)
     engine.check_scale(scale, module)
-    return engine.reproduce(module, scale, out, device, progress, log, results, train)
+    return engine.reproduce(module, scale, out, device, progress, log, results, train, keep_unfinished)
 
 
 __all__ = ["reproduce", "names", "claim_module", "engine"]

@@ -210,10 +210,12 @@ def fitted_evals(metrics: list[dict], train_length: int, rule: dict[str, Any]) -
 
 
 def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[str, Any] | None,
-                    progress: bool, label: str, confirm: Callable | None = None):
+                    progress: bool, label: str, confirm: Callable | None = None,
+                    after_chunk: Callable[[], None] | None = None):
     """train(...) to cfg.steps, or, with an early-stop rule, in chunks until `fitted_evals` holds
     and confirm(model) (the fit metric >= the rule's accuracy; None: no check) agrees; the stop is
-    recorded in run_dir/EARLY_STOP_FILE and honoured when the run is reused."""
+    recorded in run_dir/EARLY_STOP_FILE and honoured when the run is reused. after_chunk() runs
+    after every chunk that leaves the run unfinished (its checkpoint written)."""
     if rule is None:
         return train(config, task, cfg, run_dir, resume=True, progress=progress, label=label)
     marker = run_dir / EARLY_STOP_FILE
@@ -231,12 +233,15 @@ def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[st
         if fitted_evals(result.metrics, cfg.train_length, rule) and (confirm is None or confirm(result.model)):
             ckpt.write_json(marker, {"step": step, "of_steps": cfg.steps, "rule": rule})
             return result
+        if after_chunk is not None:
+            after_chunk()
 
 
 def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
-              fit_metric: Callable | None = None, fit_n: int = 256, early_stop: dict | None = None) -> Outcome:
+              fit_metric: Callable | None = None, fit_n: int = 256, early_stop: dict | None = None,
+              after_chunk: Callable[[], None] | None = None) -> Outcome:
     """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence; stop
-    early at fit under the rule `early_stop` (Plan.early_stop)."""
+    early at fit under the rule `early_stop` (Plan.early_stop); after_chunk: see train_until_fit."""
     task = run.task_object()
     config = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
     lr, retries, started = float(run.train["lr"]), [], time.perf_counter()
@@ -250,7 +255,8 @@ def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
         before = _steps_done(run_dir)
         call = time.perf_counter()
         try:
-            result = train_until_fit(config, task, cfg, run_dir, early_stop, progress, run.label, confirm)
+            result = train_until_fit(config, task, cfg, run_dir, early_stop, progress, run.label, confirm,
+                                     after_chunk)
         except TrainingDiverged as error:
             retries.append(f"diverged at lr {lr:.3g} ({str(error).split(';')[0]})")
             lr /= LR_RETRY_FACTOR
@@ -316,7 +322,7 @@ def sizes_table(plan: Plan) -> Table:
 
 def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
               progress: bool = True, log: Callable[[str], None] = print, results: str | Path | None = None,
-              train: bool = True) -> Path:
+              train: bool = True, keep_unfinished: bool = False) -> Path:
     """Run the reproduction `claim` (a claim module) at `scale`; returns the report's path.
 
     Writes out/report.html, out/claims.json (the claim table and every run's row and measures) and
@@ -324,6 +330,9 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     interp.reproduce.results) with the plan's config is loaded, not trained. Rerunning reuses
     finished runs and cached measurements. train=False: only committed and finished runs are used;
     the others are listed as not trained yet (a report of a profile still being trained).
+    keep_unfinished=True: after every chunk of an early-stopped run its checkpoint is copied into
+    `results`/unfinished/<label> (interp.reproduce.results), so that another session or machine
+    resumes it from there.
     """
     scale = check_scale(scale, claim)
     out = Path(out or f"runs/reproduce/{claim.NAME}-{scale}")
@@ -343,8 +352,12 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             "resuming/reusing" if (out / "runs" / run.label / ckpt.CONFIG).exists() else "training")
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {reused}")
         if outcome is None:
-            committed_runs.resume_unfinished(run, kept, inside(out, "runs") / run.label, device, log)
-            outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
+            run_dir = inside(out, "runs") / run.label
+            committed_runs.resume_unfinished(run, kept, run_dir, device, log)
+            keep = (lambda run=run, run_dir=run_dir: committed_runs.keep_unfinished(run, run_dir, kept)) \
+                if keep_unfinished else None
+            outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop,
+                                keep)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "

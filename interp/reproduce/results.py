@@ -5,6 +5,7 @@ session (or a user) continues instead of retraining.
     commit_finished(claim_module, scale, out, results_dir) -> [labels committed]
     committed_outcome(run, results_dir, out_dir, device) -> Outcome or None
     commit_unfinished(claim_module, scale, out, results_dir) -> [labels copied]
+    keep_unfinished(run, run_dir, results_dir)     the same for one run (reproduce(keep_unfinished=True))
     resume_unfinished(run, results_dir, run_dir, device) -> True when run_dir was seeded from it
 
 Layout: results/reproduce/<claim>-<scale>/<label>/ (`results_dir(name, scale)`), per run
@@ -114,16 +115,18 @@ def commit_unfinished(claim, scale: str, out: str | Path, results: str | Path | 
     """Copy the latest checkpoint of every started, unfinished run of claim.plan(scale) under out/runs
     (those in `labels` only, when given) into results/unfinished/<label>, replacing an older copy
     (see the module docstring); returns the labels copied. Safe while the run trains."""
-    target = (results_dir(claim.NAME, scale) if results is None else Path(results)) / UNFINISHED
-    copied = []
-    for run in claim.plan(scale).runs:
-        source = Path(out) / "runs" / run.label
-        if ((labels is not None and run.label not in labels) or not (source / ckpt.POINTER).is_file()
-                or finished(run, source)):
-            continue
-        _snapshot(source, target / run.label)
-        copied.append(run.label)
-    return copied
+    kept = results_dir(claim.NAME, scale) if results is None else Path(results)
+    return [run.label for run in claim.plan(scale).runs
+            if (labels is None or run.label in labels) and keep_unfinished(run, Path(out) / "runs" / run.label, kept)]
+
+
+def keep_unfinished(run, run_dir: Path, results: str | Path) -> bool:
+    """Copy run_dir's last checkpoint into results/unfinished/<label> when the run has started and
+    is not finished; returns whether it did."""
+    if not (run_dir / ckpt.POINTER).is_file() or finished(run, run_dir):
+        return False
+    _snapshot(run_dir, Path(results) / UNFINISHED / run.label)
+    return True
 
 
 def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
