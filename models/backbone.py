@@ -326,10 +326,14 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         self.check_tokens(tokens)
-        x = embedding = self.embedding(tokens)
+        return self.read_out(self._blocks(self.embedding(tokens)), at)
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] hook_embed's value -> the last block's output
+        # the embedding stays alive only for blocks with a shared branch, which read it (Zamba2)
+        embedding = x if any(hasattr(block, "shared") for block in self.blocks) else None
         for block in self.blocks:
             x = block(x, embed=embedding)
-        return self.read_out(x, at)
+        return x
 
     def embedding(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """hook_embed's value [B, T, D] for tokens [B, T] at positions start, start + 1, ...: the
@@ -354,7 +358,8 @@ class SequenceModel(HookedMixin, nn.Module):
                 raise ValueError(f"at must hold one position per row, shape ({x.shape[0]},), each within "
                                  f"[{offset}, {offset + x.shape[1]}); got {at.tolist()}")
             x = x[torch.arange(x.shape[0], device=x.device), at - offset][:, None]  # [B, 1, D]
-        logits = self.hook_logits(self.unembed(self.hook_final(self.norm_final(x))))
+        x = self.hook_final(self.norm_final(x))  # rebound: a caller's temporary x is freed before the unembedding
+        logits = self.hook_logits(self.unembed(x))
         return logits if at is None else logits[:, 0]
 
     def resume_hooks(self, layer: int = 0) -> dict[str, list[str]]:

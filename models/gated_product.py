@@ -28,6 +28,12 @@ def _act(gate: torch.Tensor, activation: str) -> torch.Tensor:
     return F.silu(gate) if activation == "swiglu" else F.gelu(gate)
 
 
+def _product(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up, the product formed in act(gate)'s own fresh buffer: three [..., F] tensors
+    alive at its peak (gate, up, the result), as in `act(gate(x)) * up(x)` evaluated left to right."""
+    return _act(gate, activation).mul_(up)
+
+
 def _act_and_slope(gate: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
     """act(gate) and act'(gate), the formulas of torch's silu_backward / gelu_backward (erf)."""
     if activation == "swiglu":
@@ -41,7 +47,7 @@ def _act_and_slope(gate: torch.Tensor, activation: str) -> tuple[torch.Tensor, t
 class _GatedProduct(torch.autograd.Function):
     @staticmethod
     def forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-        return _act(gate, activation) * up
+        return _product(gate, up, activation)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -63,5 +69,5 @@ def gated_product(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torc
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     if not torch.is_grad_enabled() or not (gate.requires_grad or up.requires_grad):
-        return _act(gate, activation) * up
+        return _product(gate, up, activation)
     return _GatedProduct.apply(gate, up, activation)
