@@ -89,15 +89,17 @@ def finished(run, run_dir: Path) -> bool:
 
 
 def commit_finished(claim, scale: str, out: str | Path, results: str | Path | None = None,
-                    labels=None, device: str = "cpu", extra: dict[str, dict] | None = None) -> list[str]:
+                    labels=None, device: str = "cpu", extra: dict[str, dict] | None = None,
+                    runs=None) -> list[str]:
     """Commit every finished run of claim.plan(scale) under out/runs (those in `labels` only, when
-    given) with its measurement cache; extra: {label: fields for outcome.json}. Unfinished runs are
-    left alone; returns the labels committed."""
+    given; `runs`: these engine.Runs instead of the plan's, such as the runs a claim's study trains)
+    with its measurement cache; extra: {label: fields for outcome.json}. Unfinished runs are left
+    alone; returns the labels committed."""
     from interp.reproduce.engine import measured, train_run
 
     plan, done = claim.plan(scale), []
     target = results_dir(claim.NAME, scale) if results is None else Path(results)
-    for run in plan.runs:
+    for run in plan.runs if runs is None else runs:
         if (labels is not None and run.label not in labels) or not finished(run, Path(out) / "runs" / run.label):
             continue
         outcome = train_run(run, Path(out) / "runs", device, False, plan.fit_metric, plan.fit_n, plan.early_stop)
