@@ -118,3 +118,36 @@ def test_reveal_gap_study_chooses_trains_every_gap_and_resumes(tmp_path, monkeyp
     reproduce("reveal-gap", "quick", tmp_path / "fresh", progress=False, log=quiet)
     assert not {p.parts[-4] for p in mtimes(tmp_path / "fresh")} & transformer
     assert json.loads((tmp_path / "fresh" / "claims.json").read_text())["claims"][0] == saved["claims"][0]
+
+
+def test_sample_efficiency_budget_search_decides_the_transformer_sweep(tmp_path, monkeypatch):
+    from interp.analysis import sample_efficiency as se
+    from interp.reproduce import sample_efficiency as claim
+
+    plan = claim.plan("quick")
+    s = claim.SCALE["quick"]
+    assert "transformer" not in plan.settings["spec"]["models"]   # the Transformer's sweep waits for its budget
+    seen = []
+
+    def trial(params, run_dir):   # converges from width 16 on: the second budget is the cheapest that fits
+        seen.append(params)
+        ok = params["model_options"]["d_model"] >= 16
+        return {"converged": ok, "val_accuracy": 1.0 if ok else 0.2, "seconds": 0.1, "steps_run": params["steps"]}
+
+    monkeypatch.setattr(se, "train_trial", trial)
+    found = claim.transformer_budget(tmp_path, plan, quiet)
+    assert found["chosen"] == s["budget"][1]
+    assert [r["status"] for r in found["search"]] == ["did not fit", "fit"]
+    first = seen[0]   # the budget's format at the longest length, with the largest training set the data allows
+    assert first["format"] == s["budget_format"] and first["lengths"] == [s["max_length"]]
+    assert first["n"] == min(s["search"]["n_max"], se.data_capacity(first))
+    assert first["lr"] == s["budget"][0]["lr"] and first["steps"] == s["budget"][0]["steps"]
+    data = claim.spec(s, "quick", ["transformer"], found["chosen"])
+    assert data["models"] == ["transformer"] and data["lrs"] == [found["chosen"]["lr"]]
+    assert data["model_options"]["transformer"] == {k: found["chosen"][k] for k in budget.MODEL_KEYS}
+    assert data["train"]["steps"] == found["chosen"]["steps"] and data["train"]["warmup"] == found["chosen"]["warmup"]
+    # no Transformer sweep where no budget fit: its claim is "did not fit", naming every budget tried
+    plan.settings["study"] = {"kappa": [], "n_star": [], "trials": 0,
+                              "budget": {"chosen": None, "search": found["search"]}}
+    claims, sections = claim.judge([], plan)
+    assert claims[0].verdict == "did not fit" and all(budget.budget_label(e) in claims[0].measured for e in s["budget"])

@@ -3,13 +3,23 @@ N*_n (the fewest training sequences of length n from which some lr x seed reache
 below a threshold) per length and N*_joint for all lengths mixed, kappa = sum_n N*_n / N*_joint,
 and the joint model's accuracy beyond the longest length. This reproduction has no fixed list of
 runs: the N* search (interp.analysis.sample_efficiency) decides them, run as a resumable sweep
-(interp.sweep, local processes) under OUT/sweep."""
+(interp.sweep, local processes) under OUT/sweep.
+
+Scales with a Transformer budget search ("quick", "medium"): the Transformer's depth, width, lr, warmup
+and steps are not fixed but the cheapest budget of an explicit grid (interp.reproduce.budget) whose
+trial converges on the budget format (CoT, where the seed says Transformers do best) at the longest
+length with the search's largest training set (N = n_max, or the data's capacity); the Transformer's
+N* sweep then runs at that budget under OUT/sweep-transformer, the other models' under OUT/sweep. Where
+no budget converges, the Transformer has no N* ("did not fit"), with every budget tried."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from interp.reproduce.engine import Claim, Plan, size
+from interp.analysis import sample_efficiency as se
+from interp.reproduce import budget
+from interp.reproduce.engine import Claim, Outcome, Plan, Run, size
 from interp.report import sample_efficiency as figures
 from interp.report.html import Table
 from interp.sweep.executors import make_executor
@@ -22,16 +32,32 @@ SEED_002 = "002_f8265f3efe5ff6aa.txt"
 RNNS = ("lstm", "dense_ssm", "mamba")
 SHARED = 1.5   # kappa above this reads as a shared mechanism, below 1 / SHARED as interference
 
+# The medium Transformer budgets (depth / width / lr / warmup / steps per trial), tried cheapest first: depth 2 / 4 / 6
+# and width 64 / 128 our choice up to seed 002's 6-layer GPT-2-style Transformer; lr within the paper profile's
+# 1e-4..1e-3; warmup our choice; 2000-4000 steps per trial our choice (the cpu profile's 400 converged nowhere).
+MEDIUM_BUDGETS = [dict(n_layers=2, d_model=64, n_heads=4, lr=1e-3, warmup=100, steps=2000),
+                  dict(n_layers=4, d_model=64, n_heads=4, lr=1e-3, warmup=100, steps=2000),
+                  dict(n_layers=6, d_model=128, n_heads=8, lr=3e-4, warmup=200, steps=4000)]
+
 SCALE = {   # "cpu" and "paper" are examples/sample_efficiency.py's "tiny" and "paper" scales
     "quick": dict(models=["lstm", "transformer"], tasks=["Z5"], formats=["acot"], min_length=2, max_length=3,
                   lrs=[0.01], seeds=[0], search={"n0": 8, "resolution": 0.5, "n_max": 16}, width=8, layers=1,
                   train={"steps": 20, "batch_size": 8, "val_size": 16, "eval_every": 10, "val_threshold": 0.05},
-                  workers=1),
+                  workers=1, budget=[dict(n_layers=1, d_model=8, n_heads=2, lr=0.01, warmup=2, steps=20),
+                                     dict(n_layers=1, d_model=16, n_heads=2, lr=0.01, warmup=2, steps=20)],
+                  budget_format="acot"),
     "cpu": dict(models=["lstm", "transformer"], tasks=["Z5"], formats=["outcome", "acot"], min_length=3,
                 max_length=5, lrs=[0.01], seeds=[0, 1], search={"n0": 32, "resolution": 0.25, "n_max": 512},
                 width=16, layers=2,
                 train={"steps": 400, "batch_size": 32, "val_size": 96, "eval_every": 50, "val_threshold": 0.05},
                 workers=2),
+    # medium (issue 26): CoT added (the seed: Transformers do best under CoT), the N* bound raised to the data's
+    # capacity at length 6 (Z5: 15,625 sequences), the Transformer's budget searched (MEDIUM_BUDGETS)
+    "medium": dict(models=["lstm", "transformer"], tasks=["Z5"], formats=["outcome", "cot", "acot"], min_length=3,
+                   max_length=6, lrs=[0.01], seeds=[0, 1], search={"n0": 32, "resolution": 0.25, "n_max": 8192},
+                   width=16, layers=2,
+                   train={"steps": 400, "batch_size": 32, "val_size": 96, "eval_every": 50, "val_threshold": 0.05},
+                   workers=2, budget=MEDIUM_BUDGETS, budget_format="cot"),
     "paper": dict(models=["transformer", "lstm", "dense_ssm", "mamba"], tasks=["Z5", "S5"],
                   formats=["outcome", "cot", "acot"], min_length=2, max_length=10, lrs=[1e-4, 3e-4, 1e-3],
                   seeds=[0, 1, 2], search={"n0": 64, "resolution": 0.1, "n_max": 1 << 20}, width=128, layers=6,
@@ -40,41 +66,110 @@ SCALE = {   # "cpu" and "paper" are examples/sample_efficiency.py's "tiny" and "
 }
 
 
-def spec(s: dict, scale: str) -> dict:
-    """The N* sweep spec (interp.sweep) of a scale entry s: models x tasks x formats, widths per model."""
+def spec(s: dict, scale: str, models=None, transformer: dict | None = None) -> dict:
+    """The N* sweep spec (interp.sweep) of a scale entry s: models (default s["models"]) x tasks x formats,
+    widths per model; transformer: a budget (interp.reproduce.budget grid entry) for a Transformer-only spec,
+    whose lr, warmup and steps replace the scale's."""
+    models = s["models"] if models is None else models
     options = {"transformer": {"d_model": s["width"], "n_layers": s["layers"], "n_heads": 4 if s["width"] >= 16 else 2},
                "lstm": {"d_model": s["width"]}, "dense_ssm": {"d_model": s["width"]},
                "mamba": {"d_model": s["width"], "d_state": 8}}
-    return {"kind": "n_star", "name": f"sample-efficiency-{scale}", "models": s["models"], "tasks": s["tasks"],
+    lrs, train, name = s["lrs"], s["train"], f"sample-efficiency-{scale}"
+    if transformer is not None:
+        options["transformer"] = {k: transformer[k] for k in budget.MODEL_KEYS}
+        lrs, name = [transformer["lr"]], f"{name}-transformer-{budget.budget_label(transformer)}"
+        train = {**train, "steps": transformer["steps"], "warmup": transformer["warmup"]}
+    return {"kind": "n_star", "name": name, "models": models, "tasks": s["tasks"],
             "formats": s["formats"], "min_length": s["min_length"], "max_length": s["max_length"],
-            "lrs": s["lrs"], "seeds": s["seeds"], "search": s["search"], "train": s["train"],
-            "model_options": {m: options[m] for m in s["models"]}}
+            "lrs": lrs, "seeds": s["seeds"], "search": s["search"], "train": train,
+            "model_options": {m: options[m] for m in models}}
 
 
 def plan(scale: str) -> Plan:
     s = SCALE[scale]
     paper = scale == "paper"
+    searched = bool(s.get("budget"))
     sizes = [size("models", s["models"], SEED_002 + (" (6-layer GPT-2-style Transformer, RNNs, Mamba)" if paper else "; a subset")),
              size("tasks", s["tasks"], SEED_002 + " (Z_m addition, S5)" if paper else "our choice (Z5: room for held-out data)"),
              size("formats", s["formats"], SEED_002 + " (outcome, CoT, aligned CoT)"),
              size("lengths", f"{s['min_length']}..{s['max_length']} and joint",
                   SEED_002 + " (kappa sums n = 2..L)" if paper else "our choice"),
-             size("Transformer layers", s["layers"], SEED_002 + " (6 layers)" if paper else "our choice"),
-             size("width", s["width"]), size("lr x seed grid", f"{s['lrs']} x {s['seeds']}"),
-             size("N* search (geometric from n0, then binary)", s["search"]),
-             size("training per trial", s["train"]), size("local worker processes", s["workers"])]
-    return Plan(scale, [], sizes, settings={"spec": spec(s, scale), "workers": s["workers"]})
+             size("Transformer layers" + (" (searched)" if searched else ""),
+                  "the budget search's" if searched else s["layers"],
+                  SEED_002 + " (6 layers)" if paper else "our choice"),
+             size("width" + (" (RNNs)" if searched else ""), s["width"]),
+             size("lr x seed grid" + (" (RNNs; the Transformer: its budget's lr x these seeds)" if searched else ""),
+                  f"{s['lrs']} x {s['seeds']}"),
+             size("N* search (geometric from n0, then binary)", s["search"],
+                  "issue 26: n_max up to the data's capacity at the longest length (CoT needs more data)"
+                  if scale == "medium" else "our choice"),
+             size("training per trial" + (" (RNNs; the Transformer: its budget's steps and warmup)" if searched else ""),
+                  s["train"]), size("local worker processes", s["workers"])]
+    others = [m for m in s["models"] if not (searched and m == "transformer")]
+    settings = {"spec": spec(s, scale, others) if others else None, "workers": s["workers"]}
+    if searched:
+        sizes.append(size(f"Transformer budgets (cheapest first; a budget fits when its {s['budget_format']} trial at "
+                          f"length {s['max_length']} with the largest training set converges)",
+                          "; ".join(budget.budget_label(e) for e in s["budget"]),
+                          "issue 26 and MEDIUM_BUDGETS' comment" if scale == "medium" else "our choice (smoke test)"))
+        settings["budget"] = s["budget"]
+    return Plan(scale, [], sizes, settings=settings)
+
+
+def budget_trial(s: dict, run: Run) -> dict:
+    """The trial params (se.train_trial) of a budget candidate: its format at the longest length, with the
+    search's largest training set (n_max, or the data's capacity there)."""
+    condition = [c for c in se.conditions(["transformer"], s["tasks"][:1], [s["budget_format"]], s["max_length"],
+                                          model_options={"transformer": dict(run.model)},
+                                          min_length=s["max_length"],
+                                          train={**s["train"], "steps": run.train["steps"],
+                                                 "warmup": run.train["warmup"]})
+                 if c["length"] == s["max_length"]][0]
+    capacity = se.data_capacity(condition)
+    n = s["search"]["n_max"] if capacity is None else min(s["search"]["n_max"], capacity)
+    return {**condition, "n": n, "lr": run.train["lr"], "seed": s["seeds"][0]}
+
+
+def transformer_budget(out: Path, plan: Plan, log) -> dict:
+    """budget.search over the scale's Transformer budgets, one finite-data trial each under out/budget/<label>."""
+    s = SCALE[plan.scale]
+    base = Run("transformer", "transformer", s["tasks"][0], {"format": s["budget_format"]}, {},
+               {"train_length": s["max_length"]}, {"model": "transformer"})
+
+    def obtain(run: Run) -> Outcome:
+        row = se.train_trial(budget_trial(s, run), out / "budget" / run.label)
+        return Outcome(run, "fit" if row["converged"] else "did not fit", out / "budget" / run.label, run.train["lr"],
+                       s["max_length"], row["val_accuracy"], [], row["seconds"], row["steps_run"])
+
+    found = budget.search(budget.candidates(base, s["budget"]), obtain, log)
+    chosen = next((e for e in s["budget"] if budget.budget_label(e) == found["chosen"]), None)
+    return {"chosen": chosen, "search": found["rows"]}
+
+
+def _sweep(spec_data: dict, out: Path, workers: int, progress: bool):
+    executor = make_executor("local", workers)
+    try:
+        return run_spec(load_spec(spec_data), executor, out, progress=progress)
+    finally:
+        executor.close()
 
 
 def study(out, plan: Plan, device: str, progress: bool, log) -> dict:
-    """Run (or resume) the N* sweep under out/sweep; its rows, N*s and kappas as JSON-able data."""
-    executor = make_executor("local", plan.settings["workers"])
-    try:
-        outcome = run_spec(load_spec(plan.settings["spec"]), executor, out / "sweep", progress=progress)
-    finally:
-        executor.close()
-    log(f"{NAME}: {len(outcome.rows)} trials, {sum(r['converged'] for r in outcome.rows)} converged")
-    return {"n_star": [r.row() for r in outcome.n_star], "kappa": outcome.kappa, "trials": len(outcome.rows)}
+    """Run (or resume) the N* sweep under out/sweep (and, with a Transformer budget search, the search under
+    out/budget and the Transformer's sweep at the chosen budget under out/sweep-transformer); its rows, N*s
+    and kappas as JSON-able data."""
+    out, workers = Path(out), plan.settings["workers"]
+    outcomes = [_sweep(plan.settings["spec"], out / "sweep", workers, progress)] if plan.settings["spec"] else []
+    found = None
+    if plan.settings.get("budget"):
+        found = transformer_budget(out, plan, log)
+        if found["chosen"] is not None:
+            data = spec(SCALE[plan.scale], plan.scale, ["transformer"], found["chosen"])
+            outcomes.append(_sweep(data, out / "sweep-transformer", workers, progress))
+    rows = [r for o in outcomes for r in o.rows]
+    log(f"{NAME}: {len(rows)} trials, {sum(r['converged'] for r in rows)} converged")
+    return {"n_star": [r.row() for o in outcomes for r in o.n_star], "kappa": [k for o in outcomes for k in o.kappa],
+            "trials": len(rows), **({"budget": found} if found else {})}
 
 
 def measure(outcome, plan: Plan) -> dict:   # no fixed runs: the study measures
@@ -120,10 +215,17 @@ def judge(done, plan: Plan):
     above = lambda low: "ok" if low > SHARED else None          # noqa: E731  kappa >= low > SHARED
     contradicts = lambda low: "not ok" if low > SHARED else None  # noqa: E731
 
+    searched = plan.settings["study"].get("budget")
+    note = ""
+    if searched:
+        tried = [r for r in searched["search"] if r["status"] != budget.NOT_TRIED]
+        note = (f"; Transformer budget search ({len(tried)} of {len(searched['search'])} budgets tried, cheapest first): "
+                + ", ".join(f"{r['budget']} {r['status']} (val acc {_show(r['in-dist acc'])})" for r in tried)
+                + (f"; chosen: {budget.budget_label(searched['chosen'])}" if searched["chosen"] else "; none fit"))
     claims = [Claim(SEED_002, "Transformers show a low sharing coefficient (kappa ~ 1 or kappa < 1) in every task format, "
                     "meaning they learn length-specific solutions in isolation.",
                     "트랜스포머는 모든 작업 형식에서 낮은 공유 계수(κ ≈ 1 또는 κ < 1)를 보입니다. 이는 이들이 길이 특화된 "
-                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer), verdict(transformer, lambda k: k <= SHARED, contradicts)),
+                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer) + note, verdict(transformer, lambda k: k <= SHARED, contradicts)),
               Claim(SEED_002, "Recurrent models show a high sharing coefficient (kappa >> 1) in their preferred regimes "
                     "(Outcome and ACoT).", "순환 모델은 선호하는 체제(Outcome 및 ACoT)에서 높은 공유 계수(κ ≫ 1)를 "
                     "나타냅니다.", line(rnn), verdict(rnn, lambda k: k > SHARED, above))]
@@ -146,6 +248,9 @@ def judge(done, plan: Plan):
     sections = [Table(kappa or [{"note": "no kappa (the search found no joint N*)"}], heading="kappa per model, task, format"),
                 Table([{k: v for k, v in r.items() if k != "trials"} for r in plan.settings["study"]["n_star"]]
                       or [{"note": "no N*"}], heading="N* per condition")]
+    if searched:
+        sections.insert(0, Table(searched["search"], heading="Transformer budget search (cheapest first; the first "
+                                 "budget whose trial converges runs the Transformer's N* sweep)"))
     n_star = plan.settings["study"]["n_star"]
     if any(r["n_star"] is not None for r in n_star):
         sections.append(figures.n_star_vs_length(n_star))
