@@ -9,7 +9,7 @@ from interp.cli.args import check_out, fail, output_path
 # The reproductions whose SCALE defines "medium", stated here because the claim modules import torch
 # and the command parses its arguments first (tests/test_cli_reproduce.py keeps it equal to
 # interp.reproduce.engine.claim_scales).
-MEDIUM = ("error-control", "retrieval")
+MEDIUM = ("error-control", "retrieval", "reveal-gap", "sample-efficiency")
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                                    "measured | verdict' table. Names: {reproductions}.")
     p.add_argument("name", metavar="NAME", help="the reproduction: {reproductions}")
     p.add_argument("--scale", default="cpu", metavar="SCALE",
-                   help="cpu (about 30 minutes on 2 cores), medium (only " + " and ".join(MEDIUM) + ": the runs a "
+                   help="cpu (about 30 minutes on 2 cores), medium (only " + ", ".join(MEDIUM) + ": the runs a "
                         "claim rests on at the source paper's size, CPU hours) or paper (the seeds' sizes; for a "
                         "GPU); default cpu")
     p.add_argument("--quick", action="store_true", help="toy sizes in seconds (a smoke test; numbers mean nothing)")
