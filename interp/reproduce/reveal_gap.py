@@ -276,6 +276,7 @@ def judge(done, plan: Plan):
     sections += [curves(lines, "reveal interval g (statements between prints)", "reveal accuracy",
                        f"Reveal accuracy at {length} statements vs the reveal interval", x=gaps),
                 Table(table, heading=f"Reveal accuracy at {length} statements (status) per model and gap"),
-                Table([{"run": o.run.label, "status": o.status, **{f"acc@{k}": v for k, v in sorted(o.measures["accuracy"].items(), key=lambda kv: int(kv[0]))}}
+                Table([{"run": o.run.label, "status": o.status,
+                        **{f"acc@{k}": v for k, v in sorted(o.measures["accuracy"].items(), key=lambda kv: int(kv[0]))}}
                        for o in done if o.measures], heading="Reveal accuracy by trace length (2x, 4x: extrapolation)")]
     return claims, sections
