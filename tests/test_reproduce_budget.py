@@ -151,3 +151,52 @@ def test_sample_efficiency_budget_search_decides_the_transformer_sweep(tmp_path,
                               "budget": {"chosen": None, "search": found["search"]}}
     claims, sections = claim.judge([], plan)
     assert claims[0].verdict == "did not fit" and all(budget.budget_label(e) in claims[0].measured for e in s["budget"])
+
+
+def test_search_stops_at_a_budget_that_is_not_trained():
+    """obtain -> None (reproduce(train=False) with nothing committed): no choice, the rest 'not trained yet'."""
+    runs = budget.candidates(BASE, GRID)
+    labels = [budget.budget_label(e) for e in GRID]
+    trained = []
+    fits = stub(set(), trained)
+    found = budget.search(runs, lambda run: None if run.label == labels[3] else fits(run), quiet)
+    assert found["chosen"] is None and trained == [labels[2]]
+    assert [r["status"] for r in found["rows"]] == ["did not fit"] + [budget.NOT_TRAINED] * 3
+    assert set(found["outcomes"]) == {labels[2]}
+
+
+def test_reveal_gap_study_with_train_false_trains_nothing_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(committed_runs, "RESULTS", tmp_path / "results")
+    reproduce("reveal-gap", "quick", tmp_path / "out", progress=False, log=quiet, train=False)
+    assert not list((tmp_path / "out").rglob("model.safetensors"))
+    saved = json.loads((tmp_path / "out" / "claims.json").read_text())
+    first = reveal_gap.transformer_runs("quick", [min(reveal_gap.SCALE["quick"]["gaps"])])
+    cheapest = min(first, key=budget.cost).label
+    assert cheapest in saved["pending"]
+    assert saved["claims"][0]["verdict"] == "inconclusive"   # not "did not fit": nothing was trained
+    assert "stopped at a budget not trained yet" in saved["claims"][0]["measured"]
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "not trained yet" in page and cheapest in page
+
+
+def test_sample_efficiency_sweeps_are_committed_and_continue_elsewhere(tmp_path, monkeypatch):
+    """A finished quick study committed as table rows: a fresh directory with train=False rebuilds the same
+    N*s and kappas from them, training nothing; with nothing committed it says what is pending."""
+    from interp.reproduce import sample_efficiency as claim
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(committed_runs, "RESULTS", tmp_path / "results")
+    reproduce("sample-efficiency", "quick", tmp_path / "first", progress=False, log=quiet)
+    added = claim.commit(tmp_path / "first", "quick")
+    assert added["budget"] >= 1 and added["sweep"] >= 1
+    assert claim.commit(tmp_path / "first", "quick") == {name: 0 for name in added}   # merging twice adds nothing
+    saved = json.loads((tmp_path / "first" / "claims.json").read_text())
+    reproduce("sample-efficiency", "quick", tmp_path / "again", progress=False, log=quiet, train=False)
+    again = json.loads((tmp_path / "again" / "claims.json").read_text())
+    assert again["claims"] == saved["claims"] and again["pending"] == []
+    assert not list((tmp_path / "again").rglob("model.safetensors"))   # every trial came from the committed rows
+    monkeypatch.setattr(committed_runs, "RESULTS", tmp_path / "empty")
+    reproduce("sample-efficiency", "quick", tmp_path / "none", progress=False, log=quiet, train=False)
+    none = json.loads((tmp_path / "none" / "claims.json").read_text())
+    assert any("N* sweep sweep" in p for p in none["pending"]) and not list((tmp_path / "none").rglob("*.safetensors"))
+    assert {c["verdict"] for c in none["claims"][:2]} == {"inconclusive"}

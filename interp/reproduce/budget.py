@@ -26,6 +26,7 @@ from interp.reproduce.engine import Outcome, Run
 MODEL_KEYS = ("n_layers", "d_model", "n_heads")
 TRAIN_KEYS = ("lr", "warmup", "steps")
 NOT_TRIED = "not tried (a cheaper budget fit)"
+NOT_TRAINED = "not trained yet (train=False)"
 
 
 def budget_label(entry: dict[str, Any]) -> str:
@@ -69,32 +70,39 @@ def cost(run: Run) -> float:
     return float(run.train["steps"] * run.model["n_layers"] * run.model["d_model"] ** 2)
 
 
-def row(run: Run, outcome: Outcome | None) -> dict[str, Any]:
+def row(run: Run, outcome: Outcome | None, status: str = NOT_TRIED) -> dict[str, Any]:
     base = {"budget": run.info.get("budget", run.label), "layers": run.model["n_layers"], "width": run.model["d_model"],
             "heads": run.model["n_heads"], "lr": run.train["lr"], "warmup": run.train["warmup"],
             "steps": run.train["steps"], "cost (steps x layers x width^2)": f"{cost(run):.3g}"}
     if outcome is None:
-        return {**base, "status": NOT_TRIED, "length reached": None, "in-dist acc": None, "steps trained": None,
+        return {**base, "status": status, "length reached": None, "in-dist acc": None, "steps trained": None,
                 "train s": None}
     return {**base, "status": outcome.status, "length reached": outcome.length_reached,
             "in-dist acc": None if outcome.in_distribution is None else round(outcome.in_distribution, 4),
             "steps trained": outcome.steps, "train s": None if outcome.seconds is None else round(outcome.seconds, 1)}
 
 
-def search(runs: Sequence[Run], obtain: Callable[[Run], Outcome],
+def search(runs: Sequence[Run], obtain: Callable[[Run], Outcome | None],
            log: Callable[[str], None] = print) -> dict[str, Any]:
     """Obtain `runs` cheapest first (`cost`, stable) until one fits; returns {"chosen": label or None,
-    "rows": one row per run in the order tried, "outcomes": {label: Outcome} of the runs obtained}."""
+    "rows": one row per run in the order tried, "outcomes": {label: Outcome} of the runs obtained}.
+    obtain(run) -> None (a reproduction that may not train, and has no such run): the search stops there,
+    that run's row and the later ones say NOT_TRAINED, and "chosen" is None."""
     if not runs:
         raise ValueError("runs must hold at least one candidate budget; got none")
     ordered = sorted(runs, key=cost)
-    chosen, rows, outcomes = None, [], {}
+    chosen, rows, outcomes, stopped = None, [], {}, False
     for index, run in enumerate(ordered, 1):
-        if chosen is not None:
-            rows.append(row(run, None))
+        if chosen is not None or stopped:
+            rows.append(row(run, None, NOT_TRAINED if stopped else NOT_TRIED))
             continue
         log(f"budget search [{index}/{len(ordered)}] {run.label} (cost {cost(run):.3g})")
         outcome = obtain(run)
+        if outcome is None:
+            stopped = True
+            rows.append(row(run, None, NOT_TRAINED))
+            log(f"budget search [{index}/{len(ordered)}] {run.label}: {NOT_TRAINED}; the search stops here")
+            continue
         outcomes[run.label] = outcome
         rows.append(row(run, outcome))
         log(f"budget search [{index}/{len(ordered)}] {run.label}: {outcome.status}, length {outcome.length_reached}/"

@@ -9,8 +9,10 @@ A claim module (one per reproduction, `interp.reproduce.<name>`) defines
     measure(outcome, plan) -> dict        JSON-able measurements of one trained run
     judge(done, plan) -> (claims, sections)   Claim rows with what was measured and a verdict,
                                           and the report's figures and tables
-    study(out, plan, device, progress, log) -> dict   optional: work whose runs a search decides
-                                          (its own resumable sweep); the result is plan.settings["study"]
+    study(out, plan, device, progress, log, train) -> dict   optional: work whose runs a search decides
+                                          (its own resumable sweep); the result is plan.settings["study"],
+                                          whose "pending" lists what train=False left untrained
+    studied(plan) -> [Outcome]            optional: the study's runs (counted in the report's setup line)
 
 Scales: "quick" (tiny, a smoke test in seconds; numbers mean nothing), "cpu" (about 30 minutes
 on 2 cores), "medium" (where a claim defines it: the runs a claim rests on at the size where the
@@ -367,12 +369,16 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             f"({'-' if outcome.seconds is None else f'{outcome.seconds:.0f}'} s training)")
         done.append(outcome)
     if hasattr(claim, "study"):   # a reproduction whose runs a search decides (its own resumable sweep)
-        plan.settings["study"] = claim.study(out, plan, device, progress, log)
+        plan.settings["study"] = claim.study(out, plan, device, progress, log, train)
+        pending += plan.settings["study"].get("pending", [])
     claims, sections = claim.judge(done, plan)
-    header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(done)} runs "
-                  f"({sum(o.fit for o in done)} fit, {sum(o.status == 'did not fit' for o in done)} did not fit, "
-                  f"{sum(o.status == 'diverged' for o in done)} diverged"
-                  + (f"; {len(pending)} more runs of the plan not trained yet, left out of every claim: "
+    counted = done + (claim.studied(plan) if hasattr(claim, "studied") else [])
+    header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(counted)} runs "
+                  + (f"({len(done)} of the plan, {len(counted) - len(done)} chosen by the study) " if len(counted) > len(done)
+                     else "")
+                  + f"({sum(o.fit for o in counted)} fit, {sum(o.status == 'did not fit' for o in counted)} did not fit, "
+                  f"{sum(o.status == 'diverged' for o in counted)} diverged"
+                  + (f"; {len(pending)} more runs or searches not trained yet, left out of every claim: "
                      f"{', '.join(pending)}" if pending else "") + "). A run fits when the curriculum reached the "
                   f"training length and its in-distribution accuracy is >= {FIT_THRESHOLD}; runs that did not fit "
                   "are reported as such and left out of every generalisation claim."

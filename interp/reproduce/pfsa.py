@@ -75,8 +75,8 @@ def plan(scale: str) -> Plan:
                 fit_metric=agreement_fit, fit_n=s["n"])
 
 
-def study(out, plan: Plan, device, progress, log) -> dict:
-    """The exact part (no training): `exact` at the plan's scale."""
+def study(out, plan: Plan, device, progress, log, train: bool = True) -> dict:
+    """The exact part (no training, so `train` changes nothing): `exact` at the plan's scale."""
     return exact(SCALE[plan.scale])
 
 

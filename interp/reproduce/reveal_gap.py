@@ -136,16 +136,22 @@ def plan(scale: str) -> Plan:
     return Plan(scale, runs, sizes, settings=settings, fit_metric=reveal_fit, fit_n=s["n"], early_stop=early)
 
 
-def study(out, plan: Plan, device: str, progress: bool, log) -> dict:
+def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True) -> dict:
     """The Transformer's budget search at the densest gap (interp.reproduce.budget.search), then the
     chosen budget at every other gap; {} at scales without a search. Runs live in out/runs (a committed
-    one, under results/reproduce/reveal-gap-<scale>, is loaded) and are measured like the plan's runs."""
+    one, under results/reproduce/reveal-gap-<scale>, is loaded) and are measured like the plan's runs.
+    train=False: only committed and finished runs; the others are listed under "pending" (a search
+    stops at the first budget not trained)."""
     if "search" not in SCALE[plan.scale]:
         return {}
     claim, kept, root = sys.modules[__name__], committed_runs.results_dir(NAME, plan.scale), inside(out, "runs")
+    pending = []
 
-    def obtain(run: Run) -> Outcome:
+    def obtain(run: Run) -> Outcome | None:
         outcome = committed_runs.committed_outcome(run, kept, root, device, log)
+        if outcome is None and not train and not committed_runs.finished(run, root / run.label):
+            pending.append(run.label)
+            return None
         if outcome is None:
             outcome = train_run(run, root, device, progress, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, NAME)
@@ -156,10 +162,11 @@ def study(out, plan: Plan, device: str, progress: bool, log) -> dict:
     chosen = found["outcomes"][found["chosen"]].run.info["budget"] if found["chosen"] else None
     picked = [found["outcomes"][found["chosen"]]] if chosen else []
     if chosen:
-        picked += [obtain(r) for r in transformer_runs(plan.scale) if r.info["budget"] == chosen
-                   and r.label != found["chosen"]]
-    log(f"{NAME}: Transformer budget {chosen or 'none fit'}; {len(picked)} Transformer runs at that budget")
-    return {"chosen": chosen, "search": found["rows"],
+        picked += [o for o in (obtain(r) for r in transformer_runs(plan.scale) if r.info["budget"] == chosen
+                               and r.label != found["chosen"]) if o is not None]
+    log(f"{NAME}: Transformer budget {chosen or ('search not finished' if pending else 'none fit')}; "
+        f"{len(picked)} Transformer runs at that budget" + (f"; not trained yet: {', '.join(pending)}" if pending else ""))
+    return {"chosen": chosen, "search": found["rows"], "pending": pending,
             "transformer": [{"label": o.run.label, "status": o.status, "lr": o.lr, "length_reached": o.length_reached,
                              "in_distribution": o.in_distribution, "steps": o.steps, "seconds": o.seconds,
                              "retries": o.retries, "measures": o.measures} for o in picked]}
@@ -195,19 +202,21 @@ def search_note(plan: Plan) -> str:
     rows = plan.settings.get("study", {}).get("search")
     if not rows:
         return ""
-    tried = [r for r in rows if r["status"] != budget.NOT_TRIED]
+    tried = [r for r in rows if r["status"] not in (budget.NOT_TRIED, budget.NOT_TRAINED)]
     parts = [f"{r['budget']} {r['status']} (length {r['length reached']}, acc "
              f"{'-' if r['in-dist acc'] is None else format(r['in-dist acc'], '.2f')}, {r['steps trained']} steps)"
              for r in tried]
     chosen = plan.settings["study"]["chosen"]
+    stopped = any(r["status"] == budget.NOT_TRAINED for r in rows)
     return (f"; Transformer budget search ({len(tried)} of {len(rows)} budgets tried, cheapest first): "
-            + ", ".join(parts) + (f"; chosen: {chosen}" if chosen else "; none fit"))
+            + ", ".join(parts) + (f"; chosen: {chosen}" if chosen else "; stopped at a budget not trained yet"
+                                  if stopped else "; none fit"))
 
 
 def judge(done, plan: Plan):
     length = plan.settings["length"]
     done = list(done) + studied(plan)
-    gaps = sorted({o.run.info["gap"] for o in done})
+    gaps = sorted(SCALE[plan.scale]["gaps"])
     table = [{"model": model, **{f"gap {g}": " / ".join(f"{_acc(o, length):.2f} ({o.status})"
                                                         for o in select(done, model=model, gap=g)) for g in gaps}}
              for model in MODELS]
@@ -223,7 +232,8 @@ def judge(done, plan: Plan):
     drop = tr[sparse] and tr[dense] and max(tr[sparse]) < min(tr[dense]) - 0.1
     # the drop is the Transformer's only where another model learned the sparse gap with the same budget
     learned = [o for o in done if o.fit and o.run.info["gap"] == sparse and o.run.info["model"] != "transformer"]
-    verdict = ("did not fit" if not dense_ok else "inconclusive" if drop and not learned
+    searching = not tr[dense] and plan.settings.get("study", {}).get("pending")   # train=False, search not finished
+    verdict = ("inconclusive" if searching else "did not fit" if not dense_ok else "inconclusive" if drop and not learned
                else "reproduces" if drop else "does not reproduce")
     claims.append(Claim(SEED_004, "Transformers need dense state supervision to learn state tracking. As the gap "
                         "between print statements (reveals) widens, the Transformer's performance drops sharply.",
@@ -268,15 +278,17 @@ def judge(done, plan: Plan):
     for model in MODELS:
         for seed in sorted({o.run.info["seed"] for o in done}):
             picked = [o for o in select(done, model=model, seed=seed) if o.measures]
-            if picked:
-                lines[f"{model} s{seed}"] = [_acc(o, length) for o in sorted(picked, key=lambda o: o.run.info["gap"])]
+            if picked:   # one value per gap, NaN (a break in the line) at a gap not trained yet
+                lines[f"{model} s{seed}"] = [next((_acc(o, length) for o in picked if o.run.info["gap"] == g),
+                                                  float("nan")) for g in gaps]
     sections = [Table(plan.settings["study"]["search"], heading=f"Transformer budget search at g = {min(gaps)} "
                       "(cheapest first; the first budget that fits trains the Transformer at every gap)")] \
         if plan.settings.get("study", {}).get("search") else []
     sections += [curves(lines, "reveal interval g (statements between prints)", "reveal accuracy",
-                       f"Reveal accuracy at {length} statements vs the reveal interval", x=gaps),
-                Table(table, heading=f"Reveal accuracy at {length} statements (status) per model and gap"),
+                       f"Reveal accuracy at {length} statements vs the reveal interval", x=gaps)] if lines else []
+    sections += [Table(table, heading=f"Reveal accuracy at {length} statements (status) per model and gap"),
                 Table([{"run": o.run.label, "status": o.status,
                         **{f"acc@{k}": v for k, v in sorted(o.measures["accuracy"].items(), key=lambda kv: int(kv[0]))}}
-                       for o in done if o.measures], heading="Reveal accuracy by trace length (2x, 4x: extrapolation)")]
+                       for o in done if o.measures] or [{"note": "no run trained yet"}],
+                       heading="Reveal accuracy by trace length (2x, 4x: extrapolation)")]
     return claims, sections

@@ -3,7 +3,9 @@ N*_n (the fewest training sequences of length n from which some lr x seed reache
 below a threshold) per length and N*_joint for all lengths mixed, kappa = sum_n N*_n / N*_joint,
 and the joint model's accuracy beyond the longest length. This reproduction has no fixed list of
 runs: the N* search (interp.analysis.sample_efficiency) decides them, run as a resumable sweep
-(interp.sweep, local processes) under OUT/sweep.
+(interp.sweep, local processes) under OUT/sweep. Finished trials are committed as table rows under
+results/reproduce/sample-efficiency-<scale>/ (`commit`; interp.reproduce.committed_sweeps) and seed
+every later run's sweeps, so a search spread over sessions trains each trial once.
 
 Scales with a Transformer budget search ("quick", "medium"): the Transformer's depth, width, lr, warmup
 and steps are not fixed but the cheapest budget of an explicit grid (interp.reproduce.budget) whose
@@ -18,13 +20,16 @@ import math
 from pathlib import Path
 
 from interp.analysis import sample_efficiency as se
-from interp.reproduce import budget
+from interp.reproduce import budget, committed_sweeps
 from interp.reproduce.engine import Claim, Outcome, Plan, Run, size
+from interp.reproduce.results import results_dir
 from interp.report import sample_efficiency as figures
 from interp.report.html import Table
 from interp.sweep.executors import make_executor
-from interp.sweep.run import run_spec
+from interp.sweep.jobs import Outcome as JobOutcome
+from interp.sweep.run import TrialsFailed, run_spec
 from interp.sweep.spec import load_spec
+from interp.sweep.table import ResultTable, trial_id
 
 NAME = "sample-efficiency"
 TITLE = "Sample efficiency: N* per length and the sharing coefficient kappa"
@@ -130,14 +135,25 @@ def budget_trial(s: dict, run: Run) -> dict:
     return {**condition, "n": n, "lr": run.train["lr"], "seed": s["seeds"][0]}
 
 
-def transformer_budget(out: Path, plan: Plan, log) -> dict:
-    """budget.search over the scale's Transformer budgets, one finite-data trial each under out/budget/<label>."""
+def transformer_budget(out: Path, plan: Plan, log, train: bool = True) -> dict:
+    """budget.search over the scale's Transformer budgets, one finite-data trial each under out/budget/<label>,
+    its row kept in the table out/budget/results.jsonl (seeded from the committed one); train=False: a
+    budget whose trial is in neither table stops the search there ("not trained yet")."""
     s = SCALE[plan.scale]
     base = Run("transformer", "transformer", s["tasks"][0], {"format": s["budget_format"]}, {},
                {"train_length": s["max_length"]}, {"model": "transformer"})
+    table = ResultTable(out / "budget")
+    committed_sweeps.seed_table(results_dir(NAME, plan.scale) / "budget", out / "budget")
 
-    def obtain(run: Run) -> Outcome:
-        row = se.train_trial(budget_trial(s, run), out / "budget" / run.label)
+    def obtain(run: Run) -> Outcome | None:
+        params = budget_trial(s, run)
+        row = table.rows().get(trial_id(params))
+        if row is None and not train:
+            return None
+        if row is None:
+            row = {**se.train_trial(params, out / "budget" / run.label), "trial_id": trial_id(params),
+                   "run_dir": run.label, "attempts": 1}
+            table.append(row)
         return Outcome(run, "fit" if row["converged"] else "did not fit", out / "budget" / run.label, run.train["lr"],
                        s["max_length"], row["val_accuracy"], [], row["seconds"], row["steps_run"])
 
@@ -146,30 +162,68 @@ def transformer_budget(out: Path, plan: Plan, log) -> dict:
     return {"chosen": chosen, "search": found["rows"]}
 
 
-def _sweep(spec_data: dict, out: Path, workers: int, progress: bool):
-    executor = make_executor("local", workers)
+class CommittedOnly:
+    """An executor that trains nothing (reproduce(train=False)): every trial the table lacks fails as not
+    trained, so an N* search whose rounds are not all in the table stops with TrialsFailed."""
+
+    def run(self, fn, jobs, on_done) -> None:
+        for job in jobs:
+            on_done(JobOutcome(job, None, "not trained yet (train=False)"))
+
+    def close(self) -> None:
+        pass
+
+
+def _sweep(spec_data: dict, out: Path, workers: int, progress: bool, train: bool = True):
+    executor = make_executor("local", workers) if train else CommittedOnly()
     try:
         return run_spec(load_spec(spec_data), executor, out, progress=progress)
     finally:
         executor.close()
 
 
-def study(out, plan: Plan, device: str, progress: bool, log) -> dict:
+SWEEPS = ("sweep", "sweep-transformer")   # out/<name>: the RNNs' N* sweep, the Transformer's at its budget
+
+
+def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True) -> dict:
     """Run (or resume) the N* sweep under out/sweep (and, with a Transformer budget search, the search under
     out/budget and the Transformer's sweep at the chosen budget under out/sweep-transformer); its rows, N*s
-    and kappas as JSON-able data."""
-    out, workers = Path(out), plan.settings["workers"]
-    outcomes = [_sweep(plan.settings["spec"], out / "sweep", workers, progress)] if plan.settings["spec"] else []
+    and kappas as JSON-able data. Each sweep directory is first seeded with the trials committed under
+    results/reproduce/sample-efficiency-<scale>/ (`commit`). train=False: only committed and finished
+    trials; a search they do not complete is listed under "pending"."""
+    out, workers, kept = Path(out), plan.settings["workers"], results_dir(NAME, plan.scale)
+    outcomes, pending = [], []
+
+    def sweep(data: dict, name: str) -> None:
+        committed_sweeps.seed_table(kept / name, out / name)
+        try:
+            outcomes.append(_sweep(data, out / name, workers, progress, train))
+        except TrialsFailed as error:
+            if train:
+                raise
+            pending.append(f"the N* sweep {name} ({len(error.failures)} trials of its next round not trained)")
+
+    if plan.settings["spec"]:
+        sweep(plan.settings["spec"], SWEEPS[0])
     found = None
     if plan.settings.get("budget"):
-        found = transformer_budget(out, plan, log)
+        found = transformer_budget(out, plan, log, train)
         if found["chosen"] is not None:
-            data = spec(SCALE[plan.scale], plan.scale, ["transformer"], found["chosen"])
-            outcomes.append(_sweep(data, out / "sweep-transformer", workers, progress))
+            sweep(spec(SCALE[plan.scale], plan.scale, ["transformer"], found["chosen"]), SWEEPS[1])
+        elif any(r["status"] == budget.NOT_TRAINED for r in found["search"]):
+            pending.append("the Transformer's budget search (a budget not trained yet)")
     rows = [r for o in outcomes for r in o.rows]
-    log(f"{NAME}: {len(rows)} trials, {sum(r['converged'] for r in rows)} converged")
+    log(f"{NAME}: {len(rows)} trials, {sum(r['converged'] for r in rows)} converged"
+        + (f"; pending: {'; '.join(pending)}" if pending else ""))
     return {"n_star": [r.row() for o in outcomes for r in o.n_star], "kappa": [k for o in outcomes for k in o.kappa],
-            "trials": len(rows), **({"budget": found} if found else {})}
+            "trials": len(rows), "pending": pending, **({"budget": found} if found else {})}
+
+
+def commit(out: str | Path, scale: str, results: str | Path | None = None) -> dict[str, int]:
+    """Merge the finished trials under out (budget, sweep, sweep-transformer) into the committed tables
+    (default results/reproduce/sample-efficiency-<scale>/); {table: rows added}."""
+    target = Path(results) if results is not None else results_dir(NAME, scale)
+    return {name: committed_sweeps.commit_table(Path(out) / name, target / name) for name in ("budget", *SWEEPS)}
 
 
 def measure(outcome, plan: Plan) -> dict:   # no fixed runs: the study measures
@@ -206,8 +260,8 @@ def judge(done, plan: Plan):
         judged = [ok(r["kappa"]) for r in known(rows)]
         judged += [bound_decides(bound(r)) == "ok" for r in rows if r not in known(rows) and bound(r) is not None
                    and bound_decides(bound(r)) is not None]
-        if not judged:
-            return "did not fit"   # some N* never converged within the search's bound
+        if not judged:   # some N* never converged within the search's bound, or (train=False) was not searched yet
+            return "inconclusive" if plan.settings["study"].get("pending") else "did not fit"
         settled_all = len(judged) == len(rows)
         return ("reproduces" if all(judged) and settled_all else "partly reproduces" if any(judged)
                 else "does not reproduce")
@@ -218,10 +272,12 @@ def judge(done, plan: Plan):
     searched = plan.settings["study"].get("budget")
     note = ""
     if searched:
-        tried = [r for r in searched["search"] if r["status"] != budget.NOT_TRIED]
+        tried = [r for r in searched["search"] if r["status"] not in (budget.NOT_TRIED, budget.NOT_TRAINED)]
         note = (f"; Transformer budget search ({len(tried)} of {len(searched['search'])} budgets tried, cheapest first): "
                 + ", ".join(f"{r['budget']} {r['status']} (val acc {_show(r['in-dist acc'])})" for r in tried)
-                + (f"; chosen: {budget.budget_label(searched['chosen'])}" if searched["chosen"] else "; none fit"))
+                + (f"; chosen: {budget.budget_label(searched['chosen'])}" if searched["chosen"] else
+                   "; stopped at a budget not trained yet" if any(r["status"] == budget.NOT_TRAINED
+                                                                  for r in searched["search"]) else "; none fit"))
     claims = [Claim(SEED_002, "Transformers show a low sharing coefficient (kappa ~ 1 or kappa < 1) in every task format, "
                     "meaning they learn length-specific solutions in isolation.",
                     "트랜스포머는 모든 작업 형식에서 낮은 공유 계수(κ ≈ 1 또는 κ < 1)를 보입니다. 이는 이들이 길이 특화된 "
