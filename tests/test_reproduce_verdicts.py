@@ -84,6 +84,21 @@ def test_error_control():
     assert corr[0]["affine S3 runs fit"] == 10 and corr[0]["of those falling off (mp < longest)"] == 8
 
 
+def test_error_control_correlation_needs_eight_runs_across_models():
+    """r = 1 over too few runs, or over one model's seeds, is not a verdict on a correlation across models."""
+    module = claim_module("error-control")
+    plan, done = outcomes("error-control", lambda run: "fit", ec_measures)
+    falling = [o for o in done if o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
+    assert len(falling) >= module.MIN_RUNS
+    for subset, verdict in ((falling, "reproduces"), (falling[:module.MIN_RUNS - 1], "inconclusive"),
+                            ([o for o in falling if o.run.info["model"] == falling[0].run.info["model"]] * 4,
+                             "inconclusive")):
+        _, corr = module.correlation_rows(subset, ["time/calibrated"], 1000)
+        claim = module.correlation_claim(corr)
+        assert claim.verdict == verdict, (len(subset), claim.measured)
+        assert f"a verdict needs >= {module.MIN_RUNS} runs placed across >= 2 affine models" in claim.measured
+
+
 def sc_measures(run, status):
     token = 0.99 if run.info["model"] in ("mamba", "attention") else 0.4
     return {"32": {"token": token, "sequence": token ** 4}, "64": {"token": token, "sequence": token ** 4}}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from interp.report import evaluation as figures
-from interp.training.evaluate import LengthEval, evaluate_lengths, max_passing_length, score
+from interp.training.evaluate import LengthEval, evaluate_lengths, max_passing_length, refine_mp, score
 from interp.report.html import Table, Text, render_report, write_report
 from interp.tasks import make_task
 from interp.tasks.base import Batch
@@ -79,6 +79,28 @@ def test_evaluate_lengths_with_oracles():
     assert curve.shape == (200,) and (curve[:100] == 1).all() and (curve[100:] == 0).all()
     as_dict = broken.to_dict()
     assert as_dict["mp"] == 100 and as_dict["final_accuracy"]["101"] == 0.0
+
+
+@pytest.mark.parametrize("breaks_at", [201, 217, 249])
+def test_refine_mp_finds_the_break_between_grid_lengths(breaks_at):
+    """An oracle right up to `breaks_at` tokens: the grid says mp 200; the refinement brackets the break
+    to 2% (4 tokens) from below, evaluating only lengths inside (200, 250)."""
+    task = make_task("C2", format="acot")
+    oracle = ParityOracle(breaks_at=breaks_at)
+    grid = evaluate_lengths(oracle, task, [60, 100, 200, 250, 500], n=16).final_accuracy
+    assert max_passing_length(grid) == 200
+    mp, added = refine_mp(oracle, task, grid, resolution=0.02, n=16)
+    assert mp <= breaks_at and breaks_at - mp <= int(0.02 * mp)
+    assert added and all(200 < t < 250 for t in added) and added.get(mp, 1.0) == 1.0
+    assert all((acc == 1.0) == (t <= breaks_at) for t, acc in added.items())
+
+
+def test_refine_mp_keeps_a_missing_or_longest_mp_and_checks_resolution():
+    task = make_task("C2", format="acot")
+    assert refine_mp(ParityOracle(), task, {60: 1.0, 100: 1.0}) == (100, {})
+    assert refine_mp(ParityOracle(), task, {60: 0.5, 100: 0.2}) == (None, {})
+    with pytest.raises(ValueError, match="resolution must be in"):
+        refine_mp(ParityOracle(), task, {60: 1.0}, resolution=0)
 
 
 def test_evaluation_is_deterministic_and_chunking_does_not_matter():

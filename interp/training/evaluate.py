@@ -2,6 +2,7 @@
 
     evaluate_lengths(model, task, lengths, n=256, seed=0) -> LengthEval
     max_passing_length({length: accuracy}, threshold=0.9) -> mp
+    refine_mp(model, task, {length: accuracy}, resolution=0.02) -> (mp, {length: accuracy} added)
 
 Final-state accuracy at length T: the fraction of examples whose prediction at the *last* loss
 position (the final state s_T for word problems in every format) equals the target.
@@ -141,3 +142,29 @@ def evaluate_lengths(model: torch.nn.Module, task: Task, lengths: Iterable[int],
     finally:
         model.train(was_training)
     return LengthEval(final, per_position, n=n, threshold=threshold, seed=seed)
+
+
+def refine_mp(model: torch.nn.Module, task: Task, accuracies: Mapping[int, float], resolution: float = 0.02,
+              n: int = 256, seed: int = 0, threshold: float = 0.9, device: str | torch.device | None = None
+              ) -> tuple[int | None, dict[int, float]]:
+    """mp on a grid of lengths refined between the grid's mp and the next evaluated length above it (which
+    fails, by mp's definition): bisection on the final-state accuracy at `n` fresh examples per length
+    until the bracket is at most max(1, resolution x mp) tokens wide. Returns the refined mp (still the
+    largest evaluated length that passes, the bracket's lower end) and the accuracies evaluated on the way.
+    Accuracy is assumed to fall monotonically inside the bracket; the grid's mp is kept where it is None
+    or the longest length. A coarse grid turns mp into a few discrete values (r over runs that share
+    them is an artefact); this makes the mp of each run a number with a stated resolution."""
+    if not 0.0 < resolution < 1.0:
+        raise ValueError(f"resolution must be in (0, 1); got {resolution!r}")
+    mp = max_passing_length(accuracies, threshold)
+    above = sorted(int(t) for t in accuracies if mp is not None and int(t) > mp)
+    added: dict[int, float] = {}
+    if mp is None or not above:
+        return mp, added
+    low, high = mp, above[0]
+    while high - low > max(1, int(resolution * low)):
+        middle = (low + high) // 2
+        added[middle] = evaluate_lengths(model, task, [middle], n=n, seed=seed, threshold=threshold,
+                                         device=device).final_accuracy[middle]
+        low, high = (middle, high) if added[middle] >= threshold else (low, middle)
+    return low, added
