@@ -202,3 +202,17 @@ def test_a_single_valued_log_axis_is_drawn_half_a_decade_each_way():
     fig = fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": 47.0} for mp in (100, 200)])
     lo, hi = fig.layout.yaxis.range
     assert hi - lo == pytest.approx(1.0) and lo < np.log10(47.0) < hi and fig.layout.xaxis.range is None
+
+
+def test_log_axes_label_every_tick_with_its_whole_number():
+    """plotly.js labels the minor ticks of a short log axis with one digit ("3" above "2" above "10" on the
+    error-control report's Tcross axis, seen in Chromium); the ticks are now 1-2-5 values written out,
+    each inside the data's range padded by 1.5x, with the extremes added where fewer than 3 fall there."""
+    from interp.report.style import log_ticks
+
+    fig = fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": tc} for mp, tc in ((125, 2.0), (259, 27.0), (296, 19.0))])
+    assert list(fig.layout.yaxis.tickvals) == [2, 5, 10, 20] and list(fig.layout.yaxis.ticktext) == ["2", "5", "10", "20"]
+    assert list(fig.layout.xaxis.ticktext) == ["100", "125", "200", "296"]
+    assert log_ticks([float("nan"), 0.0, float("inf")]) == {}
+    ticks = log_ticks([0.03, 700.0])["tickvals"]
+    assert ticks[0] == pytest.approx(0.02) and ticks[-1] == 1000 and all(0.0199 <= t <= 1050 for t in ticks)

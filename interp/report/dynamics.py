@@ -27,7 +27,7 @@ from interp.analysis import dynamics
 from interp.analysis.error_control import DEFINITIONS, FIT_STREAM, recurrent_layer
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text, write_report
-from interp.report.style import check_mapping, palette_color
+from interp.report.style import check_mapping, log_ticks, palette_color
 from interp.training.evaluate import stream_seed
 from probes.readability import Calibration
 from probes.subspace import DriftResult, Tcross
@@ -120,8 +120,8 @@ def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
     if not fig.data:
         fig.add_annotation(text="no run has both an mp and a finite Tcross: nothing to place",
                            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font={"size": 14})
-    fig.update_xaxes(type="log", title="mp (max-passing length)", **_single_value_range(mp))
-    fig.update_yaxes(type="log", title="Tcross (steps)", **_single_value_range(tc))
+    fig.update_xaxes(type="log", title="mp (max-passing length)", **_single_value_range(mp), **log_ticks(mp))
+    fig.update_yaxes(type="log", title="Tcross (steps)", **_single_value_range(tc), **log_ticks(tc))
     suffix = f"Pearson r (log-log) = {r:.2f} over {count} runs" if np.isfinite(r) else f"r undefined ({count} runs)"
     if left_out:
         suffix += f"; {left_out} left out (no mp or infinite Tcross)"

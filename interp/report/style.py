@@ -1,9 +1,12 @@
-"""What every figure builder shares: the colour cycle and the check of a {name: value} argument."""
+"""What every figure builder shares: the colour cycle, the check of a {name: value} argument and
+readable log-axis ticks."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
+import numpy as np
 from plotly.colors import qualitative
 
 
@@ -17,3 +20,21 @@ def check_mapping(name: str, value) -> None:
     """`value` must be a non-empty mapping (e.g. model name -> result); ValueError naming `name` otherwise."""
     if not isinstance(value, Mapping) or not value:
         raise ValueError(f"{name} must be a non-empty mapping of name -> value; got {value!r}")
+
+
+def log_ticks(values) -> dict:
+    """Ticks for a log axis over the finite positive `values`: 1, 2, 5 x 10^k within a factor 1.5 of
+    their range, written as plain numbers (plotly.js labels the minor ticks of a short log axis with one
+    digit, "2" for 20 or 200, which reads as a broken axis), plus the smallest and largest value where
+    fewer than 3 such ticks fall there; {} (plotly's own) when there is no such value."""
+    placed = np.asarray(values, dtype=float)
+    placed = placed[np.isfinite(placed) & (placed > 0)]
+    if not placed.size:
+        return {}
+    low, high = float(placed.min()), float(placed.max())
+    exponents = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 2)
+    ticks = [m * 10.0 ** k for k in exponents for m in (1, 2, 5) if low / 1.5 <= m * 10.0 ** k <= high * 1.5]
+    if len(ticks) < 3:
+        ticks = sorted(set(ticks) | {float(f"{low:.3g}"), float(f"{high:.3g}")})
+    return {"tickmode": "array", "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}
+

@@ -211,10 +211,21 @@ def judge(done, plan: Plan):
     return claims, sections(done, rows, corr, theorem, holds, st)
 
 
+def readable_in_distribution(measures: dict, definition: str) -> bool | None:
+    """The premise of a crossing: at the training length, where the run is right, q is still below tau
+    (a state past the read-out's threshold there would be misread, and is not). "excess" q is 0 there by
+    construction; None where q or tau is unknown."""
+    drift, threshold = definition.split("/")
+    q = 0.0 if drift == "excess" else measures.get({"pooled": "q_train", "time": "q_time_train"}.get(drift, ""))
+    tau = measures.get("tau") if threshold == "fixed" else measures.get("tau_calibrated")
+    return None if q is None or tau is None else bool(q < tau)
+
+
 def correlation_rows(done, definitions, longest):
     """Per affine S3 run that fits and then falls off (mp < the longest length: a run that passes every
-    length has no failure point, only a bound) and definition: mp and Tcross; and the log-log Pearson
-    r per definition."""
+    length has no failure point, only a bound) and definition: mp, Tcross and whether the premise
+    `readable_in_distribution` holds; per definition the log-log Pearson r over the runs placed, and
+    over those whose premise holds."""
     fits = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
     affine = [o for o in fits if (o.measures.get("mp") or 0) < longest]
     rows, corr = {}, []
@@ -224,14 +235,20 @@ def correlation_rows(done, definitions, longest):
             t = o.measures.get("crossings", {}).get(definition)
             if t is not None:
                 pts.append({"model": o.run.info["model"], "seed": o.run.info["seed"], "mp": o.measures.get("mp"),
-                            "tcross": t["value"], "tcross_estimated": t["estimated"]})
+                            "tcross": t["value"], "tcross_estimated": t["estimated"],
+                            "readable": readable_in_distribution(o.measures, definition)})
         mp, tc = [_value(p["mp"]) for p in pts], [_value(p["tcross"]) for p in pts]
         r, n = fd.loglog_pearson(mp, tc) if pts else (math.nan, 0)
-        rows[definition] = pts
+        held = [p for p in pts if p["readable"]]
+        r_held, n_held = fd.loglog_pearson([_value(p["mp"]) for p in held], [_value(p["tcross"]) for p in held]) \
+            if held else (math.nan, 0)
         placed = {p["model"] for p in pts if math.isfinite(_value(p["mp"])) and 0 < _value(p["tcross"]) < math.inf}
+        rows[definition] = pts
         corr.append({"definition": definition, "pearson_r_loglog": r, "runs placed": n, "models placed": len(placed),
                      "r 95% bootstrap interval": bootstrap_interval(mp, tc), "affine S3 runs fit": len(fits),
-                     "of those falling off (mp < longest)": len(affine)})
+                     "of those falling off (mp < longest)": len(affine),
+                     "q < tau at the training length (premise)": f"{len(held)} of {len(pts)}",
+                     "r over those": r_held, "placed of those": n_held})
     return rows, corr
 
 
@@ -259,11 +276,16 @@ def correlation_claim(corr) -> Claim:
                 + f". Verdict read on {headline}" + ("" if headline in PAPER_DRIFT else
                                                      " (the paper's time-indexed / calibrated definitions are not in "
                                                      "interp.analysis.error_control at this revision)"))
-    runs, kinds = by.get(headline, {}).get("runs placed", 0), by.get(headline, {}).get("models placed", 0)
+    row = by.get(headline, {})
+    runs, kinds, held = row.get("runs placed", 0), row.get("models placed", 0), row.get("placed of those", 0)
     measured += (f"; a verdict needs >= {MIN_RUNS} runs placed across >= 2 affine models (the seed's correlation is "
-                 f"across models; issue 26's bar), {headline} has {runs} across {kinds}")
-    verdict = ("inconclusive" if not np.isfinite(r) or runs < MIN_RUNS or kinds < 2 else "reproduces" if r >= 0.7
-               else "partly reproduces" if r >= 0.4 else "does not reproduce")
+                 f"across models; issue 26's bar), {headline} has {runs} across {kinds}; in "
+                 f"{row.get('q < tau at the training length (premise)', '0 of 0')} of them q at the training length is "
+                 f"below tau (where the run is right, so a crossing can mean a misread)"
+                 + (f", r over those = {row['r over those']:.2f}" if held >= 3 else ""))
+    verdict = ("inconclusive" if not np.isfinite(r) or runs < MIN_RUNS or kinds < 2
+               else "premise fails" if held < MIN_RUNS else "reproduces" if row["r over those"] >= 0.7
+               else "partly reproduces" if row["r over those"] >= 0.4 else "does not reproduce")
     return Claim(SEED_000, "In particular on S3, the correlation between the time Tcross at which the affine models' "
                  "distinguishability q(t) crosses the threshold 0.5 and the point mp at which the model's predictions "
                  "start to fail was as high as 0.87.", "특히 S3 태스크에서 Affine 모델들의 판별 가능성 지표 q(t)가 임계값인 "
@@ -276,10 +298,15 @@ def sections(done, rows, corr, theorem, holds, st):
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
                 "in-distribution level; 'time' (where present) uses the centroids of step t relative to the initial "
                 "separation, and 'calibrated' the read-out's own threshold (interp.analysis.error_control).",
-                heading="Tcross definitions"), Table(corr, heading="Tcross vs mp: log-log Pearson r per definition")]
+                heading="Tcross definitions"),
+           Table(corr, heading="Tcross vs mp: log-log Pearson r per definition (runs placed: finite mp and Tcross; "
+                 "premise: q at the training length below tau, where the run is right; r over those: the runs placed "
+                 "of the premise-holding ones)")]
     for definition, pts in rows.items():
         if pts:
-            out.append(fd.tcross_vs_mp(pts, title=f"Tcross ({definition}) vs mp, affine S3 runs that fit and fall off"))
+            held = sum(bool(p["readable"]) for p in pts)
+            out.append(fd.tcross_vs_mp(pts, title=f"Tcross ({definition}) vs mp, affine S3 runs that fit and fall off<br>"
+                                       f"(q < tau at the training length in {held} of {len(pts)})"))
     table = []
     for o in done:
         m = o.measures
@@ -289,7 +316,8 @@ def sections(done, rows, corr, theorem, holds, st):
                                   "fits, then falls off"), "mp": m.get("mp"),
                       **{f"Tcross {d}": (m.get("crossings", {}).get(d) or {}).get("value") for d in st["definitions"]
                          if d in ("pooled/fixed",) + PAPER_DRIFT},
-                      "q_train": m.get("q_train"), "contraction_mean": m.get("contraction_mean")})
+                      "q_train": m.get("q_train"), "q_time_train": m.get("q_time_train"),
+                      "tau_calibrated": m.get("tau_calibrated"), "contraction_mean": m.get("contraction_mean")})
     out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off"))
     out.append(Table([{k: v for k, v in r.items()} for r in holds] or [{"note": "no fitted affine run meets the premise"}],
                      heading=f"Theorem 1 where its premise holds (premise error / M < {PREMISE_TOL})"))
