@@ -51,7 +51,8 @@ def ec_measures(run, status):
     if status == "fit":
         out |= {"crossings": {"pooled/fixed": {"value": 1.0, "estimated": False},
                               "time/calibrated": {"value": 2.0 * mp, "estimated": True}},
-                "q_train": 0.8, "q_time_train": 0.3, "tau": 0.5, "tau_calibrated": 0.45, "contraction_mean": 0.7 if info["kind"] == "state-dependent" else 1.0}
+                "q_train": 0.8, "q_time_train": 0.3, "tau": 0.5, "tau_calibrated": 0.45,
+                "centroid_readout": {"nearest_centroid_accuracy": 1.0}, "contraction_mean": 0.7 if info["kind"] == "state-dependent" else 1.0}
         if info["kind"] != "state-dependent":
             premise = 0.05 if info["model"] == "mamba" else 3.0
             out["theorem1"] = {"word_length": 4, "deviation": 0.01, "premise_max_over_M": premise, "rank_U": 5,
@@ -112,11 +113,15 @@ def test_error_control_correlation_premise_q_below_tau_in_distribution():
     _, corr = module.correlation_rows(done, ["time/calibrated", "excess/fixed", "pooled/fixed"], 1000)
     by = {c["definition"]: c for c in corr}
     placed = by["time/calibrated"]["runs placed"]
-    assert placed >= module.MIN_RUNS and by["time/calibrated"]["q < tau at the training length (premise)"] == f"0 of {placed}"
-    assert by["pooled/fixed"]["q < tau at the training length (premise)"].startswith("0 of")     # q_train 0.8 > 0.5
+    assert placed >= module.MIN_RUNS and by["time/calibrated"]["premise holds"] == f"0 of {placed}"
+    assert by["pooled/fixed"]["premise holds"].startswith("0 of")     # q_train 0.8 > 0.5
     assert by["excess/fixed"]["placed of those"] == 0   # no excess crossing in these measures: nothing placed
     claim = module.correlation_claim(corr)
     assert claim.verdict == "premise fails" and "in 0 of" in claim.measured
+    # a run whose class is not in U's centroid geometry (nearest-centroid near chance) fails the premise even for
+    # the excess definition, whose q is 0 in distribution by construction
+    unread = {"centroid_readout": {"nearest_centroid_accuracy": 0.22}, "tau": 0.5}
+    assert module.readable_in_distribution(unread, "excess/fixed") is False
     assert module.readable_in_distribution({"q_train": 0.2, "tau": 0.5}, "pooled/fixed") is True
     assert module.readable_in_distribution({"tau": 0.5}, "excess/fixed") is True
     assert module.readable_in_distribution({"q_time_train": 0.2}, "time/calibrated") is None

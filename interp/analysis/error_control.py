@@ -22,6 +22,10 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
     contraction  the largest singular value of Q^T J_t Q along `n_jac` in-distribution sequences
                (interp.analysis.dynamics; only when the site is a recurrent mixer's hook_state);
     accuracy   final-state accuracy at each length and mp (interp.training.evaluate).
+    centroid_readout(...), fisher_drift(...)  (called apart) whether the class is read from U by nearest
+               centroid at the training length and how anisotropic the within-class spread is there; the
+               Fisher separation F(t) over the horizon (probes.fisher: a drift that counts only the spread
+               that confuses classes).
 
 Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `tau` pick the headline
 `tcross`): DRIFT is
@@ -51,6 +55,7 @@ import torch
 
 from interp.analysis import dynamics
 from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
+from probes.fisher import fisher_curve, separation
 from probes.readability import DIRECTIONS, Calibration, readability_threshold
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
@@ -327,6 +332,34 @@ def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: 
             coords[s].append(subspace.coords(states[:, s - 1]))
     snapshots = {s: (np.concatenate(coords[s]), batch.states[:, s - 1].numpy().copy()) for s in steps}
     return pooled.result(), timed.result(), snapshots
+
+
+@torch.no_grad()
+def centroid_readout(model, task, subspace: Subspace, length: int, site: str, n: int, data_seed: int,
+                     chunk: int = 32, normalize: bool = False) -> dict[str, float]:
+    """Whether U carries the state the way the drift ratio assumes, at step `length` of n fresh in-distribution
+    sequences (where a fitted run is right): "nearest_centroid_accuracy" (each state on U read as the class of
+    the nearest step-`length` centroid; chance is 1 / classes: the class is then not in U's centroid geometry),
+    "spread_over_separation" (mean distance to the own centroid / smallest centroid distance: the isotropic
+    view q takes) and "fisher_separation" (the smallest centroid distance in within-class-whitened U
+    coordinates, pooled covariance: where it is large while the isotropic ratio is too, the spread lies
+    along directions that do not separate classes and q overstates the confusion)."""
+    batch = task.sample(n, length, data_seed)
+    coords = np.concatenate([subspace.coords(site_states(model, batch.tokens[i:i + chunk], site, normalize)[:, -1])
+                             for i in range(0, n, chunk)])                                            # [n, k]
+    return separation(coords, batch.states[:, length - 1].numpy())
+
+
+@torch.no_grad()
+def fisher_drift(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
+                 chunk: int = 32, normalize: bool = False) -> np.ndarray:
+    """F(t) [horizon] of n fresh sequences (probes.fisher.fisher_curve: the smallest centroid distance on U
+    in within-class-whitened coordinates, time-indexed centroids); pass the drift stream's seed to read the
+    same sequences as q(t)."""
+    batch = task.sample(n, horizon, data_seed)
+    coords = np.concatenate([subspace.coords(site_states(model, batch.tokens[i:i + chunk], site, normalize))
+                             for i in range(0, n, chunk)])                                            # [n, T, k]
+    return fisher_curve(coords, batch.states.numpy())
 
 
 @torch.no_grad()

@@ -18,7 +18,8 @@ from interp.reproduce.engine import Claim, Plan, Run, fitted, size, unfit_note
 from interp.report import dynamics as fd
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text
-from interp.training.evaluate import evaluate_lengths, refine_mp
+from interp.training.evaluate import evaluate_lengths, refine_mp, stream_seed
+from probes.fisher import FISHER_LEVEL, fisher_tcross
 
 NAME = "error-control"
 TITLE = "Error control: state-dependent vs affine recurrences, Tcross vs mp"
@@ -99,7 +100,7 @@ def plan(scale: str) -> Plan:
                           "our choice (CPU budget: tanh RNN fits C2 at step 80 of 1500); the paper profile trains "
                           "every step"))
     settings = {"lengths": s["lengths"], "n": s["n"], "train_length": s["train_length"],
-                "definitions": definitions_available(), **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
+                "definitions": definitions_available() + [FISHER], "centroid_readout": READOUT, **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
     return Plan(scale, runs, sizes, settings=settings, early_stop=early)
 
 
@@ -123,6 +124,12 @@ def measure(outcome, plan: Plan) -> dict:
     summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
     crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
     out = {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}}
+    curve = ec.fisher_drift(outcome.model, outcome.task, a.subspace, st["lengths"][-1], a.site, st["n"]["n_drift"],
+                            stream_seed(outcome.run.info["seed"], ec.DRIFT_STREAM, 0))
+    out["crossings"][FISHER] = _tc(fisher_tcross(curve))
+    out["fisher_train"] = float(curve[st["train_length"] - 1])
+    out["centroid_readout"] = ec.centroid_readout(outcome.model, outcome.task, a.subspace, st["train_length"], a.site,
+                                                  st["n"]["n_fit"], stream_seed(outcome.run.info["seed"], ec.FIT_STREAM, 5))
     if st.get("mp_resolution") and out.get("mp") is not None:
         refined, added = refine_mp(outcome.model, outcome.task, a.evaluation.final_accuracy, st["mp_resolution"],
                                    n=st["n"]["n_eval"], seed=outcome.run.info["seed"] + 1)
@@ -211,14 +218,25 @@ def judge(done, plan: Plan):
     return claims, sections(done, rows, corr, theorem, holds, st)
 
 
+READOUT = 0.9   # nearest-centroid accuracy on U at the training length the drift ratio presupposes
+FISHER = "fisher/fixed"   # our own definition (probes.fisher): F(t) below FISHER_LEVEL; reported beside the paper's
+
+
 def readable_in_distribution(measures: dict, definition: str) -> bool | None:
-    """The premise of a crossing: at the training length, where the run is right, q is still below tau
-    (a state past the read-out's threshold there would be misread, and is not). "excess" q is 0 there by
-    construction; None where q or tau is unknown."""
+    """The premise of a crossing: at the training length, where the run is right, the class is read from
+    U by nearest centroid (accuracy >= READOUT, where measured) and q is still below tau (a state past the
+    read-out's threshold there would be misread, and is not). "excess" q is 0 there by construction;
+    None where q or tau is unknown."""
     drift, threshold = definition.split("/")
-    q = 0.0 if drift == "excess" else measures.get({"pooled": "q_train", "time": "q_time_train"}.get(drift, ""))
-    tau = measures.get("tau") if threshold == "fixed" else measures.get("tau_calibrated")
-    return None if q is None or tau is None else bool(q < tau)
+    readout = (measures.get("centroid_readout") or {}).get("nearest_centroid_accuracy")
+    if drift == "fisher":   # F falls: the premise is F above its level where the run is right
+        q, tau = (None, None) if measures.get("fisher_train") is None else (FISHER_LEVEL, measures["fisher_train"])
+    else:
+        q = 0.0 if drift == "excess" else measures.get({"pooled": "q_train", "time": "q_time_train"}.get(drift, ""))
+        tau = measures.get("tau") if threshold == "fixed" else measures.get("tau_calibrated")
+    if q is None or tau is None:
+        return None
+    return bool(q < tau and (readout is None or readout >= READOUT))
 
 
 def correlation_rows(done, definitions, longest):
@@ -247,7 +265,7 @@ def correlation_rows(done, definitions, longest):
         corr.append({"definition": definition, "pearson_r_loglog": r, "runs placed": n, "models placed": len(placed),
                      "r 95% bootstrap interval": bootstrap_interval(mp, tc), "affine S3 runs fit": len(fits),
                      "of those falling off (mp < longest)": len(affine),
-                     "q < tau at the training length (premise)": f"{len(held)} of {len(pts)}",
+                     "premise holds": f"{len(held)} of {len(pts)}",
                      "r over those": r_held, "placed of those": n_held})
     return rows, corr
 
@@ -280,8 +298,9 @@ def correlation_claim(corr) -> Claim:
     runs, kinds, held = row.get("runs placed", 0), row.get("models placed", 0), row.get("placed of those", 0)
     measured += (f"; a verdict needs >= {MIN_RUNS} runs placed across >= 2 affine models (the seed's correlation is "
                  f"across models; issue 26's bar), {headline} has {runs} across {kinds}; in "
-                 f"{row.get('q < tau at the training length (premise)', '0 of 0')} of them q at the training length is "
-                 f"below tau (where the run is right, so a crossing can mean a misread)"
+                 f"{row.get('premise holds', '0 of 0')} of them the premise holds (at the "
+                 f"training length, where the run is right, U reads the class by nearest centroid and q is below tau, "
+                 f"so a crossing can mean a misread)"
                  + (f", r over those = {row['r over those']:.2f}" if held >= 3 else ""))
     verdict = ("inconclusive" if not np.isfinite(r) or runs < MIN_RUNS or kinds < 2
                else "premise fails" if held < MIN_RUNS else "reproduces" if row["r over those"] >= 0.7
@@ -297,16 +316,22 @@ def sections(done, rows, corr, theorem, holds, st):
     out = [Text("Drift definitions measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
                 "in-distribution level; 'time' (where present) uses the centroids of step t relative to the initial "
-                "separation, and 'calibrated' the read-out's own threshold (interp.analysis.error_control).",
+                "separation, and 'calibrated' the read-out's own threshold (interp.analysis.error_control). "
+                f"'{FISHER}' (our own, probes.fisher) is the first step at which the smallest distance between the "
+                f"class centroids of that step in within-class-whitened U falls below {FISHER_LEVEL:.3f}, where a "
+                "linear read-out of two Gaussian classes errs 10%: it counts only the spread that confuses classes, "
+                "where q also counts spread along directions that separate none.",
                 heading="Tcross definitions"),
            Table(corr, heading="Tcross vs mp: log-log Pearson r per definition (runs placed: finite mp and Tcross; "
-                 "premise: q at the training length below tau, where the run is right; r over those: the runs placed "
+                 "premise: at the training length, where the run is right, the class is read from U by nearest centroid "
+                 f"(>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: the runs placed "
                  "of the premise-holding ones)")]
     for definition, pts in rows.items():
         if pts:
             held = sum(bool(p["readable"]) for p in pts)
-            out.append(fd.tcross_vs_mp(pts, title=f"Tcross ({definition}) vs mp, affine S3 runs that fit and fall off<br>"
-                                       f"(q < tau at the training length in {held} of {len(pts)})"))
+            shown = [p | {"model": p["model"] + ("" if p["readable"] else " (premise fails)")} for p in pts]
+            out.append(fd.tcross_vs_mp(shown, title=f"Tcross ({definition}) vs mp, affine S3 runs that fit and fall off<br>"
+                                       f"(premise holds in {held} of {len(pts)})"))
     table = []
     for o in done:
         m = o.measures
@@ -315,10 +340,15 @@ def sections(done, rows, corr, theorem, holds, st):
                                   "fits, generalises" if (m.get("mp") or 0) >= st["lengths"][-1] else
                                   "fits, then falls off"), "mp": m.get("mp"),
                       **{f"Tcross {d}": (m.get("crossings", {}).get(d) or {}).get("value") for d in st["definitions"]
-                         if d in ("pooled/fixed",) + PAPER_DRIFT},
+                         if d in ("pooled/fixed", FISHER) + PAPER_DRIFT},
+                      "nearest-centroid acc on U @train": (m.get("centroid_readout") or {}).get("nearest_centroid_accuracy"),
+                      "Fisher separation @train": m.get("fisher_train"),
                       "q_train": m.get("q_train"), "q_time_train": m.get("q_time_train"),
                       "tau_calibrated": m.get("tau_calibrated"), "contraction_mean": m.get("contraction_mean")})
-    out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off"))
+    out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off (nearest-centroid acc on U @train: the class read "
+                     "from U by the nearest step-60 centroid, chance 1/6 on S3; Fisher separation: the smallest centroid "
+                     "distance in within-class-whitened U; q_train / q_time_train: pooled / time-indexed q at the "
+                     "training length)"))
     out.append(Table([{k: v for k, v in r.items()} for r in holds] or [{"note": "no fitted affine run meets the premise"}],
                      heading=f"Theorem 1 where its premise holds (premise error / M < {PREMISE_TOL})"))
     if len(theorem) > len(holds):

@@ -1,0 +1,91 @@
+"""Class separability on U in within-class-whitened coordinates: a drift definition that sees the
+spread the way a linear read-out does (our own; shared/SCIENCE.md defines q(t) with isotropic spread).
+
+    separation(coords [N, k], labels [N]) -> {"nearest_centroid_accuracy", "spread_over_separation",
+                                               "fisher_separation", "classes"}
+    fisher_curve(coords [N, T, k], labels [N, T]) -> F [T]
+    fisher_tcross(F, level=FISHER_LEVEL) -> Tcross     first step t with F(t) < level (inf when none)
+
+Definitions, on states projected on U (probes.subspace.Subspace.coords) with their classes:
+
+    c_g(t)   the mean of the states of class g at step t (time-indexed centroids)
+    W(t)     the pooled within-class covariance at step t: sum_g sum_{i in g} (x_i - c_g)(x_i - c_g)^T
+             / (N - classes present)
+    F(t)     min over class pairs g != g' present at t of sqrt((c_g - c_g')^T W(t)^+ (c_g - c_g')),
+             the smallest centroid distance in whitened coordinates (Mahalanobis)
+
+Why: the drift ratio q(t) = R(t) / M measures the spread isotropically. Where the within-class spread
+lies along directions that separate no classes, q exceeds 0.5 while every state is still read right
+(the medium error-control runs: the token-gated RNN at its training length has mean spread 0.48-0.78 of
+the smallest separation, yet a nearest-centroid read-out on U is exact and F is 6.6-9.9). F counts
+only the spread that confuses classes. For two Gaussian classes with a shared covariance the best
+linear read-out errs with probability Phi(-F / 2), so it reads 90% right (mp's threshold) while
+F > 2 Phi^-1(0.9) = FISHER_LEVEL; Tcross under this definition is the first step where F falls below
+it. Steps count tokens read: index i is step i + 1, as in probes.subspace.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+
+from probes.subspace import Tcross
+
+FISHER_LEVEL = 2.0 * NormalDist().inv_cdf(0.9)   # 2.563: a shared-covariance Gaussian pair is read 90% right above it
+
+
+def _check(coords: np.ndarray, labels: np.ndarray, time_axis: bool) -> tuple[np.ndarray, np.ndarray]:
+    coords, labels = np.asarray(coords, dtype=np.float64), np.asarray(labels)
+    want = 3 if time_axis else 2
+    if coords.ndim != want or labels.shape != coords.shape[:-1]:
+        raise ValueError(f"coords must be [N{', T' if time_axis else ''}, k] and labels {coords.shape[:-1]}; got "
+                         f"coords {coords.shape} and labels {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer) or (labels.size and labels.min() < 0):
+        raise ValueError(f"labels must be non-negative integer classes; got dtype {labels.dtype}")
+    return coords, labels
+
+
+def fisher_curve(coords, labels) -> np.ndarray:
+    """F(t) [T] from states on U [N, T, k] and their classes [N, T] (NaN at a step with fewer than two
+    classes present)."""
+    coords, labels = _check(coords, labels, time_axis=True)
+    n, steps, k = coords.shape
+    classes = int(labels.max()) + 1
+    onehot = np.eye(classes)[labels]                                    # [N, T, G]
+    counts = onehot.sum(0)                                              # [T, G]
+    means = np.einsum("ntg,ntk->tgk", onehot, coords) / np.maximum(counts, 1)[..., None]   # [T, G, k]
+    residual = coords - means[np.arange(steps)[None, :], labels]        # [N, T, k]
+    present = counts > 0                                                # [T, G]
+    dof = np.maximum(n - present.sum(1), 1)                             # [T]
+    whiten = np.linalg.pinv(np.einsum("ntk,ntl->tkl", residual, residual) / dof[:, None, None])   # [T, k, k]
+    diff = means[:, :, None] - means[:, None, :]                        # [T, G, G, k]
+    squared = np.einsum("tabk,tkl,tabl->tab", diff, whiten, diff)       # [T, G, G]
+    pairs = present[:, :, None] & present[:, None, :] & ~np.eye(classes, dtype=bool)[None]
+    squared = np.where(pairs, squared, np.inf).reshape(steps, -1).min(1)
+    return np.where(np.isfinite(squared), np.sqrt(np.maximum(squared, 0.0)), np.nan)
+
+
+def separation(coords, labels) -> dict[str, float]:
+    """At one step: nearest-centroid accuracy (each state read as the class of the nearest centroid of its
+    step; chance 1 / classes), the isotropic ratio mean distance to the own centroid / smallest centroid
+    distance (what q(t) sees) and F (fisher_curve's) of states on U [N, k] with classes [N]."""
+    coords, labels = _check(coords, labels, time_axis=False)
+    classes = np.unique(labels)
+    centroids = np.stack([coords[labels == g].mean(0) for g in classes])                  # [G, k]
+    nearest = classes[np.argmin(((coords[:, None] - centroids[None]) ** 2).sum(-1), axis=1)]
+    residual = coords - centroids[np.searchsorted(classes, labels)]
+    gaps = [float(np.linalg.norm(centroids[a] - centroids[b])) for a in range(len(classes)) for b in range(a)]
+    return {"nearest_centroid_accuracy": float(np.mean(nearest == labels)), "classes": int(len(classes)),
+            "spread_over_separation": float(np.linalg.norm(residual, axis=1).mean() / min(gaps, default=math.nan)),
+            "fisher_separation": float(fisher_curve(coords[:, None], labels[:, None])[0])}
+
+
+def fisher_tcross(curve, level: float = FISHER_LEVEL) -> Tcross:
+    """The first step t (1-based) with F(t) < level; inf (never, within the curve's horizon) otherwise."""
+    curve = np.asarray(curve, dtype=np.float64)
+    below = np.nonzero(curve < level)[0]
+    if not below.size:
+        return Tcross(math.inf, False, level)
+    return Tcross(float(below[0] + 1), False, level, index=int(below[0]))
