@@ -1,4 +1,5 @@
-"""`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick]`: one report per seed claim."""
+"""`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick] [--no-train]`: one report
+per seed claim."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def add_parser(sub) -> None:
     p.add_argument("--keep-unfinished", action="store_true",
                    help="after every chunk of an early-stopped run, copy its checkpoint into "
                         "results/reproduce/NAME-SCALE/unfinished/ so that another session resumes it")
+    p.add_argument("--no-train", action="store_true",
+                   help="train nothing: build the report from the runs and sweep rows committed under "
+                        "results/reproduce/NAME-SCALE/ and the finished runs in OUT, listing what is not trained yet "
+                        "(claims that need it read 'inconclusive')")
     p.set_defaults(func=run)
 
 
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return refused
     try:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress,
-                           keep_unfinished=args.keep_unfinished)
+                           keep_unfinished=args.keep_unfinished, train=not args.no_train)
     except (ValueError, TypeError, DirectoryLocked) as error:
         return fail("reproduce", error)
     except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)

@@ -93,7 +93,9 @@ def judge(done, plan: Plan):
                             "Linear RNNs (DeltaNet [-1, 1]): 고윳값 범위를 [-1, 1] 로 확장하여, 이론적으로 결정론적 치환 "
                             "합성을 해결할 수 있는 선형 RNN입니다.", measured, verdict))
     curves = {o.run.label: {int(t): a for t, a in o.measures["accuracy"].items()} for o in done if o.measures}
-    sections = [accuracy_vs_length(curves, 0.9, train_length, title="Parity: final-state accuracy vs length"),
-                Table([{**row, "status": o.status} for o, row in zip([o for o in done if o.measures], mp_rows(curves))],
-                      heading="Accuracy by length (every run that trained; status says whether it fit)")]
+    sections = [accuracy_vs_length(curves, 0.9, train_length, title="Parity: final-state accuracy vs length")] \
+        if curves else []   # nothing trained yet (reproduce(train=False))
+    rows = zip([o for o in done if o.measures], mp_rows(curves)) if curves else []
+    sections += [Table([{**row, "status": o.status} for o, row in rows] or [{"note": "no run trained yet"}],
+                       heading="Accuracy by length (every run that trained; status says whether it fit)")]
     return claims, sections

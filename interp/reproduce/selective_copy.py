@@ -125,7 +125,10 @@ def judge(done, plan: Plan):
              **{f"{kind}@{t}": m[kind] for t, m in o.measures.items() for kind in ("token", "sequence")}}
             for o in done if o.measures]
     curves = {o.run.label: {int(t): m["token"] for t, m in o.measures.items()} for o in done if o.measures}
-    sections = [Table(rows, heading="Copy accuracy: per token and whole sequence (all k right), at L and 2L"),
-                accuracy_vs_length(curves, FIT_THRESHOLD, length, title="Per-token copy accuracy vs context length")
-                .update_yaxes(title="per-token copy accuracy").update_xaxes(title="context positions L")]
+    sections = [Table(rows or [{"note": "no run trained yet"}],
+                      heading="Copy accuracy: per token and whole sequence (all k right), at L and 2L")]
+    if curves:   # none when nothing is trained yet (reproduce(train=False))
+        sections.append(accuracy_vs_length(curves, FIT_THRESHOLD, length, title="Per-token copy accuracy vs context "
+                                           "length").update_yaxes(title="per-token copy accuracy")
+                        .update_xaxes(title="context positions L"))
     return claims, sections
