@@ -190,3 +190,28 @@ def test_keep_unfinished_copies_the_checkpoint_after_every_chunk_until_the_run_f
     outcome = engine.train_run(run, tmp_path / "runs", progress=False, early_stop=never, after_chunk=keep)
     assert copies == [2, 4, 6] and outcome.steps == 8
     assert not committed.keep_unfinished(run, tmp_path / "runs" / run.label, tmp_path / "results")   # finished
+
+
+@pytest.mark.parametrize("name", ["error-control", "reveal-gap"])
+def test_committed_medium_runs_are_loaded_not_trained_or_measured_again(name, tmp_path, monkeypatch):
+    """Every run committed under results/reproduce/NAME-medium is one the plan (or its study) trains, and its
+    measurement cache is under the plan's current settings: a fresh `interp reproduce NAME --scale medium
+    --no-train` trains and measures nothing (a settings change must re-measure and re-commit the caches)."""
+    module = claim_module(name)
+    kept = committed.results_dir(name, "medium")
+    labels = sorted(p.name for p in kept.iterdir() if (p / committed.OUTCOME).is_file()) if kept.is_dir() else []
+    if not labels:
+        pytest.skip(f"no {name} medium run committed yet")
+    study = module.study_runs("medium") if hasattr(module, "study_runs") else []
+    assert set(labels) <= {r.label for r in module.plan("medium").runs + study}
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("a committed medium run must be loaded, not trained or re-measured")
+
+    monkeypatch.setattr(engine, "train_run", never)
+    monkeypatch.setattr(module, "train_run", never, raising=False)
+    monkeypatch.setattr(module, "measure", never)
+    reproduce(name, "medium", tmp_path / "out", progress=False, log=lambda _line: None, train=False)
+    saved = json.loads((tmp_path / "out" / "claims.json").read_text())
+    assert {r["run"] for r in saved["runs"]} >= set(labels) - {r.label for r in study}
+    assert not list((tmp_path / "out").rglob("*.safetensors"))
