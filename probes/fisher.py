@@ -49,7 +49,7 @@ def _check(coords: np.ndarray, labels: np.ndarray, time_axis: bool) -> tuple[np.
 
 def fisher_curve(coords, labels) -> np.ndarray:
     """F(t) [T] from states on U [N, T, k] and their classes [N, T] (NaN at a step with fewer than two
-    classes present)."""
+    classes present, or without within-class spread: at step 1 each class is one history)."""
     coords, labels = _check(coords, labels, time_axis=True)
     n, steps, k = coords.shape
     classes = int(labels.max()) + 1
@@ -63,8 +63,11 @@ def fisher_curve(coords, labels) -> np.ndarray:
     diff = means[:, :, None] - means[:, None, :]                        # [T, G, G, k]
     squared = np.einsum("tabk,tkl,tabl->tab", diff, whiten, diff)       # [T, G, G]
     pairs = present[:, :, None] & present[:, None, :] & ~np.eye(classes, dtype=bool)[None]
+    spread = np.einsum("ntk,ntk->t", residual, residual)                                          # [T]
+    scale = np.where(pairs, np.einsum("tabk,tabk->tab", diff, diff), 0.0).reshape(steps, -1).max(1) * n
     squared = np.where(pairs, squared, np.inf).reshape(steps, -1).min(1)
-    return np.where(np.isfinite(squared), np.sqrt(np.maximum(squared, 0.0)), np.nan)
+    defined = np.isfinite(squared) & (spread > 1e-12 * scale)   # no spread: each class is one history there
+    return np.where(defined, np.sqrt(np.maximum(squared, 0.0)), np.nan)
 
 
 def separation(coords, labels) -> dict[str, float]:

@@ -20,6 +20,7 @@ from interp.analysis.effective_attention import EffectiveAttention
 from interp.report import dynamics as fd, effective_attention as fa, evaluation as fe, heads as fh, interventions as fi
 from interp.report import circuits as fc, sample_efficiency as fs
 from interp.training.evaluate import LengthEval
+from probes.fisher import fisher_tcross
 from probes.readability import readability_threshold
 from probes.subspace import DriftResult, centroids, state_subspace, tcross
 from tests.figure_ranges import axes_of, range_problems
@@ -123,6 +124,9 @@ CASES = {
         {"a": drift_result(np.linspace(0.05, 0.9, 120)), "b": drift_result(0.001 * np.arange(1, 121))},
         {"a": tcross(drift_result(np.linspace(0.05, 0.9, 120))), "b": tcross(drift_result(0.001 * np.arange(1, 121)))},
         train_length=60)],
+    "dynamics.fisher_figure": lambda: [fd.fisher_figure(np.geomspace(40.0, 0.5, 300), fisher_tcross(np.geomspace(40.0, 0.5, 300)),
+                                                        train_length=60),
+                                       fd.fisher_figure(np.full(50, 8.0), None)],
     "dynamics.tcross_vs_mp": lambda: [fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": tc}
                                                        for mp, tc in ((100, 90.0), (200, 150.0), (1000, 1500.0))]),
                                       fd.tcross_vs_mp([{"model": "m", "mp": mp, "tcross": 47.0} for mp in (100, 200)])],
@@ -214,5 +218,6 @@ def test_log_axes_label_every_tick_with_its_whole_number():
     assert list(fig.layout.yaxis.tickvals) == [2, 5, 10, 20] and list(fig.layout.yaxis.ticktext) == ["2", "5", "10", "20"]
     assert list(fig.layout.xaxis.ticktext) == ["100", "125", "200", "296"]
     assert log_ticks([float("nan"), 0.0, float("inf")]) == {}
-    ticks = log_ticks([0.03, 700.0])["tickvals"]
-    assert ticks[0] == pytest.approx(0.02) and ticks[-1] == 1000 and all(0.0199 <= t <= 1050 for t in ticks)
+    assert log_ticks([0.03, 700.0])["tickvals"] == pytest.approx([0.1, 1, 10, 100, 1000])   # powers of ten past 3 decades
+    wide = log_ticks([0.3, 1e13])["tickvals"]   # a state that grows by 1e13 (seen in Chromium: 45 crammed labels)
+    assert len(wide) <= 8 and wide[0] == 1 and wide[-1] >= 1e12

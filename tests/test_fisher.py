@@ -30,11 +30,12 @@ def test_curve_matches_the_closed_form_of_two_classes_drifting_apart_in_whitened
     assert math.isinf(fisher_tcross(curve[:2]).value)
 
 
-def test_absent_classes_are_skipped_and_a_lone_class_gives_nan():
-    labels = np.array([[0, 0], [1, 0], [2, 0], [0, 0], [1, 0], [2, 0]])
-    coords = np.random.default_rng(1).standard_normal((6, 2, 3))
+def test_absent_classes_are_skipped_and_a_lone_class_or_no_spread_gives_nan():
+    labels = np.array([[0, 0, 0], [1, 0, 1], [2, 0, 2], [0, 0, 0], [1, 0, 1], [2, 0, 2]])
+    coords = np.random.default_rng(1).standard_normal((6, 3, 3))
+    coords[:, 2] = np.eye(3)[labels[:, 2]]           # step 3: each class one point, no within-class spread
     curve = fisher_curve(coords, labels)
-    assert np.isfinite(curve[0]) and np.isnan(curve[1])
+    assert np.isfinite(curve[0]) and np.isnan(curve[1]) and np.isnan(curve[2])
 
 
 def test_separation_sees_what_the_isotropic_ratio_misses():

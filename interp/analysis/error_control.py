@@ -22,10 +22,11 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
     contraction  the largest singular value of Q^T J_t Q along `n_jac` in-distribution sequences
                (interp.analysis.dynamics; only when the site is a recurrent mixer's hook_state);
     accuracy   final-state accuracy at each length and mp (interp.training.evaluate).
-    centroid_readout(...), fisher_drift(...)  (called apart) whether the class is read from U by nearest
-               centroid at the training length and how anisotropic the within-class spread is there; the
-               Fisher separation F(t) over the horizon (probes.fisher: a drift that counts only the spread
-               that confuses classes).
+    F(t)       the Fisher separation of the same drift sequences (probes.fisher: the smallest distance
+               between the class centroids of step t in within-class-whitened U; it counts only the
+               spread that confuses classes);
+    centroid_readout(...)  (called apart) whether the class is read from U by nearest centroid at the
+               training length, and how anisotropic the within-class spread is there.
 
 Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `tau` pick the headline
 `tcross`): DRIFT is
@@ -36,7 +37,8 @@ Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `t
 and THRESHOLD is `fixed` (the number `tau`, 0.5 by default) or `calibrated` (the displacement
 D = tau_cal * M as a ratio to that drift's separation: tau_cal for pooled and excess, D / M_ref for
 time). Calibrated crossings exist only where the read-out fits (tau_cal is defined); a headline
-that does not exist is NaN.
+that does not exist is NaN. FISHER ("fisher/fixed", our own) is the first step with F(t) below
+probes.fisher.FISHER_LEVEL (2.563, where a linear read-out of two Gaussian classes errs 10%).
 
 Complex states (S4D, AUSSM, Mamba-3) are seen as real vectors view_as_real(h).flatten(), the
 coordinates interp.analysis.dynamics uses for complex states. Data streams: the fit and drift sequences come
@@ -55,7 +57,7 @@ import torch
 
 from interp.analysis import dynamics
 from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
-from probes.fisher import fisher_curve, separation
+from probes.fisher import fisher_curve, fisher_tcross, separation
 from probes.readability import DIRECTIONS, Calibration, readability_threshold
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
@@ -64,7 +66,8 @@ FIT_STREAM, DRIFT_STREAM = 2, 3
 DEFAULT_LENGTHS = (60, 100, 200, 500, 1000)
 DRIFTS = ("pooled", "excess", "time")
 THRESHOLDS = ("fixed", "calibrated")
-DEFINITIONS = tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS)
+FISHER = "fisher/fixed"   # F(t) below probes.fisher.FISHER_LEVEL (our own; no calibrated variant)
+DEFINITIONS = tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS) + (FISHER,)
 
 
 @dataclass
@@ -97,6 +100,7 @@ class ErrorControl:
     calibration: Calibration | None = None
     crossings: dict[str, Tcross] = field(default_factory=dict)
     definition: str = "pooled/fixed"
+    fisher: np.ndarray | None = field(default=None, repr=False)   # F(t) [horizon], probes.fisher
 
     @property
     def mp(self) -> int | None:
@@ -132,6 +136,8 @@ class ErrorControl:
             "q_time_end": None if timed is None else float(timed.q[-1]),
             "tau_calibrated": None if cal is None else cal.tau,
             "tau_calibrated_censored": None if cal is None else cal.censored,
+            "fisher_train": None if self.fisher is None else float(self.fisher[at_train]),
+            "fisher_end": None if self.fisher is None else float(self.fisher[-1]),
             "tcross_by_definition": {row["definition"]: row["tcross"] for row in self.definition_rows()},
             "tcross_estimated_by_definition": {row["definition"]: row["tcross_estimated"]
                                                for row in self.definition_rows()},
@@ -240,7 +246,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     try:
         subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk,
                                 normalize=normalize)
-        drift, drift_time, snapshots = measure_drifts(
+        drift, drift_time, snapshots, fisher = measure_drifts(
             model, task, subspace, horizon, site, n_drift, stream_seed(seed, DRIFT_STREAM, 0), chunk,
             fixed_tau, statistic, (train_length, horizon), normalize, reference_step)
         calibration = None
@@ -256,20 +262,21 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
     finally:
         model.train(was_training)
-    crossings = definition_crossings(drift, drift_time, calibration, train_length, estimator, fit_start)
+    crossings = definition_crossings(drift, drift_time, calibration, train_length, estimator, fit_start, fisher)
     key = f"{drift_name}/{threshold_name}"
     headline = crossings.get(key, Tcross(float("nan"), False, float("nan")))
     excess = crossings.get("excess/fixed")
     return ErrorControl(site, train_length, subspace, drift, headline, excess,
                         contraction, evaluation, snapshots, name, normalize, drift_time, calibration,
-                        crossings, key)
+                        crossings, key, fisher)
 
 
 def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, calibration: Calibration | None,
-                         train_length: int, estimator: str = "rate", fit_start: int = 1) -> dict[str, Tcross]:
+                         train_length: int, estimator: str = "rate", fit_start: int = 1,
+                         fisher: np.ndarray | None = None) -> dict[str, Tcross]:
     """{"DRIFT/THRESHOLD": Tcross} of every definition that is defined (module docstring): the
     excess drift needs a horizon of at least train_length + 2, the calibrated threshold a read-out
-    that fits (tau_cal finite), the time drift a drift_time."""
+    that fits (tau_cal finite), the time drift a drift_time, FISHER the curve F(t)."""
     taus = {"fixed": drift.tau}
     if calibration is not None and calibration.fits and calibration.tau > 0:
         taus["calibrated"] = calibration.tau
@@ -281,6 +288,8 @@ def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, cal
         if drift_time is not None:
             time_tau = value if threshold_name == "fixed" else calibration.tau_for(drift_time.M)
             out[f"time/{threshold_name}"] = tcross(drift_time, time_tau, estimator=estimator, fit_start=fit_start)
+    if fisher is not None:
+        out[FISHER] = fisher_tcross(fisher)
     return {key: out[key] for key in DEFINITIONS if key in out}
 
 
@@ -315,23 +324,23 @@ def fit_subspace(model, task, length: int, site: str, n: int, data_seed: int, ch
 def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
                    chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean", snapshot_steps=(),
                    normalize: bool = False, reference_step: int | None = None
-                   ) -> tuple[DriftResult, DriftResult, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """q(t) (pooled centroids) and q_t(t) (time-indexed centroids) of the same n fresh sequences of
-    length `horizon`, and the states on U at `snapshot_steps`."""
+                   ) -> tuple[DriftResult, DriftResult, dict[int, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """q(t) (pooled centroids), q_t(t) (time-indexed centroids) and F(t) (probes.fisher) of the same n
+    fresh sequences of length `horizon`, and the states on U at `snapshot_steps`."""
     batch = task.sample(n, horizon, data_seed)
     pooled = DriftAccumulator(subspace, statistic, tau)
     timed = DriftAccumulator(subspace, statistic, tau, centroids="time", reference_step=reference_step)
     steps = sorted({int(s) for s in snapshot_steps if 1 <= s <= horizon})
-    coords: dict[int, list[np.ndarray]] = {s: [] for s in steps}
+    chunks = []                                                                           # [c, T, k] each
     for start in range(0, n, chunk):
         states = site_states(model, batch.tokens[start:start + chunk], site, normalize)   # [c, T, ...]
         labels = batch.states[start:start + chunk]
         pooled.update(states, labels)
         timed.update(states, labels)
-        for s in steps:
-            coords[s].append(subspace.coords(states[:, s - 1]))
-    snapshots = {s: (np.concatenate(coords[s]), batch.states[:, s - 1].numpy().copy()) for s in steps}
-    return pooled.result(), timed.result(), snapshots
+        chunks.append(subspace.coords(states))
+    on_u = np.concatenate(chunks)                                                         # [n, T, k]
+    snapshots = {s: (on_u[:, s - 1].copy(), batch.states[:, s - 1].numpy().copy()) for s in steps}
+    return pooled.result(), timed.result(), snapshots, fisher_curve(on_u, batch.states.numpy())
 
 
 @torch.no_grad()
@@ -348,18 +357,6 @@ def centroid_readout(model, task, subspace: Subspace, length: int, site: str, n:
     coords = np.concatenate([subspace.coords(site_states(model, batch.tokens[i:i + chunk], site, normalize)[:, -1])
                              for i in range(0, n, chunk)])                                            # [n, k]
     return separation(coords, batch.states[:, length - 1].numpy())
-
-
-@torch.no_grad()
-def fisher_drift(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
-                 chunk: int = 32, normalize: bool = False) -> np.ndarray:
-    """F(t) [horizon] of n fresh sequences (probes.fisher.fisher_curve: the smallest centroid distance on U
-    in within-class-whitened coordinates, time-indexed centroids); pass the drift stream's seed to read the
-    same sequences as q(t)."""
-    batch = task.sample(n, horizon, data_seed)
-    coords = np.concatenate([subspace.coords(site_states(model, batch.tokens[i:i + chunk], site, normalize))
-                             for i in range(0, n, chunk)])                                            # [n, T, k]
-    return fisher_curve(coords, batch.states.numpy())
 
 
 @torch.no_grad()

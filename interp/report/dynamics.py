@@ -29,6 +29,7 @@ from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text, write_report
 from interp.report.style import check_mapping, log_ticks, palette_color
 from interp.training.evaluate import stream_seed
+from probes.fisher import FISHER_LEVEL
 from probes.readability import Calibration
 from probes.subspace import DriftResult, Tcross
 
@@ -37,17 +38,21 @@ def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcros
                  train_length: int | None = None, title: str = "Drift ratio q(t) = R(t) / M") -> go.Figure:
     """One q(t) line per model, the tau line, and a marker at each Tcross: filled at a measured
     crossing (t, q(t)), open at an estimated one (t, tau) when it is finite (it may lie past the
-    horizon, which widens the axis)."""
+    horizon, which widens the axis). The axis is logarithmic where q spans more than two decades
+    (`_value_axis`; values it cannot draw there, zero and numerical zeros, are left out of the line)."""
     check_mapping("drifts", drifts)
-    tcrosses = tcrosses or {}
-    fig = go.Figure()
-    taus = set()
-    for index, (name, result) in enumerate(drifts.items()):
+    for name, result in drifts.items():
         if not isinstance(result, DriftResult):
             raise TypeError(f"drifts[{name!r}] must be a DriftResult; got {type(result).__name__}")
-        taus.add(result.tau)
+    tcrosses = tcrosses or {}
+    fig = go.Figure()
+    taus = {result.tau for result in drifts.values()}
+    axis, floor = _value_axis(np.concatenate([np.asarray(r.q, dtype=float) for r in drifts.values()]
+                                             + [np.asarray(sorted(taus))]))
+    for index, (name, result) in enumerate(drifts.items()):
         color = palette_color(index)
-        fig.add_trace(go.Scatter(x=result.steps, y=result.q, mode="lines", name=name, legendgroup=name,
+        shown = np.where(np.asarray(result.q, dtype=float) > floor, result.q, np.nan)
+        fig.add_trace(go.Scatter(x=result.steps, y=shown, mode="lines", name=name, legendgroup=name,
                                  line={"color": color},
                                  hovertemplate="t %{x}<br>q %{y:.3f}<extra>" + name + "</extra>"))
         cross = tcrosses.get(name)
@@ -61,14 +66,58 @@ def drift_curves(drifts: Mapping[str, DriftResult], tcrosses: Mapping[str, Tcros
                     "line": {"width": 2, "color": color}},
             hovertemplate=label + "<extra>" + name + "</extra>"))
     for tau in sorted(taus):
-        fig.add_hline(y=tau, line_dash="dot", line_color="gray", annotation_text=f"tau = {tau:.3g}",
-                      annotation_position="top left")
+        _level_line(fig, tau, f"tau = {tau:.3g}", axis)
     if train_length is not None:
         fig.add_vline(x=train_length, line_dash="dash", line_color="gray",
                       annotation_text=f"train length {train_length}", annotation_position="top right")
     fig.update_xaxes(title="step t")
-    fig.update_yaxes(title="q(t)", rangemode="tozero")
+    fig.update_yaxes(title="q(t)", **axis)
     fig.update_layout(title=title, template="plotly_white", legend_title="model")
+    return fig
+
+
+def _value_axis(values: np.ndarray) -> tuple[dict[str, Any], float]:
+    """(axis settings, floor): a log axis (whole-number ticks) where the finite values above 1e-12 of the
+    largest span more than two decades (a state that grows by 1e9 over the horizon flattens every threshold
+    on a linear axis), the floor below which values are not drawn on it (zero, numerical zeros such as the
+    time-indexed spread at step 1); else linear from zero, floor -inf."""
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) if finite.size else 0.0
+    shown = finite[finite > 1e-12 * top] if top > 0 else finite[:0]
+    if shown.size and shown.max() / shown.min() > 100:
+        return {"type": "log", **log_ticks(shown)}, 1e-12 * top
+    return {"rangemode": "tozero"}, -np.inf
+
+
+def _level_line(fig: go.Figure, y: float, text: str, axis: dict[str, Any]) -> None:
+    """A dotted horizontal line at y with its label at its left end; on a log axis the label's y is given as
+    log10(y), since plotly.js places annotations on a log axis by the exponent (add_hline's own label is
+    drawn at 10^y there)."""
+    fig.add_hline(y=y, line_dash="dot", line_color="gray")
+    at = float(np.log10(y)) if axis.get("type") == "log" else y
+    fig.add_annotation(x=0, xref="x domain", y=at, yref="y", text=text, showarrow=False, xanchor="left",
+                       yanchor="bottom")
+
+
+def fisher_figure(curve: np.ndarray, cross: Tcross | None, train_length: int | None = None,
+                  title: str = "Fisher separation F(t)") -> go.Figure:
+    """F(t) (probes.fisher) over the steps, its level (where a linear read-out of two Gaussian classes errs
+    10%) and the first crossing below it."""
+    curve = np.asarray(curve, dtype=float)
+    steps = np.arange(1, curve.shape[0] + 1)
+    axis, floor = _value_axis(np.append(curve, FISHER_LEVEL))
+    fig = go.Figure(go.Scatter(x=steps, y=np.where(curve > floor, curve, np.nan), mode="lines", name="F(t)", line={"color": palette_color(0)},
+                               hovertemplate="t %{x}<br>F %{y:.3f}<extra></extra>"))
+    _level_line(fig, FISHER_LEVEL, f"level {FISHER_LEVEL:.3f}", axis)
+    if cross is not None and np.isfinite(cross.value):
+        fig.add_trace(go.Scatter(x=[cross.value], y=[curve[cross.index]], mode="markers", name=f"Tcross {cross.value:.0f}",
+                                 marker={"color": palette_color(0), "size": 11}))
+    if train_length is not None:
+        fig.add_vline(x=train_length, line_dash="dash", line_color="gray",
+                      annotation_text=f"train length {train_length}", annotation_position="top right")
+    fig.update_xaxes(title="step t")
+    fig.update_yaxes(title="F(t): smallest whitened centroid distance", **axis)
+    fig.update_layout(title=title, template="plotly_white")
     return fig
 
 
@@ -336,12 +385,18 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
              "relative to their smallest distance M; excess = pooled minus its in-distribution mean; "
              "time = spread around the class centroids of each step, relative to the separation at the "
              "start (M_ref). Thresholds: fixed tau, or calibrated (the displacement along U at which "
-             "the model's own read-out falls below the accuracy threshold).", heading="What was measured"),
+             "the model's own read-out falls below the accuracy threshold). fisher (our own) = the smallest "
+             "distance between the class centroids of each step in within-class-whitened U, crossing where it "
+             f"falls below {FISHER_LEVEL:.3f} (a linear read-out of two Gaussian classes then errs 10%): it counts "
+             "only the spread that confuses classes.", heading="What was measured"),
         Table(rows, heading="Summary"),
         Table([{k: v for k, v in row.items()} for row in result.definition_rows()],
               heading="Tcross by definition"),
         drift_curves(drifts, crossings, result.train_length,
                      title="Drift ratio q(t) (pooled: R / M; time-indexed: R_t / M_ref) at the fixed tau"),
+        *([fisher_figure(result.fisher, result.crossings.get("fisher/fixed"), result.train_length,
+                         title=f"{result.name}: Fisher separation F(t) of the classes on U")]
+          if result.fisher is not None else []),
         state_projection(result.snapshots, title=f"{result.name}: states on U (first two dimensions)"),
         accuracy_vs_length({result.name: result.evaluation}, result.evaluation.threshold,
                                    result.train_length),

@@ -24,7 +24,7 @@ def check_mapping(name: str, value) -> None:
 
 def log_ticks(values) -> dict:
     """Ticks for a log axis over the finite positive `values`: 1, 2, 5 x 10^k within a factor 1.5 of
-    their range, written as plain numbers (plotly.js labels the minor ticks of a short log axis with one
+    their range (powers of ten only past three decades, every few past eight), written as plain numbers (plotly.js labels the minor ticks of a short log axis with one
     digit, "2" for 20 or 200, which reads as a broken axis), plus the smallest and largest value where
     fewer than 3 such ticks fall there; {} (plotly's own) when there is no such value."""
     placed = np.asarray(values, dtype=float)
@@ -32,9 +32,13 @@ def log_ticks(values) -> dict:
     if not placed.size:
         return {}
     low, high = float(placed.min()), float(placed.max())
-    exponents = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 2)
-    ticks = [m * 10.0 ** k for k in exponents for m in (1, 2, 5) if low / 1.5 <= m * 10.0 ** k <= high * 1.5]
+    first, last = math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 2
+    decades = math.log10(high / low)
+    every = max(1, math.ceil(decades / 8))            # at most about 8 labelled decades
+    multipliers = (1, 2, 5) if decades <= 3 else (1,)  # 1-2-5 only on short axes
+    ticks = [m * 10.0 ** k for k in range(first, last, every) for m in multipliers
+             if low / 1.5 <= m * 10.0 ** k <= high * 1.5]
     if len(ticks) < 3:
         ticks = sorted(set(ticks) | {float(f"{low:.3g}"), float(f"{high:.3g}")})
-    return {"tickmode": "array", "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}
+    return {"tickmode": "array", "tickvals": ticks, "ticktext": [f"{t:.6g}" for t in ticks]}
 

@@ -19,7 +19,7 @@ from interp.report import dynamics as fd
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text
 from interp.training.evaluate import evaluate_lengths, refine_mp, stream_seed
-from probes.fisher import FISHER_LEVEL, fisher_tcross
+from probes.fisher import FISHER_LEVEL
 
 NAME = "error-control"
 TITLE = "Error control: state-dependent vs affine recurrences, Tcross vs mp"
@@ -100,7 +100,7 @@ def plan(scale: str) -> Plan:
                           "our choice (CPU budget: tanh RNN fits C2 at step 80 of 1500); the paper profile trains "
                           "every step"))
     settings = {"lengths": s["lengths"], "n": s["n"], "train_length": s["train_length"],
-                "definitions": definitions_available() + [FISHER], "centroid_readout": READOUT, **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
+                "definitions": definitions_available(), "centroid_readout": READOUT, **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
     return Plan(scale, runs, sizes, settings=settings, early_stop=early)
 
 
@@ -124,10 +124,6 @@ def measure(outcome, plan: Plan) -> dict:
     summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
     crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
     out = {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}}
-    curve = ec.fisher_drift(outcome.model, outcome.task, a.subspace, st["lengths"][-1], a.site, st["n"]["n_drift"],
-                            stream_seed(outcome.run.info["seed"], ec.DRIFT_STREAM, 0))
-    out["crossings"][FISHER] = _tc(fisher_tcross(curve))
-    out["fisher_train"] = float(curve[st["train_length"] - 1])
     out["centroid_readout"] = ec.centroid_readout(outcome.model, outcome.task, a.subspace, st["train_length"], a.site,
                                                   st["n"]["n_fit"], stream_seed(outcome.run.info["seed"], ec.FIT_STREAM, 5))
     if st.get("mp_resolution") and out.get("mp") is not None:
@@ -219,7 +215,7 @@ def judge(done, plan: Plan):
 
 
 READOUT = 0.9   # nearest-centroid accuracy on U at the training length the drift ratio presupposes
-FISHER = "fisher/fixed"   # our own definition (probes.fisher): F(t) below FISHER_LEVEL; reported beside the paper's
+FISHER = ec.FISHER   # our own definition (probes.fisher): F(t) below FISHER_LEVEL; reported beside the paper's
 
 
 def readable_in_distribution(measures: dict, definition: str) -> bool | None:
