@@ -25,8 +25,9 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
     F(t)       the Fisher separation of the same drift sequences (probes.fisher: the smallest distance
                between the class centroids of step t in within-class-whitened U; it counts only the
                spread that confuses classes);
-    centroid_readout(...)  (called apart) whether the class is read from U by nearest centroid at the
-               training length, and how anisotropic the within-class spread is there.
+    readout    `centroid_readout` at the training length (n_fit fresh sequences): whether the class is
+               read from U by nearest centroid where the model is right (every centroid drift presupposes
+               it), and the isotropic spread over the separation there.
 
 Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `tau` pick the headline
 `tcross`): DRIFT is
@@ -101,6 +102,7 @@ class ErrorControl:
     crossings: dict[str, Tcross] = field(default_factory=dict)
     definition: str = "pooled/fixed"
     fisher: np.ndarray | None = field(default=None, repr=False)   # F(t) [horizon], probes.fisher
+    readout: dict[str, float] | None = None   # centroid_readout at the training length (probes.fisher.separation)
 
     @property
     def mp(self) -> int | None:
@@ -137,6 +139,8 @@ class ErrorControl:
             "tau_calibrated": None if cal is None else cal.tau,
             "tau_calibrated_censored": None if cal is None else cal.censored,
             "fisher_train": None if self.fisher is None else float(self.fisher[at_train]),
+            "centroid_readout_train": None if self.readout is None else self.readout["nearest_centroid_accuracy"],
+            "spread_over_separation_train": None if self.readout is None else self.readout["spread_over_separation"],
             "fisher_end": None if self.fisher is None else float(self.fisher[-1]),
             "tcross_by_definition": {row["definition"]: row["tcross"] for row in self.definition_rows()},
             "tcross_estimated_by_definition": {row["definition"]: row["tcross_estimated"]
@@ -249,6 +253,8 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         drift, drift_time, snapshots, fisher = measure_drifts(
             model, task, subspace, horizon, site, n_drift, stream_seed(seed, DRIFT_STREAM, 0), chunk,
             fixed_tau, statistic, (train_length, horizon), normalize, reference_step)
+        readout = centroid_readout(model, task, subspace, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 5),
+                                   chunk, normalize)
         calibration = None
         if calibrate:
             calibration = calibrate_readout(model, task, subspace, train_length, site, n_calibrate,
@@ -268,7 +274,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     excess = crossings.get("excess/fixed")
     return ErrorControl(site, train_length, subspace, drift, headline, excess,
                         contraction, evaluation, snapshots, name, normalize, drift_time, calibration,
-                        crossings, key, fisher)
+                        crossings, key, fisher, readout)
 
 
 def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, calibration: Calibration | None,

@@ -18,7 +18,7 @@ from interp.reproduce.engine import Claim, Plan, Run, fitted, size, unfit_note
 from interp.report import dynamics as fd
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text
-from interp.training.evaluate import evaluate_lengths, refine_mp, stream_seed
+from interp.training.evaluate import evaluate_lengths, refine_mp
 from probes.fisher import FISHER_LEVEL
 
 NAME = "error-control"
@@ -124,8 +124,7 @@ def measure(outcome, plan: Plan) -> dict:
     summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
     crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
     out = {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}}
-    out["centroid_readout"] = ec.centroid_readout(outcome.model, outcome.task, a.subspace, st["train_length"], a.site,
-                                                  st["n"]["n_fit"], stream_seed(outcome.run.info["seed"], ec.FIT_STREAM, 5))
+    out["centroid_readout"] = a.readout
     if st.get("mp_resolution") and out.get("mp") is not None:
         refined, added = refine_mp(outcome.model, outcome.task, a.evaluation.final_accuracy, st["mp_resolution"],
                                    n=st["n"]["n_eval"], seed=outcome.run.info["seed"] + 1)
