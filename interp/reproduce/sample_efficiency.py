@@ -245,11 +245,13 @@ def bound(row) -> float | None:
 
 def judge(done, plan: Plan):
     kappa = plan.settings["study"]["kappa"]
+    pending = plan.settings["study"].get("pending", [])
     def line(rows):
         return "; ".join(f"{r['model']} {r['task']} {r['format']}: kappa {_show(r['kappa'])}"
                          + (f" (>= {_show(bound(r))}: a lower bound, N*_joint found and some N*_n not within the search)"
                             if bound(r) is not None else "")
-                         + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])})" for r in rows) or "none"
+                         + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])})" for r in rows) or (
+            "no kappa yet: " + "; ".join(pending) if pending else "none")
     transformer = [r for r in kappa if r["model"] == "transformer"]
     rnn = [r for r in kappa if r["model"] in RNNS and r["format"] in ("outcome", "acot")]
     known = lambda rows: [r for r in rows if isinstance(r["kappa"], float) and math.isfinite(r["kappa"])]  # noqa: E731
