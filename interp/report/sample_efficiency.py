@@ -23,7 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from interp.report.html import Table, Text, write_report
-from interp.report.style import palette_color
+from interp.report.style import log_ticks, palette_color
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -73,7 +73,8 @@ def n_star_vs_length(rows: Rows, title: str = "N* against training length") -> g
                                      name=f"{name}: joint", showlegend=False,
                                      hovertemplate="joint N* %{y}<extra>" + name + "</extra>"))
     fig.update_xaxes(title="training length n", dtick=1)
-    fig.update_yaxes(type="log", title="N* (training sequences)")
+    values = [r["n_star"] if r["n_star"] is not None else r["n_max"] for r in rows]
+    fig.update_yaxes(type="log", title="N* (training sequences)", **log_ticks([v for v in values if v is not None]))
     fig.update_layout(title=title + " (dashed: N*_joint over all lengths; open: none converged)",
                       template="plotly_white", legend_title="model, format")
     return fig
@@ -140,7 +141,7 @@ def kappa_vs_ood(rows: Rows, title: str = "kappa against the joint model's accur
             name=f"at {factor}L", hovertemplate="kappa %{x:.2f}<br>accuracy %{y:.3f}<br>%{text}<extra></extra>"))
     fig.update_layout(showlegend=True)
     fig.add_vline(x=1.0, line_dash="dot", line_color="gray")
-    fig.update_xaxes(type="log", title="kappa", range=[lo, hi])
+    fig.update_xaxes(type="log", title="kappa", range=[lo, hi], **log_ticks([10 ** lo, 10 ** hi]))
     fig.update_yaxes(range=[0, 1.05], title="final-state accuracy of the joint model")
     fig.update_layout(title=title, template="plotly_white", legend_title="OOD length")
     return fig

@@ -389,7 +389,9 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
                   heading="Setup")
     report = write_report(out / "report.html", claim.TITLE, [
         header, Table([c.row() for c in claims], heading="Claims", prose=True), *sections, sizes_table(plan),
-        Table([o.row() for o in counted], heading="Runs (status, curriculum length reached, divergences; in-dist acc: "
+        Table([o.row() for o in counted] or [{"note": "no run of the plan" + (" (its study's sweeps above decide them)"
+                                                                        if hasattr(claim, "study") else " trained yet")}],
+              heading="Runs (status, curriculum length reached, divergences; in-dist acc: "
               "the fit metric at the training length; steps: trained, fewer after an early stop; train s: wall-clock "
               "training seconds over every process that trained the run)", prose=True)])
     ckpt.write_json(out / "claims.json", {
