@@ -49,25 +49,33 @@ def _check(coords: np.ndarray, labels: np.ndarray, time_axis: bool) -> tuple[np.
 
 def fisher_curve(coords, labels) -> np.ndarray:
     """F(t) [T] from states on U [N, T, k] and their classes [N, T] (NaN at a step with fewer than two
-    classes present, or without within-class spread: at step 1 each class is one history)."""
+    classes present, or without within-class spread: at step 1 each class is one history). One step at a
+    time: memory O(N k + G^2 + k^2), so S5's 120 classes on a 1000-step horizon stay small."""
     coords, labels = _check(coords, labels, time_axis=True)
-    n, steps, k = coords.shape
-    classes = int(labels.max()) + 1
-    onehot = np.eye(classes)[labels]                                    # [N, T, G]
-    counts = onehot.sum(0)                                              # [T, G]
-    means = np.einsum("ntg,ntk->tgk", onehot, coords) / np.maximum(counts, 1)[..., None]   # [T, G, k]
-    residual = coords - means[np.arange(steps)[None, :], labels]        # [N, T, k]
-    present = counts > 0                                                # [T, G]
-    dof = np.maximum(n - present.sum(1), 1)                             # [T]
-    whiten = np.linalg.pinv(np.einsum("ntk,ntl->tkl", residual, residual) / dof[:, None, None])   # [T, k, k]
-    diff = means[:, :, None] - means[:, None, :]                        # [T, G, G, k]
-    squared = np.einsum("tabk,tkl,tabl->tab", diff, whiten, diff)       # [T, G, G]
-    pairs = present[:, :, None] & present[:, None, :] & ~np.eye(classes, dtype=bool)[None]
-    spread = np.einsum("ntk,ntk->t", residual, residual)                                          # [T]
-    scale = np.where(pairs, np.einsum("tabk,tabk->tab", diff, diff), 0.0).reshape(steps, -1).max(1) * n
-    squared = np.where(pairs, squared, np.inf).reshape(steps, -1).min(1)
-    defined = np.isfinite(squared) & (spread > 1e-12 * scale)   # no spread: each class is one history there
-    return np.where(defined, np.sqrt(np.maximum(squared, 0.0)), np.nan)
+    return np.array([_fisher_at(coords[:, t], labels[:, t]) for t in range(coords.shape[1])])
+
+
+def _fisher_at(x: np.ndarray, y: np.ndarray) -> float:
+    """F at one step: states [N, k], classes [N]."""
+    classes, index = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        return math.nan
+    counts = np.bincount(index)
+    means = np.zeros((len(classes), x.shape[1]))
+    np.add.at(means, index, x)
+    means /= counts[:, None]                                                      # [G, k]
+    residual = x - means[index]                                                   # [N, k]
+    gram = means @ means.T                                                        # [G, G]
+    squared_gaps = np.diag(gram)[:, None] + np.diag(gram)[None, :] - 2 * gram
+    np.fill_diagonal(squared_gaps, 0.0)
+    spread = float(np.einsum("nk,nk->", residual, residual))
+    if spread <= 1e-12 * float(squared_gaps.max()) * len(y):   # no spread: each class one history
+        return math.nan
+    whiten = np.linalg.pinv(residual.T @ residual / max(1, len(y) - len(classes)))   # [k, k]
+    projected = means @ whiten @ means.T                                          # [G, G]
+    whitened = np.diag(projected)[:, None] + np.diag(projected)[None, :] - 2 * projected
+    np.fill_diagonal(whitened, np.inf)
+    return float(np.sqrt(max(float(whitened.min()), 0.0)))
 
 
 def separation(coords, labels) -> dict[str, float]:
@@ -82,7 +90,7 @@ def separation(coords, labels) -> dict[str, float]:
     gaps = [float(np.linalg.norm(centroids[a] - centroids[b])) for a in range(len(classes)) for b in range(a)]
     return {"nearest_centroid_accuracy": float(np.mean(nearest == labels)), "classes": int(len(classes)),
             "spread_over_separation": float(np.linalg.norm(residual, axis=1).mean() / min(gaps, default=math.nan)),
-            "fisher_separation": float(fisher_curve(coords[:, None], labels[:, None])[0])}
+            "fisher_separation": _fisher_at(coords, labels)}
 
 
 def fisher_tcross(curve, level: float = FISHER_LEVEL) -> Tcross:
