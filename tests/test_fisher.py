@@ -39,12 +39,18 @@ def test_absent_classes_are_skipped_and_a_lone_class_or_no_spread_gives_nan():
 
 
 def test_separation_sees_what_the_isotropic_ratio_misses():
+    """Three classes on a line (separation 2): with spread 0.1 read exactly; with a large spread along an axis that
+    separates nothing the isotropic ratio overstates the confusion, the Fisher separation does not; identical class
+    distributions: chance."""
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(3), 300)
     centres = np.stack([2.0 * labels, np.zeros(900)], 1)
+    tight = separation(centres + 0.1 * rng.standard_normal((900, 2)), labels)
+    assert tight["nearest_centroid_accuracy"] == 1.0 and tight["spread_over_separation"] < 0.1
     stretched = separation(centres + np.stack([0.1 * rng.standard_normal(900), 10.0 * rng.standard_normal(900)], 1),
                            labels)
     assert stretched["spread_over_separation"] > 3 and stretched["fisher_separation"] > 15
+    assert 0.45 < stretched["nearest_centroid_accuracy"] < 0.9   # nearest centroid pays for the long axis; Fisher does not
     blur = separation(rng.standard_normal((900, 2)), labels)
     assert blur["nearest_centroid_accuracy"] < 0.45 and blur["fisher_separation"] < 0.5
 

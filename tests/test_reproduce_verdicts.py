@@ -53,6 +53,8 @@ def ec_measures(run, status):
                               "time/calibrated": {"value": 2.0 * mp, "estimated": True}},
                 "q_train": 0.8, "q_time_train": 0.3, "tau": 0.5, "tau_calibrated": 0.45,
                 "centroid_readout": {"nearest_centroid_accuracy": 1.0}, "contraction_mean": 0.7 if info["kind"] == "state-dependent" else 1.0}
+        out["sites"] = {"hook_final": {k: out[k] for k in ("crossings", "q_train", "q_time_train", "tau",
+                                                            "tau_calibrated", "centroid_readout")}}
         if info["kind"] != "state-dependent":
             premise = 0.05 if info["model"] == "mamba" else 3.0
             out["theorem1"] = {"word_length": 4, "deviation": 0.01, "premise_max_over_M": premise, "rank_U": 5,
@@ -62,14 +64,16 @@ def ec_measures(run, status):
 
 def test_error_control():
     found, claims = verdicts("error-control", lambda run: "fit", ec_measures)
-    assert found == ["reproduces"] * 6
+    assert found == ["reproduces"] * 7
     assert "time/calibrated: r = 1.00" in claims[3].measured and "pooled/fixed: r = nan" in claims[3].measured
-    assert "premise fails in" in claims[4].measured     # the premise-failing rows are counted, not shown
+    assert claims[3].measured.startswith("At the last block's recurrent state")
+    assert claims[4].measured.startswith("At the decoder's input (hook_final)") and claims[4].quote == claims[3].quote
+    assert "premise fails in" in claims[5].measured     # the premise-failing rows are counted, not shown
     # affine runs that never fit are reported apart and do not make the fall-off claim
     affine_unfit = lambda run: "did not fit" if run.info["kind"] == "affine" else "fit"  # noqa: E731
     found, claims = verdicts("error-control", affine_unfit, ec_measures)
     assert found[1] == "did not fit" and "Never fit" in claims[1].measured
-    assert found[3] == "inconclusive" and found[4] == "did not fit"
+    assert found[3] == found[4] == "inconclusive" and found[5] == "did not fit"
     # a fall-off far past the training length is not "sharply past" it; a run passing every length has no
     # failure point and stays out of the correlation (it would sit at the length cap)
     def gradual(run, status):
@@ -79,7 +83,7 @@ def test_error_control():
         return out
     found, claims = verdicts("error-control", lambda run: "fit", gradual)
     assert found[1] == "partly reproduces" and "0 of them sharply" in claims[1].measured
-    assert found[3] == "inconclusive" and "of those falling off" not in claims[3].measured
+    assert found[3] == found[4] == "inconclusive" and "of those falling off" not in claims[3].measured
     plan, done = outcomes("error-control", lambda run: "fit", gradual)
     _, corr = claim_module("error-control").correlation_rows(done, ["time/calibrated"], 1000)
     assert corr[0]["affine S3 runs fit"] == 10 and corr[0]["of those falling off (mp < longest)"] == 8
@@ -125,6 +129,28 @@ def test_error_control_correlation_premise_q_below_tau_in_distribution():
     assert module.readable_in_distribution({"q_train": 0.2, "tau": 0.5}, "pooled/fixed") is True
     assert module.readable_in_distribution({"tau": 0.5}, "excess/fixed") is True
     assert module.readable_in_distribution({"q_time_train": 0.2}, "time/calibrated") is None
+
+
+def test_error_control_correlation_reads_each_site_apart():
+    """The decoder-input rows come from measures["sites"]["hook_final"], with that site's own premise: a run
+    whose recurrent state reads no class (centroid read-out near chance) can still count at the decoder's input."""
+    module = claim_module("error-control")
+
+    def unread_state(run, status):
+        out = ec_measures(run, status)
+        if status == "fit":
+            out["centroid_readout"] = {"nearest_centroid_accuracy": 0.2}
+            out["sites"]["hook_final"]["crossings"] = {"time/calibrated": {"value": 3.0 * out["mp"], "estimated": False}}
+        return out
+
+    plan, done = outcomes("error-control", lambda run: "fit", unread_state)
+    state = {c["definition"]: c for c in module.correlation_rows(done, ["time/calibrated"], 1000)[1]}
+    rows, corr = module.correlation_rows(done, ["time/calibrated"], 1000, "hook_final")
+    assert state["time/calibrated"]["premise holds"].startswith("0 of")
+    assert corr[0]["premise holds"] == f"{corr[0]['runs placed']} of {corr[0]['runs placed']}"
+    assert [p["tcross"] for p in rows["time/calibrated"]] == [3.0 * p["mp"] for p in rows["time/calibrated"]]
+    assert module.correlation_claim(corr, "hook_final").verdict == "reproduces"
+    assert module.correlation_rows(done, ["time/calibrated"], 1000, "blocks.0.hook_resid_post")[1][0]["runs placed"] == 0
 
 
 def sc_measures(run, status):
@@ -254,6 +280,9 @@ def test_sample_efficiency():
     claims = module.judge([], plan)[0]
     assert [c.verdict for c in claims[:2]] == ["does not reproduce", "partly reproduces"]   # LSTM outcome unsettled
     assert ">= 1.83: a lower bound" in claims[1].measured
+    # the Transformer's bounds (>= 1.2) decide nothing: a measurement too weak to settle the claim, not "did not fit"
+    plan.settings["study"]["kappa"] = [bounded[0], bounded[1] | {"kappa_low": 1.2}] + bounded[2:]
+    assert module.judge([], plan)[0][0].verdict == "inconclusive"
 
 
 def test_retrieval_reading_of_no_kept_pairs_is_none():
@@ -285,7 +314,7 @@ def test_error_control_medium_profile_is_the_papers_s3_size():
     assert {r.info["seed"] for r in plan.runs[:10]} == {0} and {r.info["group"] for r in plan.runs[:30]} == {"S3"}
     # the claims about kinds this profile does not train say so instead of "did not fit"
     found, claims = verdicts_of(module, plan, lambda run: "fit", ec_measures)
-    assert found[0] == found[2] == found[5] == "inconclusive" and "medium profile" in claims[0].measured
+    assert found[0] == found[2] == found[6] == "inconclusive" and "medium profile" in claims[0].measured
 
 
 def verdicts_of(module, plan, status, measures):

@@ -35,6 +35,12 @@ MEDIUM_SOURCE = "issue 26: the seed paper's S3 fits (d 64, d_state 16, batch 256
 EARLY_STOP = {"accuracy": 0.99, "evals": 20}
 ABSENT = "no runs of this kind at this scale (the medium profile trains the affine runs the S3 correlation rests on)"
 MIN_RUNS = 8   # fitted-and-falling S3 runs a correlation verdict needs (issue 26), across >= 2 models
+# The second site every fitted run is measured at: the final norm's output, the hidden state the trained decoder
+# (the unembedding) reads. In the selective SSMs trained here the recurrent state (the default site) does not carry the
+# class linearly at all (a held-out logistic probe on negative Mamba L2's 2048-dimensional last-block state reads
+# chance, 0.15-0.18), so no drift of it can be the misread the claim is about; at the decoder's input it is read.
+DECODER_SITE = "hook_final"
+SITE_NAMES = {DECODER_SITE: "the decoder's input (hook_final)"}
 BOOTSTRAP = 2000   # resamples of the runs for the interval of r   # our choice (CPU budget): 200 steps at >= 99% at length 60
 
 SCALE = {
@@ -100,7 +106,7 @@ def plan(scale: str) -> Plan:
                           "our choice (CPU budget: tanh RNN fits C2 at step 80 of 1500); the paper profile trains "
                           "every step"))
     settings = {"lengths": s["lengths"], "n": s["n"], "train_length": s["train_length"],
-                "definitions": definitions_available(), "centroid_readout": READOUT, **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
+                "definitions": definitions_available(), "centroid_readout": READOUT, "sites": [DECODER_SITE], **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
     return Plan(scale, runs, sizes, settings=settings, early_stop=early)
 
 
@@ -113,18 +119,27 @@ def _tc(t) -> dict | None:
     return None if t is None else {"value": float(t.value), "estimated": bool(t.estimated)}
 
 
+def drift_measures(outcome, st: dict, site: str | None = None):
+    """(the ErrorControl analysis, its JSON-able drift measures) of a fitted run at `site` (default: the
+    last block's recurrent state): the summary, Tcross per definition, the centroid read-out at the
+    training length."""
+    a = ec.analyze(outcome.model, outcome.task, st["train_length"], st["lengths"], site=site,
+                   seed=outcome.run.info["seed"], name=outcome.run.label, **st["n"])
+    summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
+    crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
+    return a, {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}, "centroid_readout": a.readout}
+
+
 def measure(outcome, plan: Plan) -> dict:
     st = plan.settings
     if not outcome.fit:   # accuracy only: drift and Theorem 1 presuppose a model that tracks in distribution
         ev = evaluate_lengths(outcome.model, outcome.task, st["lengths"], n=st["n"]["n_eval"],
                               seed=outcome.run.info["seed"] + 1)
         return {"mp": ev.mp, "accuracy": {str(k): v for k, v in ev.final_accuracy.items()}}
-    a = ec.analyze(outcome.model, outcome.task, st["train_length"], st["lengths"], seed=outcome.run.info["seed"],
-                   name=outcome.run.label, **st["n"])
-    summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
-    crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
-    out = {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}}
-    out["centroid_readout"] = a.readout
+    a, out = drift_measures(outcome, st)
+    if st.get("sites"):   # the same drift measures at the other sites (mp and accuracy are the run's, not a site's)
+        out["sites"] = {site: {k: v for k, v in drift_measures(outcome, st, site)[1].items()
+                               if k not in ("mp", "accuracy")} for site in st["sites"]}
     if st.get("mp_resolution") and out.get("mp") is not None:
         refined, added = refine_mp(outcome.model, outcome.task, a.evaluation.final_accuracy, st["mp_resolution"],
                                    n=st["n"]["n_eval"], seed=outcome.run.info["seed"] + 1)
@@ -137,6 +152,15 @@ def measure(outcome, plan: Plan) -> dict:
         except ValueError as error:   # no returning word found
             out["theorem1"] = {"error": str(error)}
     return out
+
+
+def site_name(site: str | None) -> str:
+    return "the last block's recurrent state (hook_state)" if site is None else SITE_NAMES.get(site, site)
+
+
+def at_site(measures: dict, site: str | None) -> dict:
+    """A run's drift measures at `site` (None: the default site, the recurrent state); {} where not measured."""
+    return measures if site is None else (measures.get("sites") or {}).get(site, {})
 
 
 def _value(x) -> float:
@@ -182,8 +206,8 @@ def judge(done, plan: Plan):
                             f"{len(falls)} fall below 90% before {longest}, {len(sharp)} of them sharply (mp < "
                             f"{SHARP} x {st['train_length']}): {mp_line(fits)}. Never fit (reported apart, "
                             "not as a fall-off)" + (unfit_note(group_all) or ": none"), verdict))
-    rows, corr = correlation_rows(done, st["definitions"], longest)
-    claims.append(correlation_claim(corr))
+    by_site = {site: correlation_rows(done, st["definitions"], longest, site) for site in [None, *st.get("sites", [])]}
+    claims.extend(correlation_claim(corr, site) for site, (_rows, corr) in by_site.items())
     theorem = [{"run": o.run.label, **o.measures["theorem1"]} for o in done if o.fit and "theorem1" in o.measures
                and "error" not in o.measures["theorem1"]]
     holds = [r for r in theorem if r["premise_max_over_M"] < PREMISE_TOL]
@@ -210,7 +234,7 @@ def judge(done, plan: Plan):
                         + (", ".join(f"{k} {v:.3f}" for k, v in contraction.items() if v is not None) or "no fitted run"),
                         "inconclusive" if not sd_all else "did not fit" if not sd_c
                         else "reproduces" if all(v < 1 for v in sd_c) else "does not reproduce"))
-    return claims, sections(done, rows, corr, theorem, holds, st)
+    return claims, sections(done, by_site, theorem, holds, st)
 
 
 READOUT = 0.9   # nearest-centroid accuracy on U at the training length the drift ratio presupposes
@@ -234,34 +258,41 @@ def readable_in_distribution(measures: dict, definition: str) -> bool | None:
     return bool(q < tau and (readout is None or readout >= READOUT))
 
 
-def correlation_rows(done, definitions, longest):
+def _placed(point: dict) -> bool:
+    """A run with a finite mp and a finite, positive Tcross: one log-log point."""
+    return math.isfinite(_value(point["mp"])) and 0 < _value(point["tcross"]) < math.inf
+
+
+def correlation_rows(done, definitions, longest, site: str | None = None):
     """Per affine S3 run that fits and then falls off (mp < the longest length: a run that passes every
-    length has no failure point, only a bound) and definition: mp, Tcross and whether the premise
-    `readable_in_distribution` holds; per definition the log-log Pearson r over the runs placed, and
-    over those whose premise holds."""
+    length has no failure point, only a bound) and definition: mp, Tcross at `site` (None: the recurrent
+    state) and whether the premise `readable_in_distribution` holds there; per definition the log-log
+    Pearson r over the runs placed, and over those whose premise holds."""
     fits = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
     affine = [o for o in fits if (o.measures.get("mp") or 0) < longest]
     rows, corr = {}, []
     for definition in definitions:
         pts = []
         for o in affine:
-            t = o.measures.get("crossings", {}).get(definition)
+            here = at_site(o.measures, site)
+            t = here.get("crossings", {}).get(definition)
             if t is not None:
                 pts.append({"model": o.run.info["model"], "seed": o.run.info["seed"], "mp": o.measures.get("mp"),
                             "tcross": t["value"], "tcross_estimated": t["estimated"],
-                            "readable": readable_in_distribution(o.measures, definition)})
+                            "readable": readable_in_distribution(here, definition)})
         mp, tc = [_value(p["mp"]) for p in pts], [_value(p["tcross"]) for p in pts]
         r, n = fd.loglog_pearson(mp, tc) if pts else (math.nan, 0)
         held = [p for p in pts if p["readable"]]
         r_held, n_held = fd.loglog_pearson([_value(p["mp"]) for p in held], [_value(p["tcross"]) for p in held]) \
             if held else (math.nan, 0)
-        placed = {p["model"] for p in pts if math.isfinite(_value(p["mp"])) and 0 < _value(p["tcross"]) < math.inf}
+        placed = {p["model"] for p in pts if _placed(p)}
         rows[definition] = pts
         corr.append({"definition": definition, "pearson_r_loglog": r, "runs placed": n, "models placed": len(placed),
                      "r 95% bootstrap interval": bootstrap_interval(mp, tc), "affine S3 runs fit": len(fits),
                      "of those falling off (mp < longest)": len(affine),
                      "premise holds": f"{len(held)} of {len(pts)}",
-                     "r over those": r_held, "placed of those": n_held})
+                     "r over those": r_held, "placed of those": n_held,
+                     "models of those": len({p["model"] for p in held if _placed(p)})})
     return rows, corr
 
 
@@ -277,12 +308,13 @@ def bootstrap_interval(mp, tcross, resamples: int = BOOTSTRAP, seed: int = 0) ->
     return [round(float(q), 3) for q in np.percentile(rs, [2.5, 97.5])] if len(rs) else None
 
 
-def correlation_claim(corr) -> Claim:
+def correlation_claim(corr, site: str | None = None) -> Claim:
+    """The S3 correlation claim on the rows of `correlation_rows` at `site` (None: the recurrent state)."""
     by = {c["definition"]: c for c in corr}
     headline = next((d for d in PAPER_DRIFT if d in by), "pooled/fixed")
     r = by.get(headline, {}).get("pearson_r_loglog", math.nan)
-    measured = ("log-log Pearson r of Tcross and mp over the affine S3 runs that fit and then fall off, per drift "
-                "definition (r needs 3 runs): "
+    measured = (f"At {site_name(site)}: log-log Pearson r of Tcross and mp over the affine S3 runs that fit and then "
+                "fall off, per drift definition (r needs 3 runs): "
                 + "; ".join(f"{c['definition']}: r = {c['pearson_r_loglog']:.2f} over {c['runs placed']} runs"
                             + (f" (95% bootstrap {c['r 95% bootstrap interval']})" if c["r 95% bootstrap interval"] else "")
                             for c in corr) + "; the seed reports 0.87"
@@ -297,6 +329,11 @@ def correlation_claim(corr) -> Claim:
                  f"training length, where the run is right, U reads the class by nearest centroid and q is below tau, "
                  f"so a crossing can mean a misread)"
                  + (f", r over those = {row['r over those']:.2f}" if held >= 3 else ""))
+    own = by.get(FISHER)
+    if own and own["runs placed"]:   # our own definition beside the paper's (not the verdict's)
+        measured += (f"; {FISHER} (our own, not the verdict's): premise holds in {own['premise holds']}"
+                     + (f", r over those = {own['r over those']:.2f} over {own['placed of those']} runs across "
+                        f"{own['models of those']} models" if own["placed of those"] >= 3 else ""))
     verdict = ("inconclusive" if not np.isfinite(r) or runs < MIN_RUNS or kinds < 2
                else "premise fails" if held < MIN_RUNS else "reproduces" if row["r over those"] >= 0.7
                else "partly reproduces" if row["r over those"] >= 0.4 else "does not reproduce")
@@ -307,7 +344,41 @@ def correlation_claim(corr) -> Claim:
                  "나타났다.", measured, verdict)
 
 
-def sections(done, rows, corr, theorem, holds, st):
+def _drift_row(measures: dict, definitions) -> dict:
+    """The drift columns of a run's row at one site (measures: `at_site`)."""
+    return {**{f"Tcross {d}": (measures.get("crossings", {}).get(d) or {}).get("value") for d in definitions
+               if d in ("pooled/fixed", FISHER) + PAPER_DRIFT},
+            "nearest-centroid acc on U @train": (measures.get("centroid_readout") or {}).get("nearest_centroid_accuracy"),
+            "Fisher separation @train": measures.get("fisher_train"),
+            "q_train": measures.get("q_train"), "q_time_train": measures.get("q_time_train"),
+            "tau_calibrated": measures.get("tau_calibrated")}
+
+
+def _site_sections(done, site, rows, corr, st) -> list:
+    """The correlation table and the Tcross-vs-mp figures at one site (every definition at the recurrent state;
+    the paper's headline and fisher elsewhere), and at the other sites the runs' drift columns there."""
+    where = site_name(site)
+    out = [Table(corr, heading=f"Tcross vs mp at {where}: log-log Pearson r per definition (runs placed: finite mp "
+                 "and Tcross; premise: at the training length, where the run is right, the class is read from U by "
+                 f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
+                 "the runs placed of the premise-holding ones)")]
+    shown_definitions = [d for d in rows if site is None or d in (PAPER_DRIFT[0], FISHER)]
+    for definition in shown_definitions:
+        pts = rows[definition]
+        if pts:
+            held = sum(bool(p["readable"]) for p in pts)
+            shown = [p | {"model": p["model"] + ("" if p["readable"] else " (premise fails)")} for p in pts]
+            out.append(fd.tcross_vs_mp(shown, title=f"Tcross ({definition}) at {where} vs mp,<br>affine S3 runs "
+                                       f"that fit and fall off (premise holds in {held} of {len(pts)})"))
+    if site is not None:
+        table = [{"run": o.run.label, "mp": o.measures.get("mp"), **_drift_row(at_site(o.measures, site), st["definitions"])}
+                 for o in done if o.fit]
+        out.append(Table(table or [{"note": "no fitted run"}], heading=f"Fitted runs at {where}: the columns of the runs "
+                         "table below, measured there"))
+    return out
+
+
+def sections(done, by_site, theorem, holds, st):
     out = [Text("Drift definitions measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
                 "in-distribution level; 'time' (where present) uses the centroids of step t relative to the initial "
@@ -315,35 +386,24 @@ def sections(done, rows, corr, theorem, holds, st):
                 f"'{FISHER}' (our own, probes.fisher) is the first step at which the smallest distance between the "
                 f"class centroids of that step in within-class-whitened U falls below {FISHER_LEVEL:.3f}, where a "
                 "linear read-out of two Gaussian classes errs 10%: it counts only the spread that confuses classes, "
-                "where q also counts spread along directions that separate none.",
-                heading="Tcross definitions"),
-           Table(corr, heading="Tcross vs mp: log-log Pearson r per definition (runs placed: finite mp and Tcross; "
-                 "premise: at the training length, where the run is right, the class is read from U by nearest centroid "
-                 f"(>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: the runs placed "
-                 "of the premise-holding ones)")]
-    for definition, pts in rows.items():
-        if pts:
-            held = sum(bool(p["readable"]) for p in pts)
-            shown = [p | {"model": p["model"] + ("" if p["readable"] else " (premise fails)")} for p in pts]
-            out.append(fd.tcross_vs_mp(shown, title=f"Tcross ({definition}) vs mp, affine S3 runs that fit and fall off<br>"
-                                       f"(premise holds in {held} of {len(pts)})"))
-    table = []
-    for o in done:
-        m = o.measures
-        table.append({"run": o.run.label, "kind": o.run.info["kind"], "status": o.status,
-                      "reading": ("never fit in distribution" if not o.fit else
-                                  "fits, generalises" if (m.get("mp") or 0) >= st["lengths"][-1] else
-                                  "fits, then falls off"), "mp": m.get("mp"),
-                      **{f"Tcross {d}": (m.get("crossings", {}).get(d) or {}).get("value") for d in st["definitions"]
-                         if d in ("pooled/fixed", FISHER) + PAPER_DRIFT},
-                      "nearest-centroid acc on U @train": (m.get("centroid_readout") or {}).get("nearest_centroid_accuracy"),
-                      "Fisher separation @train": m.get("fisher_train"),
-                      "q_train": m.get("q_train"), "q_time_train": m.get("q_time_train"),
-                      "tau_calibrated": m.get("tau_calibrated"), "contraction_mean": m.get("contraction_mean")})
-    out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off (nearest-centroid acc on U @train: the class read "
-                     "from U by the nearest step-60 centroid, chance 1/6 on S3; Fisher separation: the smallest centroid "
-                     "distance in within-class-whitened U; q_train / q_time_train: pooled / time-indexed q at the "
-                     "training length)"))
+                "where q also counts spread along directions that separate none. Every fitted run is measured at "
+                "two sites: the last block's recurrent state (the default of interp.analysis.error_control) and "
+                "the decoder's input (hook_final, the final norm's output the unembedding reads: the hidden state "
+                "the trained decoder sees). In a selective SSM the recurrent state is read through an "
+                "input-dependent C_t, and the class need not be linearly readable from it at all.",
+                heading="Tcross definitions and sites")]
+    for site, (rows, corr) in by_site.items():
+        out.extend(_site_sections(done, site, rows, corr, st))
+    table = [{"run": o.run.label, "kind": o.run.info["kind"], "status": o.status,
+              "reading": ("never fit in distribution" if not o.fit else
+                          "fits, generalises" if (o.measures.get("mp") or 0) >= st["lengths"][-1] else
+                          "fits, then falls off"), "mp": o.measures.get("mp"),
+              **_drift_row(o.measures, st["definitions"]), "contraction_mean": o.measures.get("contraction_mean")}
+             for o in done]
+    out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off, drift at the recurrent "
+                     "state (nearest-centroid acc on U @train: the class read from U by the nearest step-60 centroid, "
+                     "chance 1/6 on S3; Fisher separation: the smallest centroid distance in within-class-whitened U; "
+                     "q_train / q_time_train: pooled / time-indexed q at the training length)"))
     out.append(Table([{k: v for k, v in r.items()} for r in holds] or [{"note": "no fitted affine run meets the premise"}],
                      heading=f"Theorem 1 where its premise holds (premise error / M < {PREMISE_TOL})"))
     if len(theorem) > len(holds):
