@@ -271,6 +271,9 @@ def test_sample_efficiency():
     plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0}
     claims, _ = module.judge([], plan)
     assert [c.verdict for c in claims] == ["reproduces"] * 3
+    plan.settings["study"]["kappa"] = [rows[1], rows[2]]   # one condition per side orders two numbers: no verdict
+    ood = module.judge([], plan)[0][2]
+    assert ood.verdict == "inconclusive" and "1 and 1" in ood.measured
     plan.settings["study"]["kappa"] = [r | {"kappa": float("nan")} for r in rows]   # N* never converged
     assert [c.verdict for c in module.judge([], plan)[0]] == ["did not fit", "did not fit", "inconclusive"]
     # a lower bound above the sharing threshold settles kappa > 1.5 (the cpu run: LSTM ACoT kappa >= 1.83, its
