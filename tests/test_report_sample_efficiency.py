@@ -47,6 +47,9 @@ def test_kappa_figures_leave_out_nan_and_pair_kappa_with_ood():
     assert points["at 2L"] == ([6.0, 1.5, 0.5], [0.97, 0.3, 0.25])       # the bound 1.5 stands in for NaN
     assert points["at 4L"] == ([6.0, 1.5], [0.9, 0.2])
     assert "(kappa >=)" in scatter.data[0].text[1] and "(kappa >=)" not in scatter.data[0].text[0]
+    # a condition is labelled once (its 4L label overlapped its 2L one where the accuracies were close)
+    assert [t.mode for t in scatter.data] == ["markers+text", "markers"] and list(scatter.data[1].text) == ["lstm acot",
+                                                                                                          "transformer acot (kappa >=)"]
 
 
 def test_report_is_one_offline_file(tmp_path):

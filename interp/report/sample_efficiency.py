@@ -112,9 +112,11 @@ def kappa_bars(rows: Rows, title: str = "Sharing coefficient kappa = sum_n N*_n 
 def kappa_vs_ood(rows: Rows, title: str = "kappa against the joint model's accuracy beyond L") -> go.Figure:
     """Scatter: x = kappa (log), y = final-state accuracy of the joint model at each ood length.
 
-    Each label sits on the side of its point that faces the middle of the plot (right of points in
-    the left half, left of those in the right half; below points near accuracy 1), and the x range is
-    padded by a fifth of a decade, so no label runs past the plot's edge.
+    Each condition is labelled once, at its first OOD length (its markers at the other lengths share
+    its x, and their labels overlapped where the accuracies were close). Each label sits on the side
+    of its point that faces the middle of the plot (right of points in the left half, left of those in
+    the right half; below points near accuracy 1), and the x range is padded by a fifth of a decade, so
+    no label runs past the plot's edge.
     """
     _check_rows("rows", rows, ("model", "task", "format", "kappa", "max_length"))
     fig = go.Figure()
@@ -134,7 +136,8 @@ def kappa_vs_ood(rows: Rows, title: str = "kappa against the joint model's accur
 
     for index, (factor, points) in enumerate(traces):
         fig.add_trace(go.Scatter(
-            x=[k for _, _, (k, _) in points], y=[a for _, a, _ in points], mode="markers+text",
+            # each condition is labelled once, at its first OOD length (its other markers share its x)
+            x=[k for _, _, (k, _) in points], y=[a for _, a, _ in points], mode="markers" if index else "markers+text",
             text=[f"{r['model']} {r['format']}{' (kappa >=)' if low else ''}" for r, _, (_, low) in points],
             textposition=[side(k, a) for _, a, (k, _) in points], cliponaxis=False,
             marker=dict(size=11, symbol=symbols[index % len(symbols)], color=palette_color(index)),
