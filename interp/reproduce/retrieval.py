@@ -46,7 +46,8 @@ AR_MODELS = {"attention": ("transformer", {"positional": "none"}), "based": ("ba
              "mamba d_conv=1": ("mamba", {"d_conv": 1})}
 ATR_MODELS = {"attention": ("transformer", {"positional": "none"}), "mamba d_conv=1": ("mamba", {"d_conv": 1}),
               "mamba": ("mamba", {"d_conv": 4})}
-MEDIUM_AR = ("attention", "mamba", "mamba d_conv=1")
+# medium AR: every model of seed 003's AR claims (Based, DeltaNet, H3 and Hyena added 2026-12-03, fourth session)
+MEDIUM_AR = ("attention", "mamba", "mamba d_conv=1", "based", "deltanet", "h3", "hyena")
 CURRICULUM = {"curriculum": True, "curriculum_start": 2, "curriculum_patience": 2}   # medium: doubling at >= 95%
 EARLY_STOP = {"accuracy": 0.95, "evals": 4}   # medium: 4 evaluations (100 steps) at the training length
 # The medium budget search (2026-12-03, seed 0, one thread at nice 5, load 4-6): probe -> (final-state accuracy on 512
@@ -195,7 +196,9 @@ def measure(outcome, plan: Plan) -> dict:
 
 def restoration_rows(model, clean, corrupt) -> tuple[list[dict], int]:
     """Mean restoration per layer x hook x role (rows) and the number of pairs kept."""
-    result = interchange(model, clean, corrupt, site_grid(model, HOOKS, ROLES), batch_size=2048)
+    # no bar of its own: a second's work inside a reproduction, whose log already counts the runs (its bar broke the
+    # background logs' lines)
+    result = interchange(model, clean, corrupt, site_grid(model, HOOKS, ROLES), batch_size=2048, progress=False)
     rows = [{"layer": site.layer, "hook": site.component, "role": site.position, "restoration": mean, "sem": sem}
             for site, mean, sem in zip(result.sites, result.mean().tolist(), result.sem().tolist())]
     return rows, int(result.n_kept)
