@@ -336,3 +336,28 @@ def test_bootstrap_interval_of_r_brackets_r_and_needs_four_runs():
     r = np.corrcoef(np.log(mp), np.log(tcross))[0, 1]
     assert lo < r < hi <= 1 and hi - lo < 0.5
     assert module.bootstrap_interval(mp[:3], tcross[:3]) is None
+
+
+def test_error_control_measures_a_fitted_run_at_the_recurrent_state_and_the_decoder_input():
+    """measure() of a fitted run: the default site's drift at the top level, the same drift measures at every
+    settings["sites"] site under measures["sites"] (computed there, not copied), the run's mp only once."""
+    from interp.analysis import error_control as ec
+    from interp.reproduce import results as committed
+
+    module = claim_module("error-control")
+    kept = committed.results_dir("error-control", "medium") / "S3-token_gated_rnn-L1-s0"
+    if not kept.is_dir():
+        pytest.skip("the committed token-gated run is not in this checkout")
+    model, task, _config = ec.load_run(kept)
+    plan = module.plan("quick")
+    run = next(r for r in module.plan("medium").runs if r.label == kept.name)
+    outcome = Outcome(run, "fit", None, 1e-2, 4, 1.0, [], 1.0, model=model, task=task)
+    out = module.measure(outcome, plan)
+    assert out["site"] == "blocks.0.mixer.hook_state" and set(out["sites"]) == {module.DECODER_SITE}
+    final = out["sites"]["hook_final"]
+    assert final["site"] == "hook_final" and "mp" not in final and "accuracy" not in final
+    direct = ec.analyze(model, task, plan.settings["train_length"], plan.settings["lengths"], site="hook_final",
+                        seed=run.info["seed"], name=run.label, **plan.settings["n"])
+    assert final["crossings"]["fisher/fixed"]["value"] == direct.crossings["fisher/fixed"].value
+    assert final["centroid_readout"] == direct.readout and final["q_train"] == pytest.approx(direct.summary()["q_train"])
+    assert final["q_train"] != out["q_train"]   # another site's geometry, not a copy of the state's
