@@ -2,8 +2,9 @@
 state-gated) against affine models (Mamba, Mamba-3, AUSSM, negative Mamba, token-gated RNN) and
 whole-vector normalisations (LayerNorm RNN, sphere RNN) on the group word problems, aligned CoT,
 length curriculum to 60, evaluated to 1000 (interp.analysis.error_control on the last layer's
-hook_state): mp per run; Tcross under every drift definition the toolkit offers; the Tcross-mp
-correlation across the affine runs that fit; Theorem 1's check where its premise holds; the
+hook_state, and again at the decoder's input, hook_final): mp per run; Tcross under every drift
+definition the toolkit offers; the Tcross-mp correlation across the affine runs that fit, per site;
+Theorem 1's check where its premise holds; the
 largest singular value of the per-step Jacobian on U. Runs that never fit in distribution are
 reported apart from runs that fit and then fall off."""
 
