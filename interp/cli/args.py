@@ -308,3 +308,34 @@ def fail(command: str, error: Exception | str) -> int:
         error = f"an entry {error.args[0]!r} is missing (a file of the run corrupt or edited by hand?)"
     print(f"interp {command}: error: {' '.join(str(error).split())}", file=sys.stderr)
     return 2
+
+
+def add_scale_out_arguments(parser: argparse.ArgumentParser, unit: str = "unit") -> None:
+    """--executor, --workers, --address, --gpus-per-worker: where an analysis' independent units
+    run (interp.sweep.grid; docs/scaling.md). Without --executor everything runs in this process."""
+    parser.add_argument("--executor", choices=("local", "ray"), default=None,
+                        help=f"run each {unit} on workers: local (spawned processes on this machine) or ray "
+                             "(a Ray cluster); default: in this process")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="worker processes (local) or actors (ray) (default 2 with --executor)")
+    parser.add_argument("--address", default=None,
+                        help="ray: join the cluster at this address ('auto', 'HOST:6379') instead of starting a "
+                             "local one on 127.0.0.1; only trusted machines may be members (docs/scaling.md)")
+    parser.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0,
+                        help="ray: num_gpus of each worker (1 with --device cuda: one worker per GPU)")
+
+
+def executor_from_args(args: argparse.Namespace, command: str):
+    """The executor --executor names (None: in this process); ValueError naming a flag that needs
+    --executor (--workers, --address) when it is missing."""
+    if args.executor is None:
+        for flag, value in (("--workers", args.workers), ("--address", args.address)):
+            if value is not None:
+                raise ValueError(f"argument {flag}: needs --executor local or ray; got {flag} {value} alone")
+        return None
+    if args.address is not None and args.executor != "ray":
+        raise ValueError(f"argument --address: only --executor ray joins a cluster; got --executor {args.executor}")
+    from interp.sweep.executors import make_executor
+
+    gpus = args.gpus_per_worker or (1.0 if str(getattr(args, "device", "cpu")).startswith("cuda") else 0.0)
+    return make_executor(args.executor, args.workers or 2, address=args.address, num_gpus=gpus)
