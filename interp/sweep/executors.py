@@ -28,25 +28,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from interp.sweep.jobs import Executor, Job, Outcome, execute, one_thread
+from interp.sweep.jobs import Executor, Job, Outcome, execute, worker_start
 
 EXECUTORS = ("local", "ray")
-
-
-def _worker_start(parent: int) -> None:
-    """Pool initializer: one thread, and exit when the driver is gone (killed with SIGKILL, say)
-    rather than wait for work forever as an orphan."""
-    import threading
-    import time
-
-    one_thread()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 class LocalExecutor:
@@ -63,7 +47,7 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_worker_start, initargs=(os.getpid(),))
+                                         initializer=worker_start, initargs=(os.getpid(),))
         return self._pool
 
     def run(self, fn: Callable, jobs: Sequence[Job], on_done: Callable[[Outcome], None]) -> None:
@@ -115,6 +99,13 @@ class LocalExecutor:
                                 started[job.key]))
             else:
                 pending.appendleft(job)
+
+    def map_units(self, work, units, on_result) -> None:
+        """A grid's units (interp.analysis.units) on `workers` spawned processes, each building the
+        model once (interp.sweep.unit_workers)."""
+        from interp.sweep.unit_workers import pool_map_units
+
+        pool_map_units(work, units, on_result, self.workers, self.max_retries)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,19 @@ def one_thread() -> None:
         os.environ[name] = "1"
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+def worker_start(parent: int) -> None:
+    """Pool initializer: one thread, and exit when the driver is gone (killed with SIGKILL, say)
+    rather than wait for work forever as an orphan."""
+    one_thread()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def execute(fn: Callable[[dict, str], dict], params: dict, run_dir: str) -> tuple[str, Any]:

@@ -114,6 +114,15 @@ class RayExecutor:
                     continue
                 on_done(Outcome(job, payload, None) if status == "ok" else Outcome(job, None, payload))
 
+    def map_units(self, work, units, on_result) -> None:
+        """A grid's units (interp.analysis.units) on `workers` Ray actors of num_cpus / num_gpus
+        each, the model put in the object store once and built once per actor
+        (interp.sweep.unit_workers)."""
+        from interp.sweep.unit_workers import ray_map_units
+
+        ray_map_units(self._connect(), work, units, on_result, self.workers, self.num_cpus, self.num_gpus,
+                      self.max_retries)
+
     def close(self) -> None:
         if self._started:
             ray_module().shutdown()

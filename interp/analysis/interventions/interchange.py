@@ -27,8 +27,10 @@ import numpy as np
 import torch
 
 import models
-from interp.analysis.interventions.patching import patch_from, probs_at, rows_per_pass
-from interp.analysis.interventions.sites import Site, answer_positions, check_pair, check_sites, rival_answers
+from interp.analysis.interventions.exact import measure
+from interp.analysis.interventions.grid import interchange_grid
+from interp.analysis.interventions.patching import rows_per_pass
+from interp.analysis.interventions.sites import Site, check_pair, check_sites
 from interp.tasks.base import Batch
 
 METRICS = ("restoration",)
@@ -182,6 +184,9 @@ def interchange(
     metrics: Sequence[str] = (),
     max_memory: int | float | str | None = None,
     progress: bool = True,
+    executor=None,
+    out=None,
+    chunk: tuple[int, int] | None = None,
 ) -> InterchangeResult:
     """Patch each site of the corrupted run from the clean run; restoration per site and example.
 
@@ -211,7 +216,16 @@ def interchange(
     and a row of each pass up front and picks the rows per pass (at most batch_size) and how
     coarse the resume positions are to fit; models.memory.MemoryRefused, one line naming the
     hooks, the estimate and the budget, before any work when not even one row fits.
-    progress: a bar (counts, ETA) over the pairs run (off with INTERP_PROGRESS=0).
+    progress: a bar (counts, ETA) over the pairs run (off with INTERP_PROGRESS=0), or over the
+    units of a grid.
+    executor, out, chunk: split the grid into units of chunk = (sites, examples) (default
+    (UNIT_SITES, UNIT_EXAMPLES)), run them on `executor` (None: here; else an executor of
+    interp.sweep.executors: processes or Ray actors) and keep each finished unit in `out` (a
+    directory: reruns skip finished units; interp.analysis.units). The result is a function of the
+    inputs and the chunk alone: any executor, any number of workers and any completion order give
+    the same bits as executor=None with the same chunk (each unit runs with one torch thread).
+    Without any of the three the grid runs as one unit, as before (its bits may differ from a
+    chunked run's in the last places: a pass's rows and threads change the rounding).
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
@@ -224,45 +238,27 @@ def interchange(
             raise TypeError(f"{name} must be a bool; got {flag!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
-    batch_size = rows_per_pass(batch_size, len(clean))
-    clean_ans = answer_positions(clean, answer, "clean")
-    corrupt_ans = answer_positions(corrupt, answer, "corrupt")
-    y = clean.targets[torch.arange(len(clean)), clean_ans]  # [N] the clean answer tokens
-    rows = torch.arange(len(clean))
-    extras: dict = {}
+    rows_per_pass(batch_size, len(clean))  # checked here, resolved per unit
+    options = dict(batch_size=batch_size, answer=answer, skip_noops=skip_noops, resume=resume, metrics=tuple(metrics))
+    if executor is None and out is None and chunk is None:
+        raw = measure(model, clean, corrupt, sites, **options, max_memory=max_memory, progress=progress)
+    else:
+        raw = interchange_grid(model, clean, corrupt, sites, options, max_memory, chunk, executor, out, progress)
+    return assemble(sites, raw, clean, corrupt, float(min_effect), metrics)
 
-    def score_from(clean_at, corrupt_at):  # logits [N, V] at the clean / corrupt answer positions
-        """Per-pair scores [R, m]: logit(y) - logit(y') and KL(p_clean || p) at the answer."""
-        at = corrupt_at.double()  # [N, V]
-        y_corrupt = rival_answers(corrupt, at, y, corrupt_ans)
-        clean_logp = clean_at.double().log_softmax(-1)  # [N, V]
 
-        def score(logits_at, examples):  # [R, V], [R]
-            logits_at = logits_at.double()
-            ld = logits_at.gather(1, y[examples, None]) - logits_at.gather(1, y_corrupt[examples, None])
-            logp = clean_logp[examples]
-            kl = (logp.exp() * (logp - logits_at.log_softmax(-1))).sum(-1, keepdim=True)
-            return torch.cat([ld, kl], 1)
-
-        clean_at = clean_at.double()
-        extras.update(ld_clean=clean_at[rows, y] - clean_at[rows, y_corrupt], corrupt=score(at, rows))
-        return score
-
-    with models.instrumented():
-        clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
-            model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
-            score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
-            progress=progress,
-        )
-    p_clean = probs_at(clean_at, y)
-    values, kept = restoration(p_patched, p_clean, p_corrupt, float(min_effect))
+def assemble(sites: list[Site], raw: dict, clean: Batch, corrupt: Batch, min_effect: float,
+             metrics) -> InterchangeResult:
+    """The InterchangeResult of raw numbers (measure's, or merged from units)."""
+    values, kept = restoration(raw["p_patched"], raw["p_clean"], raw["p_corrupt"], min_effect)
     identical = (clean.tokens == corrupt.tokens).all(1)  # p_clean = p_corrupt by construction
     values[:, identical], kept = 1.0, kept | identical
-    result = InterchangeResult(sites, values, p_patched, p_clean, p_corrupt, kept, float(min_effect),
-                               n_run=stats["run"], n_skipped=stats["skipped"], n_passes=stats["passes"])
+    n_run, n_skipped, n_passes = raw["stats"].tolist()
+    result = InterchangeResult(sites, values, raw["p_patched"], raw["p_clean"], raw["p_corrupt"], kept, min_effect,
+                               n_run=n_run, n_skipped=n_skipped, n_passes=n_passes)
     if "logit_diff" in metrics:
-        result.logit_diff_patched, result.logit_diff_clean = scores[..., 0], extras["ld_clean"]
-        result.logit_diff_corrupt = extras["corrupt"][:, 0]
+        result.logit_diff_patched, result.logit_diff_clean = raw["scores"][..., 0], raw["ld_clean"]
+        result.logit_diff_corrupt = raw["scores_corrupt"][:, 0]
     if "kl" in metrics:
-        result.kl_patched, result.kl_corrupt = scores[..., 1], extras["corrupt"][:, 1]
+        result.kl_patched, result.kl_corrupt = raw["scores"][..., 1], raw["scores_corrupt"][:, 1]
     return result

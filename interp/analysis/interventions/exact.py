@@ -1,0 +1,53 @@
+"""The raw numbers of one exact interchange run (interchange's module docstring): what a whole grid
+or one unit of it (interventions.grid) computes before restoration is formed."""
+
+from __future__ import annotations
+
+import torch
+
+import models
+from interp.analysis.interventions.patching import patch_from, probs_at, rows_per_pass
+from interp.analysis.interventions.sites import Site, answer_positions, rival_answers
+from interp.tasks.base import Batch
+
+
+def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, answer, skip_noops: bool,
+            resume: bool, metrics, max_memory, progress: bool) -> dict[str, torch.Tensor]:
+    """The raw numbers of one interchange run: p_patched [S, N], p_clean [N], p_corrupt [N],
+    stats [3] (pairs run, skipped, passes) and, with metrics, scores [S, N, 2] (logit
+    difference, KL), ld_clean [N], scores_corrupt [N, 2]."""
+    batch_size = rows_per_pass(batch_size, len(clean))
+    clean_ans = answer_positions(clean, answer, "clean")
+    corrupt_ans = answer_positions(corrupt, answer, "corrupt")
+    y = clean.targets[torch.arange(len(clean)), clean_ans]  # [N] the clean answer tokens
+    rows = torch.arange(len(clean))
+    extras: dict = {}
+
+    def score_from(clean_at, corrupt_at):  # logits [N, V] at the clean / corrupt answer positions
+        """Per-pair scores [R, m]: logit(y) - logit(y') and KL(p_clean || p) at the answer."""
+        at = corrupt_at.double()  # [N, V]
+        y_corrupt = rival_answers(corrupt, at, y, corrupt_ans)
+        clean_logp = clean_at.double().log_softmax(-1)  # [N, V]
+
+        def score(logits_at, examples):  # [R, V], [R]
+            logits_at = logits_at.double()
+            ld = logits_at.gather(1, y[examples, None]) - logits_at.gather(1, y_corrupt[examples, None])
+            logp = clean_logp[examples]
+            kl = (logp.exp() * (logp - logits_at.log_softmax(-1))).sum(-1, keepdim=True)
+            return torch.cat([ld, kl], 1)
+
+        clean_at = clean_at.double()
+        extras.update(ld_clean=clean_at[rows, y] - clean_at[rows, y_corrupt], scores_corrupt=score(at, rows))
+        return score
+
+    with models.instrumented():
+        clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
+            model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
+            score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
+            progress=progress,
+        )
+    raw = dict(p_patched=p_patched, p_clean=probs_at(clean_at, y), p_corrupt=p_corrupt,
+               stats=torch.tensor([stats["run"], stats["skipped"], stats["passes"]]))
+    if metrics:
+        raw.update(scores=scores, **extras)
+    return raw
