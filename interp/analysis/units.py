@@ -196,10 +196,12 @@ class UnitStore:
             raise ValueError(f"unit file {file} is unreadable ({type(error).__name__}: {error}); remove it to "
                              "recompute that unit") from None
 
-    def write(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
+    def write(self, key: str, tensors: dict[str, torch.Tensor], node: str) -> None:
+        """The unit's tensors, atomically; the node that computed it in the file's metadata."""
         from safetensors.torch import save_file
 
-        atomic_write(inside(self.units, f"{key}.safetensors"), lambda tmp: save_file(tensors, tmp))
+        atomic_write(inside(self.units, f"{key}.safetensors"),
+                     lambda tmp: save_file(tensors, tmp, metadata={"node": node}))
 
 
 def manifest_of(work: UnitWork, units: Sequence[Unit]) -> dict:
@@ -257,7 +259,7 @@ def _run(work, units, executor, done: dict, store: UnitStore | None, progress: b
 
     def on_result(unit: Unit, tensors: dict[str, torch.Tensor], node: str) -> None:
         if store is not None:
-            store.write(unit.key, tensors)
+            store.write(unit.key, tensors, node)
         done[unit.key] = tensors
         bar.update(node)
 

@@ -1,0 +1,96 @@
+"""A grid across a real multi-node Ray cluster on one machine (ray.cluster_utils.Cluster: a head and
+two worker nodes, each its own raylet, 1 CPU each, every node on 127.0.0.1): the merged interchange
+grid equals the in-process run of the same chunk bit for bit, its units ran on several nodes,
+removing a worker node mid-grid still finishes with the same result, and every listening socket
+of the cluster is on the loopback interface."""
+
+import os
+import threading
+import time
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"   # before ray is imported: keep every node on 127.0.0.1
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+import models  # noqa: E402
+from interp.analysis.interventions import corrupt_ar, interchange, site_grid  # noqa: E402
+from interp.sweep.executors import make_executor  # noqa: E402
+from interp.tasks.recall import AssociativeRecall  # noqa: E402
+from test_trust_ray import is_loopback, listeners  # noqa: E402
+
+CHUNK = (6, 8)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    local = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
+    made = cluster_utils.Cluster(initialize_head=True, head_node_args={**local, "include_dashboard": False})
+    workers = [made.add_node(**local) for _ in range(2)]
+    made.wait_for_nodes()
+    ray.init(address=made.address, log_to_driver=False)
+    try:
+        yield made, workers
+    finally:
+        ray.shutdown()
+        made.shutdown()
+
+
+@pytest.fixture(scope="module")
+def grid():
+    task = AssociativeRecall()
+    model = models.build("mamba", vocab_size=task.vocab_size, d_model=16, n_layers=2).eval()
+    clean = task.sample(16, 10, seed=0)
+    corrupt = corrupt_ar(clean, task, seed=1)
+    sites = site_grid(model, ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_out"], list(range(10)))
+    here = interchange(model, clean, corrupt, sites, chunk=CHUNK, progress=False)
+    return model, clean, corrupt, sites, here
+
+
+def nodes_of(out) -> set[str]:
+    from safetensors import safe_open
+
+    return {safe_open(str(f), "pt").metadata()["node"] for f in (out / "units").glob("*.safetensors")}
+
+
+def test_a_grid_across_three_nodes_equals_one_process_and_listens_on_loopback(cluster, grid, tmp_path):
+    made, _ = cluster
+    model, clean, corrupt, sites, here = grid
+    assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}
+    assert sum(n["Alive"] for n in ray.nodes()) == 3
+    executor = make_executor("ray", workers=3, address=made.address)
+    got = interchange(model, clean, corrupt, sites, chunk=CHUNK, executor=executor, out=tmp_path, progress=False)
+    executor.close()
+    assert torch.equal(got.p_patched, here.p_patched) and torch.equal(got.p_clean, here.p_clean)
+    assert len(nodes_of(tmp_path)) >= 2
+    exposed = [(name, address) for name, address in listeners() if not is_loopback(address)]
+    assert not exposed, f"listening beyond localhost: {exposed}"
+
+
+def test_removing_a_worker_node_mid_grid_still_gives_the_same_result(cluster, grid, tmp_path):
+    made, workers = cluster
+    model, clean, corrupt, sites, here = grid
+
+    removed = []
+
+    def remove_when_started() -> None:   # once a unit has landed, take a worker node away
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((tmp_path / "units").glob("*.safetensors")):
+            time.sleep(0.05)
+        made.remove_node(workers[0])
+        removed.append(len(list((tmp_path / "units").glob("*.safetensors"))))
+
+    remover = threading.Thread(target=remove_when_started)
+    remover.start()
+    executor = make_executor("ray", workers=3, address=made.address, max_retries=3)
+    got = interchange(model, clean, corrupt, sites, chunk=CHUNK, executor=executor, out=tmp_path, progress=False)
+    executor.close()
+    remover.join()
+    assert removed and removed[0] < 14, removed   # the node went while units were left (7 x 2 units)
+    assert sum(n["Alive"] for n in ray.nodes()) == 2
+    assert torch.equal(got.p_patched, here.p_patched) and torch.equal(got.p_corrupt, here.p_corrupt)
