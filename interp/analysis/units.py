@@ -59,6 +59,10 @@ FORMAT = "interp-units/1"
 MANIFEST = "manifest.json"
 
 
+class GridFailed(RuntimeError):
+    """A grid could not finish: a unit raised in its worker, or its workers kept dying."""
+
+
 @dataclass(frozen=True)
 class Unit:
     key: str    # file-name safe, unique in its grid
@@ -273,7 +277,7 @@ def _run(work, units, executor, done: dict, store: UnitStore | None, progress: b
         bar.close()
     missing = [u.key for u in units if u.key not in done]
     if missing:
-        raise RuntimeError(f"{len(missing)} units did not finish (first: {missing[0]})")
+        raise GridFailed(f"{len(missing)} units did not finish (first: {missing[0]})")
     return done
 
 

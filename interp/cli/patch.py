@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, check_workload, device_name, fail, fraction, non_negative_int, output_path,
-                            positive_int, run_directory)
+from interp.cli.args import (add_scale_out_arguments, check_out, check_workload, device_name, executor_from_args,
+                            fail, fraction, non_negative_int, output_path, positive_int, run_directory)
 
 METHODS = ("both", "exact", "attribution")
 DEFAULT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")  # those the model has
@@ -60,7 +60,18 @@ def add_parser(sub) -> None:
                        help="memory budget such as 8GB or 512MiB (default: half the memory available); the grid is "
                             "planned to fit it and refused up front when it cannot")
     patch.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_scale_out_arguments(patch, unit="unit (a chunk of sites x a chunk of examples)")
+    patch.add_argument("--chunk", type=chunk_pair, default=None,
+                       help="SITES,EXAMPLES per unit of the exact grid (default 128,256); with --executor each "
+                            "finished unit is kept in REPORT.units/ beside the report and a rerun skips it")
     patch.set_defaults(func=run)
+
+
+def chunk_pair(text: str) -> tuple[int, int]:
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"must be two positive integers SITES,EXAMPLES; got {text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def corruption(task_name: str, how: str):
@@ -113,8 +124,21 @@ def load_pair(args: argparse.Namespace):
     return config, pairs, model, clean.to(args.device), corrupt.to(args.device)
 
 
-def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
+def units_dir(args: argparse.Namespace) -> Path | None:
+    """Where the exact grid keeps its units: REPORT.units/interchange beside the report, when the
+    grid runs as units (--executor or --chunk); None otherwise."""
+    from models.paths import inside
+
+    if args.executor is None and args.chunk is None:
+        return None
+    report = args.out or args.run_dir / "patch.html"
+    return inside(report.parent, f"{report.stem}.units", "interchange")
+
+
+def measure(args: argparse.Namespace, executor=None) -> tuple[dict, dict, object]:
     """(setup facts, {method: InterchangeResult}, the clean Batch) of the run; ValueError etc. on bad input."""
+    from functools import partial
+
     from interp.analysis.interventions import attribute, interchange
 
     config, pairs, model, clean, corrupt = load_pair(args)
@@ -123,7 +147,8 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict, object]:
     top = min(8, len(sites)) if args.top is None else args.top
     if top > len(sites):
         raise ValueError(f"--top must be at most the number of sites ({len(sites)}); got {top}")
-    methods = {"exact": interchange, "attribution": attribute}
+    methods = {"exact": partial(interchange, executor=executor, out=units_dir(args), chunk=args.chunk),
+               "attribution": attribute}
     chosen = list(methods) if args.method == "both" else [args.method]
     results = {m: methods[m](model, clean, corrupt, sites, min_effect=args.min_effect, metrics=["logit_diff"],
                              max_memory=args.max_memory, progress=not args.no_progress)
@@ -153,11 +178,19 @@ def run(args: argparse.Namespace) -> int:
                         flag="--out" if args.out else "run_dir")
     if refused is not None:
         return refused
+    from interp.analysis.units import GridFailed
+    from models.paths import DirectoryLocked
+
+    executor = None
     try:
-        setup, results, clean = measure(args)
+        executor = executor_from_args(args, "patch")
+        setup, results, clean = measure(args, executor)
         path = report(args, setup, results, clean)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError, GridFailed, DirectoryLocked) as error:
         return fail("patch", error)
+    finally:
+        if executor is not None:
+            executor.close()
     first = next(iter(results.values()))
     print(f"{setup['mixer']} on {setup['task']} ({setup['pairs']} pairs, T {setup['T']}): {setup['sites']} sites x "
           f"{args.n} pairs, {first.n_kept} kept (p_clean - p_corrupt > {args.min_effect})")

@@ -9,8 +9,8 @@ a process gets them in its initializer (torch shares the tensors' memory with sp
 a Ray actor gets them from the object store (`ray.put` once; each node fetches the object once and
 each actor on it deserialises it once) and keeps them for every unit it runs.
 
-Failures. A unit whose function raises fails the grid at once (RuntimeError with the worker's
-traceback: it would fail again). A worker that dies (killed, out of memory, its node removed from
+Failures. A unit whose function raises fails the grid at once (GridFailed naming the worker's
+exception, its traceback in .traceback: it would fail again). A worker that dies (killed, out of memory, its node removed from
 the cluster) loses only the unit it was running: that unit is queued again, up to `max_retries`
 times, and a fresh worker replaces the dead one (a Ray actor is placed wherever the cluster has
 room; the others carry on meanwhile). In a local pool a dead process breaks the whole pool: every
@@ -27,22 +27,26 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from interp.analysis.units import Unit, UnitWork, compute_unit
+from interp.analysis.units import GridFailed, Unit, UnitWork, compute_unit
 from interp.sweep.jobs import one_thread, worker_start
 
 OnResult = Callable[[Unit, dict, str], None]
 _WORK: UnitWork | None = None   # a pool worker's grid, set by its initializer
 
 
-class UnitFailed(RuntimeError):
-    """A unit's function raised in a worker (the message holds the worker's traceback)."""
-
-
 def _charge(attempts: collections.Counter, unit: Unit, max_retries: int, why: str) -> None:
     attempts[unit.key] += 1
     if attempts[unit.key] > max_retries:
-        raise RuntimeError(f"unit {unit.key}: its worker died {attempts[unit.key]} times (max_retries={max_retries}); "
+        raise GridFailed(f"unit {unit.key}: its worker died {attempts[unit.key]} times (max_retries={max_retries}); "
                            f"last: {why}")
+
+
+def _raised(unit: Unit, trace: str) -> GridFailed:
+    """GridFailed naming the unit and the worker's exception (its last traceback line); the whole
+    traceback in .traceback."""
+    error = GridFailed(f"unit {unit.key} raised in its worker: {trace.strip().splitlines()[-1]}")
+    error.traceback = trace
+    return error
 
 
 # ----------------------------------------------------------------------------- local processes
@@ -88,7 +92,7 @@ def pool_map_units(work: UnitWork, units: Sequence[Unit], on_result: OnResult, w
                     broken = True
                     continue
                 if status != "ok":
-                    raise UnitFailed(f"unit {unit.key} raised in its worker:\n{payload}")
+                    raise _raised(unit, payload)
                 on_result(unit, payload, "local")
             if broken:   # every unit still in flight went down with the pool
                 for unit in inflight.values():
@@ -150,7 +154,7 @@ def ray_map_units(ray, work: UnitWork, units: Sequence[Unit], on_result: OnResul
             ready, _ = ray.wait([*starting, *running], num_returns=1, timeout=start_timeout)
             if not ready:
                 if not running:
-                    raise RuntimeError(f"no Ray worker started within {start_timeout:.0f} s (each asks for "
+                    raise GridFailed(f"no Ray worker started within {start_timeout:.0f} s (each asks for "
                                        f"num_cpus={num_cpus}, num_gpus={num_gpus}); does the cluster have room?")
                 continue
             ref = ready[0]
@@ -172,7 +176,7 @@ def ray_map_units(ray, work: UnitWork, units: Sequence[Unit], on_result: OnResul
                 start()
                 continue
             if status != "ok":
-                raise UnitFailed(f"unit {unit.key} raised in its worker:\n{payload}")
+                raise _raised(unit, payload)
             idle.append(actor)
             on_result(unit, payload, node)
     finally:
