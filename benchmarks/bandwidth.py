@@ -18,7 +18,7 @@ scan's GB/s counts the least traffic it must move, each tensor once per pass:
   selective fwd+bwd the forward (+ checkpoints), then read dt, x, Bm, C, gy, checkpoints; write
                     grad dt, x, Bm, C (A, h0 and their gradients are small)
 Shapes: diag B 8, H 4 channels x N 64 states, the read-out c shared over channels (the Mamba
-layout of benchmarks/kernels.py), T 256 ("small": 4.5 MiB, inside the 32 MiB L3) or 16384
+layout of benchmarks/kernel_speed.py), T 256 ("small": 4.5 MiB, inside the 32 MiB L3) or 16384
 ("large": 290 MiB); selective B 8, E 256 channels, N 16 states, T 256 or 16384 (large: 392 MiB of
 inputs and y). float32, one torch thread unless --threads says otherwise (the selective scan runs on one thread:
 it is timed at one only); every contender (the copy included) once per round, the

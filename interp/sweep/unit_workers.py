@@ -59,8 +59,12 @@ def _pool_start(work: UnitWork, parent: int) -> None:
 
 
 def _pool_run(spec: dict) -> tuple[str, object]:
+    """("ok", the unit's tensors as safetensors bytes: one buffer through the pipe, where torch's
+    own pickling would open a shared-memory file per tensor) or ("error", traceback)."""
+    from safetensors.torch import save
+
     try:
-        return "ok", compute_unit(_WORK, spec)
+        return "ok", save(compute_unit(_WORK, spec))
     except Exception:  # noqa: BLE001 - sent to the driver, which fails the grid with it
         return "error", traceback.format_exc()
 
@@ -68,6 +72,8 @@ def _pool_run(spec: dict) -> tuple[str, object]:
 def pool_map_units(work: UnitWork, units: Sequence[Unit], on_result: OnResult, workers: int,
                    max_retries: int) -> None:
     """Run units on `workers` spawned processes (module docstring)."""
+    from safetensors.torch import load
+
     pending, attempts = collections.deque(units), collections.Counter()
     context = multiprocessing.get_context("spawn")
 
@@ -93,7 +99,7 @@ def pool_map_units(work: UnitWork, units: Sequence[Unit], on_result: OnResult, w
                     continue
                 if status != "ok":
                     raise _raised(unit, payload)
-                on_result(unit, payload, "local")
+                on_result(unit, load(payload), "local")
             if broken:   # every unit still in flight went down with the pool
                 for unit in inflight.values():
                     _charge(attempts, unit, max_retries, "the process pool broke")

@@ -1,7 +1,7 @@
 """Scan kernels on the CPU: naive, chunked and native, forward and forward+backward, state export.
 
-    python benchmarks/kernels.py [--lengths 256 1024 4096] [--repeats 3] [--markdown] [--skip-loop-backward]
-    python benchmarks/kernels.py --widths 4x64 64x16 512x16 1024x16 --lengths 256   (width sweep)
+    python benchmarks/kernel_speed.py [--lengths 256 1024 4096] [--repeats 3] [--markdown] [--skip-loop-backward]
+    python benchmarks/kernel_speed.py --widths 4x64 64x16 512x16 1024x16 --lengths 256   (width sweep)
 
 One table, one row per (kernel, T, implementation, export): the fastest of --repeats wall times
 of the forward and of forward+backward (a scalar loss on every output) at B = 8, H = 4 channels /
