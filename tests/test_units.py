@@ -179,3 +179,16 @@ def test_interchange_refuses_a_bad_chunk(ar_grid):
     model, clean, corrupt, sites = ar_grid
     with pytest.raises(ValueError, match=r"chunk must be \(sites per unit, examples per unit\)"):
         interchange(model, clean, corrupt, sites, chunk=(0, 4), progress=False)
+
+
+def test_ablation_on_units_is_bit_identical_in_any_order_and_one_unit_is_the_plain_call(ar_grid):
+    from interp.analysis.interventions import ablate
+
+    model, clean, _, sites = ar_grid
+    for mode in ("zero", "mean"):
+        here = ablate(model, clean, sites, mode=mode, chunk=(9, 5), progress=False)
+        pooled = ablate(model, clean, sites, mode=mode, chunk=(9, 5), executor=Shuffled(2), progress=False)
+        assert torch.equal(pooled.p_answer, here.p_answer) and torch.equal(pooled.correct, here.correct)
+        assert torch.equal(pooled.baseline_p, here.baseline_p)
+        whole = ablate(model, clean, sites, mode=mode, chunk=(len(sites), len(clean)), progress=False)
+        assert torch.equal(whole.p_answer, ablate(model, clean, sites, mode=mode).p_answer)

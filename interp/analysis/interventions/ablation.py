@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 import models
+from interp.analysis.interventions.grid import site_grid_units
 from interp.analysis.interventions.patching import (after_answer, patched_answer_probs, probs_at, resume_hook_names,
                                                     rows_per_pass, run_cached, select_site, time_first)
 from interp.analysis.interventions.sites import Site, answer_positions, check_batch, check_sites, site_positions
@@ -77,6 +78,10 @@ def ablate(
     batch_size: int | None = None,
     answer: str | None = None,
     resume: bool = True,
+    executor=None,
+    out=None,
+    chunk: tuple[int, int] | None = None,
+    progress: bool = True,
 ) -> AblationResult:
     """Zero- or mean-ablate each site separately; answer probability and accuracy per site.
 
@@ -84,6 +89,9 @@ def ablate(
     subspace site only the component in the subspace is replaced (zero: projected out).
     resume: each ablated run starts at the site's block and first position from the batch's own
     cached run (as in `interchange`; sites after the answer keep the baseline); False: whole passes.
+    executor, out, chunk, progress: the grid as units of chunk = (sites, examples), run on the
+    executor and kept in out, as `interchange` (interventions.grid); the means are taken once,
+    here, over the whole reference.
     """
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}; got {mode!r}")
@@ -91,10 +99,38 @@ def ablate(
     sites = check_sites(model, sites)
     if reference is not None:
         check_batch("reference", reference)
+    rows_per_pass(batch_size, len(batch))
+    means = None
+    if mode == "mean":
+        means = site_means(model, batch if reference is None else reference, sites,
+                           rows_per_pass(batch_size, len(batch)))
+    options = dict(batch_size=batch_size, answer=answer, resume=resume)
+    if executor is None and out is None and chunk is None:
+        raw = ablated(model, batch, sites, means, **options)
+    else:
+        inputs = {"batch": batch, "sites": list(sites), "means": means, "options": options}
+        raw = site_grid_units(model, ablation_unit, inputs, len(sites), len(batch), PER_EXAMPLE, "ablation",
+                              {**options, "mode": mode}, None, chunk, executor, out, progress)
+    return AblationResult(sites, mode, raw["p_answer"], raw["correct"], raw["baseline_p"], raw["baseline_correct"])
+
+
+PER_EXAMPLE = ("baseline_p", "baseline_correct")  # the rest is per site and example [S, N]
+
+
+def ablation_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit of an ablation grid (a worker runs this; interventions.grid)."""
+    (s0, s1), (e0, e1) = spec["sites"], spec["examples"]
+    means = None if inputs["means"] is None else inputs["means"][s0:s1]
+    return ablated(model, inputs["batch"].select(slice(e0, e1)), inputs["sites"][s0:s1], means, **inputs["options"])
+
+
+def ablated(model, batch: Batch, sites: list[Site], means: list[torch.Tensor] | None, batch_size, answer,
+            resume: bool) -> dict[str, torch.Tensor]:
+    """p_answer [S, N], correct [S, N], baseline_p [N], baseline_correct [N] with each site set
+    to zero (means None) or to its mean."""
     batch_size = rows_per_pass(batch_size, len(batch))
     ans = answer_positions(batch, answer)
     y = batch.targets[torch.arange(len(batch)), ans]
-    means = site_means(model, batch if reference is None else reference, sites, batch_size) if mode == "mean" else None
 
     def source(s: int, examples: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         if means is None:
@@ -117,7 +153,7 @@ def ablate(
         p_answer, correct, _ = patched_answer_probs(model, batch, sites, source, y, ans, batch_size, skip=skip,
                                                  unpatched=(baseline_p, baseline_correct),
                                                  resume_cache=cache if resume else None)
-    return AblationResult(sites, mode, p_answer, correct, baseline_p, baseline_correct)
+    return dict(p_answer=p_answer, correct=correct, baseline_p=baseline_p, baseline_correct=baseline_correct)
 
 
 def short_convs(model) -> list[tuple[str, torch.Tensor]]:

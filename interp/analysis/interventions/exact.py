@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import models
+from interp.analysis.interventions.grid import site_grid_units
 from interp.analysis.interventions.patching import patch_from, probs_at, rows_per_pass
 from interp.analysis.interventions.sites import Site, answer_positions, rival_answers
 from interp.tasks.base import Batch
@@ -51,3 +52,22 @@ def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, 
     if metrics:
         raw.update(scores=scores, **extras)
     return raw
+
+
+PER_EXAMPLE = ("p_clean", "p_corrupt", "ld_clean", "scores_corrupt")  # the rest is per pair [S, N, ...]
+
+
+def interchange_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit's raw numbers (a worker runs this; interventions.grid)."""
+    (s0, s1), (e0, e1) = spec["sites"], spec["examples"]
+    examples = slice(e0, e1)
+    return measure(model, inputs["clean"].select(examples), inputs["corrupt"].select(examples),
+                   inputs["sites"][s0:s1], **inputs["options"], max_memory=inputs["max_memory"], progress=False)
+
+
+def interchange_grid(model, clean: Batch, corrupt: Batch, sites: list[Site], options: dict, max_memory,
+                     chunk, executor, out, progress: bool) -> dict[str, torch.Tensor]:
+    """measure's numbers for the whole grid, run as units (interventions.grid)."""
+    inputs = {"clean": clean, "corrupt": corrupt, "sites": list(sites), "options": options}
+    return site_grid_units(model, interchange_unit, inputs, len(sites), len(clean), PER_EXAMPLE, "interchange",
+                           options, max_memory, chunk, executor, out, progress)

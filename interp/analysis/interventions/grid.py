@@ -1,33 +1,31 @@
-"""An interchange grid as units: site chunks x example chunks (interp.analysis.units).
+"""Site x example grids (interchange, ablation) as units: site chunks x example chunks
+(interp.analysis.units).
 
     unit (i, j) = sites[i*cs : (i+1)*cs] x examples[j*ce : (j+1)*ce]      chunk = (cs, ce)
 
-Each unit is one whole `exact.measure` run on its sites and examples: it caches the clean and
-corrupted runs of its examples, then runs its own (site, example) pairs, resumed and packed as a
+Each unit is one whole run of the analysis on its sites and examples (interchange: `exact.measure`,
+whose unit function is exact.interchange_unit; ablation: ablation.ablation_unit): it caches the
+clean and corrupted runs of its examples, then runs its own (site, example) pairs, resumed and packed as a
 whole grid is. A unit's passes hold its own pairs only, so its numbers do not depend on which other
 units exist, where they run or in what order: the merged grid equals the in-process run of the same
 chunk bit for bit. The price is that each unit caches its examples' clean and corrupted runs
 again (two forwards of ce rows per unit, against cs x ce mostly short resumed rows); UNIT_SITES
 keeps that to a few per cent on the real-size grids (benchmarks/scale_out.py measures it).
 
-Merging: p_patched [S, N] (and the per-pair scores) are placed by unit; the per-example numbers
-(p_clean, p_corrupt, the clean logit difference, the corrupted scores) come from the example
-chunk's first site chunk; the counts (pairs run, skipped, passes) add up.
+Merging: the per-pair numbers [S, N, ...] (p_patched, the scores) are placed by unit; the
+per-example numbers [N, ...] (named by the caller: p_clean, p_corrupt, ...) come from the example
+chunk's first site chunk; "stats" (counts: pairs run, skipped, passes) add up.
 """
 
 from __future__ import annotations
 
 import torch
 
-from interp.analysis.interventions.exact import measure
-from interp.analysis.interventions.sites import Site
 from interp.analysis.units import Unit, UnitWork, chunks, run_units
-from interp.tasks.base import Batch
 from models.memory import budget_bytes
 
 UNIT_SITES = 128      # sites per unit (default chunk)
 UNIT_EXAMPLES = 256   # examples per unit (default chunk)
-PER_EXAMPLE = ("p_clean", "p_corrupt", "ld_clean", "scores_corrupt")
 
 
 def check_chunk(chunk, n_sites: int, n_examples: int) -> tuple[int, int]:
@@ -45,44 +43,37 @@ def grid_units(n_sites: int, n_examples: int, chunk: tuple[int, int]) -> list[Un
             for s0, s1 in chunks(n_sites, chunk[0]) for e0, e1 in chunks(n_examples, chunk[1])]
 
 
-def interchange_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
-    """One unit's raw numbers (a worker runs this)."""
-    (s0, s1), (e0, e1) = spec["sites"], spec["examples"]
-    examples = slice(e0, e1)
-    return measure(model, inputs["clean"].select(examples), inputs["corrupt"].select(examples),
-                   inputs["sites"][s0:s1], **inputs["options"], max_memory=inputs["max_memory"], progress=False)
-
-
-def interchange_grid(model, clean: Batch, corrupt: Batch, sites: list[Site], options: dict, max_memory,
-                     chunk, executor, out, progress: bool) -> dict[str, torch.Tensor]:
-    """The raw numbers of the whole grid, merged from its units (module docstring). The memory
-    budget is resolved here once, so that every worker plans its passes alike."""
-    chunk = check_chunk(chunk, len(sites), len(clean))
-    units = grid_units(len(sites), len(clean), chunk)
-    inputs = {"clean": clean, "corrupt": corrupt, "sites": list(sites), "options": options}
+def site_grid_units(model, compute, inputs: dict, n_sites: int, n_examples: int, per_example: tuple[str, ...],
+                    name: str, options: dict, max_memory, chunk, executor, out, progress: bool) -> dict:
+    """The raw numbers of a site x example grid, merged from its units (module docstring).
+    compute(model, inputs, spec): one unit's {name: tensor}; the memory budget is resolved here
+    once (pinned), so that every worker plans its passes alike."""
+    chunk = check_chunk(chunk, n_sites, n_examples)
+    units = grid_units(n_sites, n_examples, chunk)
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
-    work = UnitWork(model, interchange_unit, inputs, name="interchange",
+    work = UnitWork(model, compute, inputs, name=name,
                     options={"chunk": list(chunk), "max_memory": max_memory, **settings},
                     pinned={"max_memory": budget_bytes(max_memory)})
     results = run_units(work, units, executor=executor, out=out, progress=progress)
-    return merge(units, results, len(sites), len(clean))
+    return merge(units, results, n_sites, n_examples, per_example)
 
 
-def merge(units: list[Unit], results: dict, n_sites: int, n_examples: int) -> dict[str, torch.Tensor]:
+def merge(units: list[Unit], results: dict, n_sites: int, n_examples: int,
+          per_example: tuple[str, ...]) -> dict[str, torch.Tensor]:
     first = results[units[0].key]
     merged = {}
     for name, value in first.items():
         if name == "stats":
             merged[name] = sum(results[u.key][name] for u in units)
-        elif name in PER_EXAMPLE:
+        elif name in per_example:
             merged[name] = value.new_empty((n_examples, *value.shape[1:]))
         else:  # per pair: [S, N, ...]
             merged[name] = value.new_empty((n_sites, n_examples, *value.shape[2:]))
     for unit in units:
         (s0, s1), (e0, e1) = unit.spec["sites"], unit.spec["examples"]
         for name, value in results[unit.key].items():
-            if name in PER_EXAMPLE and s0 == 0:
+            if name in per_example and s0 == 0:
                 merged[name][e0:e1] = value
-            elif name not in PER_EXAMPLE and name != "stats":
+            elif name not in per_example and name != "stats":
                 merged[name][s0:s1, e0:e1] = value
     return merged

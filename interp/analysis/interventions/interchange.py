@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 import models
-from interp.analysis.interventions.exact import measure
-from interp.analysis.interventions.grid import interchange_grid
+from interp.analysis.interventions.exact import interchange_grid, measure
 from interp.analysis.interventions.patching import rows_per_pass
 from interp.analysis.interventions.sites import Site, check_pair, check_sites
 from interp.tasks.base import Batch
