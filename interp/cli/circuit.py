@@ -7,6 +7,11 @@ key,value,query`: nodes per component and role) scored by EAP and EAP-IG
 the circuit of the top `--fraction` of edges extracted and pruned, and faithfulness against size
 per method. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
 RUN_DIR/circuit.html: the graph and the faithfulness curve) and the edge scores as CSV beside it.
+
+With --executor local / ray (--workers ...) EAP and EAP-IG run as units of examples, the exact
+re-scoring as units of edges and the faithfulness curve as units of circuits on the workers
+(interp.analysis.circuits.units), each grid's finished units kept in units-<analysis>/ beside the
+report: a rerun of the same command skips them.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, device_name, fail, fraction, non_negative_int, output_path, positive_int,
-                            run_directory)
+from interp.cli.args import (add_scale_out_arguments, check_out, device_name, executor_from_args, fail, fraction,
+                            non_negative_int, output_path, positive_int, run_directory)
 from interp.cli.patch import comma_list, load_pair
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -50,23 +55,37 @@ def add_parser(sub) -> None:
     circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
     circuit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_scale_out_arguments(circuit, unit="chunk of examples, edges or circuits")
     circuit.set_defaults(func=run)
 
 
-def measure(args: argparse.Namespace):
-    """(facts, {method: EdgeScores}, circuit, faithfulness curve rows)."""
+def units_out(args: argparse.Namespace, executor, analysis: str) -> dict:
+    """{executor, out}: with an executor, out = units-<analysis>/ beside the report (models.paths.inside)."""
+    if executor is None:
+        return {}
+    from models.paths import inside
+
+    report = Path(args.out or args.run_dir / "circuit.html")
+    return {"executor": executor, "out": inside(report.parent, f"units-{analysis}")}
+
+
+def measure(args: argparse.Namespace, executor=None):
+    """(facts, {method: EdgeScores}, circuit, faithfulness curve rows); executor: where the grids'
+    units run (None: here, as one run each)."""
     from interp.analysis.circuits import build_graph, eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
 
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
     positions = None if args.positions is None else [int(p) if p.lstrip("-").isdigit() else p for p in args.positions]
     graph = build_graph(model, positions=positions, conv=args.conv_nodes, channel_groups=args.channel_groups)
-    scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph)}
+    scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph, **units_out(args, executor, "eap"))}
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
-                              progress=not args.no_progress)
-    scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges))
+                              progress=not args.no_progress, **units_out(args, executor, "eap-ig"))
+    scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges),
+                                     **units_out(args, executor, "rescore"))
     circuit = extract(scores["eap-ig+exact"], fraction=args.fraction)
-    curve = faithfulness_curve(model, scores, fractions=sorted(set(FRACTIONS) | {args.fraction}))
+    curve = faithfulness_curve(model, scores, fractions=sorted(set(FRACTIONS) | {args.fraction}),
+                               **units_out(args, executor, "faithfulness"))
     facts = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
              "edges": graph.n_edges, "faithfulness": float(faithfulness(model, scores["eap"].setup, circuit.kept)[0])}
     return facts, scores, circuit, curve
@@ -91,11 +110,22 @@ def run(args: argparse.Namespace) -> int:
                         flag="--out" if args.out else "run_dir")
     if refused is not None:
         return refused
+    from interp.sweep.unit_workers import UnitFailed
+    from models.paths import DirectoryLocked
+
+    executor = None
     try:
-        facts, scores, circuit, curve = measure(args)
+        executor = executor_from_args(args, "circuit")
+        facts, scores, circuit, curve = measure(args, executor)
         path = report(args, facts, scores, circuit, curve)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError, DirectoryLocked) as error:
         return fail("circuit", error)
+    except UnitFailed as error:  # its message ends with the worker's traceback: the first and last lines
+        lines = str(error).strip().splitlines()
+        return fail("circuit", f"{lines[0]} {lines[-1]}")
+    finally:
+        if executor is not None:
+            executor.close()
     print(f"{facts['mixer']} on {facts['task']} ({facts['pairs']} pairs, T {facts['T']}): {facts['edges']} edges, "
           f"{args.n} pairs; circuit of {circuit.n_edges} edges, faithfulness {facts['faithfulness']:.3f}")
     for name, value in scores["eap-ig+exact"].top(10):

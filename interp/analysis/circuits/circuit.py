@@ -16,19 +16,27 @@ carrying its corrupted (or mean) value (interp.analysis.circuits.edge_patching):
 1 for the full graph, 0 for the empty one (with baseline "corrupt"). `faithfulness_curve` gives
 it against circuit size for each scoring method; `rescore` replaces the top-k estimates by exact
 edge effects.
+
+Units (executor=, out=, chunk=; interp.analysis.circuits.units): `faithfulness` and
+`faithfulness_curve` split their circuits into units of (method, `chunk` circuits) (default about
+UNIT_ROWS = 1024 patched rows: edge_chunk(N) circuits), each evaluated by the in-process code
+(`faithfulness_unit`) on its method's Setup, the circuits extracted in the driver; the values are
+merged in order. `rescore` runs edge_patching.edge_effects' units (chunks of its top-k edges).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from interp.analysis.circuits.eap import EdgeScores
-from interp.analysis.circuits.edge_patching import edge_effects, patched_metric
+from interp.analysis.circuits.edge_patching import check_masks, edge_effects, patched_metric
 from interp.analysis.circuits.graph import Graph
 from interp.analysis.circuits.metrics import Setup
+from interp.analysis.circuits.units import check_chunk, chunked, edge_chunk, model_device, setup_to, span_units
+from interp.analysis.units import UnitWork, run_units
 
 
 @dataclass
@@ -104,14 +112,18 @@ def prune_edges(graph: Graph, kept: torch.Tensor) -> torch.Tensor:
 
 
 def faithfulness(model, pair: Setup, masks: torch.Tensor, baseline: str = "corrupt",
-                 rows: int | None = None) -> torch.Tensor:
+                 rows: int | None = None, executor=None, out=None, chunk: int | None = None) -> torch.Tensor:
     """Faithfulness [K] float64 of circuits masks [K, E] (True = in the circuit) (module docstring);
-    baseline: "corrupt" or "mean" (what the edges outside carry)."""
+    baseline: "corrupt" or "mean" (what the edges outside carry). executor, out, chunk: as units
+    of `chunk` circuits (module docstring); without any of them, one run as before."""
     if baseline not in ("corrupt", "mean"):
         raise ValueError(f"baseline must be 'corrupt' or 'mean'; got {baseline!r}")
     masks = torch.as_tensor(masks)
     if masks.dim() == 1:
         masks = masks[None]
+    if chunked(executor, out, chunk):
+        return circuits_grid(model, {"": pair}, {"": check_masks(pair, masks)}, baseline, rows, chunk, executor,
+                             out)[""]
     metric = patched_metric(model, pair, ~masks, base="clean", source=baseline, rows=rows)  # [K, N]
     clean, corrupt = pair.clean_metric.mean(), pair.corrupt_metric.mean()
     return (metric.mean(1) - corrupt) / (clean - corrupt)
@@ -119,24 +131,60 @@ def faithfulness(model, pair: Setup, masks: torch.Tensor, baseline: str = "corru
 
 def faithfulness_curve(model, scores: Mapping[str, EdgeScores], fractions: Sequence[float] = (
         0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), baseline: str = "corrupt",
-        rows: int | None = None) -> list[dict]:
+        rows: int | None = None, executor=None, out=None, chunk: int | None = None) -> list[dict]:
     """Rows {method, fraction, n_edges (after pruning), faithfulness} for each scoring method (all on
-    the same pair and graph) and circuit size, the circuits of one method evaluated in one batch."""
-    out = []
-    for method, scored in scores.items():
-        circuits = [extract(scored, fraction=f) for f in fractions]
-        values = faithfulness(model, scored.setup, torch.stack([c.kept for c in circuits]), baseline, rows)
-        out += [{"method": method, "fraction": float(f), "n_edges": c.n_edges, "faithfulness": float(v)}
-                for f, c, v in zip(fractions, circuits, values)]
-    return out
+    the same pair and graph) and circuit size, the circuits of one method evaluated in one batch.
+    executor, out, chunk: as units of (method, `chunk` circuits) (module docstring)."""
+    circuits = {method: [extract(scored, fraction=f) for f in fractions] for method, scored in scores.items()}
+    masks = {method: torch.stack([c.kept for c in found]) for method, found in circuits.items()}  # [F, E] each
+    if chunked(executor, out, chunk):
+        if baseline not in ("corrupt", "mean"):
+            raise ValueError(f"baseline must be 'corrupt' or 'mean'; got {baseline!r}")
+        values = circuits_grid(model, {m: s.setup for m, s in scores.items()}, masks, baseline, rows, chunk,
+                               executor, out)
+    else:
+        values = {m: faithfulness(model, scores[m].setup, masks[m], baseline, rows) for m in scores}
+    return [{"method": method, "fraction": float(f), "n_edges": c.n_edges, "faithfulness": float(v)}
+            for method, found in circuits.items() for f, c, v in zip(fractions, found, values[method])]
 
 
-def rescore(model, scores: EdgeScores, k: int = 50, rows: int | None = None) -> EdgeScores:
+def circuits_grid(model, setups: Mapping[str, Setup], masks: Mapping[str, torch.Tensor], baseline: str,
+                  rows: int | None, chunk, executor, out) -> dict[str, torch.Tensor]:
+    """{method: faithfulness [K]} of each method's circuits masks [K, E] on its Setup, as units of
+    (method, chunk circuits) merged in order (module docstring)."""
+    methods = list(masks)
+    largest = max(len(m) for m in masks.values())
+    size = check_chunk(chunk, largest, edge_chunk(max(len(p.at) for p in setups.values())), "circuits")
+    units = {m: span_units(len(masks[m]), size, "circuits", prefix=f"m{i:02d}_") for i, m in enumerate(methods)}
+    for m in methods:
+        units[m] = [replace(u, spec={**u.spec, "method": m}) for u in units[m]]
+    every = [u for m in methods for u in units[m]]
+    work = UnitWork(model, faithfulness_unit, {"setups": dict(setups), "masks": dict(masks), "baseline": baseline,
+                                                "rows": rows},
+                    name="faithfulness", options={"chunk": size, "baseline": baseline, "rows": rows,
+                                                  "methods": methods})
+    results = run_units(work, every, executor=executor, out=out, progress=True)
+    return {m: torch.cat([results[u.key]["faithfulness"] for u in units[m]]) for m in methods}
+
+
+def faithfulness_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit: the faithfulness [k] of its method's circuits (a worker runs this)."""
+    start, stop = spec["circuits"]
+    method = spec["method"]
+    pair = setup_to(inputs["setups"][method], model_device(model))
+    return {"faithfulness": faithfulness(model, pair, inputs["masks"][method][start:stop], inputs["baseline"],
+                                         inputs["rows"])}
+
+
+def rescore(model, scores: EdgeScores, k: int = 50, rows: int | None = None, executor=None, out=None,
+            chunk: int | None = None) -> EdgeScores:
     """A copy of scores whose k edges of largest |score| carry their exact single-edge effects
-    (edge_patching.edge_effects: the corrupted run with that edge clean); method + "+exact"."""
+    (edge_patching.edge_effects: the corrupted run with that edge clean); method + "+exact".
+    executor, out, chunk: edge_effects' units of `chunk` edges (module docstring)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0; got {k!r}")
     top = scores.scores.abs().argsort(descending=True, stable=True)[:k]
     per_example = scores.per_example.clone()
-    per_example[top] = edge_effects(model, scores.setup, top, rows=rows)
+    per_example[top] = edge_effects(model, scores.setup, top, rows=rows, progress=chunked(executor, out, chunk),
+                                    executor=executor, out=out, chunk=chunk)
     return EdgeScores(scores.graph, per_example, scores.method + "+exact", scores.setup)

@@ -22,6 +22,13 @@ corrupted and the clean input embeddings, at the k midpoints alpha_j = (j + 1/2)
 the k steps run as one batch of k N rows (in passes of at most `rows` rows; each pass's products
 are added up, so only one pass's gradients are held). The scores into
 every receiver from the embedding then sum to about metric(clean) - metric(corrupt) (completeness).
+
+Units (executor=, out=, chunk=; interp.analysis.units, interp.analysis.circuits.units): a unit is a
+chunk of `chunk` examples (default UNIT_PROMPTS = 64), scored by the in-process code on its own
+(`prompt_unit`: its Setup, its gradient passes); per_example [E, N] (per_position [E, N, T]) and
+the Setup are concatenated along the examples. EAP-IG's rows per pass are resolved once in the
+driver (from max_memory, for the largest unit) and pinned. A positional graph runs its base graph
+per position and is folded after merging.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ import torch
 
 from interp.analysis.circuits.gradients import Gradients, LeafPass, fast_receivers
 from interp.analysis.circuits.graph import Graph, block_mixers
-from interp.analysis.circuits.metrics import Setup, setup
+from interp.analysis.circuits.metrics import Setup, check_setup, setup
 from interp.analysis.circuits.passes import sender_value
-from interp.analysis.circuits.positional import fold
+from interp.analysis.circuits.positional import check_positional_pair, fold
+from interp.analysis.circuits.units import (UNIT_PROMPTS, cat_units, check_chunk, chunked, merge_setup, model_device,
+                                            setup_tensors, span_units)
+from interp.analysis.units import UnitWork, run_units
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
 
@@ -68,10 +78,16 @@ class EdgeScores:
 
 
 def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
-        answer: str | None = None, per_position: bool = False) -> EdgeScores:
+        answer: str | None = None, per_position: bool = False, executor=None, out=None,
+        chunk: int | None = None) -> EdgeScores:
     """EAP scores of every edge (module docstring). metric: "prob", "logit_diff" or "kl"
     (interp.analysis.circuits.metrics); answer: a role naming the answer position (default the last
-    loss_mask position)."""
+    loss_mask position). executor, out, chunk: run as units of `chunk` examples (module docstring;
+    the result is a function of the inputs and the chunk alone, on any executor); without any of
+    them, one run as before."""
+    if chunked(executor, out, chunk):
+        options = dict(method="eap", metric=metric, answer=answer, per_position=per_position)
+        return prompt_grid(model, clean, corrupt, graph, options, None, chunk, executor, out, True)
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
         return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
                     graph, per_position)
@@ -91,22 +107,25 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
 def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "logit_diff",
            graph: Graph | None = None, answer: str | None = None, per_position: bool = False,
            rows: int | None = None, max_memory: int | float | str | None = None,
-           progress: bool = True) -> EdgeScores:
+           progress: bool = True, executor=None, out=None, chunk: int | None = None) -> EdgeScores:
     """EAP-IG scores with `steps` interpolation steps (module docstring); rows: the most rows
     (step, example) per pass (default: as many steps per pass as fit in max_memory,
     models.memory.budget_bytes, estimated by `row_bytes`; MemoryRefused when one step of every
-    example does not fit). progress: a bar over the passes."""
+    example does not fit). progress: a bar over the passes (over the units of a grid).
+    executor, out, chunk: as eap's (rows resolved for the largest unit, pinned in out)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1; got {steps!r}")
+    if chunked(executor, out, chunk):
+        options = dict(method="eap-ig", metric=metric, answer=answer, per_position=per_position, steps=steps,
+                       rows=rows, max_memory=max_memory)
+        return prompt_grid(model, clean, corrupt, graph, options, rows, chunk, executor, out, progress)
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
         return fold(eap_ig(model, clean, corrupt, steps=steps, metric=metric, graph=graph.base, answer=answer,
                            per_position=True, rows=rows, max_memory=max_memory, progress=progress), graph, per_position)
     pair = setup(model, clean, corrupt, metric, graph, answer)
     n, length = clean.tokens.shape
     if rows is None:
-        per_row = row_bytes(model, pair.graph, length)
-        rows = n * rows_that_fit(n * per_row, budget_bytes(max_memory), steps, f"eap_ig over N={n}, T={length}",
-                                 hint="pass fewer examples or a larger max_memory")
+        rows = resolve_rows(model, pair.graph, n, length, steps, max_memory)
     per_pass = max(1, int(rows) // n)
     alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
     scorer = _Scorer(pair, per_position)
@@ -116,6 +135,13 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
             scorer.add(_gradients(model, pair, len(chunk), chunk), len(chunk))
             bar.update(1)
     return scorer.scores("eap-ig", steps)
+
+
+def resolve_rows(model, graph: Graph, n: int, length: int, steps: int, max_memory) -> int:
+    """Rows per pass (a multiple of n): as many steps of n examples as fit in max_memory."""
+    per_row = row_bytes(model, graph, length)
+    return n * rows_that_fit(n * per_row, budget_bytes(max_memory), steps, f"eap_ig over N={n}, T={length}",
+                             hint="pass fewer examples or a larger max_memory")
 
 
 def row_bytes(model, graph: Graph, length: int) -> float:
@@ -207,3 +233,48 @@ class _Scorer:
     def scores(self, method: str, steps: int = 1) -> EdgeScores:
         positions = None if self.positions is None else self.positions / steps
         return EdgeScores(self.graph, self.per_example / steps, method, self.pair, positions)
+
+
+# ----------------------------------------------------------------------------- units (module docstring)
+
+
+def prompt_grid(model, clean: Batch, corrupt: Batch, graph: Graph | None, options: dict, rows: int | None,
+                chunk, executor, out, progress: bool) -> EdgeScores:
+    """EAP / EAP-IG (options["method"]) as units of examples, merged (module docstring)."""
+    graph, _ = check_setup(model, clean, corrupt, options["metric"], graph, options["answer"])
+    if graph.base is not None:
+        check_positional_pair(clean, corrupt, graph.positions)
+    base = graph.pass_graph
+    size = check_chunk(chunk, len(clean), UNIT_PROMPTS, "examples")
+    units = span_units(len(clean), size, "examples")
+    wide = options["per_position"] or graph.base is not None  # a positional graph folds base scores per position
+    inputs = {**options, "clean": clean, "corrupt": corrupt, "graph": base, "per_position": wide}
+    pinned = {}
+    if options["method"] == "eap-ig":  # rows per pass planned once, for the largest unit
+        steps, length = options["steps"], clean.tokens.shape[1]
+        pinned["rows"] = rows if rows is not None else resolve_rows(model, base, size, length, steps,
+                                                                   options["max_memory"])
+    work = UnitWork(model, prompt_unit, inputs, name=options["method"],
+                    options={**options, "chunk": size, "positions": list(graph.positions)}, pinned=pinned)
+    results = run_units(work, units, executor=executor, out=out, progress=progress)
+    pair = merge_setup(base, clean, corrupt, options["metric"], [results[u.key] for u in units], model_device(model))
+    per_position = cat_units(units, results, "per_position", 1) if wide else None  # [E, N, T]
+    scores = EdgeScores(base, cat_units(units, results, "per_example", 1), options["method"], pair, per_position)
+    return scores if graph.base is None else fold(scores, graph, options["per_position"])
+
+
+def prompt_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit: EAP or EAP-IG of its examples, their Setup's tensors (a worker runs this)."""
+    part = slice(*spec["examples"])
+    clean, corrupt = inputs["clean"].select(part), inputs["corrupt"].select(part)
+    common = dict(metric=inputs["metric"], graph=inputs["graph"], answer=inputs["answer"],
+                  per_position=inputs["per_position"])
+    with torch.enable_grad():
+        if inputs["method"] == "eap":
+            scores = eap(model, clean, corrupt, **common)
+        else:
+            scores = eap_ig(model, clean, corrupt, steps=inputs["steps"], rows=inputs["rows"], progress=False, **common)
+    out = {"per_example": scores.per_example, **setup_tensors(scores.setup)}  # [E, n], the Setup's [n, ...]
+    if scores.per_position is not None:
+        out["per_position"] = scores.per_position  # [E, n, T]
+    return out

@@ -14,6 +14,11 @@ the source run (the senders sum to the stream: hook_embed + mixer and MLP output
 `edge_effects` scores single edges: the corrupted run with one edge carrying its clean value,
 minus the corrupted run (what EAP estimates to first order). `patched_metric` evaluates edge
 sets: K masks [K, E] (True = patched) at once, K x N rows per pass.
+
+Units (edge_effects' executor=, out=, chunk=; interp.analysis.circuits.units): a unit is a chunk
+of `chunk` edges (default about UNIT_ROWS = 1024 patched rows: edge_chunk(N)), run by the
+in-process code (`effects_unit`) on the Setup shipped to the worker; the [k, N] rows are
+concatenated in order.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import torch
 
 from interp.analysis.circuits.metrics import Setup
 from interp.analysis.circuits.passes import edge_pass, sender_value
+from interp.analysis.circuits.units import cat_units, check_chunk, chunked, edge_chunk, model_device, setup_to, span_units
+from interp.analysis.units import UnitWork, run_units
 from models.memory import progress_bar
 
 
@@ -33,11 +40,7 @@ def patched_metric(model, pair: Setup, masks: torch.Tensor, base: str = "clean",
     masks [K, E] (bool, True = patched) carrying `source` values: "clean", "corrupt" or "mean"
     (each sender's mean over the clean examples, per position). rows: the most rows per pass
     (default K x N at once, at least N)."""
-    graph = pair.graph
-    masks = torch.as_tensor(masks)
-    if masks.dtype != torch.bool or masks.dim() != 2 or masks.shape[1] != graph.n_edges:
-        raise ValueError(f"masks must be a bool [K, E] tensor with E = {graph.n_edges} edges; got "
-                         f"{masks.dtype} {tuple(masks.shape)}")
+    masks = check_masks(pair, masks)
     if base not in ("clean", "corrupt"):
         raise ValueError(f"base must be 'clean' or 'corrupt'; got {base!r}")
     if source not in ("clean", "corrupt", "mean"):
@@ -54,16 +57,50 @@ def patched_metric(model, pair: Setup, masks: torch.Tensor, base: str = "clean",
     return torch.cat(out)
 
 
+def check_masks(pair: Setup, masks) -> torch.Tensor:
+    """masks as a bool [K, E] tensor over pair.graph's edges; ValueError for anything else."""
+    graph = pair.graph
+    masks = torch.as_tensor(masks)
+    if masks.dtype != torch.bool or masks.dim() != 2 or masks.shape[1] != graph.n_edges:
+        raise ValueError(f"masks must be a bool [K, E] tensor with E = {graph.n_edges} edges; got "
+                         f"{masks.dtype} {tuple(masks.shape)}")
+    return masks
+
+
 def edge_effects(model, pair: Setup, edges: Sequence[int] | torch.Tensor, rows: int | None = None,
-                 progress: bool = False) -> torch.Tensor:
-    """[k, N] float64: metric(corrupted run with edge e carrying its clean value) - metric(corrupted)."""
+                 progress: bool = False, executor=None, out=None, chunk: int | None = None) -> torch.Tensor:
+    """[k, N] float64: metric(corrupted run with edge e carrying its clean value) - metric(corrupted).
+    executor, out, chunk: as units of `chunk` edges (module docstring; progress: a bar over them);
+    without any of them, one run as before."""
     edges = torch.as_tensor(edges, dtype=torch.long).reshape(-1)
     if len(edges) and (edges.min() < 0 or edges.max() >= pair.graph.n_edges):
         raise ValueError(f"edges must be indices in [0, {pair.graph.n_edges}); got {edges.tolist()[:8]}")
+    if chunked(executor, out, chunk):
+        return effects_grid(model, pair, edges, rows, chunk, executor, out, progress)
     masks = torch.zeros(len(edges), pair.graph.n_edges, dtype=torch.bool)
     masks[torch.arange(len(edges)), edges] = True
     patched = patched_metric(model, pair, masks, base="corrupt", source="clean", rows=rows, progress=progress)
     return patched - pair.corrupt_metric
+
+
+def effects_grid(model, pair: Setup, edges: torch.Tensor, rows: int | None, chunk, executor, out,
+                 progress: bool) -> torch.Tensor:
+    """edge_effects [k, N] as units of edges, merged (module docstring)."""
+    if not len(edges):
+        return torch.zeros(0, len(pair.at), dtype=torch.float64)
+    size = check_chunk(chunk, len(edges), edge_chunk(len(pair.at)), "edges")
+    units = span_units(len(edges), size, "edges")
+    work = UnitWork(model, effects_unit, {"setup": pair, "edges": edges, "rows": rows}, name="edge-effects",
+                    options={"chunk": size, "rows": rows})
+    results = run_units(work, units, executor=executor, out=out, progress=progress)
+    return cat_units(units, results, "effects")  # [k, N]
+
+
+def effects_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit: the exact effects [k, N] of its edges (a worker runs this)."""
+    start, stop = spec["edges"]
+    pair = setup_to(inputs["setup"], model_device(model))
+    return {"effects": edge_effects(model, pair, inputs["edges"][start:stop], rows=inputs["rows"])}
 
 
 def _source_acts(pair: Setup, source: str) -> dict:

@@ -51,7 +51,7 @@ to its MLP, and every sender to the logits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -114,7 +114,11 @@ class Graph:
     n_layers: int
     base: Graph | None = None
     positions: tuple[str, ...] = ()
-    _index: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # edge name -> index, filled on first use: an attribute, not a field, so that a Graph's
+        # fields (what interp.analysis.units.digest reads) do not change when it is used
+        self._index: dict[str, int] = {}
 
     @property
     def n_edges(self) -> int:

@@ -30,7 +30,9 @@ METRICS = ("prob", "logit_diff", "kl")
 class Setup:
     """A scored pair: graph, answer positions at [N], clean / corrupt activations of every sender
     ({hook: [N, T, ...]}, detached), the metric per example of the clean and corrupted runs [N]
-    float64, metric(logits [R, V], examples [R]) -> [R], and the answer tokens y and y' [N]."""
+    float64, metric(logits [R, V], examples [R]) -> [R] (an AnswerMetric: it pickles), and the
+    answer tokens y and y' [N]. Every field is data, so a Setup pickles (for workers) and has a
+    stable interp.analysis.units.digest."""
 
     graph: Graph
     clean: Batch
@@ -47,11 +49,9 @@ class Setup:
     positions: torch.Tensor | None = None  # [G, N, T] bool: a positional graph's groups (circuits.positional)
 
 
-def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
-          answer: str | None = None, corrupt_pass=None) -> Setup:
-    """Check the pair, run it once each (no gradient) and fix the metric (module docstring).
-    corrupt_pass(graph, tokens, at) -> (logits, acts) runs the corrupted tokens instead (EAP's
-    forward with the receivers' leaves, so that the corrupted run is not run twice)."""
+def check_setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
+                answer: str | None = None) -> tuple[Graph, torch.Tensor]:
+    """(the graph, answer positions at [N]) of a pair checked as `setup` checks it (no model run)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}; got {metric!r}")
     check_pair(clean, corrupt)
@@ -63,6 +63,15 @@ def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph
     if not torch.equal(at, corrupt_at):
         raise ValueError("clean and corrupt must have their answers at the same positions (edges join equal "
                          f"positions); got clean {at.tolist()[:8]} and corrupt {corrupt_at.tolist()[:8]}")
+    return graph, at
+
+
+def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
+          answer: str | None = None, corrupt_pass=None) -> Setup:
+    """Check the pair, run it once each (no gradient) and fix the metric (module docstring).
+    corrupt_pass(graph, tokens, at) -> (logits, acts) runs the corrupted tokens instead (EAP's
+    forward with the receivers' leaves, so that the corrupted run is not run twice)."""
+    graph, at = check_setup(model, clean, corrupt, metric, graph, answer)
     masks = None if graph.base is None else check_positional_pair(clean, corrupt, graph.positions)
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -74,8 +83,8 @@ def setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph
         corrupt_logits, corrupt_acts = corrupt_pass(graph.pass_graph, corrupt.tokens.to(device), at.to(device))
     y = clean.targets[torch.arange(len(clean)), at].to(device)  # [N] the clean answers
     rival = rival_answers(corrupt, corrupt_logits.double().cpu(), y.cpu(), at).to(device)
-    clean_logp = clean_logits.double().log_softmax(-1)  # [N, V]
-    fn = _metric(metric, y, rival, clean_logp)
+    clean_logp = clean_logits.double().log_softmax(-1) if metric == "kl" else None  # [N, V]
+    fn = AnswerMetric(metric, y, rival, clean_logp)
     rows = torch.arange(len(clean), device=device)
     return Setup(graph, clean, corrupt, at.to(device), metric, fn, _detached(clean_acts), _detached(corrupt_acts),
                  fn(clean_logits, rows).detach().cpu(), fn(corrupt_logits, rows).detach().cpu(), y.cpu(), rival.cpu(),
@@ -90,16 +99,22 @@ def _detached(acts: dict) -> dict:
     return {name: value.detach() for name, value in acts.items()}
 
 
-def _metric(name: str, y: torch.Tensor, rival: torch.Tensor, clean_logp: torch.Tensor):
-    def prob(logits, ex):
-        return logits.double().softmax(-1).gather(1, y[ex, None])[:, 0]
+@dataclass
+class AnswerMetric:
+    """The metric `name` (module docstring) as metric(logits [R, V], examples [R]) -> [R] float64:
+    y, rival [N] the answers y and y'; clean_logp [N, V] float64 the clean log-probabilities (for
+    "kl" only, else None). A dataclass, so that a Setup pickles (workers) and digests."""
 
-    def logit_diff(logits, ex):
-        logits = logits.double()
-        return (logits.gather(1, y[ex, None]) - logits.gather(1, rival[ex, None]))[:, 0]
+    name: str
+    y: torch.Tensor
+    rival: torch.Tensor
+    clean_logp: torch.Tensor | None = None
 
-    def kl(logits, ex):
-        logp = clean_logp[ex]
+    def __call__(self, logits: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
+        if self.name == "prob":
+            return logits.double().softmax(-1).gather(1, self.y[ex, None])[:, 0]
+        if self.name == "logit_diff":
+            logits = logits.double()
+            return (logits.gather(1, self.y[ex, None]) - logits.gather(1, self.rival[ex, None]))[:, 0]
+        logp = self.clean_logp[ex]
         return (logp.exp() * (logp - logits.double().log_softmax(-1))).sum(-1)
-
-    return {"prob": prob, "logit_diff": logit_diff, "kl": kl}[name]

@@ -16,6 +16,11 @@ and the products are formed per hook over every position at once, not per site. 
 ("logit_diff", "kl") estimates interchange's other per-pair numbers the same way, one more
 corrupted forward and backward each. `agreement(exact, estimate)` scores the estimates against
 interchange's exact values on the same grid (Pearson r over pairs and over site means, top-k recall).
+
+Units (executor=, out=, chunk=; interp.analysis.units): a unit is a chunk of `chunk` examples
+(default UNIT_EXAMPLES = 256) over every site, estimated by the in-process code on its own
+(`attribution_unit`: its runs planned to the budget resolved once in the driver and pinned); the
+per-example estimates ([S, n] and [n]) are concatenated along the examples.
 """
 
 from __future__ import annotations
@@ -33,10 +38,15 @@ from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyS
                                                     takes_at)
 from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
                                                  site_positions)
+from interp.analysis.units import Unit, UnitWork, chunks, run_units
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
 
 GRAPH_FACTOR = 1.0  # a forward's graph for the backward: its blocks' activations, the kernels' saved tensors
+UNIT_EXAMPLES = 256  # examples per unit (default chunk)
+# an InterchangeResult's tensors, examples last: [S, n] per pair, [n] per example
+RESULT_TENSORS = ("restoration", "p_patched", "p_clean", "p_corrupt", "kept", "logit_diff_patched", "logit_diff_clean",
+                  "logit_diff_corrupt", "kl_patched", "kl_corrupt")
 
 
 def attribute(
@@ -49,6 +59,9 @@ def attribute(
     metrics: Sequence[str] = (),
     max_memory: int | float | str | None = None,
     progress: bool = True,
+    executor=None,
+    out=None,
+    chunk: int | None = None,
 ) -> InterchangeResult:
     """Attribution-patching estimates of interchange(model, clean, corrupt, sites) (module docstring).
 
@@ -64,7 +77,11 @@ def attribute(
     activations of its examples (one clean forward per chunk of examples, the states recomputed
     per block on demand);
     models.memory.MemoryRefused, one line naming the hooks, the estimate and the budget, before
-    any work when one example with one hook does not fit. progress: a bar over the groups.
+    any work when one example with one hook does not fit. progress: a bar over the groups (over
+    the units of a grid).
+    executor, out, chunk: run as units of `chunk` examples (module docstring) on `executor` (None:
+    here; else an executor of interp.sweep.executors), each finished unit kept in `out`; the
+    result is a function of the inputs and the chunk alone. Without any of them, one run as before.
     """
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or min_effect < 0:
         raise ValueError(f"min_effect must be a float >= 0; got {min_effect!r}")
@@ -74,6 +91,9 @@ def attribute(
         raise TypeError(f"progress must be a bool; got {progress!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
+    if executor is not None or out is not None or chunk is not None:
+        options = dict(min_effect=float(min_effect), answer=answer, metrics=list(metrics))
+        return attribution_grid(model, clean, corrupt, sites, options, max_memory, chunk, executor, out, progress)
     hooks = sorted({s.hook for s in sites})
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
@@ -118,6 +138,33 @@ def attribute(
         result.kl_corrupt = (clean_logp.exp() * (clean_logp - corrupt_at.log_softmax(-1))).sum(-1).cpu()
         result.kl_patched = result.kl_corrupt + deltas.pop(0)
     return result
+
+
+def attribution_grid(model, clean: Batch, corrupt: Batch, sites: list[Site], options: dict, max_memory, chunk,
+                     executor, out, progress: bool) -> InterchangeResult:
+    """attribute as units of examples, merged (module docstring); the budget resolved here once."""
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive int (examples per unit); got {chunk!r}")
+    size = min(UNIT_EXAMPLES if chunk is None else chunk, len(clean))
+    units = [Unit(f"e{a:06d}-{b:06d}", {"examples": [a, b]}) for a, b in chunks(len(clean), size)]
+    inputs = {**options, "clean": clean, "corrupt": corrupt, "sites": sites}
+    work = UnitWork(model, attribution_unit, inputs, name="attribution",
+                    options={**options, "chunk": size, "max_memory": max_memory},
+                    pinned={"max_memory": budget_bytes(max_memory)})
+    results = run_units(work, units, executor=executor, out=out, progress=progress)
+    merged = {name: torch.cat([results[u.key][name] for u in units], -1)  # examples last
+              for name in RESULT_TENSORS if name in results[units[0].key]}
+    return InterchangeResult(sites, min_effect=options["min_effect"], **merged)
+
+
+def attribution_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
+    """One unit: the estimates of its examples at every site (a worker runs this)."""
+    part = slice(*spec["examples"])
+    with torch.enable_grad():
+        result = attribute(model, inputs["clean"].select(part), inputs["corrupt"].select(part), inputs["sites"],
+                           min_effect=inputs["min_effect"], answer=inputs["answer"], metrics=inputs["metrics"],
+                           max_memory=inputs["max_memory"], progress=False)
+    return {name: getattr(result, name) for name in RESULT_TENSORS if getattr(result, name) is not None}
 
 
 def plan_groups(model, tokens: torch.Tensor, hooks: list[str], budget: int) -> list[tuple[slice, list[str]]]:
