@@ -161,3 +161,11 @@ def test_default_calls_run_no_units(model, pair, ig, monkeypatch):
     attribute(model, *pair, [Site("blocks.1.hook_resid_pre", "key")], progress=False)
     with pytest.raises(ValueError, match="chunk must be a positive int"):
         eap(model, *pair, chunk=0)
+
+
+def test_circuit_command_scale_out_flags_need_an_executor(tmp_path, capsys):
+    from interp.cli import main
+
+    assert main(["circuit", str(tmp_path), "--workers", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--workers: needs --executor local or ray" in err

@@ -60,13 +60,14 @@ def add_parser(sub) -> None:
 
 
 def units_out(args: argparse.Namespace, executor, analysis: str) -> dict:
-    """{executor, out}: with an executor, out = units-<analysis>/ beside the report (models.paths.inside)."""
+    """{executor, out, progress}: with an executor, out = units-<analysis>/ beside the report
+    (models.paths.inside); without one, nothing (one run each, as before)."""
     if executor is None:
         return {}
     from models.paths import inside
 
     report = Path(args.out or args.run_dir / "circuit.html")
-    return {"executor": executor, "out": inside(report.parent, f"units-{analysis}")}
+    return {"executor": executor, "out": inside(report.parent, f"units-{analysis}"), "progress": not args.no_progress}
 
 
 def measure(args: argparse.Namespace, executor=None):
@@ -80,7 +81,7 @@ def measure(args: argparse.Namespace, executor=None):
     graph = build_graph(model, positions=positions, conv=args.conv_nodes, channel_groups=args.channel_groups)
     scores = {"eap": eap(model, clean, corrupt, metric=args.metric, graph=graph, **units_out(args, executor, "eap"))}
     scores["eap-ig"] = eap_ig(model, clean, corrupt, steps=args.steps, metric=args.metric, graph=graph,
-                              progress=not args.no_progress, **units_out(args, executor, "eap-ig"))
+                              **{"progress": not args.no_progress, **units_out(args, executor, "eap-ig")})
     scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges),
                                      **units_out(args, executor, "rescore"))
     circuit = extract(scores["eap-ig+exact"], fraction=args.fraction)

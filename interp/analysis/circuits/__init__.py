@@ -8,7 +8,8 @@ positional graph), `passes` (one forward
 in which each receiver reads its own copy of the residual stream), `gradients` (every receiver's
 gradient from one forward and backward), `metrics` (the pair and the
 metric: p(y), logit difference, KL), `eap` (eap, eap_ig), `edge_patching` (patched_metric,
-edge_effects), `circuit` (extract with pruning, faithfulness, faithfulness_curve, rescore).
+edge_effects), `circuit` (extract with pruning, faithfulness, faithfulness_curve, rescore), `units`
+(what the grids share when run as units: executor=, out=, chunk=).
 """
 
 from interp.analysis.circuits.circuit import (Circuit, extract, faithfulness, faithfulness_curve, prune_edges,

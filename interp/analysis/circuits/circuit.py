@@ -112,10 +112,12 @@ def prune_edges(graph: Graph, kept: torch.Tensor) -> torch.Tensor:
 
 
 def faithfulness(model, pair: Setup, masks: torch.Tensor, baseline: str = "corrupt",
-                 rows: int | None = None, executor=None, out=None, chunk: int | None = None) -> torch.Tensor:
+                 rows: int | None = None, executor=None, out=None, chunk: int | None = None,
+                 progress: bool = True) -> torch.Tensor:
     """Faithfulness [K] float64 of circuits masks [K, E] (True = in the circuit) (module docstring);
     baseline: "corrupt" or "mean" (what the edges outside carry). executor, out, chunk: as units
-    of `chunk` circuits (module docstring); without any of them, one run as before."""
+    of `chunk` circuits (module docstring; progress: a bar over them); without any of them, one
+    run as before."""
     if baseline not in ("corrupt", "mean"):
         raise ValueError(f"baseline must be 'corrupt' or 'mean'; got {baseline!r}")
     masks = torch.as_tensor(masks)
@@ -123,7 +125,7 @@ def faithfulness(model, pair: Setup, masks: torch.Tensor, baseline: str = "corru
         masks = masks[None]
     if chunked(executor, out, chunk):
         return circuits_grid(model, {"": pair}, {"": check_masks(pair, masks)}, baseline, rows, chunk, executor,
-                             out)[""]
+                             out, progress)[""]
     metric = patched_metric(model, pair, ~masks, base="clean", source=baseline, rows=rows)  # [K, N]
     clean, corrupt = pair.clean_metric.mean(), pair.corrupt_metric.mean()
     return (metric.mean(1) - corrupt) / (clean - corrupt)
@@ -131,17 +133,19 @@ def faithfulness(model, pair: Setup, masks: torch.Tensor, baseline: str = "corru
 
 def faithfulness_curve(model, scores: Mapping[str, EdgeScores], fractions: Sequence[float] = (
         0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), baseline: str = "corrupt",
-        rows: int | None = None, executor=None, out=None, chunk: int | None = None) -> list[dict]:
+        rows: int | None = None, executor=None, out=None, chunk: int | None = None,
+        progress: bool = True) -> list[dict]:
     """Rows {method, fraction, n_edges (after pruning), faithfulness} for each scoring method (all on
     the same pair and graph) and circuit size, the circuits of one method evaluated in one batch.
-    executor, out, chunk: as units of (method, `chunk` circuits) (module docstring)."""
+    executor, out, chunk: as units of (method, `chunk` circuits) (module docstring; progress: a
+    bar over them)."""
     circuits = {method: [extract(scored, fraction=f) for f in fractions] for method, scored in scores.items()}
     masks = {method: torch.stack([c.kept for c in found]) for method, found in circuits.items()}  # [F, E] each
     if chunked(executor, out, chunk):
         if baseline not in ("corrupt", "mean"):
             raise ValueError(f"baseline must be 'corrupt' or 'mean'; got {baseline!r}")
         values = circuits_grid(model, {m: s.setup for m, s in scores.items()}, masks, baseline, rows, chunk,
-                               executor, out)
+                               executor, out, progress)
     else:
         values = {m: faithfulness(model, scores[m].setup, masks[m], baseline, rows) for m in scores}
     return [{"method": method, "fraction": float(f), "n_edges": c.n_edges, "faithfulness": float(v)}
@@ -149,7 +153,7 @@ def faithfulness_curve(model, scores: Mapping[str, EdgeScores], fractions: Seque
 
 
 def circuits_grid(model, setups: Mapping[str, Setup], masks: Mapping[str, torch.Tensor], baseline: str,
-                  rows: int | None, chunk, executor, out) -> dict[str, torch.Tensor]:
+                  rows: int | None, chunk, executor, out, progress: bool = True) -> dict[str, torch.Tensor]:
     """{method: faithfulness [K]} of each method's circuits masks [K, E] on its Setup, as units of
     (method, chunk circuits) merged in order (module docstring)."""
     methods = list(masks)
@@ -163,7 +167,7 @@ def circuits_grid(model, setups: Mapping[str, Setup], masks: Mapping[str, torch.
                                                 "rows": rows},
                     name="faithfulness", options={"chunk": size, "baseline": baseline, "rows": rows,
                                                   "methods": methods})
-    results = run_units(work, every, executor=executor, out=out, progress=True)
+    results = run_units(work, every, executor=executor, out=out, progress=progress)
     return {m: torch.cat([results[u.key]["faithfulness"] for u in units[m]]) for m in methods}
 
 
@@ -177,14 +181,16 @@ def faithfulness_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor
 
 
 def rescore(model, scores: EdgeScores, k: int = 50, rows: int | None = None, executor=None, out=None,
-            chunk: int | None = None) -> EdgeScores:
+            chunk: int | None = None, progress: bool = True) -> EdgeScores:
     """A copy of scores whose k edges of largest |score| carry their exact single-edge effects
     (edge_patching.edge_effects: the corrupted run with that edge clean); method + "+exact".
-    executor, out, chunk: edge_effects' units of `chunk` edges (module docstring)."""
+    executor, out, chunk: edge_effects' units of `chunk` edges (module docstring; progress: a bar
+    over them, none without units)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0; got {k!r}")
     top = scores.scores.abs().argsort(descending=True, stable=True)[:k]
     per_example = scores.per_example.clone()
-    per_example[top] = edge_effects(model, scores.setup, top, rows=rows, progress=chunked(executor, out, chunk),
-                                    executor=executor, out=out, chunk=chunk)
+    per_example[top] = edge_effects(model, scores.setup, top, rows=rows,
+                                    progress=progress and chunked(executor, out, chunk), executor=executor, out=out,
+                                    chunk=chunk)
     return EdgeScores(scores.graph, per_example, scores.method + "+exact", scores.setup)

@@ -79,15 +79,15 @@ class EdgeScores:
 
 def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
         answer: str | None = None, per_position: bool = False, executor=None, out=None,
-        chunk: int | None = None) -> EdgeScores:
+        chunk: int | None = None, progress: bool = True) -> EdgeScores:
     """EAP scores of every edge (module docstring). metric: "prob", "logit_diff" or "kl"
     (interp.analysis.circuits.metrics); answer: a role naming the answer position (default the last
     loss_mask position). executor, out, chunk: run as units of `chunk` examples (module docstring;
     the result is a function of the inputs and the chunk alone, on any executor); without any of
-    them, one run as before."""
+    them, one run as before. progress: a bar over the units (none without units)."""
     if chunked(executor, out, chunk):
         options = dict(method="eap", metric=metric, answer=answer, per_position=per_position)
-        return prompt_grid(model, clean, corrupt, graph, options, None, chunk, executor, out, True)
+        return prompt_grid(model, clean, corrupt, graph, options, None, chunk, executor, out, progress)
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
         return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
                     graph, per_position)

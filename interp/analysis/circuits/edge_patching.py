@@ -29,7 +29,8 @@ import torch
 
 from interp.analysis.circuits.metrics import Setup
 from interp.analysis.circuits.passes import edge_pass, sender_value
-from interp.analysis.circuits.units import cat_units, check_chunk, chunked, edge_chunk, model_device, setup_to, span_units
+from interp.analysis.circuits.units import (cat_units, check_chunk, chunked, edge_chunk, model_device, setup_to,
+                                            span_units)
 from interp.analysis.units import UnitWork, run_units
 from models.memory import progress_bar
 

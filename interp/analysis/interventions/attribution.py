@@ -159,9 +159,10 @@ def attribution_grid(model, clean: Batch, corrupt: Batch, sites: list[Site], opt
 
 def attribution_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
     """One unit: the estimates of its examples at every site (a worker runs this)."""
-    part = slice(*spec["examples"])
+    part, device = slice(*spec["examples"]), next(model.parameters()).device
+    clean, corrupt = inputs["clean"].select(part).to(device), inputs["corrupt"].select(part).to(device)
     with torch.enable_grad():
-        result = attribute(model, inputs["clean"].select(part), inputs["corrupt"].select(part), inputs["sites"],
+        result = attribute(model, clean, corrupt, inputs["sites"],
                            min_effect=inputs["min_effect"], answer=inputs["answer"], metrics=inputs["metrics"],
                            max_memory=inputs["max_memory"], progress=False)
     return {name: getattr(result, name) for name in RESULT_TENSORS if getattr(result, name) is not None}
