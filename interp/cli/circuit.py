@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                         flag="--out" if args.out else "run_dir")
     if refused is not None:
         return refused
-    from interp.sweep.unit_workers import UnitFailed
+    from interp.analysis.units import GridFailed
     from models.paths import DirectoryLocked
 
     executor = None
@@ -119,11 +119,9 @@ def run(args: argparse.Namespace) -> int:
         executor = executor_from_args(args, "circuit")
         facts, scores, circuit, curve = measure(args, executor)
         path = report(args, facts, scores, circuit, curve)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError, DirectoryLocked) as error:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError, DirectoryLocked,
+            GridFailed) as error:
         return fail("circuit", error)
-    except UnitFailed as error:  # its message ends with the worker's traceback: the first and last lines
-        lines = str(error).strip().splitlines()
-        return fail("circuit", f"{lines[0]} {lines[-1]}")
     finally:
         if executor is not None:
             executor.close()
