@@ -30,7 +30,8 @@ print(json.dumps({"status": status, "heavy": sorted({"torch", "numpy", "models"}
     ["train", "--model", "tanh_rnn", "--task", "S3", "--stpes", "3", "--out", "x"],   # a deferred flag before the typo
     ["train", "--model", "tanh_rnn", "--task", "S3", "--steps", "3"],                  # --out missing
     ["eval", "runs/x", "--device", "cuda", "--n", "0"],
-    ["drift", "runs/x", "extra"],
+    ["drift", "runs/x", "--executor", "dask"],   # (a second RUN_DIR is no error: drift takes several runs)
+    ["eval", "runs/x", "runs/y", "--workers", "0"],
     ["reproduce", "parity", "--bogus"],
     ["sweep", "--out", "x"],
     ["train", "--model", "tanh_rnn", "--task", "NOPE", "--steps", "3", "--out", "x"],   # an unknown task

@@ -2,13 +2,16 @@
 
     interp demo [--out DIR] [--quick]
     interp train --model tanh_rnn --task S3 --train-length 60 --steps N --out runs/x
-    interp eval runs/x --lengths 60,100,200,500,1000
-    interp heads runs/x [--n 256] [--impl triton]     per-head analysis of a DeltaNet run
-    interp drift runs/x [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
+    interp eval runs/x [runs/y ...] --lengths 60,100,200,500,1000
+    interp heads runs/x [runs/y ...] [--n 256] [--impl triton]     per-head analysis of DeltaNet runs
+    interp drift runs/x [runs/y ...] [--lengths 60,...,1000] [--out report.html]   U, q(t), Tcross, contraction, mp
     interp patch runs/ar [--method both|exact|attribution] [--hooks ...] [--positions all|key,value,query]
     interp sweep spec.yaml --out sweeps/x [--executor local|ray] [--workers N]   grid or N* study, resumable
     interp sample-efficiency --models lstm,transformer --tasks Z5 --max-length 6 --out sweeps/se
     interp reproduce NAME [--scale cpu|medium|paper] [--device D] [--out DIR] [--quick]   one report per seed claim
+
+eval, drift, heads and reproduce take --executor local|ray [--workers N] [--address A]: one job per
+run directory (or per run to train) on worker processes or a Ray cluster (docs/scaling-runs.md).
 """
 
 from __future__ import annotations

@@ -339,3 +339,62 @@ def executor_from_args(args: argparse.Namespace, command: str):
 
     gpus = args.gpus_per_worker or (1.0 if str(getattr(args, "device", "cpu")).startswith("cuda") else 0.0)
     return make_executor(args.executor, args.workers or 2, address=args.address, num_gpus=gpus)
+
+
+def check_runs(command: str, run_dirs, out=None, locks: bool = True) -> int | None:
+    """Preflight of the run directories of an analysis over several runs (interp.sweep.runs), before
+    anything heavy is imported: None when each is a run directory (a directory with config.json),
+    named once, and `out` (its --out) is not given; else the exit status of the one-line error
+    naming the first that is not. Then, as for one run, none may be held by another writer
+    (check_run_free; locks=False for a command that takes no lock)."""
+    seen = {}
+    if out is not None:
+        return fail(command, f"argument --out: names one report, but {len(run_dirs)} run directories were given; "
+                             f"without --out each run's report is written into its run directory")
+    for run_dir in run_dirs:
+        path = Path(run_dir)
+        try:
+            key, is_run = path.resolve(), path.is_dir() and (path / "config.json").is_file()
+        except OSError as error:   # a name too long, a link loop
+            return fail(command, f"argument run_dir: {str(run_dir)[:80]!r}: {error.strerror or error}")
+        if key in seen:
+            return fail(command, f"argument run_dir: {str(run_dir)!r} names the run directory {str(seen[key])!r} "
+                                 "again; give each run once")
+        seen[key] = run_dir
+        if not is_run:
+            what = "does not exist" if not path.exists() else "is not a directory" if not path.is_dir() else \
+                "has no config.json"
+            return fail(command, f"argument run_dir: {str(run_dir)!r} {what}; each RUN_DIR must be a run directory "
+                                 "written by `interp train`")
+    for run_dir in run_dirs if locks else ():
+        refused = check_run_free(command, run_dir)
+        if refused is not None:
+            return refused
+    return None
+
+
+def over_runs(command: str, work, run_dirs, executor, params: dict, show) -> int:
+    """An analysis over several runs (or one, on an executor): work(params, run_dir) on each
+    (interp.sweep.runs.run_each; executor None: one after another in this process), then show(row,
+    run_dir) prints each finished run's lines, headed by `== RUN_DIR` when there are several, and each
+    failed run is one error line `interp COMMAND: error: RUN_DIR: ...`; the executor is closed. The
+    exit status: 0, or 2 when any run failed (the others' results are written all the same)."""
+    from interp.sweep.runs import run_each
+
+    try:
+        results = run_each(work, run_dirs, executor, progress=len(run_dirs) > 1 and sys.stderr.isatty(), **params)
+    except (ValueError, RuntimeError) as error:   # no Ray installed, a cluster on another address
+        return fail(command, f"argument --executor: {error}")
+    finally:
+        if executor is not None:
+            executor.close()
+    several = len(results) > 1
+    for result in results:
+        if result.ok:
+            if several:
+                print(f"== {result.run_dir}")
+            show(result.row, Path(result.run_dir))
+    failed = [result for result in results if not result.ok]
+    for result in failed:
+        fail(command, f"{result.run_dir}: {result.error}" if several else result.error)
+    return 2 if failed else 0

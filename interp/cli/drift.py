@@ -5,6 +5,11 @@ every definition's, q at the training length and at the horizon,
 the contraction on U and accuracy by length with mp; writes an HTML report (default
 RUN_DIR/drift.html) and RUN_DIR/drift.json. Kept free of heavy imports so `interp --help` stays fast.
 The analysis is interp.analysis.error_control, the report interp.report.dynamics.
+
+Several run directories, or --executor local|ray (--workers N, --address A): each run is one job
+(`drift_job`, interp.sweep.runs.run_each) on worker processes or a Ray cluster, writing its own
+RUN_DIR/drift.html and drift.json, identical to what `interp drift RUN_DIR` writes in a process with
+one torch thread (docs/scaling-runs.md); a run that fails is one error line and the others go on.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (check_out, check_run_free, check_workload, device_name, fail, length_list,
-                            non_negative_int, output_path, positive_int, run_directory)
+from interp.cli.args import (add_scale_out_arguments, check_out, check_run_free, check_runs, check_workload,
+                            device_name, executor_from_args, fail, length_list, non_negative_int, output_path,
+                            over_runs, positive_int, run_directory)
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -48,8 +54,11 @@ def add_parser(sub) -> None:
         description="Error-control analysis of a trained run: centroids and the subspace U from "
                     "in-distribution sequences (the training length), the drift ratio q(t) on "
                     "sequences of the longest length, Tcross, the contraction on U and accuracy by "
-                    "length. Writes an HTML report and drift.json.")
-    drift.add_argument("run_dir", type=run_directory, help="a run directory written by `interp train`")
+                    "length. Writes an HTML report and drift.json. Several run directories run one after "
+                    "another, or as parallel jobs with --executor local|ray (one job per run; "
+                    "docs/scaling-runs.md).")
+    drift.add_argument("run_dir", type=run_directory, nargs="+", metavar="RUN_DIR",
+                       help="one or more run directories written by `interp train`")
     drift.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                        help="evaluation lengths; the longest is the drift horizon (default 60,100,200,500,1000)")
     drift.add_argument("--site", default=None,
@@ -74,40 +83,87 @@ def add_parser(sub) -> None:
     drift.add_argument("--normalize", action="store_true",
                        help="divide every state by its norm first (the view of a scale-invariant read-out)")
     drift.add_argument("--seed", type=non_negative_int, default=None, help="data seed (default: the run's)")
-    drift.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/drift.html)")
+    drift.add_argument("--out", type=output_path, default=None,
+                       help="HTML report (default RUN_DIR/drift.html; one run only)")
     drift.add_argument("--device", type=device_name, default="cpu", help="torch device")
+    add_scale_out_arguments(drift, unit="run")
     drift.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.paths import DirectoryLocked
-
-    out = args.out or args.run_dir / "drift.html"
-    refused = check_out("drift", out, file=True, flag="--out" if args.out else "run_dir") or check_run_free("drift", args.run_dir)
-    if refused is not None:
-        return refused
+    try:
+        executor = executor_from_args(args, "drift")
+    except ValueError as error:
+        return fail("drift", error)
     options = dict(site=args.site, n_fit=args.n_fit, n_drift=args.n_drift, n_eval=args.n, tau=args.tau,
                    statistic=args.statistic, normalize=args.normalize, definition=args.definition,
                    reference_step=args.reference_step, calibrate=args.calibrate, direction=args.direction)
     if args.seed is not None:
         options["seed"] = args.seed
+    if len(args.run_dir) > 1 or executor is not None:
+        refused = check_runs("drift", args.run_dir, args.out if len(args.run_dir) > 1 else None) or next(
+            (status for run_dir in args.run_dir
+             if (status := check_out("drift", args.out or run_dir / "drift.html", file=True,
+                                     flag="--out" if args.out else "run_dir")) is not None), None)
+        if refused is not None:
+            if executor is not None:
+                executor.close()
+            return refused
+        return over_runs("drift", drift_job, args.run_dir, executor,
+                         dict(lengths=args.lengths, out=args.out and str(args.out), device=args.device, **options),
+                         show)
+    from models.paths import DirectoryLocked
+
+    run_dir = args.run_dir[0]
+    out = args.out or run_dir / "drift.html"
+    refused = check_out("drift", out, file=True, flag="--out" if args.out else "run_dir") or check_run_free("drift", run_dir)
+    if refused is not None:
+        return refused
     try:
-        config, task = run_task(args.run_dir)
-        unfit = task_misfit(args.run_dir, task)
-        if unfit is not None:
-            return fail("drift", unfit)
-        horizon = max(args.lengths)
-        for flag, n, length, length_flag in (("--n-fit", args.n_fit, config["train"]["train_length"], None),
-                                             ("--n-drift", args.n_drift, horizon, "--lengths"),
-                                             ("--n", args.n, horizon, "--lengths")):
-            check_workload(task, n, length, flag, length_flag)
-        result = drift_run(args.run_dir, args.lengths, out, device=args.device, **options)
+        result = drift_checked(run_dir, args.lengths, out, device=args.device, **options)
     except (ValueError, TypeError, KeyError, OSError, DirectoryLocked) as error:
-        return fail("drift", reference_hint(args.run_dir, error))
-    for key, value in result.summary().items():
-        print(f"{key:>18}: {value}")
-    print(f"wrote {out} and {args.run_dir / 'drift.json'}")
+        return fail("drift", reference_hint(run_dir, error))
+    show({"summary": result.summary(), "out": str(out)}, run_dir)
     return 0
+
+
+def show(row: dict, run_dir: Path) -> None:
+    for key, value in row["summary"].items():
+        print(f"{key:>18}: {value}")
+    print(f"wrote {row['out']} and {run_dir / 'drift.json'}")
+
+
+def drift_checked(run_dir: str | Path, lengths, out: str | Path | None = None, device: str = "cpu", **options):
+    """`drift_run` after the checks `interp drift` makes first: the run's task has a state at every
+    step (task_misfit) and the sequences fit in memory (check_workload); ValueError naming what is wrong."""
+    config, task = run_task(Path(run_dir))
+    unfit = task_misfit(Path(run_dir), task)
+    if unfit is not None:
+        raise ValueError(unfit)
+    horizon = max(lengths)
+    for flag, n, length, length_flag in (("--n-fit", options.get("n_fit", 256), config["train"]["train_length"], None),
+                                         ("--n-drift", options.get("n_drift", 64), horizon, "--lengths"),
+                                         ("--n", options.get("n_eval", 256), horizon, "--lengths")):
+        check_workload(task, n, length, flag, length_flag)
+    return drift_run(run_dir, lengths, out, device=device, **options)
+
+
+def drift_job(params: dict, run_dir: str) -> dict:
+    """The executor's job for one run (interp.sweep.runs.run_each): drift_checked(run_dir, **params),
+    its report at params["out"] (default RUN_DIR/drift.html); {"summary": drift.json's content,
+    "out": the report's path}. An error about the reference step carries reference_hint's advice."""
+    from models.paths import DirectoryLocked
+
+    params = dict(params)
+    out = Path(params.pop("out", None) or Path(run_dir) / "drift.html")
+    try:
+        result = drift_checked(Path(run_dir), out=out, **params)
+    except (ValueError, TypeError, KeyError, OSError, DirectoryLocked) as error:
+        hint = reference_hint(Path(run_dir), error)
+        if hint != str(error):
+            raise ValueError(hint) from error
+        raise
+    return {"summary": result.summary(), "out": str(out)}
 
 
 def run_task(run_dir: Path):

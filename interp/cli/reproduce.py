@@ -1,11 +1,16 @@
-"""`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick] [--no-train]`: one report
-per seed claim."""
+"""`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick] [--no-train]
+[--executor local|ray --workers N --address A]`: one report per seed claim.
+
+With --executor the runs to train (neither committed nor finished) are trained first as jobs, one per
+run, on worker processes (local) or a Ray cluster (ray), each in OUT/runs/<label> and resumable as
+without it; then the measurements, claims and report are made here, as in one process
+(docs/scaling-runs.md)."""
 
 from __future__ import annotations
 
 import argparse
 
-from interp.cli.args import check_out, fail, output_path
+from interp.cli.args import add_scale_out_arguments, check_out, executor_from_args, fail, output_path
 
 # The reproductions whose SCALE defines "medium", stated here because the claim modules import torch
 # and the command parses its arguments first (tests/test_cli_reproduce.py keeps it equal to
@@ -34,12 +39,13 @@ def add_parser(sub) -> None:
                    help="train nothing: build the report from the runs and sweep rows committed under "
                         "results/reproduce/NAME-SCALE/ and the finished runs in OUT, listing what is not trained yet "
                         "(claims that need it read 'inconclusive')")
+    add_scale_out_arguments(p, unit="training run")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from interp.reproduce import names, reproduce
-    from interp.reproduce.engine import SCALES
+    from interp.reproduce.engine import SCALES, TrainingFailed
     from models.paths import DirectoryLocked
 
     if args.name not in names():
@@ -53,11 +59,18 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     try:
+        executor = executor_from_args(args, "reproduce")
+    except ValueError as error:
+        return fail("reproduce", error)
+    try:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress,
-                           keep_unfinished=args.keep_unfinished, train=not args.no_train)
-    except (ValueError, TypeError, DirectoryLocked) as error:
+                           keep_unfinished=args.keep_unfinished, train=not args.no_train, executor=executor)
+    except (ValueError, TypeError, DirectoryLocked, TrainingFailed) as error:
         return fail("reproduce", error)
     except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)
         return fail("reproduce", f"argument --out: {error}")
+    finally:
+        if executor is not None:
+            executor.close()
     print(f"wrote {report}")
     return 0

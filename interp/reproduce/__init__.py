@@ -39,14 +39,16 @@ def claim_module(name: str):
 
 def reproduce(name: str, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
               progress: bool = True, log=print, results: str | Path | None = None, train: bool = True,
-              keep_unfinished: bool = False) -> Path:
+              keep_unfinished: bool = False, executor=None) -> Path:
     """Run the reproduction `name` at `scale` ("quick", "cpu", "medium" where defined, "paper"), loading
     the runs committed under `results` (default results/reproduce/NAME-SCALE); train=False reports on
     the committed and finished runs only; keep_unfinished=True copies each unfinished run's checkpoint
-    into `results` after every chunk, for another session to resume; see `engine.reproduce`."""
+    into `results` after every chunk, for another session to resume; executor (interp.sweep.executors.
+    make_executor("local" | "ray", ...)): the runs to train are trained there first, one job per run,
+    and the claims come out as in one process (engine's module docstring); see `engine.reproduce`."""
     module = claim_module(name)
     engine.check_scale(scale, module)
-    return engine.reproduce(module, scale, out, device, progress, log, results, train, keep_unfinished)
+    return engine.reproduce(module, scale, out, device, progress, log, results, train, keep_unfinished, executor)
 
 
 __all__ = ["reproduce", "names", "claim_module", "engine"]

@@ -40,6 +40,15 @@ results/reproduce/<NAME>-<scale>/<label> (config, final weights, metrics, measur
 the config the plan would train is loaded instead; `results.commit_finished` commits finished runs,
 `results.commit_unfinished` the last checkpoint of unfinished ones, which a later run resumes from.
 
+On an executor (`reproduce(..., executor=make_executor("ray", workers=4))`, interp.sweep): the
+plan's runs that are neither committed nor finished are first trained as jobs (`train_job`, one
+per run, each in out/runs/<label> exactly as in-process: resumed, retried at a lower lr, stopped
+early at fit), then the in-process pass above finds them finished and reuses them, measures and
+judges as without an executor. A worker trains with one torch thread, so the weights equal those
+of an in-process reproduction run with torch.set_num_threads(1) (tests/test_runs_executor.py); a run
+that fails on its worker stops the reproduction with TrainingFailed once the other jobs are done
+(theirs are kept: a rerun resumes). A claim's `study` runs in this process as before.
+
 Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the claim, the
 scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
 rebuilt from the cache. Verdicts are one of `VERDICTS`.
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import time
 from collections.abc import Callable
@@ -59,6 +69,8 @@ from typing import Any
 import models
 from interp.report.html import Table, Text, write_report
 from interp.reproduce import results as committed_runs
+from interp.sweep.jobs import Job, Outcome as JobOutcome
+from interp.sweep.runs import error_line
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.evaluate import final_state_accuracy
@@ -322,9 +334,74 @@ def sizes_table(plan: Plan) -> Table:
     return Table(plan.sizes, heading=f"Sizes at scale {plan.scale!r} and where each number comes from")
 
 
+class TrainingFailed(RuntimeError):
+    """Runs of a plan failed on the executor's workers; `failures` maps each label to its error."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        self.failures = failures
+        first = next(iter(failures))
+        super().__init__(f"{len(failures)} run(s) failed to train on the executor ({', '.join(failures)}); the "
+                         f"others are trained and kept, a rerun resumes. {first}: {error_line(failures[first])}")
+
+
+def train_job(params: dict, run_dir: str) -> dict:
+    """One run of a plan trained in a worker (see `train_on`): the claim module params["claim"] (imported
+    by name), its plan at params["scale"], the run params["label"], trained by `train_run` under
+    params["root"] with no progress bar (after_chunk: keep_unfinished into params["results"] when given).
+    Returns the outcome's row."""
+    claim = importlib.import_module(params["claim"])
+    plan = claim.plan(params["scale"])
+    run = next((r for r in plan.runs if r.label == params["label"]), None)
+    if run is None:
+        raise ValueError(f"{params['claim']}.plan({params['scale']!r}) has no run labelled {params['label']!r}")
+    kept = params.get("results")
+    keep = (lambda: committed_runs.keep_unfinished(run, Path(run_dir), Path(kept))) if kept else None
+    outcome = train_run(run, Path(params["root"]), params["device"], False, plan.fit_metric, plan.fit_n,
+                        plan.early_stop, keep)
+    return outcome.row()
+
+
+def train_on(executor, claim, plan: Plan, out: Path, kept: Path, device: str = "cpu", keep_unfinished: bool = False,
+             log: Callable[[str], None] = print) -> list[str]:
+    """Train the runs of `plan` that are neither committed under `kept` nor finished in out/runs as
+    jobs on `executor` (`train_job`; an unfinished run committed under kept/unfinished seeds its run
+    directory first, as in-process); returns the labels trained. TrainingFailed after every job has
+    ended when any failed."""
+    root, todo = inside(out, "runs"), []
+    for run in plan.runs:
+        if committed_runs.committed_outcome(run, kept, root, device, lambda _line: None) is not None \
+                or committed_runs.finished(run, root / run.label):
+            continue
+        committed_runs.resume_unfinished(run, kept, root / run.label, device, log)
+        todo.append(Job(run.label, {"claim": claim.__name__, "scale": plan.scale, "label": run.label,
+                                    "root": str(root), "device": device,
+                                    "results": str(kept) if keep_unfinished else None}, str(root / run.label)))
+    if not todo:
+        return []
+    root.mkdir(parents=True, exist_ok=True)
+    log(f"{claim.NAME}: training {len(todo)} run(s) on the executor: {', '.join(job.key for job in todo)}")
+    failures, finished_jobs = {}, []
+
+    def on_done(outcome: JobOutcome) -> None:
+        finished_jobs.append(outcome.job.key)
+        where = f"[{len(finished_jobs)}/{len(todo)}] {claim.NAME} {outcome.job.key}"
+        if outcome.row is None:
+            failures[outcome.job.key] = outcome.error
+            log(f"{where}: failed on its worker: {error_line(outcome.error)}")
+        else:
+            row = outcome.row
+            log(f"{where}: trained on a worker, {row['status']}, length {row['length reached']}/{row['train length']}, "
+                f"{row['steps']} steps ({'-' if row['train s'] is None else row['train s']} s training)")
+
+    executor.run(train_job, todo, on_done)
+    if failures:
+        raise TrainingFailed({key: failures[key] for key in (job.key for job in todo) if key in failures})
+    return [job.key for job in todo]
+
+
 def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: str = "cpu",
               progress: bool = True, log: Callable[[str], None] = print, results: str | Path | None = None,
-              train: bool = True, keep_unfinished: bool = False) -> Path:
+              train: bool = True, keep_unfinished: bool = False, executor=None) -> Path:
     """Run the reproduction `claim` (a claim module) at `scale`; returns the report's path.
 
     Writes out/report.html, out/claims.json (the claim table and every run's row and measures) and
@@ -334,7 +411,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     the others are listed as not trained yet (a report of a profile still being trained).
     keep_unfinished=True: after every chunk of an early-stopped run its checkpoint is copied into
     `results`/unfinished/<label> (interp.reproduce.results), so that another session or machine
-    resumes it from there.
+    resumes it from there. executor: an interp.sweep executor that trains the runs to train first,
+    one job per run (`train_on`; the module docstring); None: every run trains in this process.
     """
     scale = check_scale(scale, claim)
     out = Path(out or f"runs/reproduce/{claim.NAME}-{scale}")
@@ -344,6 +422,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
     if len(set(labels)) != len(labels):
         raise ValueError(f"{claim.NAME}: run labels must be unique; got {labels}")
     started, done, pending = time.perf_counter(), [], []
+    if executor is not None and train:
+        train_on(executor, claim, plan, out, kept, device, keep_unfinished, log)
     for index, run in enumerate(plan.runs, 1):
         outcome = committed_runs.committed_outcome(run, kept, inside(out, "runs"), device, log)
         if outcome is None and not train and not committed_runs.finished(run, out / "runs" / run.label):
