@@ -188,7 +188,7 @@ def test_a_run_that_fails_on_its_worker_stops_the_reproduction_after_the_others(
     assert all(engine.committed_runs.finished(r, tmp_path / "runs" / r.label) for r in plan.runs[1:])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     pytest.importorskip("ray")
@@ -209,3 +209,17 @@ def test_ray_writes_what_one_process_writes(runs, ray_cluster):
     assert same([r.row for r in results], here), [r.traceback for r in results]
     assert {d: written(d) for d in (a, b)} == before
     assert time.perf_counter() - started < 120
+
+
+def test_cli_reproduce_on_ray_gives_the_in_process_claims(tmp_path, ray_cluster, capsys):
+    """`interp reproduce --executor ray` joins the cluster Ray already has (this module's) and leaves it up."""
+    reproduce("parity", "quick", tmp_path / "here", progress=False, log=lambda _line: None)
+    argv = ["reproduce", "parity", "--quick", "--no-progress", "--out", str(tmp_path / "there")]
+    assert main([*argv, "--executor", "ray", "--workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("trained on a worker") == len(claim_module("parity").plan("quick").runs)
+    saved = [json.loads((tmp_path / out / "claims.json").read_text()) for out in ("here", "there")]
+    assert stable(saved[0]) == stable(saved[1]) and weights(tmp_path / "here") == weights(tmp_path / "there")
+    import ray
+
+    assert ray.is_initialized()
