@@ -86,7 +86,7 @@ def add_parser(sub) -> None:
     drift.add_argument("--out", type=output_path, default=None,
                        help="HTML report (default RUN_DIR/drift.html; one run only)")
     drift.add_argument("--device", type=device_name, default="cpu", help="torch device")
-    add_scale_out_arguments(drift, unit="run")
+    add_scale_out_arguments(drift, unit="run directory")
     drift.set_defaults(func=run)
 
 

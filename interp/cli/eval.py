@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     ev.add_argument("--seed", type=non_negative_int, default=1, help="evaluation seed")
     ev.add_argument("--threshold", type=fraction, default=0.9, help="mp accuracy threshold")
     ev.add_argument("--device", type=device_name, default="cpu", help="torch device")
-    add_scale_out_arguments(ev, unit="run")
+    add_scale_out_arguments(ev, unit="run directory")
     ev.set_defaults(func=run)
 
 

@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     heads.add_argument("--out", type=output_path, default=None,
                        help="HTML report path (default RUN_DIR/heads.html; one run only)")
     heads.add_argument("--device", type=device_name, default="cpu", help="torch device")
-    add_scale_out_arguments(heads, unit="run")
+    add_scale_out_arguments(heads, unit="run directory")
     heads.set_defaults(func=run)
 
 

@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="reproduce one seed claim (train, measure, claim table, report)",
                        description="Train the runs a seed claim needs (finished runs are reused, interrupted "
                                    "ones resume), measure, and write OUT/report.html with a 'claim | what was "
-                                   "measured | verdict' table. Names: {reproductions}.")
+                                   "measured | verdict' table. Names: {reproductions}. With --executor the runs "
+                                   "to train are trained first as parallel jobs, one per run, then measured here "
+                                   "(docs/scaling-runs.md).")
     p.add_argument("name", metavar="NAME", help="the reproduction: {reproductions}")
     p.add_argument("--scale", default="cpu", metavar="SCALE",
                    help="cpu (about 30 minutes on 2 cores), medium (only " + ", ".join(MEDIUM) + ": the runs a "
