@@ -6,6 +6,7 @@
     executors       LocalExecutor (process pool), make_executor
     ray_executor    RayExecutor: Ray core tasks (optional dependency, `interp-seq[ray]`)
     run             Sweep (the resumable trial runner), run_spec
+    runs            run_each: one analysis over many run directories, one job per run (eval, drift, heads)
 
 May import: interp.analysis, interp.training, interp.tasks, models. Never interp.report or
 interp.cli. interp.analysis never imports this package: the N* search there drives any callable
