@@ -94,3 +94,25 @@ def test_removing_a_worker_node_mid_grid_still_gives_the_same_result(cluster, gr
     assert removed and removed[0] < 14, removed   # the node went while units were left (7 x 2 units)
     assert sum(n["Alive"] for n in ray.nodes()) == 2
     assert torch.equal(got.p_patched, here.p_patched) and torch.equal(got.p_corrupt, here.p_corrupt)
+
+
+def test_actors_stay_for_the_next_grid_on_the_same_weights_and_go_for_others(cluster, grid):
+    made, _ = cluster
+    model, clean, corrupt, sites, here = grid
+    executor = make_executor("ray", workers=2, address=made.address)
+    try:
+        first = interchange(model, clean, corrupt, sites, chunk=CHUNK, executor=executor, progress=False)
+        actors = {a._actor_id for a in executor._actors.idle}
+        again = interchange(model, clean, corrupt, sites[:12], chunk=CHUNK, executor=executor, progress=False)
+        assert {a._actor_id for a in executor._actors.idle} == actors and len(actors) == 2
+        assert torch.equal(first.p_patched, here.p_patched)
+        assert torch.equal(again.p_patched, here.p_patched[:12])   # 12 sites: the first two units of 6
+        changed = models.build("mamba", vocab_size=model.cfg.vocab_size, d_model=16, n_layers=2).eval()
+        changed.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            changed.blocks[1].mixer.out_proj.weight.mul_(0.5)
+        other = interchange(changed, clean, corrupt, sites, chunk=CHUNK, executor=executor, progress=False)
+        assert not actors & {a._actor_id for a in executor._actors.idle}   # other weights: new actors
+        assert not torch.equal(other.p_patched, here.p_patched)
+    finally:
+        executor.close()

@@ -84,6 +84,7 @@ class RayExecutor:
         self.workers, self.max_retries, self.address = workers, max_retries, address
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self._started = False
+        self._actors = None   # the grids' actors (interp.sweep.unit_actors), kept across grids of one model
 
     def _connect(self):
         ray = ray_module()
@@ -116,14 +117,18 @@ class RayExecutor:
 
     def map_units(self, work, units, on_result) -> None:
         """A grid's units (interp.analysis.units) on `workers` Ray actors of num_cpus / num_gpus
-        each, the model put in the object store once and built once per actor
-        (interp.sweep.unit_workers)."""
-        from interp.sweep.unit_workers import ray_map_units
+        each, the model put in the object store once and built once per actor; the actors stay
+        for the next grid on the same weights (interp.sweep.unit_actors)."""
+        from interp.sweep.unit_actors import ActorPool
 
-        ray_map_units(self._connect(), work, units, on_result, self.workers, self.num_cpus, self.num_gpus,
-                      self.max_retries)
+        if self._actors is None:
+            self._actors = ActorPool(self._connect(), self.workers, self.num_cpus, self.num_gpus, self.max_retries)
+        self._actors.map_units(work, units, on_result)
 
     def close(self) -> None:
+        if self._actors is not None:
+            self._actors.close()
+            self._actors = None
         if self._started:
             ray_module().shutdown()
             self._started = False
