@@ -192,3 +192,22 @@ def test_ablation_on_units_is_bit_identical_in_any_order_and_one_unit_is_the_pla
         assert torch.equal(pooled.baseline_p, here.baseline_p)
         whole = ablate(model, clean, sites, mode=mode, chunk=(len(sites), len(clean)), progress=False)
         assert torch.equal(whole.p_answer, ablate(model, clean, sites, mode=mode).p_answer)
+
+
+def test_a_local_pool_stays_for_the_next_grid_on_the_same_weights_only(tmp_path):
+    work, units = linear_work(tmp_path)
+    reference = merged(run_units(work, units, progress=False), units)
+    executor = make_executor("local", workers=2)
+    try:
+        assert torch.equal(merged(run_units(work, units, executor=executor, progress=False), units), reference)
+        pool = executor._units.pool
+        assert torch.equal(merged(run_units(work, units[:2], executor=executor, progress=False), units[:2]),
+                           reference[:10])
+        assert executor._units.pool is pool
+        with torch.no_grad():
+            work.model.weight.add_(1.0)   # the same module, changed in place: other weights
+        changed = merged(run_units(work, units, executor=executor, progress=False), units)
+        assert executor._units.pool is not pool
+        assert torch.equal(changed, merged(run_units(work, units, progress=False), units))
+    finally:
+        executor.close()

@@ -42,6 +42,7 @@ class LocalExecutor:
                 raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
         self.workers, self.max_retries = workers, max_retries
         self._pool: ProcessPoolExecutor | None = None
+        self._units = None   # the grids' process pool (interp.sweep.unit_workers.ProcessPool)
 
     def _fresh_pool(self) -> ProcessPoolExecutor:
         if self._pool is not None:
@@ -102,12 +103,17 @@ class LocalExecutor:
 
     def map_units(self, work, units, on_result) -> None:
         """A grid's units (interp.analysis.units) on `workers` spawned processes, each building the
-        model once (interp.sweep.unit_workers)."""
-        from interp.sweep.unit_workers import pool_map_units
+        model once and keeping it for the next grid on the same weights (interp.sweep.unit_workers)."""
+        from interp.sweep.unit_workers import ProcessPool
 
-        pool_map_units(work, units, on_result, self.workers, self.max_retries)
+        if self._units is None:
+            self._units = ProcessPool(self.workers, self.max_retries)
+        self._units.map_units(work, units, on_result)
 
     def close(self) -> None:
+        if self._units is not None:
+            self._units.close()
+            self._units = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
