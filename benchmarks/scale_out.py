@@ -1,7 +1,7 @@
 """Scale-out: the real-size interchange grid on one process, on units, on Ray workers and on a
 three-node local Ray cluster; the per-unit overhead of the unit engine.
 
-    python benchmarks/scale_out.py [--models gpt2,mamba] [--step 8] [--rounds 1] [--markdown]
+    python benchmarks/scale_out.py [--models gpt2,mamba] [--step 8] [--rounds 1] [--sections grid,eap,overhead]
 
 Grid (as benchmarks/real_size.py's interchange section): GPT-2 small 124M / Mamba-130m, random
 weights (benchmarks/real_configs.py), N = 8 clean / corrupted pairs of random tokens at T = 64
@@ -21,8 +21,10 @@ Times are wall seconds of the interchange call (model building and imports exclu
 trip through the object store and every actor's start are included). Starting the Ray cluster
 itself (`ray.init` of a local one, or the three-node Cluster) is timed apart ("cluster start s"):
 a researcher starts a cluster once and runs many grids on it. Every
-unit-based contender must give the same p_patched bit for bit (the digest column). The overhead
-section times a trivial unit (a 4 x 4 linear map on one row) many times: in-process, in-process
+unit-based contender must give the same p_patched bit for bit (the digest column). The eap section runs
+EAP-IG (--eap-steps interpolation steps) over 64 prompts of GPT-2 124M at T 64 as 4 units of 16
+prompts: here, and on Ray with 1 and 2 workers (the per_example scores' digest must agree). The
+overhead section times a trivial unit (a 4 x 4 linear map on one row) many times: in-process, in-process
 writing each unit to an out directory, on one spawned process and on one Ray actor: ms per unit is
 the engine's own cost (scheduling, transfer, the atomic write).
 """
@@ -45,32 +47,40 @@ ROOT = HERE.parent
 CONTENDERS = ("one process", "units", "ray 1", "ray 2", "cluster 3")
 CHUNK = {"gpt2": (12, 8), "mamba": (24, 8)}   # one unit per layer-sized slice of the sample: 8 units
 OVERHEAD_UNITS = 300
+EAP_PROMPTS, EAP_CHUNK = 64, 16   # EAP-IG: 4 units of 16 prompts
 
 
 def load() -> float:
     return os.getloadavg()[0]
 
 
-def grid(name: str, step: int):
-    """(model, clean, corrupt, sites) of the benchmark grid."""
+def prompts(name: str, n: int):
+    """(model, clean, corrupt): n random-token prompts at T 64, the corrupted ones differing at the
+    first position, the answer the clean run's own most likely last token."""
     import torch
 
     import models
-    from interp.analysis.interventions import site_grid
     from interp.tasks.base import Batch
     from real_configs import build_source, tokens
 
     model = models.from_pretrained(build_source(name)).eval()
-    clean_tokens = tokens(name, 8, 64, seed=2)
+    clean_tokens = tokens(name, n, 64, seed=2)
     corrupt_tokens = clean_tokens.clone()
-    corrupt_tokens[:, 0] = tokens(name, 8, 1, seed=3)[:, 0]
+    corrupt_tokens[:, 0] = tokens(name, n, 1, seed=3)[:, 0]
     mask = torch.zeros_like(clean_tokens, dtype=torch.bool)
     mask[:, -1] = True
     targets = torch.zeros_like(clean_tokens)
     with torch.no_grad():
         targets[:, -1] = model(clean_tokens)[:, -1].argmax(-1)   # the clean run's own answer: p_clean not tiny
-    states = torch.zeros(8, 64)
-    clean, corrupt = Batch(clean_tokens, targets, mask, states), Batch(corrupt_tokens, targets.clone(), mask, states)
+    states = torch.zeros(n, 64)
+    return model, Batch(clean_tokens, targets, mask, states), Batch(corrupt_tokens, targets.clone(), mask, states)
+
+
+def grid(name: str, step: int):
+    """(model, clean, corrupt, sites) of the benchmark grid."""
+    from interp.analysis.interventions import site_grid
+
+    model, clean, corrupt = prompts(name, 8)
     sites = site_grid(model, ["blocks.{l}.hook_resid_pre"], list(range(step // 2, 64, step)))
     return model, clean, corrupt, sites
 
@@ -120,6 +130,32 @@ def worker_grid(contender: str, name: str, step: int) -> dict:
         cluster.shutdown()
     digest = hashlib.sha256(result.p_patched.numpy().tobytes()).hexdigest()[:12]
     return {"s": seconds, "start": start, "sites": len(sites), "pairs": result.n_run, "digest": digest,
+            "load": f"{before:.1f}-{load():.1f}"}
+
+
+def worker_eap_ig(contender: str, steps: int) -> dict:
+    """EAP-IG over EAP_PROMPTS prompts of GPT-2 124M at T 64, as units of EAP_CHUNK prompts, here
+    or on Ray with 1 or 2 workers."""
+    import torch
+
+    from interp.analysis.circuits import eap_ig
+    from interp.sweep.executors import make_executor
+
+    torch.set_num_threads(1)
+    model, clean, corrupt = prompts("gpt2", EAP_PROMPTS)
+    executor, start = None, 0.0
+    if contender != "here":
+        started = time.perf_counter()
+        executor = make_executor("ray", workers=int(contender.split()[1]))
+        executor._connect()
+        start = time.perf_counter() - started
+    before, started = load(), time.perf_counter()
+    scores = eap_ig(model, clean, corrupt, steps=steps, chunk=EAP_CHUNK, executor=executor, progress=False)
+    seconds = time.perf_counter() - started
+    if executor is not None:
+        executor.close()
+    digest = hashlib.sha256(scores.per_example.numpy().tobytes()).hexdigest()[:12]
+    return {"s": seconds, "start": start, "edges": scores.graph.n_edges, "digest": digest,
             "load": f"{before:.1f}-{load():.1f}"}
 
 
@@ -194,6 +230,22 @@ def grid_rows(models: list[str], step: int, rounds: int) -> list[dict]:
     return rows
 
 
+def eap_rows(steps: int, rounds: int) -> list[dict]:
+    best: dict = {}
+    for _ in range(rounds):
+        for contender in ("here", "ray 1", "ray 2"):
+            got = spawn("eap", contender, str(steps))
+            print(f"eap-ig {contender}: {got}", file=sys.stderr)
+            if contender not in best or "error" in best[contender] or ("s" in got and got["s"] < best[contender]["s"]):
+                best[contender] = got
+    ray1 = best["ray 1"].get("s")
+    return [{"contender": c, "seconds": f"{g['s']:.1f}" if "s" in g else g["error"],
+             "cluster start s": f"{g['start']:.1f}" if "s" in g and c != "here" else "-",
+             "vs here": f"{best['here']['s'] / g['s']:.2f}x" if "s" in g and "s" in best["here"] else "-",
+             "vs ray 1": f"{ray1 / g['s']:.2f}x" if ray1 and "s" in g else "-",
+             "per_example sha256": g.get("digest", "-"), "load": g.get("load", "-")} for c, g in best.items()]
+
+
 def overhead_rows() -> list[dict]:
     rows = []
     for contender in ("in-process", "in-process, written", "1 process", "1 Ray actor"):
@@ -208,13 +260,18 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="gpt2,mamba")
     parser.add_argument("--step", type=int, default=8, help="one site position per this many (default 8)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--sections", default="grid,overhead")
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--sections", default="grid,eap,overhead")
+    parser.add_argument("--eap-steps", type=int, default=4, help="EAP-IG interpolation steps (default 4)")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         kind, *rest = args.worker
-        got = worker_grid(rest[0], rest[1], int(rest[2])) if kind == "grid" else worker_overhead(rest[0])
+        if kind == "grid":
+            got = worker_grid(rest[0], rest[1], int(rest[2]))
+        elif kind == "eap":
+            got = worker_eap_ig(rest[0], int(rest[1]))
+        else:
+            got = worker_overhead(rest[0])
         print(json.dumps(got))
         return
     sections = args.sections.split(",")
@@ -223,6 +280,9 @@ def main(argv=None) -> None:
         print(markdown(rows, ["model", "contender", "sites x N", "pairs run", "seconds", "cluster start s",
                               "vs one process", "vs ray 1",
                               "p_patched sha256", "load"]))
+    if "eap" in sections:
+        print(markdown(eap_rows(args.eap_steps, args.rounds), ["contender", "seconds", "cluster start s", "vs here",
+                                                                "vs ray 1", "per_example sha256", "load"]))
     if "overhead" in sections:
         print(markdown(overhead_rows(), ["where", "ms per unit", "load"]))
 

@@ -16,7 +16,6 @@ import torch  # noqa: E402
 
 from interp.analysis.circuits import build_graph, eap, eap_ig, faithfulness_curve, rescore  # noqa: E402
 from interp.analysis.circuits.graph import positional_graph
-from interp.analysis.circuits.units import setup_tensors
 from interp.analysis.interventions import Site, attribute
 from interp.analysis.units import digest
 from interp.sweep.executors import make_executor
@@ -62,6 +61,15 @@ def ray_cluster():
 def ig(model, pair):
     """EAP-IG as units of 4 examples, in this process (the scores the edge grids start from)."""
     return eap_ig(model, *pair, steps=3, chunk=4, progress=False)
+
+
+def setup_tensors(pair) -> dict:
+    """A Setup's tensors, flat."""
+    out = {"at": pair.at, "clean_metric": pair.clean_metric, "corrupt_metric": pair.corrupt_metric,
+           "answers": pair.answers, "rivals": pair.rivals}
+    for which in ("clean_acts", "corrupt_acts"):
+        out.update({f"{which}/{hook}": value for hook, value in getattr(pair, which).items()})
+    return out
 
 
 def assert_same_scores(a, b):

@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
                     "length. Writes an HTML report and drift.json. Several run directories run one after "
                     "another, or as parallel jobs with --executor local|ray (one job per run; "
                     "docs/scaling-runs.md).")
-    drift.add_argument("run_dir", type=run_directory, nargs="+", metavar="RUN_DIR",
+    drift.add_argument("run_dir", type=run_directory, nargs="+", metavar="run_dir",
                        help="one or more run directories written by `interp train`")
     drift.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                        help="evaluation lengths; the longest is the drift horizon (default 60,100,200,500,1000)")

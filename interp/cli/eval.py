@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                                     "mp, written to RUN_DIR/eval.json. Several run directories run one "
                                     "after another, or as parallel jobs with --executor local|ray (one job "
                                     "per run; docs/scaling-runs.md).")
-    ev.add_argument("run_dir", type=run_directory, nargs="+", metavar="RUN_DIR",
+    ev.add_argument("run_dir", type=run_directory, nargs="+", metavar="run_dir",
                     help="one or more run directories written by `interp train`")
     ev.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                     help="comma-separated lengths (default 60,100,200,500,1000)")

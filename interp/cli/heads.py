@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                     "clamped to [0, 1] (and pinned to its mean, a control). Writes an HTML report. Several "
                     "run directories run one after another, or as parallel jobs with --executor local|ray "
                     "(one job per run; docs/scaling-runs.md).")
-    heads.add_argument("run_dir", type=run_directory, nargs="+", metavar="RUN_DIR",
+    heads.add_argument("run_dir", type=run_directory, nargs="+", metavar="run_dir",
                        help="one or more run directories of DeltaNet models")
     heads.add_argument("--n", type=positive_int, default=256, help="traces to evaluate (default 256)")
     heads.add_argument("--length", type=positive_int, default=None,

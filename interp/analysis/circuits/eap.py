@@ -42,9 +42,8 @@ from interp.analysis.circuits.graph import Graph, block_mixers
 from interp.analysis.circuits.metrics import Setup, check_setup, setup
 from interp.analysis.circuits.passes import sender_value
 from interp.analysis.circuits.positional import check_positional_pair, fold
-from interp.analysis.circuits.units import (UNIT_PROMPTS, cat_units, check_chunk, chunked, merge_setup, model_device,
-                                            setup_tensors, span_units)
-from interp.analysis.units import UnitWork, run_units
+from interp.analysis.circuits.units import UNIT_PROMPTS, cat_units, check_chunk, chunked, span_units
+from interp.analysis.units import UnitWork, one_thread_unit, run_units
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
 
@@ -257,14 +256,15 @@ def prompt_grid(model, clean: Batch, corrupt: Batch, graph: Graph | None, option
     work = UnitWork(model, prompt_unit, inputs, name=options["method"],
                     options={**options, "chunk": size, "positions": list(graph.positions)}, pinned=pinned)
     results = run_units(work, units, executor=executor, out=out, progress=progress)
-    pair = merge_setup(base, clean, corrupt, options["metric"], [results[u.key] for u in units], model_device(model))
+    with one_thread_unit():   # the Setup once, here: unit files and transfers carry scores only
+        pair = setup(model, clean, corrupt, options["metric"], base, options["answer"])
     per_position = cat_units(units, results, "per_position", 1) if wide else None  # [E, N, T]
     scores = EdgeScores(base, cat_units(units, results, "per_example", 1), options["method"], pair, per_position)
     return scores if graph.base is None else fold(scores, graph, options["per_position"])
 
 
 def prompt_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
-    """One unit: EAP or EAP-IG of its examples, their Setup's tensors (a worker runs this)."""
+    """One unit: EAP or EAP-IG scores of its examples (a worker runs this)."""
     part = slice(*spec["examples"])
     clean, corrupt = inputs["clean"].select(part), inputs["corrupt"].select(part)
     common = dict(metric=inputs["metric"], graph=inputs["graph"], answer=inputs["answer"],
@@ -274,7 +274,7 @@ def prompt_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
             scores = eap(model, clean, corrupt, **common)
         else:
             scores = eap_ig(model, clean, corrupt, steps=inputs["steps"], rows=inputs["rows"], progress=False, **common)
-    out = {"per_example": scores.per_example, **setup_tensors(scores.setup)}  # [E, n], the Setup's [n, ...]
+    out = {"per_example": scores.per_example}  # [E, n]
     if scores.per_position is not None:
         out["per_position"] = scores.per_position  # [E, n, T]
     return out
