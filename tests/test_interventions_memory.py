@@ -164,3 +164,22 @@ def test_attribution_refuses_up_front_naming_hooks_estimate_and_budget(pair):
     with pytest.raises(MemoryRefused, match=r"^attribution at hooks blocks\.\{l\}\.mixer\.hook_state \(layers 0-1\) "
                                             r"over N=8, T=11 \(one row .*\) needs about .*budget of 1 kB"):
         attribute(model, clean, corrupt, site_grid(model, ["blocks.{l}.mixer.hook_state"], ["key"]), max_memory=1000)
+
+
+def test_small_states_are_cached_whole_large_ones_recomputed_per_block_with_the_same_result(pair, monkeypatch):
+    """States within WHOLE_STATES_SHARE of the budget come from the cached runs (no block forward
+    recomputes them); beyond it from block_activation; the values are the same bit for bit."""
+    clean, corrupt = pair
+    model = build()
+    sites = site_grid(model, GRID_HOOKS, ["key", "value", "query"])
+    recomputed = []
+    original = planning.block_activation
+    monkeypatch.setattr(planning, "block_activation", lambda *args, **kw: recomputed.append(args[2]) or original(*args, **kw))
+    whole = interchange(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff"])
+    assert recomputed == []
+    monkeypatch.setattr(planning, "WHOLE_STATES_SHARE", 0.0)
+    lazy = interchange(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff"])
+    assert set(recomputed) == {"blocks.0.mixer.hook_state", "blocks.1.mixer.hook_state"}
+    for field in ("p_patched", "logit_diff_patched", "p_clean", "p_corrupt"):
+        assert torch.equal(getattr(lazy, field), getattr(whole, field)), field
+    assert (lazy.n_run, lazy.n_passes) == (whole.n_run, whole.n_passes)

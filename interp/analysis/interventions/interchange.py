@@ -209,9 +209,10 @@ def interchange(
     metrics: more per-pair numbers, any of "logit_diff", "kl" (module docstring).
     max_memory: the memory budget (models.memory.budget_bytes; default half the memory available
     now). Every run reads its logits at the answer position only ([rows, V], never [rows, T, V]),
-    and recurrent states are never cached whole: a state site's clean states are recomputed per
-    block from the cached block input, and a resumed pass reads the corrupt run's states at the
-    positions passes resume from only (interventions.planning). The planner estimates the caches
+    and recurrent states are cached whole only where they are small (a quarter of the budget at
+    most): else a state site's clean states are recomputed per block from the cached block input;
+    a resumed pass reads the corrupt run's states at the positions passes resume from only
+    (interventions.planning). The planner estimates the caches
     and a row of each pass up front and picks the rows per pass (at most batch_size) and how
     coarse the resume positions are to fit; models.memory.MemoryRefused, one line naming the
     hooks, the estimate and the budget, before any work when not even one row fits.

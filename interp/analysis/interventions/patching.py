@@ -379,8 +379,9 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
             raise ValueError(f"site {site.label}: {names[0]} and {names[1]} roles give different shapes "
                              f"{tuple(src.shape)} and {tuple(dst.shape)}")
     resume = resume and hasattr(model, "resume_from")
-    resid = resume_hook_names(model, sites) if resume else []
-    resid = [h for h in resid if not is_state(h)]  # the states are kept at the resume positions only
+    resumed = resume_hook_names(model, sites) if resume else []
+    resid = [h for h in resumed if not is_state(h)]
+    carry = [h for h in resumed if is_state(h)]  # the passes read these at the resume positions only
     planner = Planner(model, target.tokens, hooks, resid, skip_noops, max_memory, batch_size, lazy=resume)
     if source_ans is None:
         source_ans = torch.full((len(source),), source.tokens.shape[1] - 1)
@@ -403,7 +404,8 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     if resume:
         merge = merge_row_positions(model)
         groups, sizes = planner.passes(lambda stride: _resume_groups(pairs, sites, target_pos, target_ans, stride, merge))
-        resume_cache = resume_states(model, {h: target_cache.cache[h] for h in resid}, groups, planner.chunk)
+        kept = [h for h in resid + carry if h in target_cache.cache]  # carry: where planner.whole_states
+        resume_cache = resume_states(model, {h: target_cache.cache[h] for h in kept}, groups, planner.chunk)
     else:
         groups, sizes, resume_cache = *planner.passes(lambda stride: [(None, 0, pairs)]), None
     target_cache = None  # only the resume cache is read from here on

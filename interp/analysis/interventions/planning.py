@@ -10,12 +10,15 @@ Sizes come from a probe: one example over the first few positions with a reader 
     recurrent states kept at P positions of L blocks   N * P * L * state bytes
 
 The recurrent states of a run (`hook_state`, [N, T, *S] per block: 400 MB per block for
-Mamba-130m at N = 8, T = 512) are never cached whole. A site on them reads its block's states
-from `LazyStates`, which recomputes them from the cached block input (one block forward) on first
-use and keeps one block at a time; a resumed pass reads the states only at the positions where
-the passes resume (`resume_states`: `models.backbone.StatesAt`), and the planner spaces those
-positions (snapping each pass's start down to a multiple of a stride, the positions in between
-recomputed) until they fit the budget.
+Mamba-130m at N = 8, T = 512) are cached whole only where a site reads them and they are small:
+at most WHOLE_STATES_SHARE of the budget, leaving every cached run and pass its full rows (the
+cached runs form them anyway; keeping them saves a block forward per state hook and run). Else a
+site on them reads its block's states from `LazyStates`, which recomputes them from the cached
+block input (one block forward) on first use and keeps one block at a time. A resumed pass reads
+the states only at the positions where the passes resume (`resume_states`:
+`models.backbone.StatesAt`, sliced from the whole states or recomputed), and the planner spaces
+those positions (snapping each pass's start down to a multiple of a stride, the positions in
+between recomputed) until they fit the budget.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ PASS_FACTOR = 2.0  # live copies of a block's activations during a forward (inpu
 READ_OUT_FLOATS = 3  # [r, V] float64 tensors formed per read-out row (logits, softmax, log-softmax)
 PROBE_LENGTH = 4  # positions of the probe run
 HEAD_FIRST = ("hook_pattern", "hook_attn_scores")  # [B, H, T, T]: bytes per position grow with T
+WHOLE_STATES_SHARE = 0.25  # of the budget: states this small are cached whole, not recomputed per block
 
 
 def is_state(hook: str) -> bool:
@@ -207,18 +211,28 @@ def states_bytes(model, fp: Footprint, groups, n_rows: int) -> float:
                         for j, p in positions.items() if p for slot in model._carrying(j))
 
 
-def resume_states(model, resid: dict, groups, chunk: int) -> dict:
-    """The resume cache of `groups`: the block inputs `resid` ({blocks.j.hook_resid_pre: [N, T, D]})
-    and, per carrying block, a StatesAt of its states at the positions passes resume from."""
-    cache = dict(resid)
+def resume_states(model, cached: dict, groups, chunk: int) -> dict:
+    """The resume cache of `groups`: the block inputs of `cached` ({blocks.j.hook_resid_pre:
+    [N, T, D]}) and, per carrying block, a StatesAt of its states [N, P, *S] at the positions P
+    passes resume from: sliced from the whole states where `cached` holds them ([N, T, *S], the
+    planner's whole_states), else recomputed from the block input (block_activation)."""
+    cache = {hook: value for hook, value in cached.items() if not is_state(hook)}
     for j, positions in resume_positions(groups, len(model.blocks)).items():
         for hook in (f"blocks.{j}.{slot}.hook_state" for slot in model._carrying(j)):  # mixer, a parallel mixer2
-            if f"blocks.{j}.hook_resid_pre" in resid:
-                inputs = resid[f"blocks.{j}.hook_resid_pre"]
-                values = (block_activation(model, inputs, hook, chunk, positions, resid.get("hook_embed"))
-                          if positions else inputs[:, :0])
-                cache[hook] = StatesAt(values, positions)
+            if f"blocks.{j}.hook_resid_pre" in cached:
+                cache[hook] = StatesAt(_states_at(model, cached, hook, positions, chunk), positions)
     return cache
+
+
+def _states_at(model, cached: dict, hook: str, positions: list[int], chunk: int) -> torch.Tensor:
+    """The states of `hook` at positions [N, P, *S]: a copy out of the whole states where cached
+    holds them, else one block forward per chunk of rows (none where P = 0)."""
+    if hook in cached:
+        return cached[hook][:, positions]
+    inputs = cached[block_input(hook)]  # [N, T, D]
+    if not positions:
+        return inputs[:, :0]
+    return block_activation(model, inputs, hook, chunk, positions, cached.get("hook_embed"))
 
 
 def describe(hooks) -> str:
@@ -236,31 +250,54 @@ HINT = "pass a larger max_memory, or fewer examples, sites or positions"
 class Planner:
     """The memory plan of one patch_from call (module docstring), made before any work.
 
-    source_names / target_names: the hooks the clean (source) and corrupted (target) runs cache
-    (state hooks replaced by their block inputs where `lazy`); chunk: rows per cached run; passes(groups of
-    a stride) -> (groups, rows per pass of each group), the stride doubled until the resume
-    states fit. MemoryRefused (models.memory.refuse: what, the estimate, the budget) when not
-    even one row fits.
+    source_names / target_names: the hooks the clean (source) and corrupted (target) runs cache:
+    the grid's state hooks whole where they are small (whole_states), else replaced by their
+    block inputs and recomputed per block (lazy); chunk: rows per cached run; passes(groups of a
+    stride) -> (groups, rows per pass of each group), the stride doubled until the resume states
+    fit. MemoryRefused (models.memory.refuse: what, the estimate, the budget) when not even one
+    row fits.
     """
 
     def __init__(self, model, tokens: torch.Tensor, hooks, resid, skip_noops: bool, max_memory, batch_size,
                  lazy: bool = True) -> None:
         self.model, self.budget = model, budget_bytes(max_memory)
-        self.fp = fp = footprint(model, tokens)
+        self.fp = footprint(model, tokens)
         self.n, self.length = tokens.shape
-        # lazy (resumed passes, one hook each): a SequenceModel's states are recomputed per block;
-        # else (whole passes mix hooks, or another model) they are cached whole
-        self.lazy = states = [h for h in hooks if lazy and is_state(h) and hasattr(model, "resume_from")]
-        light = {h for h in hooks if h not in states}.union(*(block_inputs(model, h) for h in states))
-        self.source_names = sorted(light)
-        self.target_names = sorted(set(resid) | (light if skip_noops else set()))
-        lazy = max((fp.cache([h], self.n) for h in states), default=0.0)  # one block's states at a time
         self.what = f"interchange at {describe(hooks)} over N={self.n}, T={self.length}"
-        held = fp.cache(self.source_names, self.n) + fp.cache(self.target_names, self.n) + (1 + skip_noops) * lazy
         self.wanted = max(1, batch_size if batch_size is not None else max(self.n, 512))
-        self.held_runs = held  # during the clean and corrupted runs
-        self.chunk = rows_that_fit(fp.row(self.length), self.budget, min(self.wanted, self.n), self.what, held, HINT)
-        self.held = fp.cache(self.source_names, self.n) + fp.cache(resid, self.n) + lazy  # during the passes
+        # lazy (resumed passes, one hook each): a SequenceModel's large states are recomputed per
+        # block; else (whole passes mix hooks, or another model) they are cached whole
+        states = [h for h in hooks if lazy and is_state(h) and hasattr(model, "resume_from")]
+        # the target's states whole: for the no-op check, and the resume states are sliced from them
+        whole_target = set(resid) | set(hooks if skip_noops else states)
+        self.whole_states = bool(states) and self._fits_whole(states, set(hooks), whole_target)
+        self.lazy = [] if self.whole_states else states
+        if self.whole_states:
+            self._names(set(hooks), whole_target, resid, 0.0)
+        else:
+            light = {h for h in hooks if h not in states}.union(*(block_inputs(model, h) for h in states))
+            one_block = max((self.fp.cache([h], self.n) for h in states), default=0.0)  # one block's states at a time
+            self._names(light, set(resid) | (light if skip_noops else set()), resid, one_block, 1 + skip_noops)
+        self.chunk = rows_that_fit(self.fp.row(self.length), self.budget, min(self.wanted, self.n), self.what,
+                                   self.held_runs, HINT)
+
+    def _names(self, source, target, resid, one_block: float, lazy_blocks: int = 0) -> None:
+        """The cached hooks and the bytes held during the cached runs (held_runs) and the passes
+        (held); one_block: the bytes of one block's recomputed states, lazy_blocks of them held
+        during the runs (the source's and, for the no-op check, the target's)."""
+        self.source_names, self.target_names = sorted(source), sorted(target)
+        source_bytes = self.fp.cache(self.source_names, self.n)
+        self.held_runs = source_bytes + self.fp.cache(self.target_names, self.n) + lazy_blocks * one_block
+        self.held = source_bytes + self.fp.cache(resid, self.n) + one_block
+
+    def _fits_whole(self, states, source, target) -> bool:
+        """Whether the grid's states may be cached whole (the hooks `source` and `target` cached):
+        both runs' states at most WHOLE_STATES_SHARE of the budget, and every cache with a pass of
+        the most rows over the whole length within it."""
+        whole = self.fp.cache(states, self.n) + self.fp.cache([h for h in target if is_state(h)], self.n)
+        held = self.fp.cache(source, self.n) + self.fp.cache(target, self.n)
+        return (whole <= WHOLE_STATES_SHARE * self.budget
+                and held + self.wanted * self.fp.row(self.length) <= self.budget)
 
     def passes(self, make_groups) -> tuple[list, list[int]]:
         """(groups, rows per pass) from make_groups(stride), the stride the smallest power of 2
