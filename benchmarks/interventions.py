@@ -21,6 +21,18 @@ method sees the same drift in machine load), each with its own copy of the model
             (a source and a base pass) per site; same model, sites and positions
             (benchmarks/pyvene_peer.py; hook_state shown to pyvene flattened to [B, T, prod(S)])
 
+Each row's cost is also given as a ratio to one plain forward pass of the same N rows at full
+length (`model(corrupt.tokens)` under no_grad on the default path, timed in the same round-robin
+rounds): seconds / forward seconds, which a slower or busier machine scales alike, so a
+regression shows as a larger ratio on any machine.
+
+The exact grid (a second table, issue 36): benchmarks/attribution.py's grid on its untrained
+models (Mamba d_state 8, Transformer with RoPE; d_model 64, 2 layers; AR with keys and values
+from 2 x pairs each): every position x {hook_resid_pre, mixer.hook_out, mixer.hook_state
+(Mamba)} x both layers, N pairs, `interchange` as shipped (min_effect 0.01), timed against one
+plain forward of the N rows (benchmarks/timing.interleaved: min wall and min CPU of the calling
+thread over the rounds); interventions / s counts sites x N over the min wall time.
+
 Every method except loop-auto runs inside models.instrumented(); interchange's resumed passes
 (batched) lift it and take the default path per mixer, like loop-auto, so they agree with the
 others up to float rounding (last column). Time covers the interchange only (model, data and
@@ -30,7 +42,7 @@ before. "work" counts what the blocks computed: rows x positions summed over eve
 Hyena is not counted), so seconds / work shows what a pass costs beyond its arithmetic. Agreement: max |p_patched -
 p_patched(loop)| over sites x examples.
 
-    python benchmarks/interventions.py [--markdown]
+    python benchmarks/interventions.py [--markdown] [--exact-only]
     python3 benchmarks/interventions.py --device cuda --markdown     (on a GPU: packing's side)
 
 With --device cuda every method runs on the GPU (timings synchronised; peak memory is the GPU's
@@ -55,9 +67,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import models  # noqa: E402
-from interp.analysis.interventions import answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
+from interp.analysis.interventions import Site, answer_probs, corrupt_ar, interchange, site_grid  # noqa: E402
+from interp.tasks import make_task  # noqa: E402
 from interp.tasks.recall import AssociativeRecall  # noqa: E402
+from models.backbone import SequenceModel  # noqa: E402
+from models.registry import preset_config  # noqa: E402
 from pyvene_peer import PyveneGrid  # noqa: E402  (benchmarks/pyvene_peer.py)
+from timing import interleaved  # noqa: E402  (benchmarks/timing.py)
 
 ROLES = ["key", "value", "query", "answer"]
 MODELS = {
@@ -81,6 +97,11 @@ PLAN = {
               (256, "batched", 2048), (256, "pyvene", None), (16, "loop", None), (16, "loop-auto", None), (16, "whole", 512),
               (16, "batched", 512)],
 }
+
+
+# the exact grid of benchmarks/attribution.py: its models' shapes, its hooks (per layer, where present)
+EXACT_MODELS = {"mamba": dict(d_state=8, d_conv=4), "transformer": dict(positional="rope")}
+EXACT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")
 
 
 def rss_mb(field: str) -> float:
@@ -153,6 +174,71 @@ def runner(name: str, method: str, rows: int | None, n: int, pairs: int, device:
     return run_synchronised, passes
 
 
+def forward_runner(name: str, n: int, pairs: int, device: str = "cpu"):
+    """run() -> logits [N, T, V]: one plain forward of the N corrupted rows at full length, no
+    hooks, each mixer on its default path (the unit of the ratio column)."""
+    model, _, corrupt, _ = setup(name, n, pairs, device)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(corrupt.tokens)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return logits
+
+    return run
+
+
+def exact_grid(name: str, n: int, pairs: int):
+    """benchmarks/attribution.py's grid on its untrained model: (model, clean, corrupt, sites);
+    sites: every position x EXACT_HOOKS x both layers."""
+    task = make_task("AR", n_keys=2 * pairs, n_values=2 * pairs)
+    clean = task.sample(n, pairs, seed=4)
+    corrupt = corrupt_ar(clean, task, seed=5)
+    torch.manual_seed(0)
+    model = SequenceModel(preset_config(name, vocab_size=task.vocab_size, d_model=64, n_layers=2,
+                                        **EXACT_MODELS[name])).eval()
+    length = clean.tokens.shape[1]
+    sites = [Site(f"blocks.{l}.{h}", t) for l in range(2) for h in EXACT_HOOKS
+             if f"blocks.{l}.{h}" in model.hook_names() for t in range(length)]
+    return model, clean, corrupt, sites
+
+
+def exact_table(names, n: int, pairs: int, rounds: int) -> list[str]:
+    """Markdown rows: interchange over the exact grid vs one plain forward of the same N rows, per
+    model, timed in the same interleaved rounds (after one warm-up round)."""
+    contenders, grids, results = {}, {}, {}
+    for name in names:
+        model, clean, corrupt, sites = grids[name] = exact_grid(name, n, pairs)
+
+        def grid(name=name, model=model, clean=clean, corrupt=corrupt, sites=sites):
+            results[name] = interchange(model, clean, corrupt, sites, min_effect=0.01, progress=False)
+
+        def forward(model=model, tokens=corrupt.tokens):
+            with torch.no_grad():
+                model(tokens)
+
+        contenders |= {f"{name} grid": grid, f"{name} forward": forward}
+    timed = interleaved(contenders, rounds=rounds, warmup=1)
+    lines = [
+        f"Exact grid (benchmarks/attribution.py's, untrained, N = {n}, T = {2 * pairs + 4}; "
+        f"{rounds} interleaved rounds after one warm-up, load average {timed.load}): min wall s / min CPU s",
+        "",
+        "| model | sites x pairs | pairs run / skipped (passes) | grid | plain forward (N rows) | "
+        "grid / forward, wall (CPU) | interventions / s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        grid, forward, result = timed[f"{name} grid"], timed[f"{name} forward"], results[name]
+        sites = len(grids[name][3])
+        lines.append(
+            f"| {name} | {sites} x {n} | {result.n_run} / {result.n_skipped} ({result.n_passes}) | "
+            f"{grid.min:.3f} / {grid.cpu_min:.3f} | {forward.min:.4f} / {forward.cpu_min:.4f} | "
+            f"{grid.min / forward.min:.1f}x ({grid.cpu_min / forward.cpu_min:.1f}x) | {sites * n / grid.min:,.0f} |"
+        )
+    return lines
+
+
 def gpu_peak_memory(run) -> str:
     """Peak GPU allocation (MiB) during one run, above what was allocated before it."""
     torch.cuda.synchronize()
@@ -207,6 +293,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--exact-only", action="store_true", help="only the exact grid's table (CPU)")
     args = parser.parse_args()
     if args.child:
         name, method, rows = args.child
@@ -214,6 +301,10 @@ def main() -> None:
         return
 
     torch.set_num_threads(1)
+    exact = [] if args.device == "cuda" else [""] + exact_table(list(EXACT_MODELS), args.n, args.pairs, args.repeats + 2)
+    if args.exact_only:
+        print("\n".join(exact[1:]))
+        return
     where = (f"{torch.cuda.get_device_name()} (peak memory: GPU allocation)" if args.device == "cuda"
              else "1 thread, 2-core CPU shared with other jobs")
     lines = [
@@ -221,11 +312,12 @@ def main() -> None:
         f"(load average {os.getloadavg()[0]:.1f} at start). AR with {args.pairs} pairs in context "
         f"(T = {2 * args.pairs + 4}), untrained models (timing only), 2 layers x 4 hooks x 4 roles = 32 sites; "
         f"methods timed side by side in one process, fastest of {args.repeats} round-robin rounds; peak "
-        f"memory from one run of each method in a fresh process.",
+        f"memory from one run of each method in a fresh process; x forward: seconds over those of one plain "
+        f"forward of the N rows at full length, timed in the same rounds.",
         "",
         "| model | N pairs | method | rows per pass | forward passes | work (k row-positions x blocks) | "
-        "seconds | speed-up vs loop | speed-up vs loop-auto | peak extra memory (MiB) | max abs diff p vs loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "seconds | x forward | speed-up vs loop | speed-up vs loop-auto | peak extra memory (MiB) | max abs diff p vs loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in args.models:
         for n in sorted({n for n, _, _ in PLAN[name]}, reverse=True):
@@ -236,6 +328,7 @@ def main() -> None:
                     runs[method, rows], counters[method, rows] = runner(name, method, rows, n, args.pairs, args.device)
                 except ImportError as error:  # pyvene where it is not installed
                     missing[method, rows] = error
+            runs["forward", None] = forward_runner(name, n, args.pairs, args.device)  # the ratio's unit
             results, best = time_side_by_side(runs, args.repeats)
             results.update(missing)
             reference = results["loop", None]
@@ -243,7 +336,7 @@ def main() -> None:
                 head = f"| {name} | {n} | {method} | {rows or n} |"
                 result = results[method, rows]
                 if isinstance(result, Exception):
-                    lines.append(f"{head} - | - | - | - | - | - | failed: {type(result).__name__}: {str(result)[:90]} |")
+                    lines.append(f"{head} - | - | - | - | - | - | - | failed: {type(result).__name__}: {str(result)[:90]} |")
                     print(lines[-1], flush=True)
                     continue
                 seconds = best[method, rows]
@@ -253,11 +346,14 @@ def main() -> None:
                 memory = (peak_memory(name, method, rows, n, args.pairs) if args.device == "cpu"
                           else gpu_peak_memory(runs[method, rows]))
                 lines.append(
-                    f"{head} {passes} | {work} | {seconds:.2f} | {speedups} | {memory} | "
-                    f"{(result - reference).abs().max().item():.1e} |"
+                    f"{head} {passes} | {work} | {seconds:.2f} | {seconds / best['forward', None]:.1f} | {speedups} | "
+                    f"{memory} | {(result - reference).abs().max().item():.1e} |"
                 )
                 print(lines[-1], flush=True)
-    print("\n".join(lines) if args.markdown else "")
+            lines.append(f"| {name} | {n} | plain forward | {n} | 1 | - | {best['forward', None]:.4f} | 1.0 | "
+                         "- | - | - | - |")
+            print(lines[-1], flush=True)
+    print("\n".join(lines + exact) if args.markdown else "\n".join(exact))
 
 
 if __name__ == "__main__":
