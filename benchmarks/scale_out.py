@@ -11,7 +11,7 @@ since a pass resumes at the site's position). Contenders, each in a fresh proces
 round by round (the load average before and after each is recorded):
 
   one process   interchange(...) as a plain call, one torch thread
-  units         the same grid as units of CHUNK sites x 8 examples, run here (one thread)
+  units         the same grid as 8 units of sites x the 8 examples, run here (one thread)
   ray 1         the units on a local Ray cluster with 1 worker (an actor building the model once)
   ray 2         ... with 2 workers
   cluster 3     the units on ray.cluster_utils.Cluster: a head and two worker nodes, 1 CPU each,
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # every Ray no
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONTENDERS = ("one process", "units", "ray 1", "ray 2", "cluster 3")
-CHUNK = {"gpt2": (12, 8), "mamba": (24, 8)}   # one unit per layer-sized slice of the sample: 8 units
+UNITS = 8   # the grid's units: CHUNK = (ceil(sites / UNITS), 8)
 OVERHEAD_UNITS = 300
 EAP_PROMPTS, EAP_CHUNK = 64, 16   # EAP-IG: 4 units of 16 prompts
 
@@ -110,7 +111,7 @@ def worker_grid(contender: str, name: str, step: int) -> dict:
     model, clean, corrupt, sites = grid(name, step)
     executor, cluster, options = None, None, {}
     if contender != "one process":
-        options["chunk"] = CHUNK[name]
+        options["chunk"] = (math.ceil(len(sites) / UNITS), 8)
     started = time.perf_counter()   # the cluster's start, once per cluster (not per grid): timed apart
     if contender.startswith("ray"):
         executor = make_executor("ray", workers=int(contender.split()[1]))
@@ -203,12 +204,12 @@ def executor_of(contender: str) -> bool:
     return contender.startswith(("ray", "cluster"))
 
 
-def grid_rows(models: list[str], step: int, rounds: int) -> list[dict]:
+def grid_rows(models: list[str], step: int, rounds: int, steps: dict) -> list[dict]:
     best: dict = {}
     for _ in range(rounds):
         for name in models:
             for contender in CONTENDERS:
-                got = spawn("grid", contender, name, str(step))
+                got = spawn("grid", contender, name, str(steps.get(name, step)))
                 print(f"{name} {contender}: {got}", file=sys.stderr)
                 kept = best.get((name, contender))
                 if kept is None or "error" in kept or ("s" in got and got["s"] < kept["s"]):
@@ -259,6 +260,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt2,mamba")
     parser.add_argument("--step", type=int, default=8, help="one site position per this many (default 8)")
+    parser.add_argument("--mamba-step", type=int, default=None, help="--step for mamba (default: --step)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--sections", default="grid,eap,overhead")
     parser.add_argument("--eap-steps", type=int, default=4, help="EAP-IG interpolation steps (default 4)")
@@ -276,7 +278,8 @@ def main(argv=None) -> None:
         return
     sections = args.sections.split(",")
     if "grid" in sections:
-        rows = grid_rows(args.models.split(","), args.step, args.rounds)
+        steps = {"mamba": args.mamba_step or args.step}
+        rows = grid_rows(args.models.split(","), args.step, args.rounds, steps)
         print(markdown(rows, ["model", "contender", "sites x N", "pairs run", "seconds", "cluster start s",
                               "vs one process", "vs ray 1",
                               "p_patched sha256", "load"]))

@@ -211,3 +211,17 @@ def test_a_local_pool_stays_for_the_next_grid_on_the_same_weights_only(tmp_path)
         assert torch.equal(changed, merged(run_units(work, units, progress=False), units))
     finally:
         executor.close()
+
+
+def test_the_weights_digest_follows_changes_in_place_and_replaced_tensors():
+    from interp.analysis.units import digest, weights_digest
+
+    model = torch.nn.Linear(3, 2)
+    first = weights_digest(model)
+    assert weights_digest(model) == first == digest(dict(model.state_dict()))
+    with torch.no_grad():
+        model.weight[0, 0] += 1.0                # in place: the version counter moves
+    changed = weights_digest(model)
+    assert changed != first and changed == digest(dict(model.state_dict()))
+    model.bias = torch.nn.Parameter(torch.zeros(2))   # replaced
+    assert weights_digest(model) == digest(dict(model.state_dict())) != changed

@@ -20,7 +20,7 @@ for every unit; the analysis merges them. Where a unit runs does not change its 
 executor: None runs the units here, one after another; an executor of interp.sweep.executors
 (`make_executor("local" | "ray", workers=...)`) has `map_units(work, units, on_result)` and runs
 them on its workers, each worker building the model once (a process per worker, or a Ray actor per
-worker fed from the object store). The analysis never imports the executors (interp.sweep ranks
+worker fed from the object store) and keeping it for the next grid on the same weights. The analysis never imports the executors (interp.sweep ranks
 above interp.analysis): it is handed one.
 
 out: a directory that makes the grid resumable. It gets manifest.json (the analysis, its options,
@@ -30,8 +30,8 @@ process, so a killed driver loses at most the units in flight. Rerunning the sam
 finished units; an out of another model, input, options or grid is refused in one line naming
 what differs. Settings resolved from the machine (`pinned`: the memory budget a unit's passes are
 planned to) are recorded by the first run and reused by every resume, so a resumed grid plans
-its units as the first run did. The directory is locked while the grid runs (models.paths.locked); nothing outside it is
-written and no link inside it is followed (models.paths.inside).
+its units as the first run did. The directory is locked while the grid runs (models.paths.locked);
+nothing outside it is written and no link inside it is followed (models.paths.inside).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,9 +148,21 @@ def digest(value: Any) -> str:
     return h.hexdigest()
 
 
+_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (fingerprint, sha256)
+
+
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 of the model's state (names, dtypes, shapes, bytes; about 1 s per GB)."""
-    return digest(dict(model.state_dict()))
+    """sha256 of the model's state (names, dtypes, shapes, bytes; about 1 s per GB), computed again
+    only when a tensor of the state was replaced or changed in place since the last call (its
+    storage or its version counter moved)."""
+    state = model.state_dict()
+    fingerprint = tuple((name, t.data_ptr(), t._version) for name, t in state.items())
+    known = _DIGESTS.get(model)
+    if known is not None and known[0] == fingerprint:
+        return known[1]
+    value = digest(dict(state))
+    _DIGESTS[model] = (fingerprint, value)
+    return value
 
 
 # ----------------------------------------------------------------------------- the output directory
