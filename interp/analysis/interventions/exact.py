@@ -13,10 +13,11 @@ from interp.tasks.base import Batch
 
 
 def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, answer, skip_noops: bool,
-            resume: bool, metrics, max_memory, progress: bool) -> dict[str, torch.Tensor]:
+            resume: bool, metrics, max_memory, progress: bool, plan_sites=None, shared=None) -> dict[str, torch.Tensor]:
     """The raw numbers of one interchange run: p_patched [S, N], p_clean [N], p_corrupt [N],
     stats [3] (pairs run, skipped, passes) and, with metrics, scores [S, N, 2] (logit
-    difference, KL), ld_clean [N], scores_corrupt [N, 2]."""
+    difference, KL), ld_clean [N], scores_corrupt [N, 2]. plan_sites, shared: one unit of a grid
+    (patching.patch_from)."""
     batch_size = rows_per_pass(batch_size, len(clean))
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
@@ -45,7 +46,7 @@ def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, 
         clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
             model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
             score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
-            progress=progress,
+            progress=progress, plan_sites=plan_sites, shared=shared,
         )
     raw = dict(p_patched=p_patched, p_clean=probs_at(clean_at, y), p_corrupt=p_corrupt,
                stats=torch.tensor([stats["run"], stats["skipped"], stats["passes"]]))
@@ -57,17 +58,44 @@ def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, 
 PER_EXAMPLE = ("p_clean", "p_corrupt", "ld_clean", "scores_corrupt")  # the rest is per pair [S, N, ...]
 
 
+_SHARED: dict = {}   # the cached runs of the last example chunk this process ran a unit of: key -> (kept, runs)
+
+
 def interchange_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
-    """One unit's raw numbers (a worker runs this; interventions.grid)."""
+    """One unit's raw numbers (a worker runs this; interventions.grid). Its examples' clean and
+    corrupted runs are cached once per process for every unit of the same examples: planned for
+    the whole grid's sites, they are the same runs whichever unit asks first (shared_runs)."""
     (s0, s1), (e0, e1) = spec["sites"], spec["examples"]
     examples = slice(e0, e1)
     return measure(model, inputs["clean"].select(examples), inputs["corrupt"].select(examples),
-                   inputs["sites"][s0:s1], **inputs["options"], max_memory=inputs["max_memory"], progress=False)
+                   inputs["sites"][s0:s1], **inputs["options"], max_memory=inputs["max_memory"], progress=False,
+                   plan_sites=inputs["sites"], shared=lambda runs: shared_runs(model, inputs, (e0, e1), runs))
+
+
+def shared_runs(model, inputs: dict, examples: tuple[int, int], runs):
+    """runs() of this grid's example chunk, computed once per process: the entry is keyed by the
+    objects of the grid (model, batches, sites; held by the entry, so their ids stay theirs), the
+    weights' storages and version counters (a model changed in place misses), the options and the
+    chunk. One entry at a time; clear_shared_runs() drops it."""
+    kept = (model, inputs["clean"], inputs["corrupt"], inputs["sites"])
+    weights = tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
+    key = (tuple(map(id, kept)), weights, repr(inputs["options"]), inputs["max_memory"], examples)
+    if key not in _SHARED:
+        _SHARED.clear()
+        _SHARED[key] = (kept, runs())
+    return _SHARED[key][1]
+
+
+def clear_shared_runs() -> None:
+    _SHARED.clear()
 
 
 def interchange_grid(model, clean: Batch, corrupt: Batch, sites: list[Site], options: dict, max_memory,
                      chunk, executor, out, progress: bool) -> dict[str, torch.Tensor]:
     """measure's numbers for the whole grid, run as units (interventions.grid)."""
     inputs = {"clean": clean, "corrupt": corrupt, "sites": list(sites), "options": options}
-    return site_grid_units(model, interchange_unit, inputs, len(sites), len(clean), PER_EXAMPLE, "interchange",
-                           options, max_memory, chunk, executor, out, progress)
+    try:
+        return site_grid_units(model, interchange_unit, inputs, len(sites), len(clean), PER_EXAMPLE, "interchange",
+                               options, max_memory, chunk, executor, out, progress)
+    finally:
+        clear_shared_runs()   # units run here hold their runs no longer than the grid

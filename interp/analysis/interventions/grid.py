@@ -9,8 +9,11 @@ clean and corrupted runs of its examples, then runs its own (site, example) pair
 whole grid is. A unit's passes hold its own pairs only, so its numbers do not depend on which other
 units exist, where they run or in what order: the merged grid equals the in-process run of the same
 chunk bit for bit. The price is that each unit caches its examples' clean and corrupted runs
-again (two forwards of ce rows per unit, against cs x ce mostly short resumed rows); UNIT_SITES
-keeps that to a few per cent on the real-size grids (benchmarks/scale_out.py measures it).
+again, unless the process that runs it ran a unit of the same examples before: an interchange
+unit plans its caches for the whole grid's sites, so every unit of one example chunk caches the
+same two runs, and a process keeps the last chunk's (exact.shared_runs; the units of one example
+chunk come one after another). Without that, two forwards of ce rows per unit cost 25% (GPT-2) to
+60% (Mamba-130m) of a grid of units of 24-48 sites at T 64 (benchmarks/scale_out.py).
 
 Merging: the per-pair numbers [S, N, ...] (p_patched, the scores) are placed by unit; the
 per-example numbers [N, ...] (named by the caller: p_clean, p_corrupt, ...) come from the example
@@ -39,8 +42,10 @@ def check_chunk(chunk, n_sites: int, n_examples: int) -> tuple[int, int]:
 
 
 def grid_units(n_sites: int, n_examples: int, chunk: tuple[int, int]) -> list[Unit]:
+    """Example chunk after example chunk (the units of one example chunk follow each other, so a
+    worker reuses that chunk's cached runs: exact.shared_runs)."""
     return [Unit(f"s{s0:06d}-{s1:06d}_e{e0:06d}-{e1:06d}", {"sites": [s0, s1], "examples": [e0, e1]})
-            for s0, s1 in chunks(n_sites, chunk[0]) for e0, e1 in chunks(n_examples, chunk[1])]
+            for e0, e1 in chunks(n_examples, chunk[1]) for s0, s1 in chunks(n_sites, chunk[0])]
 
 
 def site_grid_units(model, compute, inputs: dict, n_sites: int, n_examples: int, per_example: tuple[str, ...],

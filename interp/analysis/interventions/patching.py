@@ -360,7 +360,8 @@ def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor
 
 def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
                names: tuple[str, str] = ("source", "target"), resume: bool = False, score_from=None,
-               source_ans: torch.Tensor | None = None, max_memory=None, progress: bool = False):
+               source_ans: torch.Tensor | None = None, max_memory=None, progress: bool = False,
+               plan_sites=None, shared=None):
     """Cache `source` (and `target`), then run `target` patched at each site from `source`.
     Returns (source logits [N, V] at source_ans (default: the last position), target logits
     [N, V] at target_ans, p_target(y) [N], p_patched(y) [S, N], scores [S, N, m] or None, stats
@@ -370,8 +371,13 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     max_memory: the budget (models.memory) the planner (planning.Planner) fits the caches and
     the rows per pass to; MemoryRefused before any work when one row does not fit. progress: a
     bar over the pairs.
+    plan_sites, shared: one unit of a grid (interventions.grid): the caches and the plan are made
+    for every site of the grid (plan_sites), so that the cached source and target runs are the
+    same for each unit of these examples, and shared(compute) returns them (computing them with
+    compute() the first time): later units skip the two cached runs.
     """
-    hooks = sorted({s.hook for s in sites})
+    plan_sites = sites if plan_sites is None else plan_sites
+    hooks = sorted({s.hook for s in plan_sites})
     source_pos = [site_positions(source, s.position, names[0]) for s in sites]
     target_pos = [site_positions(target, s.position, names[1]) for s in sites]
     for site, src, dst in zip(sites, source_pos, target_pos):
@@ -379,14 +385,18 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
             raise ValueError(f"site {site.label}: {names[0]} and {names[1]} roles give different shapes "
                              f"{tuple(src.shape)} and {tuple(dst.shape)}")
     resume = resume and hasattr(model, "resume_from")
-    resumed = resume_hook_names(model, sites) if resume else []
+    resumed = resume_hook_names(model, plan_sites) if resume else []
     resid = [h for h in resumed if not is_state(h)]
     carry = [h for h in resumed if is_state(h)]  # the passes read these at the resume positions only
     planner = Planner(model, target.tokens, hooks, resid, skip_noops, max_memory, batch_size, lazy=resume)
     if source_ans is None:
         source_ans = torch.full((len(source),), source.tokens.shape[1] - 1)
-    source_logits, source_cache = run_cached(model, source, planner.source_names, planner.chunk, at=source_ans)
-    target_logits, target_cache = run_cached(model, target, planner.target_names, planner.chunk, at=target_ans)
+
+    def runs():
+        return (run_cached(model, source, planner.source_names, planner.chunk, at=source_ans),
+                run_cached(model, target, planner.target_names, planner.chunk, at=target_ans))
+
+    (source_logits, source_cache), (target_logits, target_cache) = runs() if shared is None else shared(runs)
     source_cache = LazyStates(model, source_cache, planner.chunk, planner.lazy)
     target_cache = LazyStates(model, target_cache, planner.chunk, planner.lazy)
     p_target = probs_at(target_logits, y)
