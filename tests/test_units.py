@@ -225,3 +225,13 @@ def test_the_weights_digest_follows_changes_in_place_and_replaced_tensors():
     assert changed != first and changed == digest(dict(model.state_dict()))
     model.bias = torch.nn.Parameter(torch.zeros(2))   # replaced
     assert weights_digest(model) == digest(dict(model.state_dict())) != changed
+
+
+def test_out_must_be_a_directory_path(tmp_path):
+    work, units = linear_work(tmp_path)
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        run_units(work, units, out=tmp_path / "a-file", progress=False)
+    assert (tmp_path / "a-file").read_text() == "kept"
+    with pytest.raises(TypeError, match="out must be None or a directory path; got 3"):
+        run_units(work, units, out=3, progress=False)

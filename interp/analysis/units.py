@@ -262,6 +262,10 @@ def run_units(work: UnitWork, units: Sequence[Unit], executor=None, out: str | o
                         f"'ray', ...)); got {type(executor).__name__}")
     if out is None:
         return _run(work, units, executor, {}, None, progress)
+    if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
+        raise TypeError(f"out must be None or a directory path; got {out!r}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"out {str(out)!r} exists and is not a directory; the units go into a directory")
     store = UnitStore(out, manifest_of(work, units))
     Path(out).mkdir(parents=True, exist_ok=True)
     with locked(out, "grid output directory"):
