@@ -193,6 +193,7 @@ def ray_cluster():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     pytest.importorskip("ray")
     executor = make_executor("ray", workers=2)
+    executor._connect()   # up for the whole module, whichever of its tests runs first
     yield executor
     executor.close()
 

@@ -22,3 +22,11 @@ def linear_unit(model, inputs, spec):
 
 def raising_unit(model, inputs, spec):
     raise ArithmeticError(f"unit {spec['rows']} cannot be computed")
+
+
+def slow_unit(model, inputs, spec):
+    """A unit that takes inputs["seconds"]: long enough for every worker of a cluster to start."""
+    import time
+
+    time.sleep(inputs["seconds"])
+    return linear_unit(model, inputs, spec)

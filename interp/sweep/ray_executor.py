@@ -42,7 +42,9 @@ def start_local_cluster(ray, **options) -> None:
     """ray.init of a one-node cluster bound to 127.0.0.1, dashboard off (see the module docstring);
     RuntimeError (after shutting it down) when Ray reports another node address."""
     with _loopback_node():
-        ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK, **options)
+        # address="local": always a new instance; without it ray.init joins a cluster that another
+        # process started on this machine (`ray start`, a test's Cluster) and refuses num_cpus
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK, **options)
     address = ray.util.get_node_ip_address()
     if address != LOOPBACK:
         ray.shutdown()
