@@ -24,13 +24,11 @@ from __future__ import annotations
 import collections
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from interp.analysis.units import GridFailed, Unit, UnitWork, compute_unit, weights_digest
 from interp.sweep.jobs import one_thread
-from interp.sweep.unit_workers import charge, raised
-
-OnResult = Callable[[Unit, dict, str], None]
+from interp.sweep.unit_workers import OnResult, charge, raised
 
 
 class UnitActor:

@@ -99,11 +99,10 @@ def ablate(
     sites = check_sites(model, sites)
     if reference is not None:
         check_batch("reference", reference)
-    rows_per_pass(batch_size, len(batch))
+    rows = rows_per_pass(batch_size, len(batch))  # checked here; each run resolves its own
     means = None
     if mode == "mean":
-        means = site_means(model, batch if reference is None else reference, sites,
-                           rows_per_pass(batch_size, len(batch)))
+        means = site_means(model, batch if reference is None else reference, sites, rows)
     options = dict(batch_size=batch_size, answer=answer, resume=resume)
     if executor is None and out is None and chunk is None:
         raw = ablated(model, batch, sites, means, **options)
