@@ -100,7 +100,7 @@ def run(args) -> dict:
     print(summary, flush=True)
     for label, score in scores.items():
         print(f"  {label}: {score}", flush=True)
-    bound = restoration_bound(exact, estimate)  # one colour scale for both heatmaps
+    bound = restoration_bound(exact)  # one colour scale for both, the exact one (an estimate past it saturates)
     caveat = "" if accuracy >= LEARNED else (
         f" The model does NOT solve AR (accuracy {accuracy:.3f} < {LEARNED}): the comparison says little.")
     sections = [

@@ -79,6 +79,8 @@ def figure(result: dict, t: int, layer: int, source: str) -> go.Figure:
                                      legendgroup=kind, showlegend=row == 1), row=row, col=1)
         fig.add_vline(x=t, line_dash="dot", line_color="grey", row=row, col=1)
     fig.update_xaxes(title_text="position", row=2, col=1)
+    fig.update_yaxes(title_text="KL, nats (mean over prompts)", row=1, col=1)
+    fig.update_yaxes(title_text="L2 norm of the logit change", row=2, col=1)
     fig.update_layout(title=f"{source}: hook_state of layer {layer} patched at position {t} from a donor prompt",
                       height=700, width=1100, template="plotly_white")
     return fig

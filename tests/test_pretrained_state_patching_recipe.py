@@ -1,5 +1,5 @@
 """examples/pretrained_state_patching.py on a tiny random transformers Mamba saved with
-save_pretrained: causal vs read-out-only state patches, and the page renders."""
+save_pretrained: causal vs read-out-only state patches, and the page renders with every axis titled."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from tests.browser import assert_renders
 from tests.interop_parity import jitter
+from tests.test_report_legibility import untitled_axes
 
 tf = pytest.importorskip("transformers")
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "pretrained_state_patching.py"
@@ -51,5 +52,9 @@ def test_recipe_writes_a_page_that_renders(checkpoint, tmp_path):
     result = load_recipe().main([str(checkpoint), "--out", str(tmp_path)])
     assert result["path"] == tmp_path / "report.html"
     assert_renders(result["path"])
+    recipe = load_recipe()
+    fig = recipe.figure({kind: {"kl": torch.zeros(4), "l2": torch.zeros(4)} for kind in ("causal", "read-out only")},
+                        t=1, layer=0, source="tiny")
+    assert [axis for axis in untitled_axes(fig) if axis.startswith("y")] == []   # (x is shared: titled below)
     with pytest.raises(SystemExit, match="recurrent states"):
         load_recipe().main([str(checkpoint), "--layer", "5", "--out", str(tmp_path)])

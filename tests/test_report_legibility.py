@@ -46,13 +46,24 @@ def test_the_axis_check_sees_a_missing_title():
 
 
 def test_training_curves_loss_and_accuracy_have_distinct_swatches():
-    fig = fe.training_curves({"m": training_records()})
-    loss, acc, evals = fig.data
-    assert loss.line.color == acc.line.color == evals.marker.color            # one colour per model
+    fig = fe.training_curves({"m": training_records(), "n": training_records()})
+    key, runs = fig.data[:3], fig.data[3:]
     swatch = lambda t: (t.mode, t.line.dash, t.marker.symbol)                 # what the legend draws
-    assert len({swatch(loss), swatch(acc), swatch(evals)}) == 3
+    assert len({swatch(t) for t in key}) == 3 and all(t.showlegend is not False for t in key)
+    for run in (runs[:3], runs[3:]):                                          # loss, train acc, eval acc
+        assert run[0].line.color == run[1].line.color == run[2].marker.color  # one colour per model
+        assert [swatch(t) for t in run] == [swatch(t) for t in key]          # drawn as the key says
+        assert [t.showlegend is not False for t in run] == [True, False, False]  # one legend entry per model
+    assert runs[0].line.color != runs[3].line.color
     assert fig.layout.yaxis.title.text and fig.layout.yaxis2.title.text
     assert fig.layout.yaxis.title.text != fig.layout.yaxis2.title.text
+
+
+def test_training_curves_legend_fits_twenty_runs():
+    """20 runs: 23 legend entries (not 60), under the panels, the figure tall enough to hold them."""
+    fig = fe.training_curves({f"run{i}": training_records() for i in range(20)})
+    assert sum(t.showlegend is not False for t in fig.data) == 23
+    assert fig.layout.legend.orientation == "h" and fig.layout.height >= 450 + 24 * 6
 
 
 @pytest.mark.parametrize("value, text", [(-0.001, "0.00"), (-0.0, "0.00"), (-0.0049, "0.00"), (-0.006, "-0.01"),
@@ -82,6 +93,31 @@ def test_restoration_heatmap_labels_positions_by_role():
     assert list(fig.data[0].x) == [labels[str(p)] for p in range(10)]
     assert "role" in fig.layout.xaxis.title.text and fig.layout.yaxis.title.text == "layer"
     assert not any(cell.startswith("-0.00") for row in fig.data[0].text for cell in row)
+
+
+def test_patch_report_colour_scale_is_set_by_exact_not_an_attribution_outlier(tmp_path, monkeypatch):
+    """One attribution site estimated at 20 (a linearisation far off) must not wash out the other
+    cells: both heatmaps use the exact result's scale, and the attribution's title says a cell is past it."""
+    from interp.report import patch as report_patch
+    sites = [Site(f"blocks.{layer}.hook_resid_pre", p) for layer in (0, 1) for p in range(3)]
+    one = torch.ones(1, dtype=torch.float64)
+
+    def result(means):
+        values = torch.tensor(means, dtype=torch.float64).reshape(-1, 1)
+        return InterchangeResult(sites, values, values.clone(), one, one * 0, torch.tensor([True]), 0.01)
+
+    exact, estimate = result([1.0, 0.1, 0.0, 0.3, 0.9, 0.0]), result([0.9, 20.0, 0.0, 0.2, 0.8, 0.1])
+    figures = []
+    monkeypatch.setattr(report_patch, "write_report", lambda path, title, sections: figures.extend(
+        s for s in sections if isinstance(s, go.Figure) and s.data and s.data[0].type == "heatmap"))
+    monkeypatch.setattr(report_patch, "agreement_rows", lambda *a: [])      # (their own tests: the recipe's)
+    monkeypatch.setattr(report_patch, "attribution_scatter", lambda *a: go.Figure())
+    batch = make_task("AR").sample(4, 3, seed=0)
+    setup = dict(top=3, corrupt="key", mixer="mamba", run_dir="RUN", task="AR", pairs=3, n=4, seed=0, min_effect=0.01)
+    report_patch.write_patch_report(tmp_path / "r.html", setup, {"exact": exact, "attribution": estimate},
+                                    batch, "t")
+    assert [fig.data[0].zmax for fig in figures] == [1.0, 1.0]
+    assert "cells beyond" not in figures[0].layout.title.text and "1 cells beyond" in figures[1].layout.title.text
 
 
 def test_config_table_lists_only_the_fields_a_model_reads():

@@ -145,7 +145,8 @@ def test_figures_carry_the_data():
     metrics = {"tanh_rnn": [{"kind": "train", "step": 10, "loss": 1.0, "accuracy": 0.5},
                             {"kind": "eval", "step": 10, "length": 2, "accuracy": 0.7}]}
     curves = figures.training_curves(metrics)
-    assert [t.name for t in curves.data] == ["tanh_rnn loss", "tanh_rnn train acc", "tanh_rnn eval final-state acc"]
+    assert [t.name for t in curves.data[3:]] == ["tanh_rnn", "tanh_rnn training accuracy", "tanh_rnn evaluation accuracy"]
+    assert list(curves.data[3].y) == [1.0] and list(curves.data[5].y) == [0.7]
     assert len(figures.position_accuracy(results, 1000).data[1].y) == 1000
     with pytest.raises(ValueError, match="non-empty mapping"):
         figures.accuracy_vs_length({})

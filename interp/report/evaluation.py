@@ -73,34 +73,60 @@ def position_accuracy(results: Mapping[str, LengthEval], length: int,
     return fig
 
 
+LINE_STYLES = {  # what each trace of training_curves draws, shown once in the legend as a grey key
+    "training loss": dict(mode="lines", line={"dash": "solid"}),
+    "training accuracy": dict(mode="lines+markers", line={"dash": "dot"}, marker={"symbol": "square", "size": 4}),
+    "evaluation final-state accuracy": dict(mode="markers", marker={"symbol": "circle-open", "size": 8}),
+}
+
+
 def training_curves(metrics: Mapping[str, Sequence[Mapping[str, Any]]],
                     title: str = "Training curves") -> go.Figure:
     """Training loss (log y) and accuracy against step, and evaluation accuracy, per model: one
-    colour per model; in the legend loss is a solid line, training accuracy a dotted line with
-    square markers, evaluation final-state accuracy circles."""
+    colour per model. The legend has one entry per model (a click hides all its traces) after a
+    grey key of the three line styles (loss a solid line, training accuracy a dotted line with
+    square markers, evaluation final-state accuracy open circles), so it stays short with many
+    runs; below 12 models it sits at the right, past that under the panels."""
     check_mapping("results", metrics)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss", "accuracy"))
+    for label, style in LINE_STYLES.items():
+        fig.add_trace(go.Scatter(x=[None], y=[None], name=label, legendgroup="style", legendrank=1,
+                                 hoverinfo="skip", **_coloured(style, "grey")), row=1, col=2)
     for index, (name, records) in enumerate(metrics.items()):
-        color = palette_color(index)
-        train = [r for r in records if r.get("kind") == "train"]
-        evals = [r for r in records if r.get("kind") == "eval"]
-        steps = [r["step"] for r in train]
-        fig.add_trace(go.Scatter(x=steps, y=[r["loss"] for r in train], name=f"{name} loss", mode="lines",
-                                 line={"color": color}, legendgroup=name), row=1, col=1)
-        fig.add_trace(go.Scatter(x=steps, y=[r["accuracy"] for r in train], name=f"{name} train acc",
-                                 mode="lines+markers", line={"color": color, "dash": "dot"},
-                                 marker={"symbol": "square", "size": 4}, legendgroup=name), row=1, col=2)
-        if evals:
-            fig.add_trace(go.Scatter(
-                x=[r["step"] for r in evals], y=[r["accuracy"] for r in evals], mode="markers",
-                name=f"{name} eval final-state acc", marker={"color": color, "symbol": "circle-open", "size": 8},
-                legendgroup=name, text=[f"length {r['length']}" for r in evals],
-                hovertemplate="step %{x}<br>%{text}<br>accuracy %{y:.3f}"), row=1, col=2)
+        _add_run_traces(fig, name, records, palette_color(index, len(metrics)))
     fig.update_yaxes(type="log", title="cross-entropy, nats (log scale)", row=1, col=1)
     fig.update_yaxes(range=[0, 1.05], title="accuracy", row=1, col=2)
     fig.update_xaxes(title="step")
-    fig.update_layout(title=title, template="plotly_white")
+    below = len(metrics) >= 12
+    legend = dict(orientation="h", yanchor="top", y=-0.18, x=0) if below else {}
+    rows_of_legend = -(-(len(metrics) + len(LINE_STYLES)) // 4) if below else 0
+    fig.update_layout(title=title, template="plotly_white", legend=dict(title="run", **legend),
+                      height=450 + 24 * rows_of_legend)
     return fig
+
+
+def _add_run_traces(fig: go.Figure, name: str, records: Sequence[Mapping[str, Any]], color: str) -> None:
+    """One run's loss, training accuracy and evaluation accuracy in `color`; only the loss is in the
+    legend (named by the run), the others follow it through the legend group."""
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    steps = [r["step"] for r in train]
+    styles = {key: _coloured(style, color) for key, style in LINE_STYLES.items()}
+    fig.add_trace(go.Scatter(x=steps, y=[r["loss"] for r in train], name=name, legendgroup=name,
+                             hovertemplate="step %{x}<br>loss %{y:.4g}<extra>" + name + "</extra>",
+                             **styles["training loss"]), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[r["accuracy"] for r in train], name=f"{name} training accuracy",
+                             legendgroup=name, showlegend=False, **styles["training accuracy"]), row=1, col=2)
+    if evals:
+        fig.add_trace(go.Scatter(
+            x=[r["step"] for r in evals], y=[r["accuracy"] for r in evals], name=f"{name} evaluation accuracy",
+            legendgroup=name, showlegend=False, text=[f"length {r['length']}" for r in evals],
+            hovertemplate="step %{x}<br>%{text}<br>accuracy %{y:.3f}", **styles["evaluation final-state accuracy"]),
+            row=1, col=2)
+
+
+def _coloured(style: dict, color: str) -> dict:
+    return {key: ({**value, "color": color} if key in ("line", "marker") else value) for key, value in style.items()}
 
 
 def mp_rows(results: Mapping[str, LengthEval | Mapping[int, float]], threshold: float = 0.9) -> list[dict[str, Any]]:

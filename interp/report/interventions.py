@@ -103,7 +103,9 @@ def restoration_heatmap(result, title: str = "Restoration", bound: float | None 
         fig.update_yaxes(title="layer", **cell)
     fig.update_yaxes(autorange="reversed")
     height = 120 + len(components) * (90 + 45 * len(layers)) if stacked else 320
-    fig.update_layout(title=f"{title} ({result.n_kept} of {len(result.kept)} pairs kept)",
+    beyond = int((np.abs(grid[np.isfinite(grid)]) > bound).sum())
+    clipped = f"; {beyond} cells beyond ±{bound:.2g} drawn at the scale's end, their values written" if beyond else ""
+    fig.update_layout(title=f"{title} ({result.n_kept} of {len(result.kept)} pairs kept{clipped})",
                       template="plotly_white", height=height)
     return fig
 

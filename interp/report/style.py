@@ -10,9 +10,10 @@ import numpy as np
 from plotly.colors import qualitative
 
 
-def palette_color(index: int) -> str:
-    """The index-th colour of plotly's qualitative palette (cycling)."""
-    palette = qualitative.Plotly
+def palette_color(index: int, count: int = 0) -> str:
+    """The index-th colour of plotly's qualitative palette (10 colours, cycling), or of its 24-colour
+    palette (Dark24) when `count`, the number of colours the figure needs, is past 10."""
+    palette = qualitative.Plotly if count <= len(qualitative.Plotly) else qualitative.Dark24
     return palette[index % len(palette)]
 
 
