@@ -1,5 +1,5 @@
 """Does the crossing time of the state-distinguishing subspace predict where models fail on longer
-sequences? (shared/SCIENCE.md section 1)
+sequences? (docs/drift.md)
 
 Trains state-dependent (tanh RNN, state-gated RNN) and affine models (linear RNN, token-gated RNN,
 Mamba, negative Mamba, AUSSM, S4D) on the group word problems C2, C6 and S3 (aligned CoT, length

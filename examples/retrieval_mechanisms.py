@@ -1,4 +1,4 @@
-"""Which mechanism does each architecture use for associative recall? (shared/SCIENCE.md section 2)
+"""Which mechanism does each architecture use for associative recall? (docs/restoration.md)
 
 Trains 2-layer Attention (transformer), Based, Mamba, H3, Hyena and DeltaNet on AR, measures
 their accuracy, runs the interchange grid (block input `hook_resid_pre` and mixer output

@@ -1,5 +1,5 @@
 """Class separability on U in within-class-whitened coordinates: a drift definition that sees the
-spread the way a linear read-out does (our own; shared/SCIENCE.md defines q(t) with isotropic spread).
+spread the way a linear read-out does (our own; docs/drift.md defines q(t) with isotropic spread).
 
     separation(coords [N, k], labels [N]) -> {"nearest_centroid_accuracy", "spread_over_separation",
                                                "fisher_separation", "classes"}

@@ -5,7 +5,7 @@ Inputs are arrays (numpy or torch), typically from `run_with_cache`:
     states  [B, T, H, V, K]    hook_state: the state matrix S_t of each head after step t
 
 With unit-norm keys k_t, the transition I - beta_t k_t k_t^T has eigenvalues 1 (K-1 times) and
-1 - beta_t (shared/SCIENCE.md section 4). So, per head:
+1 - beta_t (docs/deltanet-heads.md). So, per head:
     fraction_above(beta, 1)           the fraction of steps with beta > 1, i.e. with a negative
                                       transition eigenvalue 1 - beta < 0
     min_transition_eigenvalue(beta)   min over steps of 1 - beta_t = 1 - max beta

@@ -1,7 +1,7 @@
 """The readability threshold of a trained decoder: tau calibrated from its own read-out.
 
 The paper (arXiv 2605.07755, abstract): tracking collapses "when the distinguishability ratio
-crosses the readability threshold of the trained decoder". Definitions (shared/SCIENCE.md section 1;
+crosses the readability threshold of the trained decoder". Definitions (docs/drift.md;
 U with orthonormal basis Q [n, k], the centroids c_g and their smallest distance M are those of
 probes.subspace). In-distribution states h [N, T, *S] with true classes y [N, T], targets z [N, T]
 (what a correct read-out predicts) and a mask of counted positions are moved along U,

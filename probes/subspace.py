@@ -1,6 +1,6 @@
 """Class centroids, the state-distinguishing subspace U, the drift ratio q(t) and Tcross.
 
-Definitions (shared/SCIENCE.md section 1). Hidden states h [N, T, *S] (any `hook_state` or
+Definitions (docs/drift.md). Hidden states h [N, T, *S] (any `hook_state` or
 residual-stream cache, any layer; the trailing axes are flattened to n = prod(S) features) come
 with ground-truth integer states y [N, T] (the group element after step t).
 
@@ -20,7 +20,7 @@ with ground-truth integer states y [N, T] (the group element after step t).
                   When q stays below tau up to the horizon, Tcross is estimated from the drift rate
                   and flagged `estimated`: eta = least-squares slope of R(t) against t (over steps
                   >= fit_start), and
-                      estimator="rate"   Tcross ~ tau * M / eta            (SCIENCE.md; R(0) = 0)
+                      estimator="rate"   Tcross ~ tau * M / eta            (docs/drift.md; R(0) = 0)
                       estimator="line"   Tcross ~ (tau * M - a) / eta      (the fitted line a + eta t
                                                                             reaches tau * M)
                   A slope eta <= 0 (no growth of the spread) gives Tcross = inf.
@@ -432,7 +432,7 @@ def tcross(result: DriftResult, tau: float | None = None, estimator: str = "rate
     """First step t with q(t) > tau, or the drift-rate estimate when the horizon ends first.
 
     tau: defaults to the threshold the drift was computed with (0.5 unless changed).
-    estimator: 'rate' (tau * M / eta, SCIENCE.md) or 'line' ((tau * M - a) / eta); see the module
+    estimator: 'rate' (tau * M / eta, docs/drift.md) or 'line' ((tau * M - a) / eta); see the module
     docstring. fit_start: the first step (1-based, like `result.steps`) used for the slope fit.
     """
     if not isinstance(result, DriftResult):

@@ -3,7 +3,7 @@ TL's split inputs (hook_q_input / hook_k_input / hook_v_input [B, T, H, D], hook
 copy of the pre-norm residual stream for one head or MLP) give d metric / d input per receiver;
 with hook_result per head, hook_mlp_out and the embeddings as senders, (clean - corrupt) . grad
 summed over positions is EAP's score of every edge TL defines. Skipped where TL is not
-importable (run under /work/venv-tl to use it)."""
+importable (the `[tl]` extra installs it)."""
 
 import pytest
 import torch

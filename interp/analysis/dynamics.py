@@ -19,7 +19,7 @@ P_U J P_U on U. `restricted_jacobians` computes Q^T J Q directly (k forward-mode
 position instead of n backward ones) so that it stays cheap for wide nonlinear models.
 
 Words: for positions start..stop-1, the return map's Jacobian J_word = J_{stop-1} ... J_{start}
-maps h_{start-1} to h_{stop-1}. Theorem 1 (SCIENCE.md): if an affine model maps every centroid back
+maps h_{start-1} to h_{stop-1}. Theorem 1 of seed 000 (docs/drift.md): if an affine model maps every centroid back
 to itself along a word that returns every state to itself, Q^T J_word Q = I (drift along U is never
 corrected). `theorem1_check` measures ||Q^T J_word Q - I||_2; `centroid_return_error` checks the
 premise by running the word from every centroid.

@@ -1,4 +1,4 @@
-"""Error-control analysis of a trained run (shared/SCIENCE.md section 1).
+"""Error-control analysis of a trained run (docs/drift.md).
 
     analyze(model, task, train_length=60, lengths=(60, 100, 200, 500, 1000)) -> ErrorControl
     analyze_run(run_dir, ...) -> ErrorControl            (model and task from the run directory)

@@ -1,6 +1,6 @@
 """Per-head analysis of delta-rule (DeltaNet) models, and the belief-state analysis of PFSA-SR.
 
-Head analysis (shared/SCIENCE.md section 4) of every layer whose mixer has a per-head beta clamp
+Head analysis (docs/deltanet-heads.md) of every layer whose mixer has a per-head beta clamp
 (`mixer.clamp_beta(head, lo, hi)`, applied inside the delta-rule kernel on every path):
 
     reveal_accuracy(model, batch)                  accuracy at the "reveal" role positions
@@ -31,7 +31,7 @@ so u_t = b_t * sum(u_t), and its mass ||u_t||_1 = P(partial reveals since the la
 decays exponentially whenever reveals are partial (`linear_belief`, `belief_mass`, `decay_rate`).
 A full reveal determines the arrangement from the input alone, so the affine injection B(x)
 restores the mass; a partial one cannot (the surviving mass depends on the state).
-The marginal representation (`linear_marginals`, [n slots, n items], SCIENCE.md section 4):
+The marginal representation (`linear_marginals`, [n slots, n items], docs/deltanet-heads.md):
 
     M_0 = I (known start) or 1/n;  swap (i j):  rows i, j <- (1 - p) M_i + p M_j, (1 - p) M_j + p M_i
     ITEM_v at slot i:  row i <- e_v (injected),  column v of every other row <- 0 (not renormalised)

@@ -1,4 +1,4 @@
-"""Sample efficiency N* and the sharing coefficient kappa (shared/SCIENCE.md section 3).
+"""Sample efficiency N* and the sharing coefficient kappa (docs/sample-efficiency.md).
 
     conditions(models, tasks, formats, max_length, ...) -> [condition]   lengths 2..L and "joint"
     find_n_star(conditions, configs, runner, n0=16, resolution=0.1) -> [NStar]

@@ -6,7 +6,7 @@ and writes one self-contained HTML report (accuracy vs length, training curves, 
 plus a printed summary. Sized to finish in under 5 minutes on 2 CPU cores; `quick=True` is a
 tens-of-seconds smoke run with the same steps at toy sizes (its numbers mean nothing).
 
-The seed's headline (shared/SCIENCE.md): a state-dependent model (tanh RNN) stays above 90% up
+The seed's headline (seed 000; docs/drift.md): a state-dependent model (tanh RNN) stays above 90% up
 to length 1000, while affine models such as Mamba fall off past the training length. The report
 states what was measured.
 """

@@ -1,4 +1,4 @@
-"""Plotly figures of the error-control study (shared/SCIENCE.md section 1); each returns a go.Figure.
+"""Plotly figures of the error-control study (docs/drift.md); each returns a go.Figure.
 
     drift_curves({name: DriftResult}, {name: Tcross}, train_length)   q(t), the tau line, Tcross markers
     tcross_vs_mp(rows)                      Tcross against mp on log-log axes, Pearson r in the title

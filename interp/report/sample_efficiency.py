@@ -1,4 +1,4 @@
-"""Figures of the sample-efficiency study (shared/SCIENCE.md section 3); each returns a go.Figure.
+"""Figures of the sample-efficiency study (docs/sample-efficiency.md); each returns a go.Figure.
 
     n_star_vs_length(n_star_rows)     N* against training length per model x format (log y); the
                                       joint N* as a dashed line of its colour; conditions that never

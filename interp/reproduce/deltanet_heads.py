@@ -1,4 +1,4 @@
-"""DeltaNet heads (seed 004; shared/SCIENCE.md section 4): the single-head test on REPL traces that need
+"""DeltaNet heads (seed 004; docs/deltanet-heads.md): the single-head test on REPL traces that need
 a carried state - swaps with a print of ONE variable every k >= 4 statements (partial, sparse
 reveals: the last print never shows the whole arrangement), loss on the revealed values - in
 DeltaNet[-1,1] (beta scale 2) and DeltaNet[0,1] as the control, evaluated also at reveal gaps

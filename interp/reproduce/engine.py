@@ -173,7 +173,7 @@ class Outcome:
 @dataclass
 class Claim:
     """A row of the claim table: the seed's sentence (English, `quote`; the seed's own words,
-    `original`) from `source` (a file in shared/seeds/ or a paper), what was measured, a verdict."""
+    `original`) from `source` (a seed's file name or a paper), what was measured, a verdict."""
 
     source: str
     quote: str

@@ -1,4 +1,4 @@
-"""Error control (seed 000, arXiv 2605.07755; shared/SCIENCE.md section 1): state-dependent RNNs (tanh,
+"""Error control (seed 000, arXiv 2605.07755; docs/drift.md): state-dependent RNNs (tanh,
 state-gated) against affine models (Mamba, Mamba-3, AUSSM, negative Mamba, token-gated RNN) and
 whole-vector normalisations (LayerNorm RNN, sphere RNN) on the group word problems, aligned CoT,
 length curriculum to 60, evaluated to 1000 (interp.analysis.error_control on the last layer's
@@ -91,7 +91,7 @@ def plan(scale: str) -> Plan:
              *([size("mp refined between the grid's mp and the next length (bisection, bracket <= this x mp)",
                      s["mp_resolution"], "our choice (interp.training.evaluate.refine_mp)")] if "mp_resolution" in s else []),
              size("tau (fixed threshold)", 0.5, SEED_000),
-             size("models", list(s["models"]), SEED_000 + " and shared/SCIENCE.md section 1"),
+             size("models", list(s["models"]), SEED_000 + " and docs/drift.md"),
              size("depths", s["depths"], "issue 17 (depth 1 and 2); the seed gives none"),
              size("seeds", f"{len(s['seeds'])}" + "".join(f" ({g}: {len(v)})" for g, v in s.get("seeds_by_group", {}).items()),
                   *source),

@@ -1,7 +1,7 @@
 """Parity (C2) needs negative eigenvalues: DeltaNet with beta scale 1 ([0, 1]) vs 2 ([-1, 1]), Mamba vs
 negative Mamba (transition 2 exp(dt A) - 1), trained on C2 word problems (aligned CoT: the running
 parity at every step) with the length curriculum up to length 40 and evaluated up to 256
-(arXiv 2411.12537, cited by seed 004; shared/SCIENCE.md section 4)."""
+(arXiv 2411.12537, cited by seed 004)."""
 
 from __future__ import annotations
 

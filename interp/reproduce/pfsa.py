@@ -1,4 +1,4 @@
-"""PFSA-SR (seed 004, result 3; shared/SCIENCE.md section 4): probabilistic swaps of n items with
+"""PFSA-SR (seed 004, result 3): probabilistic swaps of n items with
 deterministic reveals (interp.tasks.pfsa). The exact Bayes belief prunes and renormalises; a linear
 recursion cannot renormalise. (a) Exact, no training (interp.analysis.heads): the mass of the linear
 joint belief recursion against the number k of partial reveals since the last full reveal, on the
@@ -56,7 +56,7 @@ def plan(scale: str) -> Plan:
                  "curriculum": False, "eval_every": 100, "eval_size": 64, "seed": seed},
                 {"model": name, "kind": kind, "seed": seed})
             for name, (preset, kind) in MODELS.items() for seed in s["seeds"]]
-    sizes = [size("items n (S_n, n! arrangements)", s["n_items"], "SCIENCE.md section 4 (permutations); n our choice"),
+    sizes = [size("items n (S_n, n! arrangements)", s["n_items"], "seed 004 (permutations); n our choice"),
              size("swap probability p", s["p"], "seed 004 (\"50% moved, 50% stayed\")"),
              size("swaps between reveals", s["reveal_every"]),
              size("full reveal (every slot printed) every m-th reveal in training", s["full_every"]),

@@ -1,4 +1,4 @@
-"""Retrieval mechanisms (seed 003, arXiv 2505.15105; shared/SCIENCE.md section 2): associative recall at
+"""Retrieval mechanisms (seed 003, arXiv 2505.15105; docs/restoration.md): associative recall at
 several sizes with 2-layer attention (no positions), Based, Mamba, H3, Hyena and DeltaNet; the
 short-convolution ablation both ways (Mamba retrained with d_conv = 1, as the paper does, and the
 trained d_conv = 4 convolution truncated at load time); associative treecall (ATR) with Mamba

@@ -1,4 +1,4 @@
-"""Reveal gap (seed 004, result 1; shared/SCIENCE.md section 4): REPL traces of S_n swaps with a print of
+"""Reveal gap (seed 004, result 1; docs/reveal-gap.md): REPL traces of S_n swaps with a print of
 one variable (a random one) every g statements (g swept), trained by next-token prediction with the loss on the
 revealed values. Transformer (rotary positions) vs DeltaNet[0,1] (beta scale 1) vs DeltaNet[-1,1]
 (beta scale 2): reveal accuracy at the training length against the gap, and DeltaNet[-1,1]'s

@@ -1,4 +1,4 @@
-"""Sample efficiency and the sharing coefficient (seed 002, arXiv 2602.18333; shared/SCIENCE.md section 3):
+"""Sample efficiency and the sharing coefficient (seed 002, arXiv 2602.18333; docs/sample-efficiency.md):
 N*_n (the fewest training sequences of length n from which some lr x seed reaches validation loss
 below a threshold) per length and N*_joint for all lengths mixed, kappa = sum_n N*_n / N*_joint,
 and the joint model's accuracy beyond the longest length. This reproduction has no fixed list of

@@ -18,7 +18,7 @@ reveals before it since the last full reveal (or the start). The initial arrange
 (`init="identity"`) or uniform and unknown (`init="uniform"`: drawn uniformly, prior uniform).
 
 Belief b_t over the n! arrangements, the posterior given the tokens up to and including t
-(the normalised belief update of SCIENCE.md section 4):
+(the normalised belief update of seed 004):
     SWAP_{i,j}:  b <- (1 - p) b + p b o (i j)          (b o s)[g] = b[g * s^-1]
     ASK_i:       b unchanged
     ITEM_v:      b <- b * [vals_g[i] = v] / sum(...)    prune inconsistent states, renormalise

@@ -1,4 +1,4 @@
-"""Selective copying (shared/SCIENCE.md section 5; seed 001): the tokens to copy are scattered among
+"""Selective copying (seed 001): the tokens to copy are scattered among
 noise tokens at random positions and must be reproduced in order after the context, one per marker.
 
 Sequence (L = `length`, the context positions; k = `n_tokens`, the tokens to copy):

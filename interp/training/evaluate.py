@@ -9,7 +9,7 @@ position (the final state s_T for word problems in every format) equals the targ
 Per-position accuracy: for every position t, the fraction of examples with a loss at t whose
 prediction at t is right (NaN where no example has a loss at t).
 
-`mp` (max-passing length, shared/SCIENCE.md): the largest evaluated length whose final-state
+`mp` (max-passing length, docs/length-generalisation.md): the largest evaluated length whose final-state
 accuracy is at least `threshold` (0.9 by default); None when no evaluated length passes. Lengths
 are not required to pass in order: a model that fails at 100 and passes at 200 has mp >= 200.
 

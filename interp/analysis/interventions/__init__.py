@@ -12,7 +12,7 @@ and backward; `agreement` scores it against interchange), `ablation`, `corruptio
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
 and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1.
 
-Interchange (SCIENCE.md section 2). The clean run is cached once (only the hooks the sites need);
+Interchange (docs/restoration.md). The clean run is cached once (only the hooks the sites need);
 the corrupted run is replayed with one site patched from the clean run. Many sites and example
 pairs go through one forward pass: each row of a pass is one (site, example) pair - a corrupted
 example, repeated once per site - and one hook per hook name writes each row's own site from the

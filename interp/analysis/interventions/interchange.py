@@ -2,7 +2,7 @@
 
     restoration[s, b] = (p_patched[s, b](y_b) - p_corrupt[b](y_b)) / (p_clean[b](y_b) - p_corrupt[b](y_b))
 
-(SCIENCE.md section 2; the package docstring has the whole procedure.) With `metrics=` also, per
+(docs/restoration.md; the package docstring has the whole procedure.) With `metrics=` also, per
 pair, at the answer position:
 
     "logit_diff"  logit(y_b) - logit(y'_b), y'_b the corrupted answer: the corrupt batch's target
