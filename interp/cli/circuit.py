@@ -4,8 +4,10 @@ Clean examples of the run's task at its training length, each corrupted as `inte
 (`--corrupt key` / `value`); every edge of the model's graph (positional with `--positions
 key,value,query`: nodes per component and role) scored by EAP and EAP-IG
 (interp.analysis.circuits), the top `--rescore` EAP-IG edges re-scored by exact edge patching,
-the circuit of the top `--fraction` of edges extracted and pruned, and faithfulness against size
-per method. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
+the circuit chosen as the smallest number of top EAP-IG+exact edges whose faithfulness reaches
+`--target` (default 0.8; interp.analysis.circuits.search), or the top `--fraction` of edges when
+that is given, extracted and pruned, and faithfulness against size per method. When no circuit is
+found the report and the printed line say why and what to try. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
 RUN_DIR/circuit.html: the graph and the faithfulness curve) and the edge scores as CSV beside it.
 
 With --executor local / ray (--workers ...) EAP and EAP-IG run as units of examples, the exact
@@ -19,9 +21,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (add_scale_out_arguments, check_out, device_name, executor_from_args, fail, fraction,
-                            non_negative_int, output_path, positive_int, run_directory)
+from interp.cli.args import (add_scale_out_arguments, check_out, checked_number, device_name, executor_from_args, fail,
+                            fraction, non_negative_int, output_path, positive_int, run_directory)
 from interp.cli.patch import comma_list, load_pair
+
+faithfulness_target = checked_number(float, lambda v: 0 < v <= 1, "a faithfulness in (0, 1]")
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -41,7 +45,13 @@ def add_parser(sub) -> None:
     circuit.add_argument("--length", type=positive_int, default=None,
                          help="key-value pairs per example (default: the run's training length)")
     circuit.add_argument("--steps", type=positive_int, default=8, help="EAP-IG interpolation steps")
-    circuit.add_argument("--fraction", type=fraction, default=0.05, help="share of edges in the circuit")
+    size = circuit.add_mutually_exclusive_group()
+    size.add_argument("--target", type=faithfulness_target, default=0.8,
+                      help="the circuit is the smallest number of top edges whose faithfulness reaches this "
+                           "(in (0, 1])")
+    size.add_argument("--fraction", type=fraction, default=None,
+                      help="instead of --target: this share of all edges, in [0, 1] (it can round to no edge on a "
+                           "small graph)")
     circuit.add_argument("--rescore", type=non_negative_int, default=50,
                          help="top EAP-IG edges re-scored by exact edge patching")
     circuit.add_argument("--positions", type=comma_list, default=None,
@@ -71,9 +81,10 @@ def units_out(args: argparse.Namespace, executor, analysis: str) -> dict:
 
 
 def measure(args: argparse.Namespace, executor=None):
-    """(facts, {method: EdgeScores}, circuit, faithfulness curve rows); executor: where the grids'
-    units run (None: here, as one run each)."""
+    """(facts, {method: EdgeScores}, FaithfulSearch (its circuit None when none is found), faithfulness
+    curve rows); executor: where the grids' units run (None: here, as one run each)."""
     from interp.analysis.circuits import build_graph, eap, eap_ig, extract, faithfulness, faithfulness_curve, rescore
+    from interp.analysis.circuits.search import FaithfulSearch, smallest_faithful
 
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
@@ -84,21 +95,38 @@ def measure(args: argparse.Namespace, executor=None):
                               **{"progress": not args.no_progress, **units_out(args, executor, "eap-ig")})
     scores["eap-ig+exact"] = rescore(model, scores["eap-ig"], k=min(args.rescore, graph.n_edges),
                                      **units_out(args, executor, "rescore"))
-    circuit = extract(scores["eap-ig+exact"], fraction=args.fraction)
-    curve = faithfulness_curve(model, scores, fractions=sorted(set(FRACTIONS) | {args.fraction}),
+    chosen = scores["eap-ig+exact"]
+    if args.fraction is None:
+        found = smallest_faithful(model, chosen, target=args.target, executor=executor)
+    else:
+        circuit = extract(chosen, fraction=args.fraction)
+        value = float(faithfulness(model, chosen.setup, circuit.kept)[0])
+        found = FaithfulSearch(None, circuit, [{"n": circuit.n_edges, "n_edges": circuit.n_edges,
+                                                "faithfulness": value}])
+        if circuit.n_edges == 0:
+            found.circuit, found.reason = None, (
+                f"--fraction {args.fraction:g} of {graph.n_edges} edges keeps no edge on a path from the embedding to "
+                "the logits; leave --fraction out to choose the size by --target")
+    curve = faithfulness_curve(model, scores, fractions=sorted(set(FRACTIONS) | {args.fraction} - {None}),
                                **units_out(args, executor, "faithfulness"))
     facts = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
-             "edges": graph.n_edges, "faithfulness": float(faithfulness(model, scores["eap"].setup, circuit.kept)[0])}
-    return facts, scores, circuit, curve
+             "edges": graph.n_edges}
+    return facts, scores, found, curve
 
 
-def report(args: argparse.Namespace, facts: dict, scores: dict, circuit, curve) -> Path:
+def report(args: argparse.Namespace, facts: dict, scores: dict, found, curve) -> Path:
     import pandas as pd
+    import torch
 
+    from interp.analysis.circuits import Circuit
     from interp.report.circuits import write_circuit_report
 
+    ranking = scores["eap-ig+exact"]
+    circuit = found.circuit or Circuit(ranking.graph, torch.zeros(ranking.graph.n_edges, dtype=torch.bool),
+                                       ranking.scores)
     path = write_circuit_report(args.out or args.run_dir / "circuit.html", circuit, curve,
-                                f"Circuit of {args.run_dir.name} ({facts['mixer']} on {facts['task']})")
+                                f"Circuit of {args.run_dir.name} ({facts['mixer']} on {facts['task']})",
+                                search=found)
     names = circuit.graph.edge_names()
     frame = pd.DataFrame({"edge": names, **{m: s.scores.numpy() for m, s in scores.items()},
                           "in_circuit": circuit.kept.numpy()})
@@ -117,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     executor = None
     try:
         executor = executor_from_args(args, "circuit")
-        facts, scores, circuit, curve = measure(args, executor)
-        path = report(args, facts, scores, circuit, curve)
+        facts, scores, found, curve = measure(args, executor)
+        path = report(args, facts, scores, found, curve)
     except (ValueError, TypeError, KeyError, FileNotFoundError, OSError, MemoryError, DirectoryLocked,
             GridFailed) as error:
         return fail("circuit", error)
@@ -126,8 +154,18 @@ def run(args: argparse.Namespace) -> int:
         if executor is not None:
             executor.close()
     print(f"{facts['mixer']} on {facts['task']} ({facts['pairs']} pairs, T {facts['T']}): {facts['edges']} edges, "
-          f"{args.n} pairs; circuit of {circuit.n_edges} edges, faithfulness {facts['faithfulness']:.3f}")
+          f"{args.n} pairs; {circuit_line(found, facts['edges'])}")
     for name, value in scores["eap-ig+exact"].top(10):
         print(f"  {name:<36} {value:9.4f}")
     print(f"wrote {path} and {path.with_suffix('.csv')}")
     return 0
+
+
+def circuit_line(found, edges: int) -> str:
+    """What was found, in words: the circuit and its faithfulness, or why there is none."""
+    if found.circuit is None:
+        return f"no circuit: {found.reason}"
+    how = "" if found.target is None else f" (the smallest of the sizes tried reaching {found.target:g})"
+    whole = "; that is every edge on a path to the logits: the ranking singles out no smaller circuit" \
+        if found.target is not None and found.everything else ""
+    return f"circuit of {found.circuit.n_edges} of {edges} edges{how}, faithfulness {found.faithfulness:.3f}{whole}"

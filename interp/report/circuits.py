@@ -145,8 +145,10 @@ def _finish_layout(figure, circuit, title: str, height: int) -> None:
                          yaxis=yaxis, legend=dict(title="node kind"))
 
 
-def faithfulness_figure(rows: Sequence[Mapping], title: str = "Faithfulness vs circuit size") -> go.Figure:
-    """Faithfulness against the edges kept, one line per method (rows: faithfulness_curve's)."""
+def faithfulness_figure(rows: Sequence[Mapping], title: str = "Faithfulness vs circuit size",
+                        search=None) -> go.Figure:
+    """Faithfulness against the edges kept, one line per method (rows: faithfulness_curve's); with
+    `search` (a circuits.search.FaithfulSearch) also the sizes it tried, its target and its circuit."""
     figure = go.Figure()
     for i, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
         mine = sorted((row for row in rows if row["method"] == method), key=lambda row: row["n_edges"])
@@ -155,23 +157,56 @@ def faithfulness_figure(rows: Sequence[Mapping], title: str = "Faithfulness vs c
             mode="lines+markers", name=method, line=dict(color=palette_color(i)),
             hovertext=[f"{method}: {row['n_edges']} edges ({row['fraction']:.3g} of all), faithfulness "
                        f"{row['faithfulness']:.3f}" for row in mine], hoverinfo="text"))
+    if search is not None and search.target is not None:
+        _add_search(figure, search)
     figure.update_layout(title=title, xaxis=dict(title="edges kept (after pruning; 0 shown at 1)", type="log"),
                          yaxis=dict(title="faithfulness (metric recovered)"), legend=dict(title="scoring"),
                          height=450)
     return figure
 
 
+def _add_search(figure: go.Figure, search) -> None:
+    """The sizes the target search tried (grey crosses), the target (dashed) and the circuit chosen (a star)."""
+    figure.add_trace(go.Scatter(
+        x=[max(row["n_edges"], 1) for row in search.rows], y=[row["faithfulness"] for row in search.rows],
+        mode="markers", name="sizes searched (eap-ig+exact)", marker=dict(symbol="x", size=7, color="#777"),
+        hovertext=[f"top {row['n']} edges -> {row['n_edges']} after pruning: {row['faithfulness']:.3f}"
+                   for row in search.rows], hoverinfo="text"))
+    figure.add_hline(y=search.target, line=dict(color="#555", dash="dash", width=1),
+                     annotation_text=f"target {search.target:g}", annotation_position="top left")
+    if search.circuit is not None:
+        figure.add_trace(go.Scatter(x=[max(search.circuit.n_edges, 1)], y=[search.faithfulness], mode="markers",
+                                    name=f"circuit chosen ({search.circuit.n_edges} edges)",
+                                    marker=dict(symbol="star", size=16, color="#111")))
+
+
+def search_text(search) -> str:
+    """How the circuit was chosen, or why there is none and what to try."""
+    if search.circuit is None:
+        return f"No circuit: {search.reason}."
+    if search.target is None:
+        return f"The circuit: the top edges by |score| for the share asked, {search.circuit.n_edges} after pruning."
+    whole = (" That is every edge on a path to the logits: the ranking singles out no smaller circuit (finer nodes "
+             "may: --positions, --conv-nodes, --channel-groups).") if search.everything else ""
+    return (f"The circuit: the smallest number of top EAP-IG+exact edges whose faithfulness reaches the target "
+            f"{search.target:g}, among {len(search.rows)} sizes tried (grey crosses in the curve below): "
+            f"{search.circuit.n_edges} edges after pruning, faithfulness {search.faithfulness:.3f}.{whole}")
+
+
 def write_circuit_report(path: str | Path, circuit, curve: Sequence[Mapping], title: str = "Circuit",
-                         top: int = 20) -> Path:
-    """One offline HTML file: the circuit graph, the faithfulness curve and the top edges."""
+                         top: int = 20, search=None) -> Path:
+    """One offline HTML file: how the circuit was chosen (with `search`), the circuit graph (or,
+    when there is no circuit, why), the faithfulness curve and the top edges."""
     scores = circuit.scores
     order = scores.abs().argsort(descending=True)[:top].tolist()
     names = circuit.graph.edge_names()
     rows = [{"edge": names[i], "score": float(scores[i]), "in circuit": bool(circuit.kept[i])} for i in order]
+    graph = [circuit_figure(circuit, title)] if circuit.n_edges else []
     return write_report(path, title, [
+        *([Text(search_text(search))] if search is not None else []),
         Text("Edges: sender -> receiver (q / k / v inputs of attention heads; write / read of a recurrent "
              "head's state; `in` of a short-conv node and x / B / k / v where the state reads one; whole inputs). "
              "Width by |score|, blue positive, red negative. A positional graph's nodes sit in the band of "
              "their position (role); edges join equal positions, positions mix inside nodes."),
-        circuit_figure(circuit, title), faithfulness_figure(curve), Table(rows, heading=f"Top {top} edges by |score|"),
+        *graph, faithfulness_figure(curve, search=search), Table(rows, heading=f"Top {top} edges by |score|"),
     ])
