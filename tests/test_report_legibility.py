@@ -151,3 +151,27 @@ def test_demo_report_states_the_expected_outcome():
     text = intro_text(demo, runs, "S3", "acot", 60, 0.9)
     assert "Mamba is expected to fail S3, by design" in text and "near chance (1/6 on S3)" in text
     assert "stay above 90% at every length up to 1000" in text and "smoke run" not in text
+
+
+def test_circuit_figure_of_250_edges_gives_every_label_its_room():
+    """A GPT-2-shaped graph (12 layers x 12 heads + MLPs), 250 edges kept: the figure grows with the
+    tallest column and the layers so that labels in one column sit >= 14 px apart (10 px font) and a
+    head's label ("h11", about 25 px) ends before the MLP node half a layer to its right."""
+    from interp.analysis.circuits import Circuit, build_graph
+    from interp.report.circuits import circuit_figure, node_label
+
+    torch.manual_seed(0)
+    graph = build_graph(models.build("transformer", vocab_size=5, d_model=24, n_heads=12, n_layers=12))
+    scores = torch.randn(graph.n_edges) ** 3
+    kept = torch.zeros(graph.n_edges, dtype=torch.bool)
+    kept[scores.abs().argsort(descending=True)[:250]] = True
+    fig = circuit_figure(Circuit(graph, kept, scores))
+    nodes = [t for t in fig.data if t.mode == "markers+text" and t.name != "edges (hover; label: the input read)"]
+    xs = [x for t in nodes for x in t.x]
+    ys = [y for t in nodes for y in t.y]
+    plot_height = fig.layout.height - 200                              # title, margins and axis title
+    plot_width = fig.layout.width - 300                                # legend and margins
+    assert plot_height / (max(ys) - min(ys) + 1) >= 14
+    assert plot_width / (max(xs) - min(xs) + 1) * 0.5 >= 8 + 6 * len("h11")
+    assert {label for t in nodes for label in t.text} >= {"h11", "mlp", "embed"}
+    assert node_label("a3.h11@key") == "h11" and node_label("m2") == "m2"

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from interp.report.style import palette_color
 POSITIVE, NEGATIVE = "#1f77b4", "#d62728"
 MAX_WIDTH = 8.0
 MAX_LABELLED = 60  # edges up to which each one's receiver input is written on it
+PIXELS_PER_NODE, PIXELS_PER_LAYER = 40, 100  # room for a node and its label: vertical, horizontal
 
 
 def _layout_nodes(graph, names: list[str]) -> dict[str, tuple[float, float]]:
@@ -121,15 +123,28 @@ def _add_nodes(figure, names, kinds, where, in_sum, out_sum) -> None:
             continue
         figure.add_trace(go.Scatter(
             x=[where[n][0] for n in members], y=[where[n][1] for n in members], mode="markers+text",
-            text=[n.split("@")[0] for n in members], textposition="top center", name=kind,
-            marker=dict(size=16, color=palette_color(i), line=dict(width=1, color="#333")),
+            text=[node_label(n) for n in members], textposition="middle right", name=kind,
+            textfont=dict(size=10), cliponaxis=False,
+            marker=dict(size=12, color=palette_color(i), line=dict(width=1, color="#333")),
             hovertext=[f"{n}<br>scores out {out_sum[n]:.4g}<br>scores in {in_sum[n]:.4g}" for n in members],
             hoverinfo="text"))
 
 
+def node_label(name: str) -> str:
+    """A node's label beside it: an attention head or MLP without its layer (on the x axis: a3.h11 ->
+    h11, mlp3 -> mlp), anything else by its name; the position group is the band's (the hover has
+    the full name)."""
+    name = name.split("@")[0]
+    if re.fullmatch(r"a\d+b?\.h\d+", name):
+        return name.split(".", 1)[1]
+    return "mlp" if re.fullmatch(r"mlp\d+", name) else name
+
+
 def _finish_layout(figure, circuit, title: str, height: int) -> None:
     """Axes: layer on x; y the node within its layer, or in a positional graph the position
-    group's band (ticks named by group, separated by dotted lines)."""
+    group's band (ticks named by group, separated by dotted lines). The figure grows with the
+    tallest column (PIXELS_PER_NODE) and, past 8 layers, with the layers (PIXELS_PER_LAYER), so
+    labels keep their room at 250+ edges."""
     graph = circuit.graph
     yaxis = dict(title="node within the layer", showticklabels=False, zeroline=False)
     if graph.positions:
@@ -138,8 +153,10 @@ def _finish_layout(figure, circuit, title: str, height: int) -> None:
                      tickvals=centres, ticktext=list(graph.positions), showgrid=False)
         for centre in centres[:-1]:
             figure.add_hline(y=centre - height / 2, line=dict(color="#bbb", dash="dot", width=1))
-    size = 600 if not graph.positions else max(600, 150 * len(graph.positions) + 40 * height)
-    figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=size,
+    bands = len(graph.positions) if graph.positions else 1
+    size = max(600, 140 + 40 * bands + PIXELS_PER_NODE * height * bands)
+    width = PIXELS_PER_LAYER * (graph.n_layers + 3) if graph.n_layers > 8 else None
+    figure.update_layout(title=f"{title}: {circuit.n_edges} of {graph.n_edges} edges", height=size, width=width,
                          xaxis=dict(title="layer (MLP at +0.5, short conv at -0.3, shared block at -0.2; embed -1, "
                                           "logits last)", zeroline=False),
                          yaxis=yaxis, legend=dict(title="node kind"))
