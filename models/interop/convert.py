@@ -86,8 +86,13 @@ class SourceWeights:
     def check_all_taken(self) -> None:
         left = sorted(set(self.tensors) - self.taken)
         if left:
-            raise UnsupportedConfig(f"{self.source} has weights the conversion would drop: {left[:8]}"
-                                    f"{' ...' if len(left) > 8 else ''}")
+            raise UnsupportedConfig(f"{self.source} has weights the conversion would drop: {listed(left)}")
+
+
+def listed(names: list[str], few: int = 5) -> str:
+    """names for a one-line message: the first `few`, then how many in all."""
+    shown = ", ".join(repr(n) for n in names[:few])
+    return f"[{shown}{f', ... ({len(names)} in all)' if len(names) > few else ''}]" if names else "[]"
 
 
 def layer_output(output: Any) -> torch.Tensor:

@@ -16,6 +16,8 @@ from torch import nn
 from models.config import ModelConfig
 from models.interop.convert import SourceWeights, require, unsupported
 
+# stored names no weight of ours comes from: the causal-mask buffers older GPT-2 checkpoints hold
+KNOWN_DROPS = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias",)
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +21,9 @@ import torch
 from torch import nn
 
 from models.backbone import SequenceModel
-from models.interop.checkpoint import Checkpoint
-from models.interop.convert import reading
+from models.interop.checkpoint import DTYPE_SIZES, Checkpoint, Entries, stored_entries
+from models.interop.convert import listed, reading
+from models.interop.gates import check_config_sizes, check_memory
 from models.interop.registry import CONVERTERS, converter_for
 from models.layout import is_input_major
 
@@ -66,8 +68,8 @@ def filled(cfg, state: dict[str, torch.Tensor], dtype: torch.dtype, shared: set[
     expected = model.state_dict(keep_vars=True)  # name -> meta parameter / buffer (tied names twice)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{converter} built weights that do not fit {cfg.mixer!r}: missing {missing[:8]}, "
-                         f"unexpected {unexpected[:8]}")
+        raise ValueError(f"{converter} built weights that do not fit {cfg.mixer!r}: missing {listed(missing)}; "
+                         f"unexpected {listed(unexpected)}")
     placed: dict[int, torch.Tensor] = {}  # id(meta tensor) -> ours
     for name, meta in expected.items():
         value = state.pop(name)
@@ -81,7 +83,7 @@ def filled(cfg, state: dict[str, torch.Tensor], dtype: torch.dtype, shared: set[
         (owner._parameters if attr in owner._parameters else owner._buffers)[attr] = placed[id(meta)]
     left = [name for name, tensor in model.state_dict().items() if tensor.is_meta]
     if left:
-        raise RuntimeError(f"{converter}: tensors of our model were not filled: {left[:8]}")
+        raise RuntimeError(f"{converter}: tensors of our model were not filled: {listed(left)}")
     return model.to(dtype).eval()
 
 
@@ -124,56 +126,136 @@ def _name_of(source: nn.Module, tensor: torch.Tensor) -> str:
 
 
 def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Checkpoint | None]:
-    """(source, checkpoint) of a local checkpoint directory (nothing downloaded), after checking it
-    has a config of a supported architecture and safetensors weights: the transformers model built
-    on the meta device and its safetensors files, read tensor by tensor as the converter takes
-    them; or, where the files do not hold the model's names (a layout transformers renames on
-    loading), transformers' loaded model and None."""
+    """(source, checkpoint) of a local checkpoint directory (nothing downloaded, no code of the
+    checkpoint run), after checking, before anything is built: a config without `auto_map`, of a
+    supported architecture, its sizes within models.interop.gates' bounds; safetensors weights
+    whose headers are consistent (models.interop.checkpoint); the model's estimated memory within
+    what is available. Then the transformers model built on the meta device and its safetensors
+    files, read tensor by tensor as the converter takes them, when the files hold exactly the
+    model's weights (less the converter's KNOWN_DROPS); where they hold none of some names and
+    others instead (a layout transformers renames on loading), transformers' loaded model and
+    None, refused unless transformers filled every weight from the files and used every tensor."""
+    config_path = _config_path(path)
+    config = _config(config_path)
+    _refuse_code(config, config_path)
+    check_config_sizes(config, str(config_path))
+    model_type, classes = config.get("model_type"), config.get("architectures") or []
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"{config_path}: 'architectures' must be a list of class names; got {classes!r}")
+    default = CONVERTERS[model_type][1][0] if model_type in CONVERTERS else "?"
+    converter = converter_for(classes[0] if classes else default, model_type)  # imports it (and what it registers) or raises
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        found = sorted(p.name for p in path.iterdir())
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no weights: looked for {list(WEIGHT_FILES)}, "
+                                f"found {found} (save with save_pretrained(..., safe_serialization=True))")
+    entries = stored_entries(path)
+    import transformers
+
+    meta = _meta_source(transformers, path)
+    checkpoint = Checkpoint(entries, meta)
+    drops = [re.compile(p) for p in getattr(converter, "KNOWN_DROPS", ())]
+    unexpected = [n for n in checkpoint.unexpected if not any(p.fullmatch(n) for p in drops)]
+    renamed = bool(checkpoint.missing and unexpected)  # a layout transformers renames on loading
+    check_memory(_elements(meta), _bytes_each(dtype, entries), 2 if renamed else 1, f"checkpoint directory {str(path)!r}")
+    if not renamed:
+        _refuse_unfilled(path, type(meta).__name__, checkpoint.missing, unexpected, converter.__name__)
+        return meta, checkpoint
+    return _transformers_loaded(transformers, path, dtype, drops, converter.__name__), None
+
+
+def _config_path(path: Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"source {str(path)!r} is not a directory (a local checkpoint directory with "
                                 f"config.json and {WEIGHT_FILES[0]} was expected)")
     config_path = path / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
+    return config_path
+
+
+def _config(config_path: Path) -> dict:
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_path} is not valid JSON: {error}") from error
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} must hold a JSON object (a transformers config); got {type(config).__name__}")
-    model_type, classes = config.get("model_type"), config.get("architectures") or []
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-        raise ValueError(f"{config_path}: 'architectures' must be a list of class names; got {classes!r}")
-    default = CONVERTERS[model_type][1][0] if model_type in CONVERTERS else "?"
-    converter_for(classes[0] if classes else default, model_type)  # imports the converter (and what it registers) or raises
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        found = sorted(p.name for p in path.iterdir())
-        raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no weights: looked for {list(WEIGHT_FILES)}, "
-                                f"found {found} (save with save_pretrained(..., safe_serialization=True))")
-    import transformers
+    return config
 
-    meta = _meta_source(transformers, path)
-    if meta is not None:
-        checkpoint = Checkpoint(path, meta)
-        if checkpoint.complete:
-            return meta, checkpoint
-    kwargs = {"local_files_only": True, "use_safetensors": True}
+
+def _refuse_code(config: dict, config_path: Path, where: str = "") -> None:
+    """Refuse a config (or a nested one) with `auto_map`: it points transformers at code shipped with
+    the checkpoint, which from_pretrained never runs."""
+    if "auto_map" in config:
+        raise ValueError(f"{config_path}: {where}auto_map={config['auto_map']!r} names code shipped with the "
+                         f"checkpoint; from_pretrained never runs a checkpoint's code (supported architectures: "
+                         f"models.supported_architectures())")
+    for field, value in config.items():
+        if isinstance(value, dict):
+            _refuse_code(value, config_path, f"{where}{field}.")
+
+
+def _elements(model: nn.Module) -> int:
+    """The number of weights of a model (tied tensors once), parameters and buffers."""
+    unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    return sum(t.numel() for t in unique.values())
+
+
+def _bytes_each(dtype: torch.dtype | None, entries: Entries) -> int:
+    """Bytes per weight of the result: dtype's, else the widest floating dtype stored."""
+    if dtype is not None:
+        return dtype.itemsize
+    floating = [DTYPE_SIZES[e["dtype"]] for _, _, e in entries.values() if e["dtype"].startswith(("F", "BF"))]
+    return max(floating, default=4)
+
+
+def _refuse_unfilled(path: Path, source: str, missing: list[str], unexpected: list[str], converter: str) -> None:
+    """One line naming the source's weights the files lack (they would be initialised at random) or
+    the stored tensors nothing would use (dropped silently)."""
+    if missing:
+        raise ValueError(f"checkpoint directory {str(path)!r} does not fill {len(missing)} weight(s) of {source}: "
+                         f"{listed(missing)}; refused rather than initialised at random")
+    if unexpected:
+        raise ValueError(f"checkpoint directory {str(path)!r} holds {len(unexpected)} tensor(s) that {source} has "
+                         f"no weight for and {converter}.KNOWN_DROPS does not name: {listed(unexpected)}; refused "
+                         f"rather than dropped")
+
+
+def _transformers_loaded(transformers, path: Path, dtype: torch.dtype | None, drops: list[re.Pattern],
+                         converter: str) -> nn.Module:
+    """transformers' model loaded from the directory (its names renamed by transformers' loader, no
+    code of the checkpoint run), refused unless every weight came from the files at its shape and
+    every tensor of the files was used (less drops, and transformers' own list of keys it ignores)."""
+    kwargs = {"local_files_only": True, "use_safetensors": True, "trust_remote_code": False,
+              "output_loading_info": True, "ignore_mismatched_sizes": True}  # reported in info, refused below
     if dtype is not None:
         kwargs["dtype"] = dtype
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs), None
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except Exception as error:  # noqa: BLE001  transformers' loaders raise many types for a bad directory
         raise ValueError(f"checkpoint directory {str(path)!r} could not be loaded by transformers "
-                         f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''})"
-                         ) from error
+                         f"({type(error).__name__}: {_first_line(error)})") from error
+    unexpected = [n for n in info.get("unexpected_keys", ()) if not any(p.fullmatch(n) for p in drops)]
+    mismatched = [f"{name} (stored {tuple(stored)}, the model's {tuple(shape)})"
+                  for name, stored, shape in info.get("mismatched_keys", ())]
+    _refuse_unfilled(path, type(model).__name__, sorted(info.get("missing_keys", ())) + sorted(mismatched),
+                     sorted(unexpected), converter)
+    return model
 
 
-def _meta_source(transformers, path: Path) -> nn.Module | None:
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _meta_source(transformers, path: Path) -> nn.Module:
     """The directory's transformers model built on the meta device (its config, modules and names
-    without weights), or None where that fails."""
+    without weights; no code of the checkpoint run): what the memory estimate counts."""
     try:
-        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(config)
-    except Exception:  # noqa: BLE001  an architecture that cannot be built on the meta device: load it in full
-        return None
+            return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001  transformers raises many types for a config it cannot build
+        raise ValueError(f"checkpoint directory {str(path)!r}: transformers could not build its model on the meta "
+                         f"device to check it before loading ({type(error).__name__}: {_first_line(error)})"
+                         ) from error
