@@ -5,7 +5,10 @@ directory, as our instrumented SequenceModel with the same math.
     model.save("runs/mamba-130m")                              # models.load(...) rebuilds it bit for bit
 
 The source's config picks the converter (models.interop.registry); fields we cannot represent
-raise UnsupportedConfig, weights the conversion would drop raise too.
+raise UnsupportedConfig, weights the conversion would drop raise too. A checkpoint directory is
+untrusted (docs/trust-imports.md): no code of it runs (auto_map refused, trust_remote_code=False),
+its headers and config sizes are checked before anything is allocated, and it must hold exactly the
+model's weights.
 """
 
 from __future__ import annotations

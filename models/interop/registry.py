@@ -11,7 +11,9 @@ A converter module (models/interop/<name>.py) defines
         the source's layer modules, in order, whose outputs are our blocks.{l}.hook_resid_post
         (the per-block parity tests hook them).
 
-and may import an optional library at the top (fla): `from_pretrained` imports the module before
+and may define KNOWN_DROPS, regular expressions of stored checkpoint names that carry no weight
+(from_pretrained refuses any other stored tensor the source has no weight for), and may import an
+optional library at the top (fla): `from_pretrained` imports the module before
 it loads a directory, so whatever the import registers with transformers' Auto classes is there.
 Adding an architecture is one line here plus its module.
 """
