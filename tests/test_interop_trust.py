@@ -122,6 +122,23 @@ def test_a_known_drop_loads_and_the_weights_are_the_sources(tmp_path):
                                atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("model_type", ["gpt2", "mamba", "falcon_h1", "lfm2", "rwkv7"])
+def test_a_tensor_stored_at_another_shape_is_refused_naming_it(model_type, tmp_path):
+    """A consistent header (same bytes) whose 2-d shape is transposed is not the model's weight."""
+    directory = saved(model_type, tmp_path / "ckpt")
+    name = None
+
+    def transpose(tensors):
+        nonlocal name
+        name = sorted(n for n, t in tensors.items() if t.ndim == 2 and t.shape[0] != t.shape[1])[0]
+        tensors[name] = tensors[name].T.contiguous()
+
+    before = edited(directory, transpose)
+    rows, columns = before[name].shape
+    refused(directory, rf"does not fill 1 weight.*{re.escape(name)} \(stored \({columns}, {rows}\), "
+                       rf"the model's \({rows}, {columns}\)\)")
+
+
 # ----------------------------------------------------------------------------- safetensors headers
 
 

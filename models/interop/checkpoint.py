@@ -3,6 +3,7 @@
     entries = stored_entries(directory)          # every header checked before anything is allocated
     checkpoint = Checkpoint(entries, source)     # source: the transformers model built on the meta device
     checkpoint.missing, checkpoint.unexpected    # source names no file holds, stored names source lacks
+    checkpoint.mismatched                        # source names stored at another shape
     checkpoint.read("backbone.layers.0.mixer.A_log")   # one tensor, read into memory this process owns
 
 The files (model.safetensors, or the shards model.safetensors.index.json lists) are parsed as
@@ -49,7 +50,8 @@ def stored_entries(directory: Path) -> Entries:
 class Checkpoint:
     """The safetensors weights of a checkpoint directory (`entries`: stored_entries), by the names
     of `source`'s state dict. missing: the source's names no file holds (tied names count as one);
-    unexpected: the stored names that are none of the source's."""
+    unexpected: the stored names that are none of the source's; mismatched: the source's names
+    stored at another shape ("name (stored shape, the model's shape)")."""
 
     def __init__(self, entries: Entries, source: nn.Module) -> None:
         self.entries = entries
@@ -62,6 +64,13 @@ class Checkpoint:
             self.missing += [] if present else names
         known = {name for names in groups for name in names}
         self.unexpected = sorted(name for name in self.entries if name not in known)
+        shapes = {name: tuple(t.shape) for name, t in source.state_dict(keep_vars=True).items()}
+        first = {}  # stored name -> the first state-dict name it fills (tied names once)
+        for name, stored in self.stored.items():
+            first.setdefault(stored, name)
+        self.mismatched = sorted(f"{name} (stored {tuple(self.entries[stored][2]['shape'])}, the model's "
+                                 f"{shapes[name]})" for stored, name in first.items()
+                                 if tuple(self.entries[stored][2]["shape"]) != shapes[name])
         self._alive: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
 
     @property

@@ -161,7 +161,8 @@ def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Ch
     renamed = bool(checkpoint.missing and unexpected)  # a layout transformers renames on loading
     check_memory(_elements(meta), _bytes_each(dtype, entries), 2 if renamed else 1, f"checkpoint directory {str(path)!r}")
     if not renamed:
-        _refuse_unfilled(path, type(meta).__name__, checkpoint.missing, unexpected, converter.__name__)
+        _refuse_unfilled(path, type(meta).__name__, checkpoint.missing + checkpoint.mismatched, unexpected,
+                         converter.__name__)
         return meta, checkpoint
     return _transformers_loaded(transformers, path, dtype, drops, converter.__name__), None
 
