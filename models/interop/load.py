@@ -44,7 +44,9 @@ def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | 
     tensor read from a checkpoint file) or a copy when it would share the source's memory, so the
     peak beyond the source is about our weights once. A directory is read straight from its
     safetensors files into a source built on the meta device (transformers' own loader only
-    where the files' names differ from the model's)."""
+    where the files' names differ from the model's). A directory is untrusted: no code of it runs,
+    its headers and config sizes are checked before allocation, and a weight it lacks or a tensor
+    nothing uses is refused (load_directory; docs/trust-imports.md)."""
     checkpoint = None
     if isinstance(source, (str, os.PathLike)):
         source, checkpoint = load_directory(Path(source), dtype)
@@ -130,14 +132,15 @@ def _name_of(source: nn.Module, tensor: torch.Tensor) -> str:
 
 def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Checkpoint | None]:
     """(source, checkpoint) of a local checkpoint directory (nothing downloaded, no code of the
-    checkpoint run), after checking, before anything is built: a config without `auto_map`, of a
-    supported architecture, its sizes within models.interop.gates' bounds; safetensors weights
-    whose headers are consistent (models.interop.checkpoint); the model's estimated memory within
-    what is available. Then the transformers model built on the meta device and its safetensors
-    files, read tensor by tensor as the converter takes them, when the files hold exactly the
-    model's weights (less the converter's KNOWN_DROPS); where they hold none of some names and
-    others instead (a layout transformers renames on loading), transformers' loaded model and
-    None, refused unless transformers filled every weight from the files and used every tensor."""
+    checkpoint run; docs/trust-imports.md). Checked before any tensor is allocated: a config
+    without `auto_map`, of a supported architecture, its sizes within models.interop.gates'
+    bounds; safetensors headers that are consistent (models.interop.checkpoint); the weights of
+    the model built on the meta device within the memory available. Then: when the files hold
+    exactly the model's weights at its shapes (less the converter's KNOWN_DROPS), that meta model
+    and the files, read tensor by tensor as the converter takes them; where some names are missing
+    and others are there instead (a layout transformers renames on loading), transformers' loaded
+    model and None, refused unless transformers filled every weight from the files and used every
+    tensor. Anything else (a weight missing or mis-shaped, a tensor left over) is refused naming it."""
     config_path = _config_path(path)
     config = _config(config_path)
     _refuse_code(config, config_path)
