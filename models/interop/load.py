@@ -155,7 +155,11 @@ def load_directory(path: Path, dtype: torch.dtype | None) -> tuple[nn.Module, Ch
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no weights: looked for {list(WEIGHT_FILES)}, "
                                 f"found {found} (save with save_pretrained(..., safe_serialization=True))")
     entries = stored_entries(path)
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("from_pretrained on a checkpoint directory reads it with transformers, which is not installed: "
+                          'pip install -e ".[hf]" (or pip install "transformers>=5.0")') from None
 
     meta = _meta_source(transformers, path)
     checkpoint = Checkpoint(entries, meta)
