@@ -117,3 +117,28 @@ def test_the_checks_see_what_they_look_for():
     assert not resolves("models.no_such_thing") and resolves("models.from_pretrained")
     assert command_lines("```bash\npip install x && interp eval RUN --n 4  # c\n```") == ["interp eval RUN --n 4"]
     assert EXTRA.findall('pip install -e ".[test,tl]"')[0][0] == "test,tl"
+
+
+SOURCE = re.compile(r"(?:benchmarks|examples)/[a-z_]+\.py|tests/test_[a-z_0-9]+\.py|(?:models|interp)/[a-z_/]+\.py|"
+                    r"`?interp (?:demo|train|eval|drift|heads|patch|circuit|sweep|reproduce|sample-efficiency)\b|"
+                    r"RESULTS\.md|cache_plan")
+MEASURED = re.compile(r"\b\d+(?:\.\d+)?(?:e-?\d+)? ?(?:s|ms|min|GB|MB|GiB|MiB)\b|\b\d+(?:\.\d+)?x\b")
+
+
+def measured_sections(text: str) -> list[tuple[str, list[str]]]:
+    """(heading, figures) of every section (code blocks left out) stating a measured time, size or ratio
+    without naming where it comes from (a benchmark, example, test, module or `interp` command)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    sections = re.split(r"\n(?=#+ )", text)
+    return [(section.splitlines()[0], MEASURED.findall(section)) for section in sections
+            if MEASURED.search(section) and not SOURCE.search(section)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_measured_figure_names_the_script_that_regenerates_it(page):
+    assert measured_sections(page.read_text()) == []
+
+
+def test_the_measured_figure_check_sees_an_unsourced_number():
+    assert measured_sections("## A\n\nIt takes 3.2 s.\n\n## B\n\n2.1x faster (`benchmarks/x.py`).\n") == \
+        [("## A", ["3.2 s"])]
