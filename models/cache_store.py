@@ -9,7 +9,7 @@ A cache directory holds
                               "shape", "dtype"}}, "positions", "batch", "length", "model"}
 
 `DiskStore` is the mapping behind a disk-backed `models.Cache`: setting an entry writes its file
-(to a temporary name, then one rename), getting one maps the file into memory (numpy memmap,
+(models.writer: a temporary file, fsync, one rename), getting one maps the file into memory (numpy memmap,
 copy-on-write: the tensor is writable, changes stay in memory) so nothing is read before it is
 touched. `create_store(directory, overwrite)` checks the target: never a symlink; an existing
 non-empty directory only with overwrite=True (then the files a previous cache's index names are
@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from models.writer import write_bytes
 
 INDEX = "cache.json"
 FORMAT = "interp-cache/1"
@@ -87,7 +89,7 @@ class DiskStore(MutableMapping):
     def finish(self, **info) -> None:
         """Write the index (cache.json, atomically) with `info` and release the writer's lock."""
         index = {"format": FORMAT, "entries": self.entries, **info}
-        _atomic_write(self.directory / INDEX, json.dumps(index, indent=1).encode())
+        write_bytes(self.directory / INDEX, json.dumps(index, indent=1).encode())
         self.writable = False
         self.release()
 
@@ -164,7 +166,7 @@ def write_tensor(path: Path, name: str, value: torch.Tensor) -> None:
         header["__metadata__"] = metadata
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    _atomic_write(path, struct.pack("<Q", len(text)) + text, raw)
+    write_bytes(path, struct.pack("<Q", len(text)) + text, memoryview(raw))
 
 
 def read_tensor(path: Path, name: str, entry: dict) -> torch.Tensor:
@@ -182,20 +184,6 @@ def read_tensor(path: Path, name: str, entry: dict) -> torch.Tensor:
         data = np.memmap(path, dtype=np.uint8, mode="c", offset=8 + size + begin, shape=(end - begin,))
         value = torch.from_numpy(data).view(real).reshape(stored["shape"])
     return torch.view_as_complex(value) if dtype.is_complex else value
-
-
-def _atomic_write(path: Path, head: bytes, body: np.ndarray | None = None) -> None:
-    """head (and body's bytes) into a temporary file next to `path`, then one rename onto it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(head)
-            if body is not None and body.nbytes:
-                handle.write(memoryview(body))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _lock(path: Path, argument: str) -> int:

@@ -117,15 +117,14 @@ class DecodingState:
 
     def save(self, path) -> None:
         """Write the state to one safetensors file (tensors by "layers.{l}.{key}", the position
-        in the metadata), atomically."""
-        import os
-
+        in the metadata), atomically (models.writer)."""
         from safetensors.torch import save_file
 
+        from models.writer import write_file
+
         tensors = {f"layers.{i}.{k}": v.contiguous() for i, layer in enumerate(self.trimmed()) for k, v in layer.items()}
-        tmp = f"{path}.tmp"
-        save_file(tensors, tmp, metadata={"position": str(self.position), "n_layers": str(len(self.layers))})
-        os.replace(tmp, path)
+        metadata = {"position": str(self.position), "n_layers": str(len(self.layers))}
+        write_file(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
     @classmethod
     def load(cls, path) -> "DecodingState":

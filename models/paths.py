@@ -13,8 +13,9 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
 that is absolute or climbs with "..", and any component below the run directory that is a
 symbolic link, so nothing reached through it can be outside. The run directory itself may be a
 link (the user named it). `in_place_file` also refuses a file with other hard links, whose data a
-truncation or an append would change elsewhere. Files replaced by an atomic rename need no more
-than `inside` for their directory: a rename replaces a link, never its target.
+truncation or an append would change elsewhere. Every other file is written by `models.writer`
+(a temporary file renamed over the target) and needs no more than `inside` for its directory: a
+rename replaces a link, never its target.
 
 Reads are confined too: a file read inside a run directory (config.json, checkpoint.json,
 trainer_state.json, metrics.jsonl, the weights, reproduce.json, results.jsonl) is reached through
@@ -93,6 +94,13 @@ def open_appending(path: str | os.PathLike, mode: str = "a+b"):
 def read_regular(path: str | os.PathLike) -> bytes:
     """The bytes of the regular file at `path`, opened without following a final symbolic link;
     PathRefused for a link or another kind of file, FileNotFoundError when nothing is there."""
+    with open_regular(path) as handle:
+        return handle.read()
+
+
+def open_regular(path: str | os.PathLike):
+    """The regular file at `path` opened for reading ("rb"), without following a final symbolic
+    link; PathRefused for a link or another kind of file, FileNotFoundError when nothing is there."""
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)   # O_NONBLOCK: opening a FIFO does not wait for a writer
@@ -101,9 +109,12 @@ def read_regular(path: str | os.PathLike) -> bytes:
             raise PathRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}); refusing to read through "
                               "it (replace it by the file itself)") from None
         raise error
-    with os.fdopen(fd, "rb") as handle:
+    try:
         _require_regular(path, os.fstat(fd).st_mode)
-        return handle.read()
+    except PathRefused:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def regular_file(path: str | os.PathLike) -> Path:

@@ -12,14 +12,13 @@ written here rather than by save_model / load_model because those locate tied te
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from models import writer
 from models.config import ModelConfig
 from models.paths import sha256_of
 
@@ -38,10 +37,9 @@ def save(model, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Pa
     if (run_dir / "model.safetensors").exists() and not overwrite:
         raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "model.safetensors", lambda tmp: save_weights(model, tmp))
+    save_weights(model, run_dir / "model.safetensors")
     record = {"model": model.cfg.to_dict(), **info, WEIGHTS_SHA256: sha256_of(run_dir / "model.safetensors")}
-    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    _atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    writer.write_json(run_dir / "config.json", record)
     return run_dir
 
 
@@ -54,7 +52,8 @@ def tied_groups(model: torch.nn.Module) -> list[list[str]]:
 
 
 def save_weights(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-    """model's state dict into the safetensors file `path` (the module docstring's format)."""
+    """model's state dict into the safetensors file `path` (the module docstring's format), written
+    atomically (models.writer)."""
     from safetensors.torch import save_file
 
     state = model.state_dict()
@@ -63,7 +62,8 @@ def save_weights(model: torch.nn.Module, path: str | os.PathLike, metadata: dict
         for name in dropped:
             metadata.setdefault(name, kept)
             del state[name]
-    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(path), metadata=metadata or None)
+    tensors = {name: tensor.contiguous() for name, tensor in state.items()}
+    writer.write_file(path, lambda tmp: save_file(tensors, tmp, metadata=metadata or None))
 
 
 def load_weights(model: torch.nn.Module, path: str | os.PathLike, device: str = "cpu") -> tuple[list[str], list[str]]:
@@ -77,14 +77,3 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike, device: str = 
     filled = {name for group in tied_groups(model) if set(group) & set(state) for name in group}
     return sorted(set(missing) - filled), sorted(unexpected)
 
-
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp) fills a temporary file next to `path`, then it replaces `path` in one rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import models
 from interp.training import checkpoint as ckpt
 from interp.tasks import make_task
 from interp.training.train import TrainConfig, make_optimizer, train
+from models import writer
 from models.paths import LOCK
 
 
@@ -66,7 +68,7 @@ def test_atomic_write_leaves_no_temporary_files_and_keeps_old_file_on_failure(tm
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        ckpt.atomic_write(target, failing)
+        writer.write_file(target, failing)
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["file.json"]
 
@@ -157,17 +159,18 @@ def test_a_checkpoint_interrupted_midway_leaves_the_previous_one_whole(tmp_path,
     trainer state) used to leave an unresumable run and lose the interval's metrics; now the
     step-3 checkpoint is whole, and resuming gives the uninterrupted run's weights and records."""
     _, whole, model_cfg, cfg = make_run(tmp_path)
-    real = ckpt._durable
+    real = writer.write_file
 
-    def dying(path, write):
+    def dying(path, fill):
+        path = Path(path)
         if path.name == ckpt.STATE and path.parent.name == "step-000000006":
             raise KeyboardInterrupt  # the process dies here
-        real(path, write)
+        return real(path, fill)
 
-    monkeypatch.setattr(ckpt, "_durable", dying)
+    monkeypatch.setattr(writer, "write_file", dying)
     with pytest.raises(KeyboardInterrupt):
         train(model_cfg, make_task("C2"), cfg, tmp_path / "crashed", progress=False)
-    monkeypatch.setattr(ckpt, "_durable", real)
+    monkeypatch.setattr(writer, "write_file", real)
     assert ckpt.read_pointer(tmp_path / "crashed")["step"] == 3
     resumed = train(model_cfg, make_task("C2"), cfg, tmp_path / "crashed", resume=True, progress=False)
     for key, value in whole.model.state_dict().items():

@@ -2,13 +2,15 @@
 
 The run (tanh RNN, C2 with a length curriculum, 4 steps, a checkpoint every 2 steps, so a first
 checkpoint and a second that replaces it) is forked into a child process that dies with os._exit
-just before its k-th write boundary, for every k in turn. Boundaries: each file write of a
-checkpoint (and a torn write: half the file, then death), each os.fsync / os.replace / os.mkdir /
-os.rmdir / os.unlink, so the creation of config.json, the fsync of metrics.jsonl, the step
-directory, the pointer switch and the removal of the previous checkpoint are all among them. The
+just before its k-th write boundary, for every k in turn. Boundaries: each file write (every one
+goes through models.writer.write_file: config.json, the three files of each checkpoint and the
+pointer; and a torn write: the temporary file half written, then death), each os.fsync /
+os.replace / os.rename / os.mkdir / os.rmdir / os.unlink, so the creation of config.json, the fsync
+of metrics.jsonl, the step directory, the pointer switch and the removal of the previous
+checkpoint are all among them. The
 run is then resumed in the parent, and its final weights, optimizer tensors, metrics.jsonl records
 (less wall-clock times) and directory listing must equal the uninterrupted run's exactly.
-Crash points tried: 43 (37 boundaries + 6 torn writes); all resume exactly. A crash while
+Crash points tried: 77 (68 boundaries + 9 torn writes); all resume exactly. A crash while
 config.json was first written used to leave a directory that refused both a fresh start and a
 resume (found by this harness, fixed). A second test SIGKILLs a 10-step run with a checkpoint
 every step at a random time (3 seeds).
@@ -26,11 +28,12 @@ import models
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
+from models import writer
 
-BOUNDARY_OPS = ("fsync", "replace", "mkdir", "rmdir", "unlink")
+BOUNDARY_OPS = ("fsync", "replace", "rename", "mkdir", "rmdir", "unlink")
 
 
-POINTS = 43  # crash points tried (the module docstring reports them)
+POINTS = 77  # crash points tried (the module docstring reports them)
 
 
 def config(**overrides):
@@ -78,18 +81,21 @@ def crash_at(k: int | None, torn: bool, kinds: list[str]):
             return _real(*args, **kwargs)
 
         setattr(os, name, op)
-    real_durable = ckpt._durable
+    real_write_file = writer.write_file
 
-    def durable(path, write):
+    def write_file(path, fill):
         boundary("write")
-        if torn and len(kinds) == k:
-            write(str(path))
-            data = path.read_bytes()
-            path.write_bytes(data[: len(data) // 2])
-            os._exit(17)
-        real_durable(path, write)
+        if torn and len(kinds) == k:   # the temporary file half written, then death
+            def torn_fill(tmp):
+                fill(tmp)
+                with open(tmp, "r+b") as handle:
+                    handle.truncate(os.fstat(handle.fileno()).st_size // 2)
+                os._exit(17)
 
-    ckpt._durable = durable
+            return real_write_file(path, torn_fill)
+        return real_write_file(path, fill)
+
+    writer.write_file = write_file
 
 
 def snapshot(run_dir):
@@ -138,7 +144,7 @@ def test_every_write_boundary_of_a_run_resumes_bit_identically(tmp_path):
         else:
             run(out, cfg, resume=True)
         assert_same(snapshot(out), expected, f"crash before boundary {k}{' (torn write)' if torn else ''}")
-    assert (len(points), kinds.count("write"), kinds.count("replace")) == (POINTS, 6, 3)  # as documented
+    assert (len(points), kinds.count("write"), kinds.count("replace")) == (POINTS, 9, 9)  # as documented
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

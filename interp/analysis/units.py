@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from interp.training.checkpoint import atomic_write, write_json
 from models.memory import progress_bar
 from models.paths import inside, locked, read_regular
+from models.writer import write_file, write_json
 
 FORMAT = "interp-units/1"
 MANIFEST = "manifest.json"
@@ -217,8 +217,8 @@ class UnitStore:
         """The unit's tensors, atomically; the node that computed it in the file's metadata."""
         from safetensors.torch import save_file
 
-        atomic_write(inside(self.units, f"{key}.safetensors"),
-                     lambda tmp: save_file(tensors, tmp, metadata={"node": node}))
+        write_file(inside(self.units, f"{key}.safetensors"),
+                   lambda tmp: save_file(tensors, tmp, metadata={"node": node}))
 
 
 def manifest_of(work: UnitWork, units: Sequence[Unit]) -> dict:

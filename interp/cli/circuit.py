@@ -120,6 +120,7 @@ def report(args: argparse.Namespace, facts: dict, scores: dict, found, curve) ->
 
     from interp.analysis.circuits import Circuit
     from interp.report.circuits import write_circuit_report
+    from models.writer import write_text
 
     ranking = scores["eap-ig+exact"]
     circuit = found.circuit or Circuit(ranking.graph, torch.zeros(ranking.graph.n_edges, dtype=torch.bool),
@@ -130,7 +131,7 @@ def report(args: argparse.Namespace, facts: dict, scores: dict, found, curve) ->
     names = circuit.graph.edge_names()
     frame = pd.DataFrame({"edge": names, **{m: s.scores.numpy() for m, s in scores.items()},
                           "in_circuit": circuit.kept.numpy()})
-    frame.to_csv(path.with_suffix(".csv"), index=False)
+    write_text(path.with_suffix(".csv"), frame.to_csv(index=False))   # a link there is replaced, not followed
     return path
 
 

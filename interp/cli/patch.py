@@ -163,13 +163,14 @@ def report(args: argparse.Namespace, setup: dict, results: dict, clean) -> Path:
     import pandas as pd
 
     from interp.report.patch import write_patch_report
+    from models.writer import write_text
 
     facts = {**setup, "run_dir": args.run_dir, "n": args.n, "seed": args.seed, "corrupt": args.corrupt,
              "min_effect": args.min_effect}
     path = write_patch_report(args.out or args.run_dir / "patch.html", facts, results, clean,
                               f"Interchange grid: {args.run_dir.name}")
-    pd.concat([r.to_dataframe().assign(method=m) for m, r in results.items()]).to_csv(path.with_suffix(".csv"),
-                                                                                      index=False)
+    table = pd.concat([r.to_dataframe().assign(method=m) for m, r in results.items()])
+    write_text(path.with_suffix(".csv"), table.to_csv(index=False))   # a link there is replaced, not followed
     return path
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from interp.training.checkpoint import atomic_write_text
+from models.writer import write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -94,5 +94,5 @@ def write_report(path: str | Path, title: str, sections: Sequence[go.Figure | Te
     """Write the report to `path` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, render_report(title, sections))
+    write_text(path, render_report(title, sections))
     return path

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 from interp.sweep.table import RESULTS, ResultTable
-from interp.training.checkpoint import atomic_write_text
 from models.paths import inside
+from models.writer import write_text
 
 
 def committed_rows(target: str | Path) -> dict[str, dict]:
@@ -40,7 +40,7 @@ def commit_table(out: str | Path, target: str | Path) -> int:
     if added:
         Path(target).mkdir(parents=True, exist_ok=True)
         rows = list(kept.values()) + added
-        atomic_write_text(inside(Path(target), RESULTS),
+        write_text(inside(Path(target), RESULTS),
                           "".join(json.dumps(r, sort_keys=True, default=float) + "\n" for r in rows))
     return len(added)
 

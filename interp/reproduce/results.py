@@ -43,6 +43,7 @@ from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
 from models.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
+from models.writer import copy_file
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "reproduce"
 UNFINISHED = "unfinished"       # results/<claim>-<scale>/unfinished/<label>/: an unfinished run's last checkpoint
@@ -64,13 +65,13 @@ def commit_run(outcome, results: str | Path, extra: dict[str, Any] | None = None
     source, target = Path(outcome.run_dir), Path(results) / outcome.run.label
     target.mkdir(parents=True, exist_ok=True)
     weights = weights_file(source)
-    shutil.copyfile(weights, target / "model.safetensors")
+    copy_file(weights, target / "model.safetensors")
     config = ckpt.read_config(source)
     ckpt.write_json(target / ckpt.CONFIG, {**config, WEIGHTS_SHA256: sha256_of(target / "model.safetensors")})
-    shutil.copyfile(source / ckpt.METRICS, target / ckpt.METRICS)
+    copy_file(source / ckpt.METRICS, target / ckpt.METRICS)
     for name in OPTIONAL:
         if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
+            copy_file(source / name, target / name)
     row = outcome.row()
     ckpt.write_json(target / OUTCOME, {"status": outcome.status, "lr": outcome.lr,
                                        "length_reached": outcome.length_reached,
@@ -145,7 +146,7 @@ def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
         except FileNotFoundError:
             continue
         for name in (ckpt.CONFIG, ckpt.METRICS):   # metrics.jsonl only grows; a resume truncates it to the step
-            shutil.copyfile(inside(source, name), staging / name)
+            copy_file(inside(source, name), staging / name)
         ckpt.write_json(staging / ckpt.POINTER, pointer)
         if target.exists():
             shutil.rmtree(target)

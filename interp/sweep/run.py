@@ -32,9 +32,9 @@ from interp.analysis import sample_efficiency as se
 from interp.sweep.executors import Executor, Job, Outcome
 from interp.sweep.spec import SweepSpec
 from interp.sweep.table import RESULTS, ResultTable, trial_id
-from interp.training.checkpoint import atomic_write_text, write_json
 from interp.training.preflight import check_output_dir
 from models.paths import in_place_file, inside, locked
+from models.writer import write_json, write_text
 
 RUNS, N_STAR, KAPPA = "runs", "n_star.jsonl", "kappa.jsonl"
 
@@ -143,4 +143,4 @@ def _run_spec(spec: SweepSpec, executor: Executor, out: Path, progress: bool) ->
 
 
 def _write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True, default=float) + "\n" for r in rows))
+    write_text(path, "".join(json.dumps(r, sort_keys=True, default=float) + "\n" for r in rows))

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.training.checkpoint import atomic_write_text
 from models.paths import in_place_file, inside, open_appending, read_regular
+from models.writer import write_text
 
 RESULTS, FAILURES = "results.jsonl", "failures.jsonl"
 TIMING_COLUMNS = ("seconds", "wall_seconds", "attempts")   # columns that differ between identical runs
@@ -77,7 +77,7 @@ class ResultTable:
             os.fsync(handle.fileno())
 
     def write_failures(self, failures: Sequence[Mapping[str, Any]]) -> None:
-        atomic_write_text(self.out / FAILURES, "".join(json.dumps(f, sort_keys=True) + "\n" for f in failures))
+        write_text(self.out / FAILURES, "".join(json.dumps(f, sort_keys=True) + "\n" for f in failures))
 
     def frame(self):
         """The table as a pandas DataFrame, one row per trial, sorted by trial_id."""

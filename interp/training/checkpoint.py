@@ -18,8 +18,9 @@ No pickle anywhere: tensors go to safetensors, scalars to JSON.
 
 Crash safety: a checkpoint becomes visible all at once. `save_checkpoint` first makes the metrics
 records up to its step durable (fsync of metrics.jsonl), then writes the three files into a fresh
-step directory (each fsynced, then the directory), and only then switches the pointer (a temporary
-file, fsync, os.replace: atomic). The previous checkpoint stays intact until the switch and is
+step directory, and only then switches the pointer. Every file is written by `models.writer` (a
+temporary file, fsync, os.replace over the target, fsync of the directory: atomic, and a link at
+the target is replaced, never written through). The previous checkpoint stays intact until the switch and is
 removed after it. A crash at any point therefore leaves the pointer naming a complete checkpoint
 (or no pointer: no checkpoint yet). metrics.jsonl may hold records past the pointer's step (a run
 in progress, or one that crashed); `open_metrics(..., keep=...)` on resume truncates it to the
@@ -43,7 +44,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ from safetensors.torch import load_file, save_file
 
 from models.paths import check_sha256, in_place_file, inside, open_appending, read_regular, regular_file, sha256_of
 from models.saving import load_weights, save_weights
+from models import writer
+from models.writer import write_json
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -64,61 +66,8 @@ STATE = "trainer_state.json"
 METRICS = "metrics.jsonl"
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
 class CheckpointError(ValueError):
     """A run directory is truncated, corrupt, or does not match what was asked of it."""
-
-
-# ----------------------------------------------------------------------------- atomic writes
-
-
-def atomic_write(path: str | Path, write) -> None:
-    """Write `path` atomically: `write(tmp_path)` fills a temporary file next to it, then rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
-        write(tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-
-    atomic_write(path, write)
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -235,8 +184,8 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     meta = {"step": str(step)}
     tensors, scalars = flatten_optimizer(optimizer)
     tensors["rng.torch"] = torch.get_rng_state()
-    _durable(target / OPTIMIZER, lambda tmp: save_file(tensors, tmp, metadata=meta))
-    _durable(target / MODEL, lambda tmp: save_weights(model, tmp, metadata=meta))
+    writer.write_file(target / OPTIMIZER, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    save_weights(model, target / MODEL, metadata=meta)
     state = {
         "step": step,
         "optimizer": scalars,
@@ -245,19 +194,11 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
         "sha256": {name: sha256_of(target / name) for name in (MODEL, OPTIMIZER)},
         "metrics": length,
     }
-    _durable(target / STATE, lambda tmp: Path(tmp).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n"))
-    _fsync_dir(target)
-    _fsync_dir(target.parent)
+    write_json(target / STATE, state)
+    writer.fsync_directory(target.parent)
     write_json(run_dir / POINTER, {"step": step, "path": f"{CHECKPOINTS}/{target.name}"})  # the switch
     remove_stale(run_dir)
     return target
-
-
-def _durable(path: Path, write) -> None:
-    """Write a file of a step directory not yet pointed to (no rename needed) and fsync it."""
-    write(str(path))
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
 
 
 def remove_stale(run_dir: str | Path) -> None:
@@ -272,8 +213,7 @@ def remove_stale(run_dir: str | Path) -> None:
             if entry.name != current:   # a link is removed itself, never what it points to
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     for name in (CONFIG, POINTER):
-        for leftover in run_dir.glob(f".{name}.*.tmp"):
-            leftover.unlink()
+        writer.remove_leftovers(run_dir, name)
 
 
 def load_checkpoint(run_dir: str | Path, model: torch.nn.Module,

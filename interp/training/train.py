@@ -70,6 +70,7 @@ from interp.training.data import FiniteData, validation_loss
 from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
 from interp.training.preflight import preflight
 from interp.tasks.base import Batch, Task
+from models import writer
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.devices import check_device
@@ -356,12 +357,11 @@ def _open_run_dir(run_dir: Path, config: dict, model, optimizer, resume: bool, s
     """Create the run directory, or reopen an existing one for resuming (configs must match, but
     for a larger train.steps: an extension). Returns (step, records, state, metrics log)."""
     if not (run_dir / ckpt.CONFIG).exists():
-        leftovers = list(run_dir.glob(f".{ckpt.CONFIG}.*.tmp"))  # a crash while config.json was written
+        leftovers = writer.leftovers(run_dir, ckpt.CONFIG)  # a crash while config.json was written
         if set(run_dir.iterdir()) - set(leftovers) - {run_dir / LOCK}:
             raise FileExistsError(f"out {str(run_dir)!r} is a non-empty directory without a run; "
                                   "refusing to write into it")
-        for leftover in leftovers:
-            leftover.unlink()
+        writer.remove_leftovers(run_dir, ckpt.CONFIG)
         ckpt.write_json(run_dir / ckpt.CONFIG, config)
         log, _ = ckpt.open_metrics(run_dir)
         return 0, [], state, log

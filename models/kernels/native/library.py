@@ -46,10 +46,11 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from models.writer import write_file
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "kernels.c", HERE / "threads.h", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
@@ -79,25 +80,30 @@ def _compiler() -> str | None:
     return None
 
 
+class _BuildFailed(Exception):
+    """The compiler failed or timed out (its message says which)."""
+
+
 def _build(compiler: str, target: Path) -> str:
-    """Compile into a temporary file next to target and rename it into place (atomic, so a
-    concurrent build of the same source wins either way). Returns "" or what went wrong."""
+    """Compile into a temporary file next to target and rename it into place (models.writer:
+    atomic, so a concurrent build of the same source wins either way). Returns "" or what went
+    wrong."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, str(SOURCES[0]), "-o", tmp, *LIBS]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            return f"compiling {SOURCES[0].name} with {compiler} took over 300 s"
-        if done.returncode != 0:
-            return f"compiling {SOURCES[0].name} with {compiler} failed: {done.stderr.strip()[-2000:]}"
-        os.replace(tmp, target)
-        return ""
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        write_file(target, lambda tmp: _compile(compiler, tmp))
+    except _BuildFailed as failed:
+        return str(failed)
+    return ""
+
+
+def _compile(compiler: str, out: str) -> None:
+    cmd = [compiler, *FLAGS, str(SOURCES[0]), "-o", out, *LIBS]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise _BuildFailed(f"compiling {SOURCES[0].name} with {compiler} took over 300 s") from None
+    if done.returncode != 0:
+        raise _BuildFailed(f"compiling {SOURCES[0].name} with {compiler} failed: {done.stderr.strip()[-2000:]}")
 
 
 @functools.lru_cache(maxsize=None)
