@@ -10,14 +10,12 @@ import pandas as pd
 import pytest
 
 from interp.cli import main
+from test_cli_patch import trained
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    run = tmp_path_factory.mktemp("links") / "run"
-    assert main(["train", "--model", "transformer", "--task", "AR", "--train-length", "3", "--steps", "3", "--out",
-                 str(run), "--batch-size", "8", "--d-model", "8", "--eval-every", "3", "--no-progress"]) == 0
-    return run
+    return trained(tmp_path_factory.mktemp("links"), model="transformer")
 
 
 COMMANDS = {
