@@ -7,6 +7,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
     open_appending(path, "a+b")                            open it so that a link put there since fails
     read_regular(path); regular_file(path)                 reading: no final link, a regular file only
     with locked(run_dir, "run directory"): ...             one writer at a time (DirectoryLocked)
+    with locked(run_dir, "run directory", create=True):    the same, the directory made already locked
     sha256_of(path); check_sha256(path, expected, where)   weights checked against the digest recorded
 
 `inside` refuses (PathRefused, a ValueError: one line naming the link or the path) a relative path
@@ -28,13 +29,19 @@ read forever. Files handed to another library by name (safetensors) are checked 
 holder writes its pid into it) for as long as a training run, a resume or a sweep writes into DIR;
 the lock goes with the process, however it ends. A second writer gets DirectoryLocked at once, one
 line naming the holder's pid. The lock is re-entrant within a process (a sweep's trials share it).
+A directory a writer creates (`interp train`'s run directory) is made with create=True: it is
+built as a hidden sibling holding its lock file, locked, and renamed into place, so there is no
+moment at which it exists unlocked (an `interp eval` started just then is refused, not let in).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
+import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -141,12 +148,15 @@ class DirectoryLocked(RuntimeError):
 
 
 @contextmanager
-def locked(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path]:
-    """Hold the exclusive lock of `directory` (which must exist) while the block runs; yields the
-    lock file. DirectoryLocked when another process holds it (see the module docstring)."""
+def locked(directory: str | os.PathLike, what: str = "directory", create: bool = False) -> Iterator[Path]:
+    """Hold the exclusive lock of `directory` while the block runs; yields the lock file.
+    DirectoryLocked when another process holds it (see the module docstring). The directory must
+    exist, or with create=True it is made (its parents too) already locked: it never exists
+    unlocked, so no other process can take it between its creation and the lock."""
     directory = Path(directory)
+    fd = _create_locked(directory, what) if create and not os.path.lexists(directory) else None
     key = (os.getpid(), os.path.realpath(directory))   # a forked child is another holder
-    if key in _held:
+    if fd is None and key in _held:
         _held[key] += 1
         try:
             yield inside(directory, LOCK)
@@ -154,6 +164,17 @@ def locked(directory: str | os.PathLike, what: str = "directory") -> Iterator[Pa
             _held[key] -= 1
         return
     path = inside(directory, LOCK)
+    fd = _acquire(path, directory, what) if fd is None else fd
+    try:
+        _held[key] = 1
+        yield path
+    finally:
+        _held.pop(key, None)
+        os.close(fd)   # releases the lock
+
+
+def _acquire(path: Path, directory: Path, what: str) -> int:
+    """The descriptor of the lock file `path`, flock-ed, with this process's pid written into it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,14 +183,31 @@ def locked(directory: str | os.PathLike, what: str = "directory") -> Iterator[Pa
         os.close(fd)
         raise DirectoryLocked(f"{what} {str(directory)!r} is in use by process {holder} (it holds {path}); "
                               "wait for it to finish or stop it, then re-run") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _create_locked(directory: Path, what: str) -> int | None:
+    """Make `directory` with its lock already held: a sibling DIR/../.NAME.XXXX.creating/ is made,
+    locked and renamed to `directory` (one rename: the directory appears with its lock held).
+    Returns the lock's descriptor, or None when another process made `directory` first (it is then
+    locked like any existing directory)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.with_name(f".{directory.name[:64]}.{secrets.token_hex(8)}.creating")
+    os.mkdir(staging, 0o777)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _held[key] = 1
-        yield path
+        fd = _acquire(staging / LOCK, directory, what)
+        try:
+            os.rename(staging, directory)
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return None
     finally:
-        _held.pop(key, None)
-        os.close(fd)   # releases the lock
+        shutil.rmtree(staging, ignore_errors=True)   # gone after the rename; left over only on failure
+    return fd
 
 
 def sha256_of(path: str | os.PathLike) -> str:

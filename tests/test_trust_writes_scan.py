@@ -23,8 +23,10 @@ WRITER = "models/writer.py"
 ALLOWED = {   # (file, function): why this write is not one the writer should make
     ("models/paths.py", "open_appending"):
         "the appender: O_APPEND | O_NOFOLLOW, so a link at the file fails (metrics.jsonl, results.jsonl)",
-    ("models/paths.py", "locked"):
+    ("models/paths.py", "_acquire"):
         "the lock file DIR/.interp.lock: opened O_NOFOLLOW and kept open to hold the flock, its pid in it",
+    ("models/paths.py", "_create_locked"):
+        "renames a directory it has just made (with its lock held) into place: the run directory itself",
     ("interp/training/checkpoint.py", "open_metrics"):
         "truncates metrics.jsonl, opened by the appender, to the checkpoint's length on resume",
     ("interp/reproduce/results.py", "_snapshot"):

@@ -36,7 +36,9 @@ at the end (crash-safe: see the checkpoint module). A directory that already hol
 overwritten: with `resume=True` training continues from its last complete checkpoint if the
 configs match (metrics.jsonl truncated to that checkpoint), otherwise CheckpointError names the
 differences. The run directory is locked while training writes into it (`models.paths.locked`):
-a second `train` on it (two resumes at once) raises DirectoryLocked naming the holder's pid.
+a second `train` on it (two resumes at once) raises DirectoryLocked naming the holder's pid. A new
+run directory is created already locked (locked(..., create=True)), so an `interp eval` or
+`interp drift` started in the first moments of a run is refused too, not let write into it.
 Before anything is created, `interp.training.preflight` refuses sizes past sanity bounds, a run
 whose estimated memory exceeds what is available, and an output path that cannot be a writable
 directory (preflight.Refused, a ValueError naming the field).
@@ -231,16 +233,15 @@ def train(model_config: ModelConfig, task: Task, cfg: TrainConfig, out: str | Pa
     preflight(model_config, cfg, out)
     if out is None:
         return _train(model_config, task, cfg, None, resume, stop_at, progress, label)
-    run_dir = _make_run_dir(Path(out))
-    with locked(run_dir, "run directory"):
+    run_dir = _check_run_dir(Path(out))
+    with locked(run_dir, "run directory", create=True):   # made already locked: never open to another writer
         return _train(model_config, task, cfg, run_dir, resume, stop_at, progress, label)
 
 
-def _make_run_dir(run_dir: Path) -> Path:
-    """Create the run directory (its parents too) unless it exists; ValueError when `out` is a file."""
+def _check_run_dir(run_dir: Path) -> Path:
+    """run_dir, unless it exists and is not a directory (ValueError)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"out {str(run_dir)!r} exists and is not a directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
