@@ -129,3 +129,16 @@ def test_copy_file_copies_a_regular_file_and_refuses_a_link_as_source(tmp_path):
     with pytest.raises(PathRefused, match="is a symbolic link"):
         writer.copy_file(tmp_path / "link", tmp_path / "copy2")
     assert listing(tmp_path) == ["copy", "link", "model.safetensors"]
+
+
+def test_a_scratch_write_without_fsync_is_as_confined(tmp_path, monkeypatch):
+    """durable=False (a disk cache's activations) skips only the fsyncs: a link is still replaced."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    (tmp_path / "victim").write_bytes(b"precious")
+    (tmp_path / "hook_out.safetensors").symlink_to(tmp_path / "victim")
+    writer.write_bytes(tmp_path / "hook_out.safetensors", b"activations", durable=False)
+    assert synced == [] and (tmp_path / "victim").read_bytes() == b"precious"
+    assert (tmp_path / "hook_out.safetensors").read_bytes() == b"activations"
+    writer.write_bytes(tmp_path / "cache.json", b"{}")
+    assert len(synced) == 2   # the file, then its directory
