@@ -267,8 +267,7 @@ def run_units(work: UnitWork, units: Sequence[Unit], executor=None, out: str | o
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"out {str(out)!r} exists and is not a directory; the units go into a directory")
     store = UnitStore(out, manifest_of(work, units))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    with locked(out, "grid output directory"):
+    with locked(out, "grid output directory", create=True):   # made already locked
         done = store.open()
         work = dataclasses.replace(work, pinned=store.manifest["pinned"])
         return _run(work, units, executor, done, store, progress)

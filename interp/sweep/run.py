@@ -123,8 +123,7 @@ def run_spec(spec: SweepSpec, executor: Executor, out: str | Path, *, progress: 
     kappa.jsonl next to the table); spec.json records the spec in out."""
     out = Path(out)
     check_output_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with locked(out, "sweep directory"):
+    with locked(out, "sweep directory", create=True):   # made already locked
         return _run_spec(spec, executor, out, progress)
 
 
