@@ -9,6 +9,7 @@ import torch
 
 from interp.reproduce import claim_module, engine, reproduce
 from interp.reproduce import results as committed
+from interp.reproduce.manifest import changed_files, write_manifest
 
 
 def quiet(_line):
@@ -38,6 +39,8 @@ def test_committed_runs_are_loaded_not_retrained(committed_parity, tmp_path, mon
     assert {p.name for p in kept.iterdir()} >= {"config.json", "model.safetensors", "metrics.jsonl", "outcome.json",
                                                 "reproduce.json"}
     assert not (kept / "checkpoints").exists() and not (kept / "optimizer.safetensors").exists()
+    assert changed_files(kept) == {} and set(json.loads((kept / "manifest.json").read_text())["sha256"]) == \
+        {p.name for p in kept.iterdir()} - {"manifest.json"}
     assert json.loads((root / "results" / "deltanet-1_1-s0" / "outcome.json").read_text())["cpu_seconds"] == 1.5
 
     monkeypatch.setattr(engine, "train_run", never_train)
@@ -72,6 +75,7 @@ def test_a_committed_run_with_another_config_trains(committed_parity, tmp_path, 
     config = json.loads((results / labels[0] / "config.json").read_text())
     config["train"]["steps"] += 1
     (results / labels[0] / "config.json").write_text(json.dumps(config))
+    write_manifest(results / labels[0])     # committed as it is: a run of another config, not an edit
     monkeypatch.setattr(engine, "train_run", never_train)
     lines = []
     with pytest.raises(AssertionError, match="must not be trained"):
@@ -128,7 +132,7 @@ def test_an_unfinished_run_copied_into_results_resumes_bit_for_bit_elsewhere(com
     results = tmp_path / "results"
     assert committed.commit_unfinished(module, "quick", tmp_path / "first", results) == [run.label]
     kept = results / committed.UNFINISHED / run.label
-    assert json.loads((kept / "checkpoint.json").read_text())["step"] == half
+    assert json.loads((kept / "checkpoint.json").read_text())["step"] == half and changed_files(kept) == {}
 
     lines = []      # a fresh machine: nothing under out/, the copy in results/
     fresh = tmp_path / "second" / "runs" / run.label
@@ -154,6 +158,7 @@ def test_an_unfinished_copy_of_another_config_is_not_used(committed_parity, tmp_
     config = json.loads(config_path.read_text())
     config["train"]["lr"] *= 2
     config_path.write_text(json.dumps(config))
+    write_manifest(config_path.parent)      # committed as it is: a copy of another config, not an edit
     lines = []
     assert not committed.resume_unfinished(run, tmp_path / "results", tmp_path / "new" / run.label, log=lines.append)
     assert any("another config" in line and "train.lr" in line for line in lines)

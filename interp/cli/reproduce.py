@@ -1,5 +1,8 @@
 """`interp reproduce NAME [--scale cpu|medium|paper] [--device ...] [--out DIR] [--quick] [--no-train]
-[--executor local|ray --workers N --address A]`: one report per seed claim.
+[--results DIR] [--executor local|ray --workers N --address A]`: one report per seed claim.
+
+The committed runs (--results, default results/reproduce/NAME-SCALE) are checked against their manifests
+before they are used: an edited file is refused in one line naming it (interp.reproduce.manifest).
 
 With --executor the runs to train (neither committed nor finished) are trained first as jobs, one per
 run, on worker processes (local) or a Ray cluster (ray), each in OUT/runs/<label> and resumable as
@@ -9,6 +12,7 @@ without it; then the measurements, claims and report are made here, as in one pr
 from __future__ import annotations
 
 import argparse
+import os
 
 from interp.cli.args import add_scale_out_arguments, check_out, executor_from_args, fail, output_path
 
@@ -41,6 +45,9 @@ def add_parser(sub) -> None:
                    help="train nothing: build the report from the runs and sweep rows committed under "
                         "results/reproduce/NAME-SCALE/ and the finished runs in OUT, listing what is not trained yet "
                         "(claims that need it read 'inconclusive')")
+    p.add_argument("--results", type=output_path, default=None, metavar="DIR",
+                   help="the committed runs to load instead of training (default results/reproduce/NAME-SCALE); "
+                        "each is checked against its manifest.json and refused, naming the file, when edited")
     add_scale_out_arguments(p, unit="training run")
     p.set_defaults(func=run)
 
@@ -60,13 +67,16 @@ def run(args: argparse.Namespace) -> int:
     refused = check_out("reproduce", args.out) if args.out is not None else None
     if refused is not None:
         return refused
+    if args.results is not None and not os.path.isdir(args.results):   # never raises (a name too long)
+        return fail("reproduce", f"argument --results: {str(args.results)[:200]!r} is not a directory")
     try:
         executor = executor_from_args(args, "reproduce")
     except ValueError as error:
         return fail("reproduce", error)
     try:
         report = reproduce(args.name, scale, args.out, args.device, progress=not args.no_progress,
-                           keep_unfinished=args.keep_unfinished, train=not args.no_train, executor=executor)
+                           keep_unfinished=args.keep_unfinished, train=not args.no_train, executor=executor,
+                           results=args.results)
     except (ValueError, TypeError, DirectoryLocked, TrainingFailed) as error:
         return fail("reproduce", error)
     except OSError as error:   # a directory the preflight could not foresee failing (a read-only file system)

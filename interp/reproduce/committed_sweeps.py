@@ -3,6 +3,7 @@ repository beside its committed runs, so that a later session continues a sweep 
 its trials.
 
     commit_table(out_dir, target_dir) -> rows added     out_dir/results.jsonl merged into target_dir/results.jsonl
+                                                        (and target_dir/manifest.json, interp.reproduce.manifest)
     seed_table(target_dir, out_dir) -> rows added       the committed rows a sweep in out_dir lacks, appended there
     committed_rows(target_dir) -> {trial_id: row}
 
@@ -12,7 +13,8 @@ needs only whether each trial converged, and a joint trial's accuracies beyond t
 its row. A sweep directory seeded from the committed rows skips those trials (interp.sweep.run.Sweep runs
 only the trial ids its table lacks) and the deterministic N* search retraces its rounds from them, so a
 search stopped in any round continues from there. A trial id is the hash of the trial's parameters, so a
-row committed under other parameters (another spec) is never taken for a trial of this one.
+row committed under other parameters (another spec) is never taken for a trial of this one. A table
+that does not match its manifest (a row edited after the commit) is refused (EditedResults).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from interp.reproduce.manifest import check_manifest, write_manifest
 from interp.sweep.table import RESULTS, ResultTable
 from models.paths import inside
 from models.writer import write_text
@@ -28,7 +31,10 @@ from models.writer import write_text
 def committed_rows(target: str | Path) -> dict[str, dict]:
     """{trial_id: row} of target/results.jsonl ({} when there is none)."""
     target = Path(target)
-    return ResultTable(target).rows() if (target / RESULTS).exists() else {}
+    if not (target / RESULTS).exists():
+        return {}
+    check_manifest(target)
+    return ResultTable(target).rows()
 
 
 def commit_table(out: str | Path, target: str | Path) -> int:
@@ -42,6 +48,7 @@ def commit_table(out: str | Path, target: str | Path) -> int:
         rows = list(kept.values()) + added
         write_text(inside(Path(target), RESULTS),
                           "".join(json.dumps(r, sort_keys=True, default=float) + "\n" for r in rows))
+        write_manifest(target)
     return len(added)
 
 

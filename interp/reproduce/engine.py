@@ -51,7 +51,9 @@ that fails on its worker stops the reproduction with TrainingFailed once the oth
 
 Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the claim, the
 scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
-rebuilt from the cache. Verdicts are one of `VERDICTS`.
+rebuilt from the cache. A committed run's cache is used only while it matches the run's manifest
+(interp.reproduce.manifest); an edited one is measured again. The verdicts are always judged anew
+from the measurements (claims.json is an output, never read). Verdicts are one of `VERDICTS`.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ class Outcome:
     metrics: list[dict] = field(default_factory=list)
     measures: dict[str, Any] = field(default_factory=dict)
     committed: Path | None = None           # results/<claim>-<scale>/<label> when loaded from there (not trained)
+    committed_cache_edited: bool = False    # its reproduce.json differs from its manifest: measured again
 
     @property
     def fit(self) -> bool:
@@ -305,7 +308,8 @@ def _training_seconds(run_dir: Path, added: float) -> float | None:
 
 
 def _cached(outcome: Outcome, key: dict) -> dict | None:
-    paths = [outcome.run_dir / CACHE] + ([outcome.committed / CACHE] if outcome.committed else [])
+    trusted = outcome.committed and not outcome.committed_cache_edited
+    paths = [outcome.run_dir / CACHE] + ([outcome.committed / CACHE] if trusted else [])
     path = next((p for p in paths if p.exists()), None)
     if path is None:
         return None

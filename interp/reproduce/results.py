@@ -4,6 +4,7 @@ session (or a user) continues instead of retraining.
     commit_run(outcome, results_dir, extra={"cpu_seconds": ...}) -> results_dir/<label>
     commit_finished(claim_module, scale, out, results_dir) -> [labels committed]
     committed_outcome(run, results_dir, out_dir, device) -> Outcome or None
+    committed_directories(root) -> [Path]   every committed run, unfinished copy and sweep table (manifests)
     commit_unfinished(claim_module, scale, out, results_dir) -> [labels copied]
     keep_unfinished(run, run_dir, results_dir)     the same for one run (reproduce(keep_unfinished=True))
     resume_unfinished(run, results_dir, run_dir, device) -> True when run_dir was seeded from it
@@ -17,10 +18,15 @@ Layout: results/reproduce/<claim>-<scale>/<label>/ (`results_dir(name, scale)`),
                        wall seconds, and whatever `extra` the committer adds (CPU seconds, load)
     reproduce.json     the claim's measurement cache (interp.reproduce.engine.measured), when present
     early_stop.json, train_time.json   as in the training run directory, when present
+    manifest.json      the sha256 of every other file (interp.reproduce.manifest), written last
 
 `interp reproduce` looks here before training a run: a committed run whose config is the one the
 plan would train (every field but the device) is loaded (`models.load`, sha256-checked) and not
 retrained; a committed run with another config is ignored (reported) and the run trains as usual.
+Before anything of it is read, its files are checked against its manifest: a file edited, missing or
+added after the commit is refused (EditedResults, naming the file), and so is a config without the
+weights' digest; only the measurement cache (reproduce.json), which the engine can derive again, is
+measured again instead (said in the log). Unfinished copies and sweep tables carry manifests too.
 
 Unfinished runs (medium profiles take CPU hours; a session can end, or a machine go, mid-run):
 `commit_unfinished` copies the latest checkpoint of each started, unfinished run into
@@ -41,6 +47,8 @@ from typing import Any
 import models
 from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
+from interp.reproduce.manifest import EditedResults, check_manifest, write_manifest
+from interp.sweep.table import RESULTS as SWEEP_TABLE
 from models.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
 from models.writer import copy_file
@@ -78,6 +86,7 @@ def commit_run(outcome, results: str | Path, extra: dict[str, Any] | None = None
                                        "in_distribution": outcome.in_distribution, "steps": outcome.steps,
                                        "retries": outcome.retries, "seconds": outcome.seconds,
                                        "trained_in": source.name, "row": row, **(extra or {})})
+    write_manifest(target)
     return target
 
 
@@ -148,6 +157,7 @@ def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
         for name in (ckpt.CONFIG, ckpt.METRICS):   # metrics.jsonl only grows; a resume truncates it to the step
             copy_file(inside(source, name), staging / name)
         ckpt.write_json(staging / ckpt.POINTER, pointer)
+        write_manifest(staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -162,6 +172,7 @@ def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cp
     source = Path(results) / UNFINISHED / run.label
     if not (source / ckpt.POINTER).is_file():
         return False
+    check_manifest(source)
     saved = ckpt.read_pointer(source)
     differences = [line for line in ckpt.config_differences(ckpt.read_config(source),
                                                             expected_config(run, float(run.train["lr"]), device),
@@ -199,6 +210,7 @@ def committed_outcome(run, results: str | Path, out_dir: Path, device: str = "cp
     source = Path(results) / run.label
     if not (source / OUTCOME).is_file():
         return None
+    cache_edited = bool(check_manifest(source, allowed=(MEASURES,)))
     saved = ckpt.read_json(source / OUTCOME)
     differences = [line for line in ckpt.config_differences(ckpt.read_config(source),
                                                             expected_config(run, saved["lr"], device), field_defaults())
@@ -206,7 +218,27 @@ def committed_outcome(run, results: str | Path, out_dir: Path, device: str = "cp
     if differences:
         log(f"{run.label}: the committed run in {source} has another config ({'; '.join(differences[:3])}); training")
         return None
+    if not ckpt.read_config(source).get(WEIGHTS_SHA256):
+        raise EditedResults(f"{source / ckpt.CONFIG} records no {WEIGHTS_SHA256}: a committed run's weights must "
+                            "carry their digest")
+    if cache_edited:
+        log(f"{run.label}: the committed {source / MEASURES} does not match the run's manifest; measuring again")
     task = run.task_object()
     return Outcome(run, saved["status"], out_dir / run.label, saved["lr"], saved["length_reached"],
                    saved["in_distribution"], list(saved["retries"]), saved["seconds"], saved["steps"],
-                   models.load(source, device).eval(), task, ckpt.read_metrics(source), committed=source)
+                   models.load(source, device).eval(), task, ckpt.read_metrics(source), committed=source,
+                   committed_cache_edited=cache_edited)
+
+
+def committed_directories(root: str | Path) -> list[Path]:
+    """Every directory under root (results/reproduce) that carries a manifest: each committed run
+    (<claim>-<scale>/<label>, with outcome.json), each unfinished copy (<claim>-<scale>/unfinished/<label>,
+    with checkpoint.json) and each sweep table (<claim>-<scale>/<sweep>, with results.jsonl)."""
+    found = []
+    for claim in sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.is_symlink()):
+        for entry in sorted(p for p in claim.iterdir() if p.is_dir() and not p.is_symlink()):
+            if entry.name == UNFINISHED:
+                found += sorted(p for p in entry.iterdir() if (p / ckpt.POINTER).is_file())
+            elif (entry / OUTCOME).is_file() or (entry / SWEEP_TABLE).is_file():
+                found.append(entry)
+    return found
