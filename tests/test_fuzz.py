@@ -1,6 +1,6 @@
 """Fuzzed public entry points: every input works or raises ValueError / TypeError naming its argument.
 
-Entry points: `models.build` overrides, `ModelConfig.from_dict`, `model(tokens)` /
+Entry points: `models.build` overrides (and huge sizes: issue 38), `ModelConfig.from_dict`, `model(tokens)` /
 `run_with_cache` / `run_with_hooks`, `make_task` specs and options (and `task.sample`), `Site`
 and `interchange` arguments, `interp` argument vectors (exit 0, or exit 2 with one stderr line
 naming the flag). Each input perturbs one argument of a valid call (or several, for overrides), so
@@ -89,6 +89,26 @@ def test_build_overrides(name, overrides):
         return
     logits = model(torch.zeros(1, 3, dtype=torch.long))
     assert logits.shape == (1, 3, model.cfg.vocab_size)
+
+
+HOSTILE_SIZES = [2 ** 66, 10 ** 12, 10 ** 10, 2 ** 40, 10 ** 6]   # shrinking moves toward the first
+
+
+@settings(FUZZ, max_examples=60)
+@given(name=st.sampled_from(models.list_models()), field=st.sampled_from(["d_model", "vocab_size", "max_len",
+                                                                          "n_layers"]),
+       value=st.sampled_from(HOSTILE_SIZES))
+def test_hostile_sizes_are_refused_before_anything_is_built(name, field, value):
+    """Issue 38 item 5: a run config whose d_model / vocab_size / max_len / n_layers is huge is refused
+    naming the field, at once (no allocator error, no 10**6 layers built); a size the machine can hold
+    may build."""
+    from tests.test_fuzz_cli import MEMORY_CAP, SIZE_DEADLINE_S, deadline, memory_cap
+
+    with deadline(SIZE_DEADLINE_S), memory_cap(MEMORY_CAP):
+        try:
+            models.build(name, **{**TINY, "vocab_size": 5, field: value})
+        except Exception as error:  # noqa: BLE001
+            assert_names(error, field)
 
 
 MODEL = models.build("tanh_rnn", vocab_size=5, d_model=8)
