@@ -218,6 +218,7 @@ def run_case(directory: Path, case: Path, kind: str) -> tuple[str, str]:
 def fuzz(n: int, seed: int = 0, root: Path | None = None, log=None) -> collections.Counter:
     """n cases of random (architecture, kind); returns the count of each (kind, outcome)."""
     root = Path(tempfile.mkdtemp(prefix="interp-fuzz-import-")) if root is None else root
+    root.mkdir(parents=True, exist_ok=True)
     counts: collections.Counter = collections.Counter()
     rng = random.Random(seed)
     sources = Sources(root / "sources")

@@ -95,6 +95,12 @@ def test_flipped_weights_without_a_digest_are_refused_even_under_a_regenerated_m
     assert status == 2 and len(err) == 1 and f"{LINEAR}/config.json records no weights_sha256" in err[0], err
 
 
+def test_a_removed_outcome_is_refused_not_taken_for_a_run_never_committed(results, tmp_path, capsys):
+    (results / UNFIT / "outcome.json").unlink()
+    status, _out, err = run_reproduce(results, tmp_path / "out", capsys)
+    assert status == 2 and len(err) == 1 and f"{UNFIT}/outcome.json does not match" in err[0] and "missing" in err[0]
+
+
 def test_a_linked_committed_file_is_refused(results, tmp_path, capsys):
     outside = tmp_path / "elsewhere.json"
     shutil.move(results / UNFIT / "outcome.json", outside)

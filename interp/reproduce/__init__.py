@@ -3,7 +3,8 @@
     reproduce("parity", scale="cpu", out="runs/reproduce/parity-cpu") -> Path of report.html
     names() -> the reproductions
 
-Runs committed under results/reproduce/NAME-SCALE (`results`) are loaded instead of trained.
+Runs committed under results/reproduce/NAME-SCALE (`results`) are loaded instead of trained, once
+their files match their manifest (`manifest`; `python -m interp.reproduce check|write`).
 Each reproduction is one module here (its plan of runs, measurements and verdicts); the engine
 trains (reusing finished runs, resuming interrupted ones), measures, judges and writes the report.
 

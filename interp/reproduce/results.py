@@ -40,6 +40,7 @@ its unfinished copy.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 import models
 from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
-from interp.reproduce.manifest import EditedResults, check_manifest, write_manifest
+from interp.reproduce.manifest import MANIFEST, EditedResults, check_manifest, write_manifest
 from interp.sweep.table import RESULTS as SWEEP_TABLE
 from models.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
@@ -186,7 +187,7 @@ def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cp
         return False
     if run_dir.is_dir() and not run_dir.is_symlink():
         shutil.rmtree(run_dir)
-    shutil.copytree(source, run_dir, symlinks=True)
+    shutil.copytree(source, run_dir, symlinks=True, ignore=shutil.ignore_patterns(MANIFEST))
     was = "" if own is None else f"; this run directory was at step {own['step']}"
     log(f"{run.label}: resuming from the unfinished run in {source} (step {saved['step']}{was})")
     return True
@@ -208,8 +209,8 @@ def committed_outcome(run, results: str | Path, out_dir: Path, device: str = "cp
     from interp.reproduce.engine import Outcome
 
     source = Path(results) / run.label
-    if not (source / OUTCOME).is_file():
-        return None
+    if not os.path.lexists(source / OUTCOME) and not os.path.lexists(source / MANIFEST):
+        return None       # not committed (a manifest without its outcome.json is a removed file: refused below)
     cache_edited = bool(check_manifest(source, allowed=(MEASURES,)))
     saved = ckpt.read_json(source / OUTCOME)
     differences = [line for line in ckpt.config_differences(ckpt.read_config(source),
