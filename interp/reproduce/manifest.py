@@ -2,15 +2,15 @@
 made after the commit (a flipped verdict input, a deleted weights digest, an added file) is detected.
 
     write_manifest(directory) -> Path          directory/manifest.json over every file in it
-    changed_files(directory) -> [problem]      what differs from the manifest ([] when it matches)
+    changed_files(directory) -> {file: why}    what differs from the manifest ({} when it matches)
     check_manifest(directory, allowed=()) -> [names of `allowed` files that differ]; EditedResults otherwise
 
     python -m interp.reproduce write [ROOT]    (re)write the manifest of every committed directory
     python -m interp.reproduce check [ROOT]    exit 1 naming each file that does not match
 
-(interp.reproduce.__main__; ROOT defaults to results/reproduce). A manifest detects edits; it does not authenticate whoever made
-them: anyone who can edit a committed file can run `write` again (docs/trust.md). Git history is what
-says who committed a manifest.
+(interp.reproduce.__main__; ROOT defaults to results/reproduce.) A manifest detects edits; it does not
+authenticate whoever made them: anyone who can edit a committed file can run `write` again
+(docs/trust.md). Git history is what says who committed a manifest.
 """
 
 from __future__ import annotations
