@@ -137,7 +137,7 @@ class Sandbox:
         """(results, truth): the parity --quick runs trained and committed, and what claims.json of
         `interp reproduce parity --quick --no-train` on them must say (`truthful`)."""
         from interp.reproduce import claim_module, reproduce
-        from interp.reproduce.results import commit_finished
+        from interp.reproduce.engine import commit_finished
 
         reproduce("parity", "quick", base / "out", progress=False, log=lambda _line: None, results=base / "none")
         commit_finished(claim_module("parity"), "quick", base / "out", base / "results")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from interp.reproduce import budget, reproduce
+from interp.reproduce import budget, engine, reproduce
 from interp.reproduce import results as committed_runs
 from interp.reproduce import reveal_gap
 from interp.reproduce.engine import Outcome, Run
@@ -112,7 +112,7 @@ def test_reveal_gap_study_chooses_trains_every_gap_and_resumes(tmp_path, monkeyp
     assert mtimes(tmp_path / "out") == first
     assert json.loads((tmp_path / "out" / "claims.json").read_text())["claims"] == saved["claims"]
     # committed study runs are loaded by a fresh output directory, not trained
-    committed = committed_runs.commit_finished(reveal_gap, "quick", tmp_path / "out",
+    committed = engine.commit_finished(reveal_gap, "quick", tmp_path / "out",
                                                runs=reveal_gap.study_runs("quick"))
     assert set(committed) == transformer
     reproduce("reveal-gap", "quick", tmp_path / "fresh", progress=False, log=quiet)

@@ -22,7 +22,7 @@ def committed_parity(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("committed")
     reproduce("parity", "quick", root / "out", progress=False, log=quiet, results=root / "none")
-    labels = committed.commit_finished(claim_module("parity"), "quick", root / "out", root / "results",
+    labels = engine.commit_finished(claim_module("parity"), "quick", root / "out", root / "results",
                                        extra={"deltanet-1_1-s0": {"cpu_seconds": 1.5}})
     return root, labels
 
@@ -144,7 +144,7 @@ def test_an_unfinished_run_copied_into_results_resumes_bit_for_bit_elsewhere(com
         assert torch.equal(a, b), name
     assert not committed.resume_unfinished(run, results, fresh, log=quiet)      # the run directory is further along
 
-    assert committed.commit_finished(module, "quick", tmp_path / "second", results, labels=[run.label]) == [run.label]
+    assert engine.commit_finished(module, "quick", tmp_path / "second", results, labels=[run.label]) == [run.label]
     assert not kept.exists() and (results / run.label / "outcome.json").is_file()
 
 

@@ -37,7 +37,7 @@ claim counts it as a model that fit and then failed to generalise.
 
 Committed runs (interp.reproduce.results): before training, a run committed under
 results/reproduce/<NAME>-<scale>/<label> (config, final weights, metrics, measurement cache) with
-the config the plan would train is loaded instead; `results.commit_finished` commits finished runs,
+the config the plan would train is loaded instead; `commit_finished` commits finished runs,
 `results.commit_unfinished` the last checkpoint of unfinished ones, which a later run resumes from.
 
 On an executor (`reproduce(..., executor=make_executor("ray", workers=4))`, interp.sweep): the
@@ -59,21 +59,20 @@ from the measurements (claims.json is an output, never read). Verdicts are one o
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
-import json
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import models
 from interp.report.html import Table, Text, write_report
 from interp.reproduce import results as committed_runs
+from interp.reproduce.plan import Outcome, Plan, Run, train_config
 from interp.sweep.jobs import Job, Outcome as JobOutcome
 from interp.sweep.runs import error_line
-from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, TrainingDiverged, train
@@ -88,89 +87,6 @@ MAX_RETRIES = 2
 CACHE = "reproduce.json"
 EARLY_STOP_FILE = "early_stop.json"
 TRAIN_TIME = "train_time.json"
-
-
-@dataclass
-class Run:
-    """One training run: a model preset with overrides on a task, and its TrainConfig fields.
-
-    label: unique within the plan (the run directory's name); info: the claim's own tags
-    (model label, group, seed, ...) carried into tables.
-    """
-
-    label: str
-    preset: str
-    task: str
-    task_options: dict[str, Any]
-    model: dict[str, Any]
-    train: dict[str, Any]
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def task_object(self):
-        return make_task(self.task, **self.task_options)
-
-
-@dataclass
-class Plan:
-    """What a reproduction trains and measures at one scale.
-
-    sizes: rows {"setting", "value", "source"}: every number, where it comes from ("our choice"
-    when no source gives it). settings: measurement settings read by the claim's measure/judge.
-    fit_metric(model, task, run, device) -> in-distribution accuracy (default: final-state accuracy
-    at the training length on `fit_n` fresh sequences). early_stop: None (train every step) or
-    {"accuracy": a, "evals": k} (see the module docstring).
-    """
-
-    scale: str
-    runs: list[Run]
-    sizes: list[dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
-    fit_metric: Callable | None = None
-    fit_n: int = 256
-    early_stop: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        rule = self.early_stop
-        if rule is not None and (not isinstance(rule, dict) or set(rule) != {"accuracy", "evals"}
-                                 or not 0 < rule["accuracy"] <= 1 or not isinstance(rule["evals"], int)
-                                 or rule["evals"] < 1):
-            raise ValueError(f"Plan.early_stop must be None or {{'accuracy': a in (0, 1], 'evals': k >= 1}}; "
-                             f"got {rule!r}")
-
-    def digest(self) -> str:
-        text = json.dumps(self.settings, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-@dataclass
-class Outcome:
-    """A trained (or failed) run. status: "fit", "did not fit" or "diverged"."""
-
-    run: Run
-    status: str
-    run_dir: Path | None
-    lr: float
-    length_reached: int
-    in_distribution: float | None
-    retries: list[str]
-    seconds: float | None                   # wall-clock training seconds, every process that trained it
-    steps: int = 0                          # steps trained (fewer than run.train["steps"] after an early stop)
-    model: Any = None
-    task: Any = None
-    metrics: list[dict] = field(default_factory=list)
-    measures: dict[str, Any] = field(default_factory=dict)
-    committed: Path | None = None           # results/<claim>-<scale>/<label> when loaded from there (not trained)
-    committed_cache_edited: bool = False    # its reproduce.json differs from its manifest: measured again
-
-    @property
-    def fit(self) -> bool:
-        return self.status == "fit"
-
-    def row(self) -> dict[str, Any]:
-        return {"run": self.run.label, **self.run.info, "status": self.status, "length reached": self.length_reached,
-                "train length": self.run.train["train_length"], "in-dist acc": self.in_distribution,
-                "steps": self.steps, "lr": self.lr, "retries": "; ".join(self.retries) or "none",
-                "train s": None if self.seconds is None else round(self.seconds, 1)}
 
 
 @dataclass
@@ -204,15 +120,6 @@ def check_scale(scale: str, claim=None) -> str:
         name = "" if claim is None else f" for {claim.NAME}"
         raise ValueError(f"scale must be one of {', '.join(allowed)}{name}; got {scale!r}")
     return scale
-
-
-def train_config(run: Run, lr: float, device: str) -> TrainConfig:
-    fields = dict(run.train, lr=lr, device=device)
-    steps = fields["steps"]
-    fields.setdefault("warmup", min(50, steps // 10))
-    fields.setdefault("checkpoint_every", max(1, steps // 5))   # an interrupted run loses at most a fifth
-    fields.setdefault("log_every", max(1, min(10, steps // 10)))
-    return TrainConfig(**fields)
 
 
 def default_fit_metric(model, task, run: Run, device: str, n: int = 256) -> float:
@@ -508,3 +415,25 @@ def unfit_note(outcomes: list[Outcome]) -> str:
 
 def size(setting: str, value: Any, source: str = "our choice") -> dict[str, Any]:
     return {"setting": setting, "value": value, "source": source}
+
+
+def commit_finished(claim, scale: str, out: str | Path, results: str | Path | None = None,
+                    labels=None, device: str = "cpu", extra: dict[str, dict] | None = None,
+                    runs=None) -> list[str]:
+    """Commit every finished run of claim.plan(scale) under out/runs (those in `labels` only, when
+    given; `runs`: these engine.Runs instead of the plan's, such as the runs a claim's study trains)
+    with its measurement cache; extra: {label: fields for outcome.json}. Unfinished runs are left
+    alone; returns the labels committed."""
+    plan, done = claim.plan(scale), []
+    target = committed_runs.results_dir(claim.NAME, scale) if results is None else Path(results)
+    for run in plan.runs if runs is None else runs:
+        if (labels is not None and run.label not in labels) or not committed_runs.finished(run, Path(out) / "runs" / run.label):
+            continue
+        outcome = train_run(run, Path(out) / "runs", device, False, plan.fit_metric, plan.fit_n, plan.early_stop)
+        outcome.measures = measured(outcome, claim, plan, claim.NAME)
+        committed_runs.commit_run(outcome, target, (extra or {}).get(run.label))
+        stale = target / committed_runs.UNFINISHED / run.label
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
+        done.append(run.label)
+    return done

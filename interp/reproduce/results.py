@@ -49,6 +49,7 @@ import models
 from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
 from interp.reproduce.manifest import MANIFEST, EditedResults, check_manifest, write_manifest
+from interp.reproduce.plan import Outcome, train_config
 from interp.sweep.table import RESULTS as SWEEP_TABLE
 from models.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
@@ -97,30 +98,6 @@ def finished(run, run_dir: Path) -> bool:
         return True
     pointer = ckpt.read_pointer(run_dir) if (run_dir / ckpt.POINTER).exists() else None
     return bool(pointer) and pointer["step"] >= run.train["steps"]
-
-
-def commit_finished(claim, scale: str, out: str | Path, results: str | Path | None = None,
-                    labels=None, device: str = "cpu", extra: dict[str, dict] | None = None,
-                    runs=None) -> list[str]:
-    """Commit every finished run of claim.plan(scale) under out/runs (those in `labels` only, when
-    given; `runs`: these engine.Runs instead of the plan's, such as the runs a claim's study trains)
-    with its measurement cache; extra: {label: fields for outcome.json}. Unfinished runs are left
-    alone; returns the labels committed."""
-    from interp.reproduce.engine import measured, train_run
-
-    plan, done = claim.plan(scale), []
-    target = results_dir(claim.NAME, scale) if results is None else Path(results)
-    for run in plan.runs if runs is None else runs:
-        if (labels is not None and run.label not in labels) or not finished(run, Path(out) / "runs" / run.label):
-            continue
-        outcome = train_run(run, Path(out) / "runs", device, False, plan.fit_metric, plan.fit_n, plan.early_stop)
-        outcome.measures = measured(outcome, claim, plan, claim.NAME)
-        commit_run(outcome, target, (extra or {}).get(run.label))
-        stale = target / UNFINISHED / run.label
-        if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale)
-        done.append(run.label)
-    return done
 
 
 def commit_unfinished(claim, scale: str, out: str | Path, results: str | Path | None = None,
@@ -195,8 +172,6 @@ def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cp
 
 def expected_config(run, lr: float, device: str) -> dict[str, Any]:
     """The config.json entries the engine would write for `run` at learning rate `lr`."""
-    from interp.reproduce.engine import train_config
-
     task = run.task_object()
     model = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
     cfg = train_config(run, lr, device)
@@ -206,7 +181,6 @@ def expected_config(run, lr: float, device: str) -> dict[str, Any]:
 def committed_outcome(run, results: str | Path, out_dir: Path, device: str = "cpu", log=print):
     """The engine.Outcome of `run` from results/<label> when it is committed with the config the plan
     would train; None when it is not committed or its config differs (said in `log`)."""
-    from interp.reproduce.engine import Outcome
 
     source = Path(results) / run.label
     if not os.path.lexists(source / OUTCOME) and not os.path.lexists(source / MANIFEST):

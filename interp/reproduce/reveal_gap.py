@@ -96,7 +96,7 @@ def transformer_runs(scale: str, gaps=None) -> list[Run]:
 
 
 def study_runs(scale: str) -> list[Run]:
-    """Every run `study` may train at `scale` (for interp.reproduce.results.commit_finished(runs=...))."""
+    """Every run `study` may train at `scale` (for interp.reproduce.engine.commit_finished(runs=...))."""
     return transformer_runs(scale) if "search" in SCALE[scale] else []
 
 
