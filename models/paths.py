@@ -195,7 +195,10 @@ def _create_locked(directory: Path, what: str) -> int | None:
     locked like any existing directory)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.with_name(f".{directory.name[:64]}.{secrets.token_hex(8)}.creating")
-    os.mkdir(staging, 0o777)
+    try:
+        os.mkdir(staging, 0o777)
+    except OSError as error:   # name the directory asked for, not the staging sibling
+        raise OSError(error.errno, f"cannot create {str(directory)!r} ({error.strerror})") from None
     try:
         fd = _acquire(staging / LOCK, directory, what)
         try:
