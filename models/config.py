@@ -10,6 +10,16 @@ from typing import Any
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("none", "learned", "rope")
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu", "relu2")
+# field -> the largest value a config may hold: far past any real model (Llama-3 405B: d_model 16384,
+# 126 layers, d_mlp 53248, vocab 128256; Llama 4's 10M-token context), so a value past one is a typo
+# or a hostile file (an extra zero, a 1e8) that would hang while layers are built or fail inside the
+# allocator; whether a model within them fits is the memory check's (models.size.check_fits)
+FIELD_BOUNDS = {
+    "n_layers": 4096, "d_model": 1 << 16, "d_hidden": 1 << 16, "d_head": 1 << 14, "d_state": 1 << 14,
+    "n_heads": 1 << 12, "n_kv_heads": 1 << 12, "expand": 64, "d_conv": 1 << 12, "mlp_ratio": 64,
+    "d_mlp": 1 << 18, "vocab_size": 1 << 22, "max_len": 1 << 24, "shared_adapter_rank": 1 << 14,
+}
+MOE_BOUNDS = {"experts": 1 << 14, "top_k": 1 << 14, "d_expert": 1 << 18, "d_shared": 1 << 18}   # models/moe.py's keys
 
 
 @dataclass
@@ -92,15 +102,18 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
-        self._check_mixers()
-        if self.moe is not None:
-            from models.moe import moe_options  # the keys are documented and checked there
-
-            moe_options(self)
         for name in ("d_hidden", "d_head", "d_mlp", "n_kv_heads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
+        self._check_bounds()
+        self._check_mixers()
+        if self.moe is not None:
+            from models.moe import moe_options  # the keys are documented and checked there
+
+            opts = moe_options(self)
+            for key, bound in MOE_BOUNDS.items():
+                check_bound(f"moe[{key!r}]", opts[key], bound)
         for name in ("residual", "mlp_bias", "attention_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool; got {getattr(self, name)!r}")
@@ -135,6 +148,12 @@ class ModelConfig:
                 f"beta_scale must be a float in [0, 2] or a list of n_heads={self.n_heads} such "
                 f"floats; got {self.beta_scale!r}"
             )
+
+    def _check_bounds(self) -> None:
+        """ValueError naming the first field past FIELD_BOUNDS (checked before anything is sized by it:
+        a list of n_layers mixers, the layers themselves)."""
+        for name, bound in FIELD_BOUNDS.items():
+            check_bound(name, getattr(self, name), bound)
 
     def _check_mixers(self) -> None:
         """mixer a name or a list of n_layers names (None: no mixer); mixer2 likewise; mlp
@@ -293,3 +312,10 @@ class ModelConfig:
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
         return cls.from_dict(json.loads(text))
+
+
+def check_bound(name: str, value: Any, bound: int) -> None:
+    """ValueError naming `name`, its value and the bound when an int value is past the bound."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+        raise ValueError(f"{name} {value} is past the sanity bound {bound} (a typo?); a model that large would "
+                         "exhaust memory or hang while it is built")

@@ -362,6 +362,28 @@ def check_sampling(max_new_tokens, do_sample, temperature, top_k, top_p, seed) -
         raise TypeError(f"seed must be None or an int; got {seed!r}")
 
 
+MAX_NEW_TOKENS = 1 << 20   # every model kind; a longer continuation is generated in pieces (state=)
+SECONDS_PER_TOKEN_LAYER = 5e-4   # the floor of one token's step per layer (a 1-layer tanh RNN: 1.6 ms on a CPU)
+
+
+def check_new_tokens(model, max_new_tokens: int) -> None:
+    """ValueError past MAX_NEW_TOKENS, with the time it would take at the floor of a step's cost:
+    a recurrent model has no max_len to stop it, and the loop would run for years."""
+    if max_new_tokens > MAX_NEW_TOKENS:
+        seconds = max_new_tokens * SECONDS_PER_TOKEN_LAYER * model.cfg.n_layers
+        raise ValueError(f"max_new_tokens {max_new_tokens} is past the bound {MAX_NEW_TOKENS}: at "
+                         f"{SECONDS_PER_TOKEN_LAYER * 1e3:g} ms a token per layer or more ({model.cfg.n_layers} layers) "
+                         f"it would run for at least {_duration(seconds)}; generate in pieces (return_state=True, "
+                         "then state=)")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
 class Recorder:
     """Readers for generate's cache: each call's new positions of every named hook, joined along
     the time axis at the end (the key axis of scores / pattern padded to the final length)."""
@@ -507,6 +529,7 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, *, do_sample: boo
     row at every position; a row's positions past its end run on pad tokens.
     """
     check_sampling(max_new_tokens, do_sample, temperature, top_k, top_p, seed)
+    check_new_tokens(model, max_new_tokens)
     for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not 0 <= value < model.cfg.vocab_size):

@@ -13,10 +13,11 @@ import torch
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.devices import check_device
-from models.hooks import unknown_name_message
+from models.hooks import all_finite, unknown_name_message
 from models.mixers import PRESETS
 from models.paths import check_sha256, inside, read_regular, regular_file
 from models.saving import WEIGHTS_SHA256, load_weights, tied_groups
+from models.size import check_fits
 
 
 # hybrid presets: model name -> (mixer pattern, config defaults); layer l gets pattern[l % len(pattern)]
@@ -35,10 +36,12 @@ def build(name: str | ModelConfig, **overrides: Any) -> SequenceModel:
     """Build a model from a preset name (see `list_models()`) or a ModelConfig.
 
     `build("mamba", d_model=32, n_layers=2)`: overrides replace the preset's config fields.
+    A model that would not fit the memory available is refused before it is built
+    (models.size.ModelTooLarge, a ValueError).
     """
-    if isinstance(name, ModelConfig):
-        return SequenceModel(name.replace(**overrides))
-    return SequenceModel(preset_config(name, **overrides))
+    config = name.replace(**overrides) if isinstance(name, ModelConfig) else preset_config(name, **overrides)
+    check_fits(config)
+    return SequenceModel(config)
 
 
 def preset_config(name: str, **overrides: Any) -> ModelConfig:
@@ -122,9 +125,11 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     if not isinstance(config, dict) or "model" not in config:
         raise ValueError(f"{config_path} has no 'model' entry; is it a run directory?")
     try:
-        model = SequenceModel(ModelConfig.from_dict(config["model"]))
+        model_config = ModelConfig.from_dict(config["model"])
     except (ValueError, TypeError) as error:
         raise type(error)(f"{config_path}: the 'model' entry is not a valid ModelConfig: {error}") from None
+    check_fits(model_config, device, _size(weights_path), what=f"the model of {config_path}")
+    model = SequenceModel(model_config)
     try:
         with safe_open(str(weights_path), framework="pt") as handle:
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
@@ -153,4 +158,24 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
         raise ValueError(f"{weights_path} could not be read (truncated or corrupt): {error}") from error
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not fill the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    check_finite(model, weights_path)
     return model.to(device)
+
+
+def _size(path: Path) -> int:
+    """Bytes of the weights file (0 when it cannot be stat'ed: the reading below names why)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def check_finite(model: torch.nn.Module, weights_path: Path) -> None:
+    """ValueError naming the first parameter holding NaN or Inf (a diverged run's weights): every
+    analysis of such a model is NaN, or ends in a linear-algebra error far from the cause."""
+    for name, parameter in model.named_parameters():
+        if not all_finite(parameter.detach()):
+            bad = int((~torch.isfinite(parameter.detach())).sum())
+            raise ValueError(f"{weights_path}: parameter {name} holds {bad:,} NaN / Inf values of "
+                             f"{parameter.numel():,}; the weights are not finite (a diverged run?), so no analysis "
+                             "of them would mean anything")

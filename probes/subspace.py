@@ -207,6 +207,9 @@ def state_subspace(cents: Centroids, rtol: float = 1e-6) -> Subspace:
             f"U needs at least two classes; labels have a single class {cents.classes.tolist()}"
         )
     means = torch.from_numpy(cents.means)
+    if not bool(torch.isfinite(means).all()):
+        raise ValueError(f"the centroids of classes {cents.classes[~np.isfinite(cents.means).all(1)].tolist()[:5]} "
+                         "hold NaN / Inf (non-finite states): U cannot be fitted")
     centred = means - means.mean(0)
     _, sv, vh = torch.linalg.svd(centred, full_matrices=False)   # vh [min(G, n), n]
     if float(sv[0]) == 0.0:

@@ -323,8 +323,19 @@ def fit_subspace(model, task, length: int, site: str, n: int, data_seed: int, ch
     acc = CentroidAccumulator()
     for start in range(0, n, chunk):
         states = site_states(model, batch.tokens[start:start + chunk], site, normalize)
+        check_finite_states(states, site, length)
         acc.update(states, batch.states[start:start + chunk])
     return state_subspace(acc.result(), rtol)
+
+
+def check_finite_states(states: torch.Tensor, site: str, length: int) -> None:
+    """ValueError naming the hook and the first position where states [B, T, ...] hold NaN / Inf
+    (U's SVD would fail on them with a LinAlgError far from the cause)."""
+    bad = ~torch.isfinite(states.reshape(*states.shape[:2], -1)).all(-1).all(0)   # [T]
+    if bool(bad.any()):
+        raise ValueError(f"hook {site} holds NaN / Inf states from position {int(bad.nonzero()[0, 0])} of the "
+                         f"in-distribution sequences of length {length}; the model's states overflow, so U cannot "
+                         "be fitted")
 
 
 def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,

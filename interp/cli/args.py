@@ -21,26 +21,93 @@ import sys
 from pathlib import Path
 
 
-def checked_number(parse, allowed, what: str):
-    """An argparse type: parse the text, keep it if allowed(value), else name what is allowed."""
+class Bounded:
+    """An argparse type: a number parsed from the text (int or float) in [low, high] (low excluded
+    with low_open), else one line naming what is allowed; `limit` (the upper bound and why it is
+    there) is appended to the flag's --help by HelpFormatter. name: the setting named in the
+    refusal ("train_length 100000000 is past ..."; default the value alone). sanity=False: the
+    bound is the domain's own (a share in [0, 1]), refused as any value outside it."""
 
-    def check(text: str):
+    def __init__(self, parse, low: float, high: float, why: str, low_open: bool = False, name: str = "",
+                 sanity: bool = True) -> None:
+        self.parse, self.low, self.high, self.why, self.low_open, self.name = parse, low, high, why, low_open, name
+        self.sanity = sanity
+        self.__name__ = parse.__name__   # argparse names a type by it
+
+    @property
+    def limit(self) -> str:
+        return f"at most {_shown(self.high)}: {self.why}"
+
+    def __call__(self, text: str):
         try:
-            value = parse(text)
-        except ValueError:
+            value = self.parse(text)
+        except (ValueError, OverflowError):
             value = None
-        if value is None or not allowed(value):
-            raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}")
+        if value is not None and value > self.high and self.sanity:
+            raise argparse.ArgumentTypeError(f"{self.name + ' ' if self.name else ''}{value} is past the sanity "
+                                             f"bound {_shown(self.high)} ({self.why})")
+        if value is None or not (value > self.low if self.low_open else value >= self.low) or not value <= self.high:
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}; got {text!r}")   # nan compares False
         return value
 
-    return check
+    @property
+    def allowed(self) -> str:
+        if not self.sanity:   # the domain's bounds
+            return f"a number in {'(' if self.low_open else '['}{_shown(self.low)}, {_shown(self.high)}]"
+        sign = "positive" if self.low_open or self.low == 1 else "non-negative" if self.low == 0 else f">= {self.low}"
+        return f"a {sign} integer" if self.parse is int else f"a {sign} finite number"
 
 
-positive_int = checked_number(int, lambda v: v >= 1, "a positive integer")
-non_negative_int = checked_number(int, lambda v: v >= 0, "a non-negative integer")
-positive_float = checked_number(float, lambda v: 0 < v < float("inf"), "a positive finite number")
-non_negative_float = checked_number(float, lambda v: 0 <= v < float("inf"), "a non-negative finite number")
-fraction = checked_number(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+def _shown(number: float) -> str:
+    """4096, 16777216, 0.5: whole numbers without an exponent."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+MAX_SEQUENCES = MAX_LENGTH = 1 << 24   # interp.training.preflight.BOUNDS' train_length: past it, a typo
+MAX_STEPS = 10 ** 8
+MAX_SEED = 2 ** 32 - 1
+MAX_WORKERS = 4096
+WHY_SEQUENCES = "past it a typo: 16.8M sequences of 60 tokens already hold 32 GB of token arrays"
+WHY_LENGTH = "past it a typo: 16.8M positions, the longest training or evaluation length a run allows"
+WHY_STEPS = "at 1 ms or more a step, 10^8 steps are more than a day of compute"
+WHY_SEED = "numpy's RandomState takes 32-bit seeds"
+WHY_WORKERS = "4096 processes or actors, more than the CPUs of a large Ray cluster"
+
+
+def count(high: int, why: str, low: int = 1, name: str = "") -> Bounded:
+    """An int flag in [low, high]."""
+    return Bounded(int, low, high, why, name=name)
+
+
+def real(low: float, high: float, why: str, low_open: bool = False, sanity: bool = True) -> Bounded:
+    """A float flag in [low, high] ((low, high] with low_open)."""
+    return Bounded(float, low, high, why, low_open=low_open, sanity=sanity)
+
+
+class ModelSize(Bounded):
+    """A ModelConfig size flag (--d-model, --n-layers): a positive int; its bound,
+    models.config.FIELD_BOUNDS[field], is read only when --help is printed (parsing stays free of
+    torch, which `models` imports) and checked by the run's preflight before anything is built."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(int, 1, float("inf"), "", name=field)
+
+    @property
+    def limit(self) -> str:
+        from models.config import FIELD_BOUNDS
+
+        return f"at most {FIELD_BOUNDS[self.name]}: models.config.FIELD_BOUNDS, past any real model's"
+
+
+BATCH = count(1 << 20, "interp.training.preflight.BOUNDS: past it a typo", name="batch_size")
+LEARNING_RATE = real(0, 10, "AdamW moves each weight by about lr a step: past 10 every step is a jump", low_open=True)
+sequence_count = count(MAX_SEQUENCES, WHY_SEQUENCES)
+length_count = count(MAX_LENGTH, WHY_LENGTH)
+step_count = count(MAX_STEPS, WHY_STEPS)
+seed_value = count(MAX_SEED, WHY_SEED, low=0)
+worker_count = count(MAX_WORKERS, WHY_WORKERS)
+fraction = real(0, 1, "a share", sanity=False)
+gpu_share = real(0, 64, "the GPUs of one node, where Ray places a worker")
 
 
 def output_path(text: str):
@@ -89,7 +156,6 @@ def check_run_free(command: str, run_dir) -> int | None:
         return fail(command, f"argument run_dir: {str(run_dir)[:80]!r}: {error.strerror or error}")
 
 
-MAX_SEQUENCES = MAX_LENGTH = 1 << 24   # interp.training.preflight.BOUNDS' train_length: past it, a typo
 BYTES_PER_TOKEN = 32                     # a Batch's tokens, targets, states (int64) and loss mask, per token
 
 
@@ -125,7 +191,12 @@ def length_list(text: str) -> list[int]:
             f"must be comma-separated positive integers like 60,100,200; got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"must be comma-separated positive integers like 60,100,200; got {text!r}")
+    if max(values) > MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"{max(values)} is past the sanity bound {MAX_LENGTH} ({WHY_LENGTH})")
     return sorted(set(values))
+
+
+length_list.limit = f"each at most {MAX_LENGTH}: {WHY_LENGTH}"
 
 
 class Deferred:
@@ -217,6 +288,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         text = _fill(action.help or "")
+        limit = getattr(action.type, "limit", None)
+        if limit:   # every numeric flag: its upper bound and why
+            text = f"{text} [{limit}]"
         if ("default" in text or action.default is None or action.default is False
                 or action.default == argparse.SUPPRESS or not action.option_strings or action.nargs == 0):
             return text
@@ -316,12 +390,12 @@ def add_scale_out_arguments(parser: argparse.ArgumentParser, unit: str = "unit")
     parser.add_argument("--executor", choices=("local", "ray"), default=None,
                         help=f"run each {unit} on workers: local (spawned processes on this machine) or ray "
                              "(a Ray cluster); default: in this process")
-    parser.add_argument("--workers", type=positive_int, default=None,
+    parser.add_argument("--workers", type=worker_count, default=None,
                         help="worker processes (local) or actors (ray) (default 2 with --executor)")
     parser.add_argument("--address", default=None,
                         help="ray: join the cluster at this address ('auto', 'HOST:6379') instead of starting a "
                              "local one on 127.0.0.1; only trusted machines may be members (docs/scaling.md)")
-    parser.add_argument("--gpus-per-worker", type=non_negative_float, default=0.0,
+    parser.add_argument("--gpus-per-worker", type=gpu_share, default=0.0,
                         help="ray: num_gpus of each worker (1 with --device cuda: one worker per GPU)")
 
 

@@ -21,11 +21,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import (add_scale_out_arguments, check_out, checked_number, device_name, executor_from_args, fail,
-                            fraction, non_negative_int, output_path, positive_int, run_directory)
+from interp.cli.args import (add_scale_out_arguments, check_out, count, device_name, executor_from_args, fail, fraction,
+                            length_count, output_path, real, run_directory, seed_value, sequence_count)
 from interp.cli.patch import comma_list, load_pair
 
-faithfulness_target = checked_number(float, lambda v: 0 < v <= 1, "a faithfulness in (0, 1]")
+IG_STEPS = count(4096, "each step is a forward and backward pass over every pair (EAP-IG uses 5 to 100); 4096 "
+                       "steps cost as much as 4096 EAP runs")
+RESCORED = count(100_000, "each edge is patched exactly, one forward pass over the pairs: 10^5 of them are hours "
+                          "even for the smallest model", low=0)
+CHANNEL_GROUPS = count(1 << 16, "one group per channel of the widest Mamba layer the field bounds allow")
+FAITHFULNESS_TARGET = real(0, 1, "a share of the metric", low_open=True, sanity=False)
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -41,27 +46,25 @@ def add_parser(sub) -> None:
                          help="what the corrupted example changes: the queried key (out of context) or its value")
     circuit.add_argument("--metric", choices=("logit_diff", "prob", "kl"), default="logit_diff",
                          help="the metric scored and recovered")
-    circuit.add_argument("--n", type=positive_int, default=64, help="clean / corrupted pairs")
-    circuit.add_argument("--length", type=positive_int, default=None,
+    circuit.add_argument("--n", type=sequence_count, default=64, help="clean / corrupted pairs")
+    circuit.add_argument("--length", type=length_count, default=None,
                          help="key-value pairs per example (default: the run's training length)")
-    circuit.add_argument("--steps", type=positive_int, default=8, help="EAP-IG interpolation steps")
+    circuit.add_argument("--steps", type=IG_STEPS, default=8, help="EAP-IG interpolation steps")
     size = circuit.add_mutually_exclusive_group()
-    size.add_argument("--target", type=faithfulness_target, default=0.8,
-                      help="the circuit is the smallest number of top edges whose faithfulness reaches this "
-                           "(in (0, 1])")
+    size.add_argument("--target", type=FAITHFULNESS_TARGET, default=0.8,
+                      help="the circuit is the smallest number of top edges whose faithfulness reaches this")
     size.add_argument("--fraction", type=fraction, default=None,
-                      help="instead of --target: this share of all edges, in [0, 1] (it can round to no edge on a "
-                           "small graph)")
-    circuit.add_argument("--rescore", type=non_negative_int, default=50,
+                      help="instead of --target: this share of all edges (it can round to no edge on a small graph)")
+    circuit.add_argument("--rescore", type=RESCORED, default=50,
                          help="top EAP-IG edges re-scored by exact edge patching")
     circuit.add_argument("--positions", type=comma_list, default=None,
                          help="positional nodes: comma-separated roles (key, value, query, answer, bos, eos) and "
                               "integer positions, each node split by them (plus 'other', the positions left)")
     circuit.add_argument("--conv-nodes", action="store_true",
                          help="the short convolutions of Mamba-2 / DeltaNet / Gated DeltaNet as nodes of their own")
-    circuit.add_argument("--channel-groups", type=positive_int, default=None,
+    circuit.add_argument("--channel-groups", type=CHANNEL_GROUPS, default=None,
                          help="split each Mamba (-1) layer's output into this many channel groups (senders s{l}.g{g})")
-    circuit.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
+    circuit.add_argument("--seed", type=seed_value, default=2, help="seed of the clean examples")
     circuit.add_argument("--device", type=device_name, default="cpu", help="torch device")
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
     circuit.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -18,8 +18,8 @@ import argparse
 from pathlib import Path
 
 from interp.cli.args import (add_scale_out_arguments, check_out, check_run_free, check_runs, check_workload,
-                            device_name, executor_from_args, fail, length_list, non_negative_int, output_path,
-                            over_runs, positive_int, run_directory)
+                            device_name, executor_from_args, fail, length_list, output_path, over_runs, real,
+                            run_directory, seed_value, sequence_count, step_count)
 
 DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
 
@@ -36,16 +36,21 @@ def statistic(text: str) -> str | float:
     return value
 
 
+TAU = real(0, 1e6, "q = R / M is the drift in units of the centroids' separation, and a nearest-centroid read-out "
+                   "misreads past 0.5", low_open=True)
+
+
 def tau_value(text: str) -> float | str:
     if text == "calibrated":
         return text
     try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number or 'calibrated'; got {text!r}")
-    return value
+        return TAU(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error} (or 'calibrated')") from None
+
+
+tau_value.limit = TAU.limit
+statistic.limit = "at most 100: a percentile"
 
 
 def add_parser(sub) -> None:
@@ -63,16 +68,16 @@ def add_parser(sub) -> None:
                        help="evaluation lengths; the longest is the drift horizon (default 60,100,200,500,1000)")
     drift.add_argument("--site", default=None,
                        help="hook to analyse (default: the last block's mixer.hook_state, else hook_resid_post)")
-    drift.add_argument("--n-fit", type=positive_int, default=256, help="in-distribution sequences for U")
-    drift.add_argument("--n-drift", type=positive_int, default=64, help="long sequences for q(t)")
-    drift.add_argument("--n", type=positive_int, default=256, help="sequences per evaluated length")
+    drift.add_argument("--n-fit", type=sequence_count, default=256, help="in-distribution sequences for U")
+    drift.add_argument("--n-drift", type=sequence_count, default=64, help="long sequences for q(t)")
+    drift.add_argument("--n", type=sequence_count, default=256, help="sequences per evaluated length")
     drift.add_argument("--definition", choices=DRIFTS, default="pooled",
                        help="the headline Tcross's drift: pooled centroids (default), excess over the "
                             "in-distribution level, or time-indexed centroids against the initial "
                             "separation (the paper's reading); every definition is in the report")
     drift.add_argument("--tau", type=tau_value, default=0.5,
                        help="threshold on q: a number (default 0.5) or 'calibrated' (the read-out's own)")
-    drift.add_argument("--reference-step", type=positive_int, default=None,
+    drift.add_argument("--reference-step", type=step_count, default=None,
                        help="step of the separation M_ref of the time-indexed drift (default: the start)")
     drift.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip calibrating tau from the read-out")
@@ -82,7 +87,7 @@ def add_parser(sub) -> None:
                        help="spread R(t): 'mean' or a percentile such as 90")
     drift.add_argument("--normalize", action="store_true",
                        help="divide every state by its norm first (the view of a scale-invariant read-out)")
-    drift.add_argument("--seed", type=non_negative_int, default=None, help="data seed (default: the run's)")
+    drift.add_argument("--seed", type=seed_value, default=None, help="data seed (default: the run's)")
     drift.add_argument("--out", type=output_path, default=None,
                        help="HTML report (default RUN_DIR/drift.html; one run only)")
     drift.add_argument("--device", type=device_name, default="cpu", help="torch device")

@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 
 from interp.cli.args import (add_scale_out_arguments, check_run_free, check_runs, check_workload, device_name,
-                            executor_from_args, fail, fraction, length_list, non_negative_int, over_runs,
-                            positive_int, run_directory)
+                            executor_from_args, fail, fraction, length_list, over_runs, run_directory,
+                            seed_value, sequence_count)
 
 
 def add_parser(sub) -> None:
@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
                     help="one or more run directories written by `interp train`")
     ev.add_argument("--lengths", type=length_list, default=[60, 100, 200, 500, 1000],
                     help="comma-separated lengths (default 60,100,200,500,1000)")
-    ev.add_argument("--n", type=positive_int, default=256, help="sequences per length")
-    ev.add_argument("--seed", type=non_negative_int, default=1, help="evaluation seed")
+    ev.add_argument("--n", type=sequence_count, default=256, help="sequences per length")
+    ev.add_argument("--seed", type=seed_value, default=1, help="evaluation seed")
     ev.add_argument("--threshold", type=fraction, default=0.9, help="mp accuracy threshold")
     ev.add_argument("--device", type=device_name, default="cpu", help="torch device")
     add_scale_out_arguments(ev, unit="run directory")

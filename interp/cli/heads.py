@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 
 from interp.cli.args import (add_scale_out_arguments, check_out, check_runs, check_workload, device_name,
-                            executor_from_args, fail, non_negative_int, output_path, over_runs, positive_int,
-                            run_directory)
+                            executor_from_args, fail, length_count, output_path, over_runs, run_directory,
+                            seed_value, sequence_count)
 
 IMPLS = ("auto", "naive", "chunked", "triton")
 
@@ -33,10 +33,10 @@ def add_parser(sub) -> None:
                     "(one job per run; docs/scaling-runs.md).")
     heads.add_argument("run_dir", type=run_directory, nargs="+", metavar="run_dir",
                        help="one or more run directories of DeltaNet models")
-    heads.add_argument("--n", type=positive_int, default=256, help="traces to evaluate (default 256)")
-    heads.add_argument("--length", type=positive_int, default=None,
+    heads.add_argument("--n", type=sequence_count, default=256, help="traces to evaluate (default 256)")
+    heads.add_argument("--length", type=length_count, default=None,
                        help="task length (default: the run's training length)")
-    heads.add_argument("--seed", type=non_negative_int, default=1, help="evaluation seed")
+    heads.add_argument("--seed", type=seed_value, default=1, help="evaluation seed")
     heads.add_argument("--impl", choices=IMPLS, default=None,
                        help="delta-rule kernel for the ablations (default: the model's own; triton on CUDA)")
     heads.add_argument("--out", type=output_path, default=None,

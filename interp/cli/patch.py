@@ -15,7 +15,11 @@ import argparse
 from pathlib import Path
 
 from interp.cli.args import (add_scale_out_arguments, check_out, check_workload, device_name, executor_from_args,
-                            fail, fraction, non_negative_int, output_path, positive_int, run_directory)
+                            MAX_SEQUENCES, count, fail, fraction, length_count, output_path, run_directory,
+                            seed_value, sequence_count)
+
+MAX_SITES = 1 << 20   # hooks x positions x layers: past any grid's sites
+TOP = count(MAX_SITES, "the sites of the largest grid (hooks x positions x layers)")
 
 METHODS = ("both", "exact", "attribution")
 DEFAULT_HOOKS = ("hook_resid_pre", "mixer.hook_out", "mixer.hook_state")  # those the model has
@@ -46,19 +50,20 @@ def add_parser(sub) -> None:
                             "bos, eos) and integer positions")
     patch.add_argument("--corrupt", choices=("key", "value"), default="key",
                        help="what the corrupted example changes: the queried key (out of context) or its value")
-    patch.add_argument("--n", type=positive_int, default=256, help="clean / corrupted pairs")
-    patch.add_argument("--length", type=positive_int, default=None,
+    patch.add_argument("--n", type=sequence_count, default=256, help="clean / corrupted pairs")
+    patch.add_argument("--length", type=length_count, default=None,
                        help="key-value pairs per example (default: the run's training length)")
-    patch.add_argument("--seed", type=non_negative_int, default=2, help="seed of the clean examples")
+    patch.add_argument("--seed", type=seed_value, default=2, help="seed of the clean examples")
     patch.add_argument("--min-effect", type=fraction, default=0.01,
                        help="keep examples with p_clean - p_corrupt above this")
-    patch.add_argument("--top", type=positive_int, default=None,
+    patch.add_argument("--top", type=TOP, default=None,
                        help="sites printed, and the k of the screen's top-k recall (default: 8 or every site if fewer)")
     patch.add_argument("--device", type=device_name, default="cpu", help="torch device")
     patch.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/patch.html)")
     patch.add_argument("--max-memory", default=None,
-                       help="memory budget such as 8GB or 512MiB (default: half the memory available); the grid is "
-                            "planned to fit it and refused up front when it cannot")
+                       help="memory budget such as 8GB or 512MiB (default: half the memory available; at most "
+                            "the memory available, or the plan would not fit); the grid is planned to fit it and "
+                            "refused up front when it cannot")
     patch.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_scale_out_arguments(patch, unit="unit (a chunk of sites x a chunk of examples)")
     patch.add_argument("--chunk", type=chunk_pair, default=None,
@@ -71,7 +76,15 @@ def chunk_pair(text: str) -> tuple[int, int]:
     parts = text.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
         raise argparse.ArgumentTypeError(f"must be two positive integers SITES,EXAMPLES; got {text!r}")
-    return int(parts[0]), int(parts[1])
+    sites, examples = int(parts[0]), int(parts[1])
+    if sites > MAX_SITES or examples > MAX_SEQUENCES:
+        raise argparse.ArgumentTypeError(f"{text!r} is past the sanity bounds {MAX_SITES},{MAX_SEQUENCES}; "
+                                         f"{chunk_pair.limit}")
+    return sites, examples
+
+
+chunk_pair.limit = (f"at most {MAX_SITES},{MAX_SEQUENCES}: a unit's sites and examples past the sites of the "
+                    "largest grid (hooks x positions x layers) and the examples bound")
 
 
 def corruption(task_name: str, how: str):
@@ -141,6 +154,7 @@ def measure(args: argparse.Namespace, executor=None) -> tuple[dict, dict, object
 
     from interp.analysis.interventions import attribute, interchange
 
+    check_budget(args.max_memory)
     config, pairs, model, clean, corrupt = load_pair(args)
     task_name = config["task"]["name"]
     sites = grid(model, args.hooks, args.positions, clean)
@@ -156,6 +170,15 @@ def measure(args: argparse.Namespace, executor=None) -> tuple[dict, dict, object
     setup = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
              "sites": len(sites), "top": top}
     return setup, results, clean
+
+
+def check_budget(max_memory: str | None) -> None:
+    """ValueError naming --max-memory when it is not a size, or more than the memory available."""
+    from models.memory import available_bytes, budget_bytes, format_bytes
+
+    if max_memory is not None and budget_bytes(max_memory, "--max-memory") > available_bytes():
+        raise ValueError(f"argument --max-memory: {max_memory} is more than the {format_bytes(available_bytes())} of "
+                         "memory available; a plan to that budget would not fit")
 
 
 def report(args: argparse.Namespace, setup: dict, results: dict, clean) -> Path:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from interp.cli.args import positive_float, positive_int
+from interp.cli.args import (BATCH, LEARNING_RATE, ModelSize, count, length_count, real, seed_value, sequence_count,
+                            step_count)
 from interp.cli.sweep import add_executor_arguments, run_loaded
 
 
@@ -24,13 +25,17 @@ def names(text: str) -> list[str]:
     return values
 
 
-def numbers(kind):
+def numbers(each):
+    """A comma-separated list of values of the Bounded type `each` (its limit applies to each)."""
     def parse(text: str) -> list:
-        try:
-            return [kind(v) for v in names(text)]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be comma-separated {kind.__name__}s; got {text!r}") from None
+        return [each(v) for v in names(text)]
+
+    parse.limit = f"each {each.limit}"
     return parse
+
+
+DATASET = count(1 << 30, "interp.training.preflight.BOUNDS' dataset_size: past it a typo")
+VAL_THRESHOLD = real(0, 100, "a cross-entropy in nats: every trial starts below ln(vocab) < 16", low_open=True)
 
 
 SPEC_FLAGS = {  # a word of the spec's error -> the flag that set it
@@ -55,18 +60,18 @@ def add_parser(sub) -> None:
     parser.add_argument("--tasks", type=names, default=["Z5"], help="groups, e.g. Z5,S5 (default Z5)")
     parser.add_argument("--formats", type=names, default=["outcome", "cot", "acot"],
                         help="supervision formats (default outcome,cot,acot)")
-    parser.add_argument("--max-length", type=positive_int, required=True, help="L: lengths 2..L and joint")
-    parser.add_argument("--lrs", type=numbers(float), default=[1e-3, 3e-3], help="learning rates (default 0.001,0.003)")
-    parser.add_argument("--seeds", type=numbers(int), default=[0, 1], help="seeds (default 0,1)")
-    parser.add_argument("--steps", type=positive_int, default=1000, help="step budget per trial (default 1000)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--val-size", type=positive_int, default=256, help="validation sequences (default 256)")
-    parser.add_argument("--val-threshold", type=positive_float, default=0.01,
+    parser.add_argument("--max-length", type=length_count, required=True, help="L: lengths 2..L and joint")
+    parser.add_argument("--lrs", type=numbers(LEARNING_RATE), default=[1e-3, 3e-3], help="learning rates (default 0.001,0.003)")
+    parser.add_argument("--seeds", type=numbers(seed_value), default=[0, 1], help="seeds (default 0,1)")
+    parser.add_argument("--steps", type=step_count, default=1000, help="step budget per trial (default 1000)")
+    parser.add_argument("--batch-size", type=BATCH, default=32)
+    parser.add_argument("--val-size", type=sequence_count, default=256, help="validation sequences (default 256)")
+    parser.add_argument("--val-threshold", type=VAL_THRESHOLD, default=0.01,
                         help="convergence: validation loss below this (default 0.01)")
-    parser.add_argument("--n0", type=positive_int, default=16, help="first N of the geometric phase (default 16)")
-    parser.add_argument("--resolution", type=float, default=0.1, help="relative resolution of N* (default 0.1)")
-    parser.add_argument("--n-max", type=positive_int, default=1 << 16, help="largest N tried (default 65536)")
-    parser.add_argument("--n-layers", type=positive_int, default=None, help="transformer depth (the seed: 6)")
+    parser.add_argument("--n0", type=DATASET, default=16, help="first N of the geometric phase (default 16)")
+    parser.add_argument("--resolution", type=real(0, 1, "a share of N*; the search takes [0, 1)", sanity=False), default=0.1, help="relative resolution of N* (default 0.1)")
+    parser.add_argument("--n-max", type=DATASET, default=1 << 16, help="largest N tried (default 65536)")
+    parser.add_argument("--n-layers", type=ModelSize("n_layers"), default=None, help="transformer depth (the seed: 6)")
     add_executor_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from interp.cli.args import fail, non_negative_float, non_negative_int, output_path, positive_int
+from interp.cli.args import count, fail, gpu_share, output_path, real, worker_count
+
+CPUS = real(0, 4096, "the CPUs of a large Ray cluster")
+RETRIES = count(100, "a trial that kills its worker every time is retried no more", low=0)
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,15 +30,15 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=output_path, required=True, help="sweep directory (created, or resumed)")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="local: a process pool (default); ray: Ray core tasks")
-    parser.add_argument("--workers", type=positive_int, default=1,
+    parser.add_argument("--workers", type=worker_count, default=1,
                         help="local: worker processes; ray: CPUs of the local cluster it starts (default 1)")
     parser.add_argument("--address", default=None,
                         help="ray: join the cluster at this address ('auto', 'ray://host:10001'; it listens "
                              "as that cluster is configured) instead of starting a local one, which listens "
                              "on 127.0.0.1 only")
-    parser.add_argument("--cpus-per-trial", type=non_negative_float, default=1.0, help="ray: num_cpus per trial")
-    parser.add_argument("--gpus-per-trial", type=non_negative_float, default=0.0, help="ray: num_gpus per trial")
-    parser.add_argument("--max-retries", type=non_negative_int, default=2,
+    parser.add_argument("--cpus-per-trial", type=CPUS, default=1.0, help="ray: num_cpus per trial")
+    parser.add_argument("--gpus-per-trial", type=gpu_share, default=0.0, help="ray: num_gpus per trial")
+    parser.add_argument("--max-retries", type=RETRIES, default=2,
                         help="reruns of a trial whose worker died (default 2)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="n_star specs: skip report.html")

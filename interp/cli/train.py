@@ -6,17 +6,22 @@ import argparse
 import dataclasses
 import re
 
-from interp.cli.args import (device_name, fail, model_name, non_negative_float, non_negative_int,
-                            output_path, positive_float, positive_int, task_spec)
+from interp.cli.args import (BATCH, LEARNING_RATE, MAX_LENGTH, MAX_STEPS, WHY_LENGTH, WHY_STEPS, ModelSize, count,
+                            device_name, fail, model_name, output_path, real, seed_value, step_count, task_spec)
+
+TRAIN_LENGTH = count(MAX_LENGTH, WHY_LENGTH, name="train_length")
+WARMUP = count(MAX_STEPS, WHY_STEPS, low=0)
+WEIGHT_DECAY = real(0, 10, "AdamW scales each matrix by 1 - lr * weight_decay a step: past 10 it erases them")
+GRAD_CLIP = real(0, 1e6, "a norm no gradient of a finite loss reaches; give 1e6 for no clipping", low_open=True)
 
 MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
-    "--d-model": ("d_model", positive_int, "residual width"),
-    "--n-layers": ("n_layers", positive_int, "number of blocks"),
-    "--d-hidden": ("d_hidden", positive_int, "recurrent width of RNN mixers"),
-    "--d-state": ("d_state", positive_int, "SSM state size per channel"),
-    "--n-heads": ("n_heads", positive_int, "number of heads"),
-    "--expand": ("expand", positive_int, "inner width factor of gated mixers"),
-    "--d-conv": ("d_conv", positive_int, "short convolution width"),
+    "--d-model": ("d_model", ModelSize("d_model"), "residual width"),
+    "--n-layers": ("n_layers", ModelSize("n_layers"), "number of blocks"),
+    "--d-hidden": ("d_hidden", ModelSize("d_hidden"), "recurrent width of RNN mixers"),
+    "--d-state": ("d_state", ModelSize("d_state"), "SSM state size per channel"),
+    "--n-heads": ("n_heads", ModelSize("n_heads"), "number of heads"),
+    "--expand": ("expand", ModelSize("expand"), "inner width factor of gated mixers"),
+    "--d-conv": ("d_conv", ModelSize("d_conv"), "short convolution width"),
 }
 
 
@@ -29,22 +34,22 @@ def add_parser(sub) -> None:
     train.add_argument("--format", default=None, choices=("outcome", "acot", "cot"),
                        help="supervision of group word problems: the final state only, the state at "
                             "every step, or chain of thought (default acot)")
-    train.add_argument("--train-length", type=positive_int, default=60, help="training sequence length")
-    train.add_argument("--steps", type=positive_int, required=True,
+    train.add_argument("--train-length", type=TRAIN_LENGTH, default=60, help="training sequence length")
+    train.add_argument("--steps", type=step_count, required=True,
                        help="optimizer steps; with --resume, a larger number extends a finished run "
                             "(the remaining steps follow the cosine of the new total)")
     train.add_argument("--out", type=output_path, required=True, help="run directory to create (or resume)")
-    train.add_argument("--batch-size", type=positive_int, default=64, help="sequences per step")
-    train.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
-    train.add_argument("--weight-decay", type=non_negative_float, default=0.01, help="AdamW weight decay of matrices")
-    train.add_argument("--warmup", type=non_negative_int, default=None,
+    train.add_argument("--batch-size", type=BATCH, default=64, help="sequences per step")
+    train.add_argument("--lr", type=LEARNING_RATE, default=3e-3, help="peak learning rate")
+    train.add_argument("--weight-decay", type=WEIGHT_DECAY, default=0.01, help="AdamW weight decay of matrices")
+    train.add_argument("--warmup", type=WARMUP, default=None,
                        help="warmup steps (default min(50, steps // 10); with --resume the run's own)")
-    train.add_argument("--grad-clip", type=positive_float, default=1.0, help="gradient norm clip")
-    train.add_argument("--seed", type=non_negative_int, default=0, help="seed of weights and data")
+    train.add_argument("--grad-clip", type=GRAD_CLIP, default=1.0, help="gradient norm clip")
+    train.add_argument("--seed", type=seed_value, default=0, help="seed of weights and data")
     train.add_argument("--curriculum", action="store_true",
                        help="length curriculum: start at 2, double after k evaluations at >= 95%%")
-    train.add_argument("--eval-every", type=positive_int, default=25, help="steps between evaluations")
-    train.add_argument("--checkpoint-every", type=positive_int, default=500,
+    train.add_argument("--eval-every", type=step_count, default=25, help="steps between evaluations")
+    train.add_argument("--checkpoint-every", type=step_count, default=500,
                        help="steps between checkpoints (and one at the end)")
     train.add_argument("--device", type=device_name, default="cpu", help="torch device")
     train.add_argument("--resume", action="store_true",

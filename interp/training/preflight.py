@@ -24,14 +24,12 @@ from pathlib import Path
 
 import torch
 
-from models.backbone import Block, SequenceModel
-from models.config import ModelConfig
+from models.config import FIELD_BOUNDS, ModelConfig
 from models.memory import available_bytes, format_bytes
+from models.size import parameter_count
 
-BOUNDS = {  # field -> largest value a run may ask for
-    "model.n_layers": 4096, "model.d_model": 1 << 16, "model.d_hidden": 1 << 16, "model.d_head": 1 << 14,
-    "model.d_state": 1 << 14, "model.n_heads": 1 << 12, "model.expand": 64, "model.d_conv": 1 << 12,
-    "model.d_mlp": 1 << 18, "model.vocab_size": 1 << 22, "model.max_len": 1 << 24,
+BOUNDS = {  # field -> largest value a run may ask for (the model's: models.config.FIELD_BOUNDS)
+    **{f"model.{name}": bound for name, bound in FIELD_BOUNDS.items()},
     "train.batch_size": 1 << 20, "train.train_length": 1 << 24, "train.eval_size": 1 << 24,
     "train.val_size": 1 << 24, "train.dataset_size": 1 << 30,
 }
@@ -77,24 +75,6 @@ def _check_bound(key: str, value) -> None:
     if bound is not None and value is not None and value > bound:
         raise Refused(key, f"{name} {value} is past the sanity bound {bound} (a typo?); a run that large "
                            "would exhaust memory or hang while it is built")
-
-
-def parameter_count(model_config: ModelConfig) -> int:
-    """Parameters of SequenceModel(model_config), counted on the meta device (no memory, no
-    initialisation): the parts outside the blocks from a one-layer model, and one Block per kind
-    of layer (its mixer, and whether it is the first: RWKV-7's first layer has weights the others
-    lack), however many layers there are."""
-    with torch.device("meta"):
-        one = SequenceModel(model_config.layer_config(0).replace(n_layers=1))
-        base = sum(p.numel() for p in one.parameters()) - sum(p.numel() for p in one.blocks[0].parameters())
-        kinds: dict[tuple, int] = {}
-        total = base
-        for layer, mixer in enumerate(model_config.mixers):
-            kind = (mixer, layer == 0)
-            if kind not in kinds:
-                kinds[kind] = sum(p.numel() for p in Block(model_config, layer).parameters())
-            total += kinds[kind]
-    return total
 
 
 def check_memory(model_config: ModelConfig, cfg) -> None:

@@ -1,0 +1,96 @@
+"""What a model costs before it is built: its parameter count, and the size gate every model built
+from a ModelConfig passes (models.registry.build / load).
+
+    parameter_count(config)         parameters of SequenceModel(config), counted without memory
+    check_fits(config, device=...)  ModelTooLarge (a ValueError, one line) when the model would not
+                                    fit the memory available, before anything is allocated
+
+The field bounds (ModelConfig's FIELD_BOUNDS) refuse sizes no real model has; within them the
+memory decides: a 7B Llama-sized config passes the bounds and is refused only by a machine with
+less than its ~27 GB of float32 weights free.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from models.config import ModelConfig
+from models.memory import available_bytes, format_bytes
+from models.moe import uses_moe
+
+FLOAT32_BYTES = 4   # a model is built in float32, then converted to the dtype its weights are in
+
+
+class ModelTooLarge(ValueError):
+    """A model refused before it is built: its weights would not fit the memory available."""
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """Parameters of SequenceModel(config), counted on the meta device (no memory, no
+    initialisation); see `element_counts`."""
+    return element_counts(config)[0]
+
+
+def element_counts(config: ModelConfig) -> tuple[int, int]:
+    """(parameters, buffer bytes) of SequenceModel(config): the embeddings, final norm and
+    unembedding counted from their shapes, and one Block per kind of layer (its mixers, MLP, and
+    whether it is the first: RWKV-7's first layer has weights the others lack), however many
+    layers there are; a shared block's tied weights (Zamba2) once per shared index. Cached per
+    config (a model is often built many times from one)."""
+    return _element_counts(config.to_json())
+
+
+@functools.lru_cache(maxsize=256)
+def _element_counts(config_json: str) -> tuple[int, int]:
+    from models.backbone import SHARED_WEIGHTS, Block, make_norm
+
+    config = ModelConfig.from_json(config_json)
+    embedding = config.vocab_size * config.d_model
+    positions = config.max_len * config.d_model if config.positional == "learned" else 0
+    kinds: dict[tuple, tuple[int, int, int]] = {}   # kind -> (parameters, buffer bytes, tied shared parameters)
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in make_norm(config).parameters())
+        parameters += embedding * (1 if config.tie_embeddings else 2) + positions
+        buffers = 0
+        for layer in range(config.n_layers):
+            kind = (config.mixers[layer], config.mixer2s[layer], config.mlps[layer], uses_moe(config, layer),
+                    config.shared_blocks[layer] is not None, layer == 0)
+            if kind not in kinds:
+                block = Block(config, layer)
+                shared = sum(block.get_parameter(f"shared.{path}").numel() for path in SHARED_WEIGHTS
+                             if kind[4] and _has(block, f"shared.{path}"))
+                kinds[kind] = (sum(p.numel() for p in block.parameters()) - shared,
+                               sum(b.numel() * b.element_size() for b in block.buffers()), shared)
+            parameters, buffers = parameters + kinds[kind][0], buffers + kinds[kind][1]
+    tied = max((shared for *_, shared in kinds.values()), default=0)
+    parameters += tied * len({index for index in config.shared_blocks if index is not None})
+    return parameters, buffers
+
+
+def _has(module: torch.nn.Module, path: str) -> bool:
+    owner, _, name = path.rpartition(".")
+    try:
+        return getattr(module.get_submodule(owner), name, None) is not None
+    except AttributeError:
+        return False
+
+
+def check_fits(config: ModelConfig, device: str = "cpu", loading_bytes: int = 0, what: str = "the model") -> None:
+    """ModelTooLarge (one line: the parameters, the bytes, the memory available) when building
+    SequenceModel(config) in float32 on the CPU, plus `loading_bytes` (a weights file read beside
+    it), exceeds the memory available now, or its weights exceed what is free on a GPU `device`."""
+    parameters, buffers = element_counts(config)
+    needed = FLOAT32_BYTES * parameters + buffers + loading_bytes
+    available = available_bytes()
+    if needed > available:
+        read = f" and {format_bytes(loading_bytes)} for its weights file" if loading_bytes else ""
+        raise ModelTooLarge(f"{what} has {parameters:,} parameters: building it needs about {format_bytes(needed)} "
+                            f"({format_bytes(FLOAT32_BYTES * parameters + buffers)} in float32{read}), more than "
+                            f"the {format_bytes(available)} of memory available; lower d_model / n_layers / vocab_size")
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+        if FLOAT32_BYTES * parameters > free:
+            raise ModelTooLarge(f"{what} has {parameters:,} parameters: about {format_bytes(FLOAT32_BYTES * parameters)}"
+                                f" in float32, more than the {format_bytes(free)} free on {device}")
