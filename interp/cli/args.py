@@ -84,19 +84,27 @@ def real(low: float, high: float, why: str, low_open: bool = False, sanity: bool
     return Bounded(float, low, high, why, low_open=low_open, sanity=sanity)
 
 
-class ModelSize(Bounded):
-    """A ModelConfig size flag (--d-model, --n-layers): a positive int; its bound,
-    models.config.FIELD_BOUNDS[field], is read only when --help is printed (parsing stays free of
-    torch, which `models` imports) and checked by the run's preflight before anything is built."""
+class ModelSize:
+    """A ModelConfig size flag (--d-model, --n-layers): an int in [1, models.config.FIELD_BOUNDS[field]],
+    a Deferred type (checked once every flag has parsed: `models` imports torch) whose bound is read
+    only when --help is printed or the value is checked."""
+
+    __name__ = "int"
 
     def __init__(self, field: str) -> None:
-        super().__init__(int, 1, float("inf"), "", name=field)
+        self.field = field
+
+    def bounded(self) -> Bounded:
+        from models.config import FIELD_BOUNDS
+
+        return count(FIELD_BOUNDS[self.field], "models.config.FIELD_BOUNDS, past any real model's", name=self.field)
 
     @property
     def limit(self) -> str:
-        from models.config import FIELD_BOUNDS
+        return self.bounded().limit
 
-        return f"at most {FIELD_BOUNDS[self.name]}: models.config.FIELD_BOUNDS, past any real model's"
+    def __call__(self, text: str) -> Deferred:
+        return Deferred(lambda value: self.bounded()(value), text)
 
 
 BATCH = count(1 << 20, "interp.training.preflight.BOUNDS: past it a typo", name="batch_size")

@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--lrs", type=numbers(LEARNING_RATE), default=[1e-3, 3e-3], help="learning rates (default 0.001,0.003)")
     parser.add_argument("--seeds", type=numbers(seed_value), default=[0, 1], help="seeds (default 0,1)")
     parser.add_argument("--steps", type=step_count, default=1000, help="step budget per trial (default 1000)")
-    parser.add_argument("--batch-size", type=BATCH, default=32)
+    parser.add_argument("--batch-size", type=BATCH, default=32, help="sequences per step (default 32)")
     parser.add_argument("--val-size", type=sequence_count, default=256, help="validation sequences (default 256)")
     parser.add_argument("--val-threshold", type=VAL_THRESHOLD, default=0.01,
                         help="convergence: validation loss below this (default 0.01)")
