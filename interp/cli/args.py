@@ -54,7 +54,7 @@ class Bounded:
     def allowed(self) -> str:
         if not self.sanity:   # the domain's bounds
             return f"a number in {'(' if self.low_open else '['}{_shown(self.low)}, {_shown(self.high)}]"
-        sign = "positive" if self.low_open or self.low == 1 else "non-negative" if self.low == 0 else f">= {self.low}"
+        sign = "positive" if self.low_open or self.low >= 1 else "non-negative"   # the lows in use: 0 and 1
         return f"a {sign} integer" if self.parse is int else f"a {sign} finite number"
 
 
@@ -70,7 +70,7 @@ MAX_WORKERS = 4096
 WHY_SEQUENCES = "past it a typo: 16.8M sequences of 60 tokens already hold 32 GB of token arrays"
 WHY_LENGTH = "past it a typo: 16.8M positions, the longest training or evaluation length a run allows"
 WHY_STEPS = "at 1 ms or more a step, 10^8 steps are more than a day of compute"
-WHY_SEED = "numpy's RandomState takes 32-bit seeds"
+WHY_SEED = "32-bit seeds, more than any study runs and within every generator's range (torch's, numpy's)"
 WHY_WORKERS = "4096 processes or actors, more than the CPUs of a large Ray cluster"
 
 
@@ -103,8 +103,11 @@ class ModelSize:
     def limit(self) -> str:
         return self.bounded().limit
 
+    def check(self, text: str) -> int:
+        return self.bounded()(text)
+
     def __call__(self, text: str) -> Deferred:
-        return Deferred(lambda value: self.bounded()(value), text)
+        return Deferred(self.check, text)
 
 
 BATCH = count(1 << 20, "interp.training.preflight.BOUNDS: past it a typo", name="batch_size")
