@@ -285,6 +285,18 @@ class StatesAt:
         return self.values.numel() * self.values.element_size()
 
 
+def check_mixers(cfg: ModelConfig) -> None:
+    """ValueError for a mixer name that is not registered, or rope positions without a mixer that
+    rotates (checked before any layer is built)."""
+    names = [name for name in cfg.mixers + cfg.mixer2s if name is not None] + ["attention"] * cfg.has_shared
+    for name in names:
+        if name not in MIXERS:
+            raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
+    if cfg.positional == "rope" and not any(MIXERS[name][0].rotary_positions for name in names):
+        raise ValueError(f"positional='rope' rotates attention queries and keys; the {cfg.mixer!r} mixer has "
+                         f"none (allowed for it: 'none', 'learned')")
+
+
 class SequenceModel(HookedMixin, nn.Module):
     """A stack of mixer blocks over a token embedding, with named hook points everywhere.
 
@@ -294,13 +306,7 @@ class SequenceModel(HookedMixin, nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        names = [name for name in cfg.mixers + cfg.mixer2s if name is not None] + ["attention"] * cfg.has_shared
-        for name in names:
-            if name not in MIXERS:
-                raise ValueError(unknown_name_message("mixer", name, list(MIXERS)))
-        if cfg.positional == "rope" and not any(MIXERS[name][0].rotary_positions for name in names):
-            raise ValueError(f"positional='rope' rotates attention queries and keys; the {cfg.mixer!r} mixer has "
-                             f"none (allowed for it: 'none', 'learned')")
+        check_mixers(cfg)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":

@@ -44,9 +44,10 @@ def element_counts(config: ModelConfig) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=256)
 def _element_counts(config_json: str) -> tuple[int, int]:
-    from models.backbone import SHARED_WEIGHTS, Block, make_norm
+    from models.backbone import SHARED_WEIGHTS, Block, check_mixers, make_norm
 
     config = ModelConfig.from_json(config_json)
+    check_mixers(config)
     embedding = config.vocab_size * config.d_model
     positions = config.max_len * config.d_model if config.positional == "learned" else 0
     kinds: dict[tuple, tuple[int, int, int]] = {}   # kind -> (parameters, buffer bytes, tied shared parameters)
