@@ -78,20 +78,21 @@ def _has(module: torch.nn.Module, path: str) -> bool:
         return False
 
 
-def check_fits(config: ModelConfig, device: str = "cpu", loading_bytes: int = 0, what: str = "the model") -> None:
+def check_fits(config: ModelConfig, device: str = "cpu", weights_bytes: int = 0, what: str = "the model") -> None:
     """ModelTooLarge (one line: the parameters, the bytes, the memory available) when building
-    SequenceModel(config) in float32 on the CPU, plus `loading_bytes` (a weights file read beside
-    it), exceeds the memory available now, or its weights exceed what is free on a GPU `device`."""
+    SequenceModel(config) in float32 on the CPU, plus `weights_bytes` (a weights file read beside
+    it), exceeds the memory available now, or its weights (the file's bytes, in their own dtype,
+    else float32) exceed what is free on a GPU `device`."""
     parameters, buffers = element_counts(config)
-    needed = FLOAT32_BYTES * parameters + buffers + loading_bytes
+    needed = FLOAT32_BYTES * parameters + buffers + weights_bytes
     available = available_bytes()
     if needed > available:
-        read = f" and {format_bytes(loading_bytes)} for its weights file" if loading_bytes else ""
+        read = f" and {format_bytes(weights_bytes)} for its weights file" if weights_bytes else ""
         raise ModelTooLarge(f"{what} has {parameters:,} parameters: building it needs about {format_bytes(needed)} "
                             f"({format_bytes(FLOAT32_BYTES * parameters + buffers)} in float32{read}), more than "
                             f"the {format_bytes(available)} of memory available; lower d_model / n_layers / vocab_size")
     if str(device).startswith("cuda") and torch.cuda.is_available():
-        free = torch.cuda.mem_get_info(torch.device(device))[0]
-        if FLOAT32_BYTES * parameters > free:
-            raise ModelTooLarge(f"{what} has {parameters:,} parameters: about {format_bytes(FLOAT32_BYTES * parameters)}"
-                                f" in float32, more than the {format_bytes(free)} free on {device}")
+        on_gpu, free = weights_bytes or FLOAT32_BYTES * parameters, torch.cuda.mem_get_info(torch.device(device))[0]
+        if on_gpu > free:
+            raise ModelTooLarge(f"{what} has {parameters:,} parameters: about {format_bytes(on_gpu)} of weights, "
+                                f"more than the {format_bytes(free)} free on {device}")

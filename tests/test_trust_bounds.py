@@ -130,6 +130,21 @@ def test_a_7b_llama_passes_the_bounds_and_the_memory_decides(monkeypatch):
     size.check_fits(config)
 
 
+def test_on_a_gpu_the_weights_are_counted_in_their_own_dtype(monkeypatch):
+    """A 7B Llama in bfloat16 (13.5 GB) fits a 24 GB GPU though its float32 build (27 GB) would not;
+    a 12 GB GPU refuses it, naming the bytes and the device (torch.cuda stubbed: no GPU needed)."""
+    monkeypatch.setattr(size, "available_bytes", lambda: 64 * 10 ** 9)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (24 * 10 ** 9, 80 * 10 ** 9))
+    bf16 = 2 * 6_738_415_616
+    size.check_fits(llama_7b(), "cuda:0", bf16)
+    with pytest.raises(size.ModelTooLarge, match="27 GB of weights, more than the 24 GB free on cuda:0"):
+        size.check_fits(llama_7b(), "cuda:0")   # no weights file: built in float32
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (12 * 10 ** 9, 80 * 10 ** 9))
+    with pytest.raises(size.ModelTooLarge, match="13.5 GB of weights, more than the 12 GB free on cuda:0"):
+        size.check_fits(llama_7b(), "cuda:0", bf16)
+
+
 @pytest.mark.parametrize("field", sorted(FIELD_BOUNDS))
 def test_every_field_bound_admits_its_bound_and_refuses_one_more(field):
     bound = FIELD_BOUNDS[field]
