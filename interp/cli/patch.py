@@ -176,7 +176,7 @@ def check_budget(max_memory: str | None) -> None:
     """ValueError naming --max-memory when it is not a size, or more than the memory available."""
     from models.memory import available_bytes, budget_bytes, format_bytes
 
-    if max_memory is not None and budget_bytes(max_memory, "--max-memory") > available_bytes():
+    if max_memory is not None and budget_bytes(max_memory) > available_bytes():
         raise ValueError(f"argument --max-memory: {max_memory} is more than the {format_bytes(available_bytes())} of "
                          "memory available; a plan to that budget would not fit")
 

@@ -11,8 +11,8 @@ from interp.cli.args import (BATCH, LEARNING_RATE, MAX_LENGTH, MAX_STEPS, WHY_LE
 
 TRAIN_LENGTH = count(MAX_LENGTH, WHY_LENGTH, name="train_length")
 WARMUP = count(MAX_STEPS, WHY_STEPS, low=0)
-WEIGHT_DECAY = real(0, 10, "AdamW scales each matrix by 1 - lr * weight_decay a step: past 10 it erases them")
-GRAD_CLIP = real(0, 1e6, "a norm no gradient of a finite loss reaches; give 1e6 for no clipping", low_open=True)
+WEIGHT_DECAY = real(0, 10, "AdamW scales each matrix by 1 - lr * weight_decay a step; recipes use 0 to 0.1")
+GRAD_CLIP = real(0, 1e6, "recipes clip at 0.5 to 5; 1e6 turns clipping off in practice", low_open=True)
 
 MODEL_OVERRIDES = {  # flag -> (ModelConfig field, type, help)
     "--d-model": ("d_model", ModelSize("d_model"), "residual width"),
