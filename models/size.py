@@ -55,9 +55,9 @@ def _element_counts(config_json: str) -> tuple[int, int]:
         parameters = sum(p.numel() for p in make_norm(config).parameters())
         parameters += embedding * (1 if config.tie_embeddings else 2) + positions
         buffers = 0
-        for layer in range(config.n_layers):
-            kind = (config.mixers[layer], config.mixer2s[layer], config.mlps[layer], uses_moe(config, layer),
-                    config.shared_blocks[layer] is not None, layer == 0)
+        layers = zip(config.mixers, config.mixer2s, config.mlps, config.shared_blocks)   # each property a new list
+        for layer, (mixer, mixer2, mlp, shared_index) in enumerate(layers):
+            kind = (mixer, mixer2, mlp, uses_moe(config, layer), shared_index is not None, layer == 0)
             if kind not in kinds:
                 block = Block(config, layer)
                 shared = sum(block.get_parameter(f"shared.{path}").numel() for path in SHARED_WEIGHTS
