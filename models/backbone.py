@@ -14,6 +14,8 @@ from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.layout import input_major_
 from models.mixers import MIXERS
 from models.moe import MoE, uses_moe
+from models import tl_run
+from models.tl_surface import MLPWeights, TLSurface, block_attention
 
 
 class ScaleHooked:
@@ -66,13 +68,14 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
-class MLP(nn.Module):
+class MLP(MLPWeights, nn.Module):
     """down(act(up(x))), act erf GELU ("gelu"), its tanh approximation ("gelu_tanh") or squared
     ReLU ("relu2"), or down(act(gate(x)) * up(x)) with act SiLU ("swiglu") or erf GELU ("geglu");
     width cfg.mlp_width, biases if cfg.mlp_bias.
 
     Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) when gated), hook_post [B, T, F]
-    the neurons down() reads, hook_out [B, T, d_model]."""
+    the neurons down() reads, hook_out [B, T, d_model]. TransformerLens' W_in, W_gate, W_out,
+    b_in, b_out (models.tl_surface.MLPWeights)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -205,6 +208,12 @@ class Block(nn.Module):
         return {slot: getattr(self, slot) for slot in MIXER_SLOTS if getattr(self, slot, None) is not None}
 
     @property
+    def attn(self) -> nn.Module | None:
+        """TransformerLens' blocks[l].attn: the block's attention mixer (mixer, or mixer2 in a
+        parallel layout) with TL's W_Q, ..., b_O; None without one."""
+        return block_attention(self)
+
+    @property
     def resume_context(self) -> int | None:
         """The block inputs before a resume point it reads (None: all; 0 without mixers)."""
         contexts = [mixer.resume_context for mixer in self.mixers.values()]
@@ -297,11 +306,13 @@ def check_mixers(cfg: ModelConfig) -> None:
                          f"none (allowed for it: 'none', 'learned')")
 
 
-class SequenceModel(HookedMixin, nn.Module):
+class SequenceModel(TLSurface, HookedMixin, nn.Module):
     """A stack of mixer blocks over a token embedding, with named hook points everywhere.
 
     forward(tokens [B, T] int) -> logits [B, T, vocab_size]; forward(tokens, at=positions [B])
-    -> logits [B, vocab_size] at one position per row (`read_out`).
+    -> logits [B, vocab_size] at one position per row (`read_out`). TransformerLens' forward
+    arguments and model attributes (W_E, W_U, W_Q, ..., to_tokens, tokens_to_residual_directions)
+    work as in TL: models.tl_run, models.tl_surface.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -330,9 +341,26 @@ class SequenceModel(HookedMixin, nn.Module):
         self.setup_hooks()
         input_major_(self)   # widening maps (the unembedding, MLP in, q / k / v) store W input-major
 
-    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
-        self.check_tokens(tokens)
-        return self.read_out(self._blocks(self.embedding(tokens)), at)
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None, return_type="logits",
+                loss_per_token: bool = False, stop_at_layer: int | None = None, start_at_layer: int | None = None,
+                labels=None, **kwargs):
+        """The logits [B, T, V] (with `at`: [B, V], read_out). TransformerLens' forward: tokens
+        may be text (with a tokenizer); return_type ("logits", "loss", "both", None; a str in
+        the place of `at` is return_type, TL's second argument), loss_per_token, stop_at_layer,
+        start_at_layer (tokens: the residual stream [B, T, D] entering that block), labels
+        (models.tl_run)."""
+        if isinstance(at, str):
+            return_type, at = at, None
+        tokens = self.as_tokens(tokens)
+        if return_type == "logits" and not loss_per_token and stop_at_layer is None and start_at_layer is None \
+                and labels is None and not kwargs:
+            self.check_tokens(tokens)
+            return self.read_out(self._blocks(self.embedding(tokens)), at)
+        if at is not None:
+            raise ValueError(f"at={at!r} reads the logits at one position per row; with return_type={return_type!r}, "
+                             "stop_at_layer, start_at_layer or labels leave it out")
+        return tl_run.tl_forward(self, tokens, kwargs, return_type, loss_per_token, stop_at_layer, start_at_layer,
+                                 labels)
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] hook_embed's value -> the last block's output
         # the embedding stays alive only for blocks with a shared branch, which read it (Zamba2)

@@ -33,6 +33,9 @@ from torch import nn
 from models.cache_analyses import ResidualAnalyses, take
 from models.cache_store import DiskStore, create_store, open_store
 from models.tl_names import NoCounterpart, act_name, normalized_inputs, tl_act_name
+from models.tl_surface import block_attention
+
+SSM_MIXERS = ("mamba", "mamba2")  # whose hook_state compute_ssm_state returns in TransformerLens' layout
 
 
 
@@ -218,6 +221,59 @@ class Cache(ResidualAnalyses, Mapping):
         drops = isinstance(batch_slice, int) and not isinstance(batch_slice, bool)
         return Cache({n: take(v, 0, batch_slice, "batch_slice") if v.dim() else v for n, v in self._store.items()},
                      self.model, has_batch_dim=not drops, positions=self.positions, heads=self.heads)
+
+    def compute_head_results(self) -> None:
+        """TransformerLens': cache each attention layer's per-head outputs hook_result [B, T, H, D],
+        hook_z [B, T, H, d_head] times each head's W_O [d_head, D], where not cached already
+        (from the cached hook_z; its heads and positions kept)."""
+        model = self._model()
+        for block in model.blocks:
+            attention = block_attention(block)
+            if attention is None or attention.hook_result.name in self._store:
+                continue
+            z_name, result_name = attention.hook_z.name, attention.hook_result.name
+            if z_name not in self._store:
+                raise KeyError(f"compute_head_results needs {z_name!r} in the cache: run_with_cache with it named "
+                               f"(or cache {result_name!r} itself)")
+            z, W_O = self._store[z_name], attention.W_O  # [B, T, H, d_head], [H, d_head, D]
+            if z_name in self.heads:
+                W_O = W_O[self.heads[z_name]]
+                self.heads[result_name] = self.heads[z_name]
+            if z_name in self.positions:
+                self.positions[result_name] = self.positions[z_name]
+            with torch.set_grad_enabled(z.requires_grad):
+                self._store[result_name] = torch.einsum("...hd,hdm->...hm", z, W_O.to(z.dtype))
+
+    def compute_ssm_state(self, layer: int | None = None, time_step: int | None = None):
+        """TransformerLens' compute_ssm_state on Mamba / Mamba-2 layers, read from the cached
+        hook_state in TL's layout: Mamba [B, E, T, N], Mamba-2 [B, H, T, P, N] (time_step t:
+        [B, E, N], [B, H, P, N]). layer None: every such layer, stacked on a new first axis when
+        every layer is one, else {layer: state}."""
+        model = self._model()
+        layers = [j for j, mixer in enumerate(model.cfg.mixers) if mixer in SSM_MIXERS]
+        if layer is None:
+            if not layers:
+                raise ValueError(f"compute_ssm_state reads Mamba / Mamba-2 layers; this model has none (mixers "
+                                 f"{sorted(set(map(str, model.cfg.mixers)))}): read cache['blocks.l.mixer.hook_state']")
+            states = {j: self._ssm_state(j, time_step) for j in layers}
+            return torch.stack(list(states.values())) if len(layers) == self.n_layers else states
+        if layer not in layers:
+            raise ValueError(f"compute_ssm_state: block {layer!r} has no Mamba / Mamba-2 mixer (mixers {model.cfg.mixers}); "
+                             f"another recurrent state is cache['blocks.{layer}.mixer.hook_state'] in our layout "
+                             "(docs/caches.md)")
+        return self._ssm_state(layer, time_step)
+
+    def _ssm_state(self, layer: int, time_step: int | None) -> torch.Tensor:
+        name = f"blocks.{layer}.mixer.hook_state"
+        if name not in self._store:
+            raise KeyError(f"compute_ssm_state needs {name!r} in the cache: run_with_cache with it named")
+        state, time_axis = self._store[name], 1 if self.has_batch_dim else 0  # [B, T, *S]
+        if time_step is None:
+            return state.movedim(time_axis, time_axis + 1)
+        kept = self.positions.get(name)
+        if kept is not None and time_step not in kept:
+            raise KeyError(f"time_step={time_step!r}: {name!r} is cached at positions {kept} only")
+        return state.select(time_axis, time_step if kept is None else kept.index(time_step))
 
     def to(self, device) -> "Cache":
         """Move every tensor to `device` (in place; a disk-backed cache is read into memory); returns self."""

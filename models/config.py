@@ -20,6 +20,7 @@ FIELD_BOUNDS = {
     "d_mlp": 1 << 18, "vocab_size": 1 << 22, "max_len": 1 << 24, "shared_adapter_rank": 1 << 14,
 }
 MOE_BOUNDS = {"experts": 1 << 14, "top_k": 1 << 14, "d_expert": 1 << 18, "d_shared": 1 << 18}   # models/moe.py's keys
+_TL_ACT_FN = {"gelu": "gelu", "gelu_tanh": "gelu_new", "swiglu": "silu", "geglu": "gelu", "relu2": "relu2"}
 
 
 @dataclass
@@ -283,6 +284,40 @@ class ModelConfig:
         if isinstance(self.beta_scale, (int, float)):
             return [float(self.beta_scale)] * self.n_heads
         return [float(s) for s in self.beta_scale]
+
+    # TransformerLens' HookedTransformerConfig names for what we call otherwise (d_head and d_mlp
+    # are our fields, None where derived: head_dim and mlp_width are the values)
+    @property
+    def d_vocab(self) -> int:
+        return self.vocab_size
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self.max_len
+
+    @property
+    def n_key_value_heads(self) -> int | None:
+        return self.n_kv_heads
+
+    @property
+    def act_fn(self) -> str:
+        return _TL_ACT_FN[self.mlp_activation]
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp_activation in ("swiglu", "geglu")
+
+    @property
+    def normalization_type(self) -> str | None:
+        return {"layernorm": "LN", "rmsnorm": "RMS", "none": None}[self.norm]
+
+    @property
+    def positional_embedding_type(self) -> str:
+        return {"learned": "standard", "rope": "rotary", "none": "none"}[self.positional]
 
     def replace(self, **overrides: Any) -> "ModelConfig":
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}

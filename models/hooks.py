@@ -264,9 +264,17 @@ class HookedMixin:
         fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
         readers: Sequence[tuple[str, Reader]] = (),
         allow_nonfinite: bool = False,
+        bwd_hooks: Sequence[tuple[str | Callable[[str], bool], Callable]] = (),
+        **kwargs,
     ) -> Iterator["HookedMixin"]:
-        """Attach patches and readers for the duration of the context; always removed after."""
+        """Attach patches and readers for the duration of the context; always removed after.
+        bwd_hooks (TransformerLens'): [(name, fn)], fn(grad, hook) on the gradient of each
+        activation computed inside the context when backward() runs (inside or after it)."""
+        tl_run.refuse_unsupported(kwargs)
+        if kwargs:
+            raise TypeError(f"hooks() got unexpected arguments {sorted(kwargs)}")
         pairs = _checked_pairs(fwd_hooks, "fwd_hooks")
+        pairs += [(n, tl_run.backward_hook(fn)) for n, fn in _checked_pairs(bwd_hooks, "bwd_hooks")]
         targets = [([n for n in self._listed if name(n)] if callable(name) else [name], name) for name, _ in pairs]
         for names, name in targets:
             if not names:
@@ -297,16 +305,17 @@ class HookedMixin:
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
         TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer, start_at_layer
         (tokens is then the residual stream [B, T, D] entering that block; a loss needs labels=
-        the token ids), labels and remove_batch_dim as in TL (models.tl_run)."""
+        the token ids), labels and remove_batch_dim as in TL (models.tl_run); tokens may be text
+        where the model has a tokenizer."""
+        tokens = self.as_tokens(tokens) if hasattr(self, "as_tokens") else tokens
         tl_run.refuse_unsupported(kwargs)
         tl_run.check_return_type(return_type)
-        targets = tl_run.loss_targets(tokens, labels, start_at_layer, return_type)
+        tl_run.loss_targets(tokens, labels, start_at_layer, return_type)  # checked before anything runs
         fwd = _checked_pairs(fwd_hooks, "fwd_hooks")
         fwd = [(n, tl_run.unbatched(fn)) for n, fn in fwd] if remove_batch_dim else fwd
-        bwd = [(n, tl_run.backward_hook(fn)) for n, fn in _checked_pairs(bwd_hooks, "bwd_hooks")]
-        with self.hooks(fwd + bwd, allow_nonfinite=allow_nonfinite):
-            out = tl_run.forward(self, tokens, stop_at_layer, kwargs, start_at_layer)
-        return out if stop_at_layer is not None else tl_run.output(out, targets, return_type, loss_per_token)
+        with self.hooks(fwd, allow_nonfinite=allow_nonfinite, bwd_hooks=bwd_hooks):
+            return tl_run.tl_forward(self, tokens, kwargs, return_type, loss_per_token, stop_at_layer,
+                                     start_at_layer, labels)
 
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
                    incl_bwd: bool = False, heads=None, **kwargs) -> CachePlan:
@@ -373,6 +382,7 @@ class HookedMixin:
         remove_batch_dim work as in TL (models.tl_run); incl_bwd=True with return_type="loss"
         and no metric differentiates the loss.
         """
+        tokens = self.as_tokens(tokens) if hasattr(self, "as_tokens") else tokens
         targets = tl_run.loss_targets(tokens, labels, start_at_layer, return_type)
         names, positions, metric = tl_run.cache_arguments(tokens, names, names_filter, positions, pos_slice,
                                                           return_type, incl_bwd, metric, remove_batch_dim, to_disk,

@@ -208,7 +208,13 @@ def normalized_inputs(name: str, n_layers: int) -> tuple[str, str] | None:
     return f"blocks.{layer}.hook_{resid}", f"blocks.{layer}.{ours}.hook_scale"
 
 
-def act_name(name: str, layer: int | str | None = None, layer_type: str | None = None, known=None) -> str:
+def act_name(name: str, layer: int | str | None = None, layer_type: str | None = None, known=None,
+             tl: bool = False) -> str:
     """get_act_name shorthand or a TL name -> our hook name (NoCounterpart where we have none);
-    known as in to_ours."""
-    return to_ours(tl_act_name(name, layer, layer_type), known)
+    known as in to_ours. tl=True: TL's own string (utils.get_act_name's), which every name-taking
+    call here takes as well."""
+    full = tl_act_name(name, layer, layer_type)
+    return full if tl else to_ours(full, known)
+
+
+get_act_name = tl_act_name  # TransformerLens' utils.get_act_name: TL's strings

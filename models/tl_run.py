@@ -74,6 +74,17 @@ def start_layer(n_layers: int, start_at_layer: int) -> int:
     return start_at_layer % n_layers
 
 
+def tl_forward(model, tokens: torch.Tensor, kwargs: dict, return_type="logits", loss_per_token: bool = False,
+               stop_at_layer: int | None = None, start_at_layer: int | None = None, labels=None):
+    """TL's forward: what return_type asks for (the residual stream [B, T, D] with
+    stop_at_layer), the TL arguments checked and those we do not take refused from kwargs."""
+    refuse_unsupported(kwargs)
+    check_return_type(return_type)
+    targets = loss_targets(tokens, labels, start_at_layer, return_type)
+    out = forward(model, tokens, stop_at_layer, kwargs, start_at_layer)
+    return out if stop_at_layer is not None else output(out, targets, return_type, loss_per_token)
+
+
 def forward(model, tokens: torch.Tensor, stop_at_layer: int | None, kwargs: dict,
             start_at_layer: int | None = None) -> torch.Tensor:
     """model(tokens, **kwargs), or the residual stream [B, T, D] where stop_at_layer stops it;

@@ -29,11 +29,26 @@ def gpt2_source():
     return model
 
 
-def lens(source):
-    """TransformerLens' TransformerBridge over source, unprocessed weights (skip when TL is absent)."""
+def word_tokenizer():
+    """A transformers tokenizer over VOCAB words ("<|endoftext|>" id 0: BOS, EOS and pad as
+    GPT-2's, then "w1" ... "w49"), built offline; like GPT-2's it adds no BOS itself."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tf = pytest.importorskip("transformers")
+    words = ["<|endoftext|>"] + [f"w{i}" for i in range(1, VOCAB)]
+    inner = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)},
+                                                             unk_token="<|endoftext|>"))
+    inner.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def lens(source, tokenizer=None):
+    """TransformerLens' TransformerBridge over source, unprocessed weights (skip when TL is absent);
+    tokenizer: saved beside the weights, so the bridge loads it."""
     bridge_module = pytest.importorskip("transformer_lens.model_bridge")
     directory = tempfile.mkdtemp(prefix="tl-oracle-")
     source.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
     bridge = bridge_module.TransformerBridge.boot_transformers(directory, hf_model=copy.deepcopy(source),
                                                                device="cpu", dtype=torch.float64)
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)

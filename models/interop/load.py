@@ -29,15 +29,19 @@ from models.interop.convert import listed, reading
 from models.interop.gates import check_config_sizes, check_memory
 from models.interop.registry import CONVERTERS, converter_for
 from models.layout import is_input_major
+from models.tl_surface import directory_tokenizer
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | None = None) -> SequenceModel:
+def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | None = None,
+                    tokenizer=None) -> SequenceModel:
     """Our SequenceModel with the math and weights of `source`: an in-memory transformers / fla
     model (e.g. `MambaForCausalLM`) or a local checkpoint directory (config.json + safetensors
     weights; nothing downloaded). dtype: of the result (default the source's). Supported
-    architectures: models.supported_architectures().
+    architectures: models.supported_architectures(). tokenizer: a transformers tokenizer to
+    attach (model.tokenizer: to_tokens, text inputs); None: a directory's own, when it has one
+    (models.tl_surface.directory_tokenizer: local files, no remote code); False: none.
 
     Memory: our model is created with its parameters on the meta device and filled tensor by
     tensor, each the converter's tensor itself when it is new (a concatenation, a dtype change, a
@@ -47,9 +51,10 @@ def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | 
     where the files' names differ from the model's). A directory is untrusted: no code of it runs,
     its headers and config sizes are checked before allocation, and a weight it lacks or a tensor
     nothing uses is refused (load_directory; docs/trust-imports.md)."""
-    checkpoint = None
+    checkpoint, directory = None, None
     if isinstance(source, (str, os.PathLike)):
-        source, checkpoint = load_directory(Path(source), dtype)
+        directory = Path(source)
+        source, checkpoint = load_directory(directory, dtype)
     if not isinstance(source, nn.Module):
         raise TypeError(f"source must be a transformers / fla model or a checkpoint directory path; "
                         f"got {type(source).__name__}")
@@ -61,7 +66,12 @@ def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | 
         embedding = source.get_input_embeddings().weight
         dtype = embedding.dtype if checkpoint is None else checkpoint.dtype(_name_of(source, embedding))
     shared = set() if checkpoint is not None else {t.untyped_storage().data_ptr() for t in source.state_dict().values()}
-    return filled(cfg, state, dtype, shared, converter.__name__)
+    model = filled(cfg, state, dtype, shared, converter.__name__)
+    if tokenizer is None and directory is not None:
+        tokenizer = directory_tokenizer(directory)
+    if tokenizer not in (None, False):
+        model.set_tokenizer(tokenizer)
+    return model
 
 
 def filled(cfg, state: dict[str, torch.Tensor], dtype: torch.dtype, shared: set[int], converter: str) -> SequenceModel:

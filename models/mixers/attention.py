@@ -150,12 +150,63 @@ def scores_and_pattern(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, 
     return scores, causal_softmax(scores)
 
 
+class AttentionWeights:
+    """TransformerLens' W_Q [H, D, d], W_K / W_V [G, D, d], W_O [H, d, D], b_Q [H, d], b_K / b_V
+    [G, d], b_O [D] (zeros where there is no bias) on the attention mixer, as views of qkv (the
+    fused [(H + 2 G) d, D] map) and out_proj [D, H d] (models.tl_surface)."""
+
+    tl_weights = True  # what models.tl_surface.block_attention looks for
+
+    def _qkv_rows(self, part: int, weight: bool) -> torch.Tensor:
+        H, G, d = self.n_heads, self.n_kv, self.d_head
+        rows = (slice(0, H), slice(H, H + G), slice(H + G, H + 2 * G))[part]
+        if weight:
+            return self.qkv.weight.unflatten(0, (H + 2 * G, d))[rows].transpose(1, 2)  # [heads, D, d]
+        if self.qkv.bias is None:
+            return self.qkv.weight.new_zeros(rows.stop - rows.start, d)
+        return self.qkv.bias.unflatten(0, (H + 2 * G, d))[rows]  # [heads, d]
+
+    @property
+    def W_Q(self) -> torch.Tensor:
+        return self._qkv_rows(0, True)
+
+    @property
+    def W_K(self) -> torch.Tensor:
+        return self._qkv_rows(1, True)
+
+    @property
+    def W_V(self) -> torch.Tensor:
+        return self._qkv_rows(2, True)
+
+    @property
+    def b_Q(self) -> torch.Tensor:
+        return self._qkv_rows(0, False)
+
+    @property
+    def b_K(self) -> torch.Tensor:
+        return self._qkv_rows(1, False)
+
+    @property
+    def b_V(self) -> torch.Tensor:
+        return self._qkv_rows(2, False)
+
+    @property
+    def W_O(self) -> torch.Tensor:  # [H, d, D]
+        return self.out_proj.weight.t().unflatten(0, (self.n_heads, self.d_head))
+
+    @property
+    def b_O(self) -> torch.Tensor:  # [D]
+        bias = self.out_proj.bias
+        return self.out_proj.weight.new_zeros(self.out_proj.out_features) if bias is None else bias
+
+
+
 @register_mixer(
     "attention",
     presets={"transformer": dict(mlp=True, positional="learned", n_layers=2, norm="layernorm")},
     mlp=True, positional="learned", n_layers=2, norm="layernorm",
 )
-class Attention(Mixer):
+class Attention(AttentionWeights, Mixer):
     rotary_positions = True
 
     def __init__(self, cfg, layer_idx: int) -> None:
