@@ -95,6 +95,27 @@ def test_hooks_context_takes_bwd_hooks(setup):
             pass
 
 
+def test_in_place_edit_of_z_keeps_the_gradient(setup):
+    """TL's habit z[:, :, h] = 0 in a hook on hook_z, with gradients: the same loss and parameter
+    gradients as an out-of-place edit (SDPA's backward reads its output, so the edit must not
+    reach it)."""
+    _, model, ids = setup
+
+    def in_place(z, hook):
+        z[:, :, 1] = 0.0
+        return z
+
+    def out_of_place(z, hook):
+        return z * torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=z.dtype)[:, None]
+
+    results = []
+    for fn in (in_place, out_of_place):
+        loss = model.run_with_hooks(ids, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", fn)])
+        results.append((loss, torch.autograd.grad(loss, model.W_E)[0]))
+    close(results[0][0], results[1][0])
+    close(results[0][1], results[1][1])
+
+
 def test_weights_are_views_of_the_parameters(setup):
     _, model, _ = setup
     shares = lambda view, parameter: view.untyped_storage().data_ptr() == parameter.untyped_storage().data_ptr()  # noqa: E731

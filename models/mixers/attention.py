@@ -332,6 +332,8 @@ class Attention(AttentionWeights, Mixer):
         else:  # the last queries (one query, decoding: every key, no mask)
             mask = None if q.shape[2] == 1 else causal_mask(q.shape[2], k.shape[2], q.device)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] < q.shape[1])
+        if not explicit and self.hook_z.is_patched and torch.is_grad_enabled():
+            z = z.clone()  # SDPA's backward reads its output: a patch editing z in place (TL's habit) must not
         z = z.transpose(1, 2)  # [B, Tq, H, d_head]
         return head_outputs(z if gate is None else z * gate, self.out_proj, self.hook_z, self.hook_result)
 
