@@ -144,8 +144,8 @@ UNSUPPORTED = {
                               "autograd graph without it"),
     "return_cache_object": (True, "run_with_cache returns a Cache, a Mapping (dict(cache) is a dict)"),
     "clear_contexts": (False, "our hook points have no ctx"),
-    "prepend_bos": (None, "tokens are token ids [B, T]; there is no tokenizer"),
-    "padding_side": (None, "tokens are token ids [B, T]; there is no tokenizer"),
+    "prepend_bos": (None, "tokenize with model.to_tokens(text, prepend_bos=...) and pass the token ids [B, T]"),
+    "padding_side": (None, "model.to_tokens pads on the right (no padding masks here); pass the token ids [B, T]"),
     "attention_mask": (None, "there are no padding masks: run equal-length batches"),
     "past_kv_cache": (None, "decode with model.generate (models.decoding: KV caches and recurrent states)"),
 }

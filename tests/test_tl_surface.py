@@ -323,8 +323,8 @@ def test_compute_head_results_same_as_transformer_lens(setup, bridge):
 
 @pytest.mark.parametrize("kind", ["mamba", "mamba2"])
 def test_compute_ssm_state_same_as_transformer_lens(kind):
-    """1e-5: TL reconstructs the state in float32 (its S6 / SSD terms), and transformers' Mamba
-    RMSNorms compute in float32 (tests/test_tl_mamba.py)."""
+    """1e-7 (measured 1.5e-9 Mamba, 2.3e-9 Mamba-2, states of size 0.02): TL reconstructs the state
+    from its cached hooks in float32 (its S6 / SSD terms)."""
     from tests.test_interop import mamba_source
     from tests.test_interop_mamba2 import mamba2_source
     from tests.test_tl_mamba import bridge_and_ours
@@ -333,5 +333,5 @@ def test_compute_ssm_state_same_as_transformer_lens(kind):
     with torch.no_grad():
         _, theirs = bridge.run_with_cache(ids)
         _, cache = model.run_with_cache(ids)
-    close(cache.compute_ssm_state(), theirs.compute_ssm_state(), atol=1e-5)
-    close(cache.compute_ssm_state(1, time_step=4), theirs.compute_ssm_state(1, time_step=4), atol=1e-5)
+    close(cache.compute_ssm_state(), theirs.compute_ssm_state().detach(), atol=1e-7)
+    close(cache.compute_ssm_state(1, time_step=4), theirs.compute_ssm_state(1, time_step=4).detach(), atol=1e-7)
