@@ -262,14 +262,16 @@ class HookedMixin:
     def hooks(
         self,
         fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+        bwd_hooks: Sequence[tuple[str | Callable[[str], bool], Callable]] = (),
+        *,
         readers: Sequence[tuple[str, Reader]] = (),
         allow_nonfinite: bool = False,
-        bwd_hooks: Sequence[tuple[str | Callable[[str], bool], Callable]] = (),
         **kwargs,
     ) -> Iterator["HookedMixin"]:
         """Attach patches and readers for the duration of the context; always removed after.
-        bwd_hooks (TransformerLens'): [(name, fn)], fn(grad, hook) on the gradient of each
-        activation computed inside the context when backward() runs (inside or after it)."""
+        bwd_hooks (TransformerLens', in TL's place: the second argument): [(name, fn)],
+        fn(grad, hook) on the gradient of each activation computed inside the context when
+        backward() runs (inside or after it)."""
         tl_run.refuse_unsupported(kwargs)
         if kwargs:
             raise TypeError(f"hooks() got unexpected arguments {sorted(kwargs)}")

@@ -44,7 +44,6 @@ class NoWeight(ValueError):
     """A TransformerLens weight this model (or one of its layers) does not have."""
 
 
-
 class MLPWeights:
     """TL's W_in / W_gate / W_out and biases on a dense MLP (up, gate, down: nn.Linear), as views."""
 

@@ -90,6 +90,11 @@ def test_hooks_context_takes_bwd_hooks(setup):
     with model.hooks(bwd_hooks=[("blocks.0.hook_resid_mid", lambda grad, hook: torch.zeros_like(grad))]):
         loss = model(ids, return_type="loss")
     assert float(torch.autograd.grad(loss, model.W_pos)[0].abs().max()) == 0.0
+    seen = {}
+    with model.hooks([], [("blocks.0.hook_resid_mid", lambda grad, hook: seen.setdefault("grad", grad))]):  # TL's order
+        model(ids, return_type="loss").backward()
+    model.zero_grad()
+    close(seen["grad"], cache["blocks.0.hook_resid_mid_grad"])
     with pytest.raises(TypeError, match="reset_hooks_end=False"):
         with model.hooks(reset_hooks_end=False):
             pass
