@@ -296,7 +296,7 @@ class ModelConfig:
         return self.vocab_size
 
     @property
-    def n_ctx(self) -> int:
+    def n_ctx(self) -> int:  # the learned positions' bound (a default without them)
         return self.max_len
 
     @property

@@ -23,7 +23,7 @@ MLP width, V the vocabulary):
 
 The query / key maps are before the rotary map and the per-head q / k norms (Qwen3), as TL's;
 an output gate (Qwen3-Next) is outside W_O. Grouped-query attention keeps its G key / value
-heads (TL's HookedTransformer repeats them to H).
+heads, as TL 4.3's bridge (HookedTransformer repeated them to H).
 
 Tokenizer (`model.tokenizer`, a transformers tokenizer: `model.set_tokenizer(tok)`, or
 `models.from_pretrained(directory)` keeps the checkpoint's own): to_tokens, to_string,
@@ -159,7 +159,8 @@ class TLSurface:
     def to_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None,
                   move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
         """A str or list of str -> token ids [B, T] (TL 4.3's bridge): BOS in front unless
-        prepend_bos=False, padded on the right, truncated to n_ctx (cfg.max_len)."""
+        prepend_bos=False, padded on the right, truncated to n_ctx (cfg.max_len) where positions
+        are learned (no other length bound here)."""
         tokenizer = self._tokenizer()
         if padding_side not in (None, "right"):
             raise ValueError(f"padding_side must be None or 'right' (no padding masks here: right padding never "
@@ -170,6 +171,7 @@ class TLSurface:
         adds_bos, adds_eos = _adds_bos_eos(tokenizer)
         if prepend_bos and not adds_bos and tokenizer.bos_token is not None:
             input = tokenizer.bos_token + input if isinstance(input, str) else [tokenizer.bos_token + s for s in input]
+        truncate = truncate and self.cfg.positional == "learned"  # the one length bound our models have
         tokens = tokenizer([input] if isinstance(input, str) else input, return_tensors="pt", padding=True,
                            padding_side="right", truncation=truncate,
                            max_length=self.cfg.max_len if truncate else None)["input_ids"]

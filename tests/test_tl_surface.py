@@ -304,6 +304,21 @@ def test_weights_same_as_transformer_lens(setup, bridge):
     assert model.cfg.head_dim == bridge.cfg.d_head
 
 
+def test_weights_of_a_gated_grouped_query_model_same_as_transformer_lens():
+    """Qwen3: 4 query / 2 key-value heads (W_K, W_V keep 2, as TL 4.3's bridge), a SwiGLU MLP
+    (W_gate the gate, W_in the up map), no biases (zeros here; the bridge has none)."""
+    from tests.test_interop_qwen3 import qwen3_source
+
+    source = qwen3_source().double().eval()
+    bridge = tl_oracle.lens(source)
+    model = models.from_pretrained(source)
+    for name in ("W_E", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out"):
+        close(getattr(model, name), getattr(bridge, name), atol=0)
+    assert model.W_K.shape[1] == 2 and not model.b_Q.any() and not model.b_out.any()
+    for field in ("act_fn", "gated_mlp", "normalization_type", "positional_embedding_type", "n_key_value_heads"):
+        assert getattr(model.cfg, field) == getattr(bridge.cfg, field), field
+
+
 def test_tokenizer_methods_same_as_transformer_lens(setup, bridge):
     _, model, _ = setup
     for text in ("w3 w4", ["w3 w4 w5", "w6"]):
