@@ -203,6 +203,9 @@ def test_tokenizer_methods_round_trip(setup):
     with torch.no_grad():
         close(model("w3 w4 w5"), model(torch.tensor([[0, 3, 4, 5]])))
         close(model.run_with_hooks("w3 w4", return_type="loss"), model(torch.tensor([[0, 3, 4]]), return_type="loss"))
+        logits, cache = model.run_with_cache(["w3 w4 w5", "w6 w7 w8"], names="blocks.0.hook_resid_pre")
+        close(logits, model(torch.tensor([[0, 3, 4, 5], [0, 6, 7, 8]])))
+        assert cache["resid_pre", 0].shape == (2, 4, 16)
     bare = models.SequenceModel(models.ModelConfig(mixer="attention", vocab_size=11, d_model=8))
     with pytest.raises(ValueError, match="no tokenizer"):
         bare.to_tokens("w1")
