@@ -243,14 +243,22 @@ def _adds_bos_eos(tokenizer) -> tuple[bool, bool]:
     return prepends, appends
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "special_tokens_map.json")
+TOKENIZER_MAX_BYTES = 1 << 28  # 256 MiB a file: the largest tokenizers ship ~35 MB (Gemma's tokenizer.json)
 
 
 def directory_tokenizer(directory):
     """The tokenizer saved in a local checkpoint directory (transformers' AutoTokenizer, local files
-    only, no remote code), or None when it has no tokenizer files."""
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    only, no remote code: an auto_map naming the directory's Python files is not imported), or
+    None when it has no tokenizer files; each file's size bounded first (TOKENIZER_MAX_BYTES)."""
+    found = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    if not found:
         return None
+    for path in found:
+        if path.stat().st_size > TOKENIZER_MAX_BYTES:
+            raise ValueError(f"tokenizer file {str(path)!r} is {path.stat().st_size} bytes; at most "
+                             f"{TOKENIZER_MAX_BYTES} are read (pass tokenizer=False to load the model without it)")
     from transformers import AutoTokenizer
 
     try:

@@ -222,6 +222,28 @@ def test_from_pretrained_keeps_a_directorys_tokenizer(setup, tmp_path):
     close(loaded(ids), model(ids))
 
 
+def test_a_directorys_tokenizer_runs_no_code_and_is_bounded(setup, tmp_path, monkeypatch):
+    """An auto_map in tokenizer_config.json naming the directory's own Python file is not
+    imported (no marker appears); an oversized tokenizer file is refused before it is read."""
+    import json
+
+    from models import tl_surface
+
+    source, model, _ = setup
+    source.save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+    marker = tmp_path / "marker"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                      "from transformers import PreTrainedTokenizerFast as Evil\n")
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "auto_map": {"AutoTokenizer": [None, "evil.Evil"]}}))
+    assert models.from_pretrained(tmp_path).to_tokens("w2").tolist() == [[0, 2]]
+    assert not marker.exists()
+    monkeypatch.setattr(tl_surface, "TOKENIZER_MAX_BYTES", 100)
+    with pytest.raises(ValueError, match=r"tokenizer\.json' is \d+ bytes; at most 100"):
+        models.from_pretrained(tmp_path)
+
+
 def test_compute_head_results_as_the_run_computes_them(setup):
     _, model, ids = setup
     with torch.no_grad():
