@@ -2,7 +2,8 @@
 level or inside a function) of every module in models/, probes/ and interp/.
 
     models, probes  never import interp; neither imports the other
-    interp          cli -> reproduce -> {report, sweep} -> analysis (and nnsight) -> training -> tasks, never back;
+    interp          cli -> reproduce -> {report, sweep} -> analysis (and nnsight) -> training -> prompts -> tasks,
+                    never back (prompts, text as Batches, sits with tasks, just above them);
                     rooms of one rank import neither each other (report never imports sweep, nor
                     sweep report; analysis never imports nnsight, nor nnsight analysis). The N*
                     search in analysis drives a runner it is handed (a sweep), so it needs no
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-INTERP_RANK = {"tasks": 0, "training": 1, "analysis": 2, "nnsight": 2, "report": 3, "sweep": 3, "reproduce": 4,
+INTERP_RANK = {"tasks": 0, "prompts": 0.5, "training": 1, "analysis": 2, "nnsight": 2, "report": 3, "sweep": 3, "reproduce": 4,
                "cli": 5}
 
 

@@ -13,11 +13,12 @@ from interp.tasks.base import Batch
 
 
 def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, answer, skip_noops: bool,
-            resume: bool, metrics, max_memory, progress: bool, plan_sites=None, shared=None) -> dict[str, torch.Tensor]:
+            resume: bool, metrics, max_memory, progress: bool, plan_sites=None, shared=None,
+            gate=None) -> dict[str, torch.Tensor]:
     """The raw numbers of one interchange run: p_patched [S, N], p_clean [N], p_corrupt [N],
     stats [3] (pairs run, skipped, passes) and, with metrics, scores [S, N, 2] (logit
-    difference, KL), ld_clean [N], scores_corrupt [N, 2]. plan_sites, shared: one unit of a grid
-    (patching.patch_from)."""
+    difference, KL), ld_clean [N], scores_corrupt [N, 2]. plan_sites, shared: one unit of a grid;
+    gate: whether to run the patched passes, from p_clean and p_corrupt (patching.patch_from)."""
     batch_size = rows_per_pass(batch_size, len(clean))
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
@@ -46,7 +47,7 @@ def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, 
         clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
             model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
             score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
-            progress=progress, plan_sites=plan_sites, shared=shared,
+            progress=progress, plan_sites=plan_sites, shared=shared, gate=gate,
         )
     raw = dict(p_patched=p_patched, p_clean=probs_at(clean_at, y), p_corrupt=p_corrupt,
                stats=torch.tensor([stats["run"], stats["skipped"], stats["passes"]]))

@@ -361,7 +361,7 @@ def _same_value(sites, source: Source, target_cache, target_pos) -> torch.Tensor
 def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_size, skip_noops,
                names: tuple[str, str] = ("source", "target"), resume: bool = False, score_from=None,
                source_ans: torch.Tensor | None = None, max_memory=None, progress: bool = False,
-               plan_sites=None, shared=None):
+               plan_sites=None, shared=None, gate=None):
     """Cache `source` (and `target`), then run `target` patched at each site from `source`.
     Returns (source logits [N, V] at source_ans (default: the last position), target logits
     [N, V] at target_ans, p_target(y) [N], p_patched(y) [S, N], scores [S, N, m] or None, stats
@@ -375,6 +375,8 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     for every site of the grid (plan_sites), so that the cached source and target runs are the
     same for each unit of these examples, and shared(compute) returns them (computing them with
     compute() the first time): later units skip the two cached runs.
+    gate(p_source(y) [N], p_target(y) [N]) -> bool, called once the two runs are cached: False
+    runs no patched pass (every pair takes the target's values, counted as skipped).
     """
     plan_sites = sites if plan_sites is None else plan_sites
     hooks = sorted({s.hook for s in plan_sites})
@@ -410,8 +412,12 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
         skip = after_answer(target_pos, target_ans)
     if skip_noops:
         skip |= _same_value(sites, from_source, target_cache, target_pos)
+    if gate is not None and not gate(probs_at(source_logits, y), p_target):
+        skip = torch.ones(len(sites), len(target), dtype=torch.bool)
     pairs = torch.nonzero(torch.ones(len(sites), len(target), dtype=torch.bool) if skip is None else ~skip)  # [P, 2]
-    if resume:
+    if not len(pairs):
+        groups, sizes, resume_cache = [], [], None
+    elif resume:
         merge = merge_row_positions(model)
         groups, sizes = planner.passes(lambda stride: _resume_groups(pairs, sites, target_pos, target_ans, stride, merge))
         kept = [h for h in resid + carry if h in target_cache.cache]  # carry: where planner.whole_states
