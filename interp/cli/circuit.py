@@ -6,8 +6,10 @@ key,value,query`: nodes per component and role) scored by EAP and EAP-IG
 (interp.analysis.circuits), the top `--rescore` EAP-IG edges re-scored by exact edge patching,
 the circuit chosen as the smallest number of top EAP-IG+exact edges whose faithfulness reaches
 `--target` (default 0.8; interp.analysis.circuits.search), or the top `--fraction` of edges when
-that is given, extracted and pruned, and faithfulness against size per method. When no circuit is
-found the report and the printed line say why and what to try. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
+that is given, extracted and pruned, and faithfulness against size per method (`--prompts FILE
+--tokenizer DIR`: your own prompt pairs on any model directory or transformers checkpoint, as
+`interp patch` takes them). When no circuit is found the report and the printed line say why and
+what to try. Prints the top edges and the circuit's faithfulness; writes an HTML report (default
 RUN_DIR/circuit.html: the graph and the faithfulness curve) and the edge scores as CSV beside it.
 
 With --executor local / ray (--workers ...) EAP and EAP-IG run as units of examples, the exact
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from interp.cli.args import (add_scale_out_arguments, check_out, count, device_name, executor_from_args, fail, fraction,
                             length_count, output_path, real, run_directory, seed_value, sequence_count)
-from interp.cli.patch import comma_list, load_pair
+from interp.cli.patch import add_prompt_arguments, comma_list, load_pair
 
 IG_STEPS = count(4096, "each step is a forward and backward pass over every pair (EAP-IG uses 5 to 100); 4096 "
                        "steps cost as much as 4096 EAP runs")
@@ -69,6 +71,7 @@ def add_parser(sub) -> None:
     circuit.add_argument("--out", type=output_path, default=None, help="HTML report (default RUN_DIR/circuit.html)")
     circuit.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_scale_out_arguments(circuit, unit="chunk of examples, edges or circuits")
+    add_prompt_arguments(circuit)
     circuit.set_defaults(func=run)
 
 

@@ -7,6 +7,12 @@ to first order (`attribute`: one clean forward, one corrupted forward and one ba
 both side by side with their agreement (`agreement`). Prints the sites of largest mean
 restoration; writes an HTML report (default RUN_DIR/patch.html) and the per-site table as CSV
 beside it. Kept free of heavy imports so `interp --help` stays fast.
+
+Your own prompts: `interp patch MODEL_DIR --prompts FILE.jsonl [--tokenizer DIR]` patches clean /
+corrupted prompt pairs of a prompt file (interp.prompts: one JSON object per line with "clean",
+"corrupted", "answer", "wrong_answer" and optional "roles") on a model directory (`model.save`,
+`interp train`) or a transformers checkpoint directory (imported with models.from_pretrained),
+tokenized by the tokenizer saved in DIR (default MODEL_DIR; local files only, no remote code).
 """
 
 from __future__ import annotations
@@ -69,7 +75,20 @@ def add_parser(sub) -> None:
     patch.add_argument("--chunk", type=chunk_pair, default=None,
                        help="SITES,EXAMPLES per unit of the exact grid (default 128,256); with --executor each "
                             "finished unit is kept in REPORT.units/ beside the report and a rerun skips it")
+    add_prompt_arguments(patch)
     patch.set_defaults(func=run)
+
+
+def add_prompt_arguments(parser) -> None:
+    """--prompts, --tokenizer (also `interp circuit`)."""
+    parser.add_argument("--prompts", type=run_directory, default=None, metavar="FILE",
+                        help="your own clean / corrupted prompt pairs instead of the run's task: a JSONL file, one "
+                             "object per line with clean, corrupted, answer, wrong_answer and optional roles (see "
+                             "interp.prompts); RUN_DIR may then be any model directory or a transformers checkpoint "
+                             "directory, and --n, --length, --seed, --corrupt are not used")
+    parser.add_argument("--tokenizer", type=run_directory, default=None, metavar="DIR",
+                        help="with --prompts: a directory holding a transformers tokenizer (tokenizer.json, ...; "
+                             "local files only, no remote code) (default: RUN_DIR)")
 
 
 def chunk_pair(text: str) -> tuple[int, int]:
@@ -112,7 +131,7 @@ def grid(model, hooks: list[str] | None, positions: list[str], batch):
     where = [int(p) if p.lstrip("-").isdigit() else p for p in positions]
     unknown = [p for p in where if isinstance(p, str) and p not in batch.roles]
     if unknown:
-        raise ValueError(f"--positions: unknown role(s) {unknown}; the task's roles are {sorted(batch.roles)}, "
+        raise ValueError(f"--positions: unknown role(s) {unknown}; the examples' roles are {sorted(batch.roles)}, "
                          "or give 'all' or integer positions")
     return site_grid(model, templates, where)
 
@@ -120,7 +139,11 @@ def grid(model, hooks: list[str] | None, positions: list[str], batch):
 def load_pair(args: argparse.Namespace):
     """(run config, pairs, model, clean, corrupt) of a retrieval run: args.n clean examples at
     args.length pairs (default the training length), seed args.seed, corrupted per args.corrupt
-    (also read by `interp circuit`)."""
+    (also read by `interp circuit`); with --prompts, load_prompt_pair's."""
+    if args.prompts is not None:
+        return load_prompt_pair(args)
+    if args.tokenizer is not None:
+        raise ValueError("--tokenizer is used with --prompts only")
     import models
     from interp.tasks import make_task
     from interp.training import checkpoint as ckpt
@@ -135,6 +158,59 @@ def load_pair(args: argparse.Namespace):
     clean = task.sample(args.n, pairs, seed=args.seed)
     corrupt = corrupt_fn(clean, task, seed=args.seed + 1)
     return config, pairs, model, clean.to(args.device), corrupt.to(args.device)
+
+
+def load_prompt_pair(args: argparse.Namespace):
+    """(facts as a run config has them, number of pairs, model, clean, corrupt) of --prompts: every
+    pair of the file, tokenized by --tokenizer's (default RUN_DIR's) tokenizer; args.n is set to
+    the number of pairs."""
+    from interp.prompts import read_prompts, tokenize_pairs
+
+    pairs = read_prompts(args.prompts)
+    tokenizer = load_tokenizer(args.tokenizer or args.run_dir, "--tokenizer" if args.tokenizer else "RUN_DIR")
+    prompts = tokenize_pairs(tokenizer, pairs)
+    model = load_model(args.run_dir, args.device)
+    vocab = model.cfg.vocab_size
+    if int(prompts.clean.tokens.max()) >= vocab or int(max(prompts.answers.max(), prompts.wrong_answers.max())) >= vocab:
+        raise ValueError(f"--prompts: the tokenizer gives token ids beyond the model's vocabulary of {vocab}; is it "
+                         "the model's tokenizer?")
+    args.n = len(pairs)
+    config = {"model": {"mixer": model.cfg.mixer}, "task": {"name": f"prompts {args.prompts.name}"}}
+    return config, len(pairs), model, prompts.clean.to(args.device), prompts.corrupt.to(args.device)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def load_tokenizer(directory: Path, flag: str):
+    """transformers' AutoTokenizer from a local directory (no download, no remote code)."""
+    if not directory.is_dir() or not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{flag} {str(directory)!r} holds no tokenizer (none of {list(TOKENIZER_FILES)}); give "
+                         "--tokenizer DIR, a directory written by tokenizer.save_pretrained")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001  transformers raises many types for a bad directory
+        raise ValueError(f"{flag} {str(directory)!r}: transformers could not load its tokenizer "
+                         f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''})"
+                         ) from None
+
+
+def load_model(directory: Path, device: str):
+    """A model directory (config.json with a "model" entry: models.load) or a transformers
+    checkpoint directory (config.json with a "model_type": models.from_pretrained)."""
+    import json
+
+    import models
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    if isinstance(config, dict) and "model_type" in config and "model" not in config:
+        return models.from_pretrained(directory).to(device).eval()
+    return models.load(directory, device=device).eval()
 
 
 def units_dir(args: argparse.Namespace) -> Path | None:
@@ -168,7 +244,7 @@ def measure(args: argparse.Namespace, executor=None) -> tuple[dict, dict, object
                              max_memory=args.max_memory, progress=not args.no_progress)
                for m in chosen}
     setup = {"mixer": config["model"]["mixer"], "task": task_name, "pairs": pairs, "T": clean.tokens.shape[1],
-             "sites": len(sites), "top": top}
+             "sites": len(sites), "top": top, "prompts": args.prompts}
     return setup, results, clean
 
 

@@ -3,8 +3,9 @@
     write_patch_report(path, setup, results, clean, title) -> Path
     agreement_rows(exact, estimate, top) -> [row]        the agreement table, one row per quantity
 
-setup: {"mixer", "run_dir", "task", "pairs", "n", "seed", "corrupt", "min_effect", "top"} (what
-was run); results: {"exact": InterchangeResult, "attribution": InterchangeResult} (either or both);
+setup: {"mixer", "run_dir", "task", "pairs", "n", "seed", "corrupt", "min_effect", "top", and
+"prompts": the prompt file or None} (what was run); results: {"exact": InterchangeResult,
+"attribution": InterchangeResult} (either or both);
 clean: the clean Batch (its roles label the position axes). docs/restoration.md explains the numbers.
 """
 
@@ -42,6 +43,15 @@ def agreement_rows(exact, estimate, top: int) -> list[dict[str, Any]]:
 
 
 def setup_text(setup: Mapping[str, Any]) -> str:
+    if setup.get("prompts") is not None:
+        return (f"{setup['mixer']} ({setup['run_dir']}) on the {setup['n']} clean / corrupted prompt pairs of "
+                f"{setup['prompts']} (interp.prompts). An example is kept where p_clean(y) - p_corrupt(y) > "
+                f"{setup['min_effect']}.\n\n"
+                "restoration = (p_patched(y) - p_corrupt(y)) / (p_clean(y) - p_corrupt(y)) at the prompt's last "
+                "token, y the pair's answer; the logit difference is logit(answer) - logit(wrong_answer) there. "
+                "exact: interchange (each site patched from the clean run); attribution: the first-order estimate "
+                "(a_clean - a_corrupt) . d p(y) / d a at the corrupted run. Positions are labelled by the roles of "
+                "the prompt file found there, with the share of pairs.")
     corrupted = ("the queried key replaced, in context, by a key absent from the example (the corrupted run "
                  "cannot know the answer)" if setup["corrupt"] == "key" else
                  "the queried key's value replaced by a value absent from the example (the corrupted run has "
