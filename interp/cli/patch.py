@@ -131,7 +131,7 @@ def grid(model, hooks: list[str] | None, positions: list[str], batch):
     where = [int(p) if p.lstrip("-").isdigit() else p for p in positions]
     unknown = [p for p in where if isinstance(p, str) and p not in batch.roles]
     if unknown:
-        raise ValueError(f"--positions: unknown role(s) {unknown}; the examples' roles are {sorted(batch.roles)}, "
+        raise ValueError(f"--positions: unknown role(s) {unknown}; the task's roles are {sorted(batch.roles)}, "
                          "or give 'all' or integer positions")
     return site_grid(model, templates, where)
 

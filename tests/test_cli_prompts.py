@@ -1,0 +1,108 @@
+"""`interp patch / interp circuit MODEL_DIR --prompts FILE`: your own prompt pairs from the command
+line, on a transformers checkpoint directory (its tokenizer beside it) or a saved model directory
+with --tokenizer; bad prompt files and missing tokenizers are one-line errors; a filter that keeps
+no example stops before any patched pass."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import models
+from interp.analysis.circuits import eap
+from interp.analysis.interventions import interchange, site_grid
+from interp.cli import main
+from interp.prompts import ioi_pairs, read_prompts, tokenize_pairs
+from tests.prompt_fixtures import checkpoint_dir
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return checkpoint_dir(tmp_path_factory.mktemp("gpt2") / "tiny-gpt2")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "ioi.jsonl"
+    path.write_text("".join(json.dumps({"clean": p.clean, "corrupted": p.corrupted, "answer": p.answer,
+                                        "wrong_answer": p.wrong_answer, "roles": p.roles}) + "\n"
+                            for p in ioi_pairs(8, seed=0)))
+    return path
+
+
+def expected_prompts(checkpoint, prompt_file):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+    return models.from_pretrained(checkpoint).eval(), tokenize_pairs(tokenizer, read_prompts(prompt_file))
+
+
+def test_patch_runs_a_prompt_file_on_a_checkpoint_as_the_python_api_does(checkpoint, prompt_file, tmp_path, capsys):
+    report = tmp_path / "ioi.html"
+    capsys.readouterr()
+    assert main(["patch", str(checkpoint), "--prompts", str(prompt_file), "--hooks", "hook_resid_pre,mixer.hook_z",
+                 "--positions", "IO,S1,S2,END", "--min-effect", "0", "--top", "3", "--no-progress",
+                 "--out", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "on prompts ioi.jsonl" in out and "16 sites x 8 pairs" in out
+    table = pd.read_csv(tmp_path / "ioi.csv")
+    model, prompts = expected_prompts(checkpoint, prompt_file)
+    sites = site_grid(model, ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_z"], ["IO", "S1", "S2", "END"])
+    expected = interchange(model, prompts.clean, prompts.corrupt, sites, min_effect=0.0, progress=False).to_dataframe()
+    exact = table[table.method == "exact"].reset_index(drop=True)
+    assert exact.site.tolist() == expected.site.tolist() and exact.n_kept[0] == expected.n_kept[0] > 0
+    pd.testing.assert_series_equal(exact["mean"], expected["mean"], check_names=False)
+    assert "prompt pairs of" in report.read_text()
+
+
+def test_circuit_runs_a_prompt_file_on_a_saved_model_with_a_tokenizer_flag(checkpoint, prompt_file, tmp_path, capsys):
+    saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")   # config.json + weights, no tokenizer
+    report = tmp_path / "circuit.html"
+    capsys.readouterr()
+    assert main(["circuit", str(saved), "--prompts", str(prompt_file), "--tokenizer", str(checkpoint), "--steps", "2",
+                 "--rescore", "5", "--no-progress", "--out", str(report)]) == 0
+    assert "on prompts ioi.jsonl" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "circuit.csv")
+    model, prompts = expected_prompts(checkpoint, prompt_file)
+    expected = eap(model, prompts.clean, prompts.corrupt)
+    assert table.edge.tolist() == expected.graph.edge_names()
+    assert torch.allclose(torch.tensor(table.eap.values), expected.scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"clean": "When Mary and John", "corrupted": "x"}\n', "ioi.jsonl line 1: field 'answer' is missing"),
+    ("\n" + json.dumps({"clean": "a", "corrupted": "b", "answer": " a", "wrong_answer": " b", "role": {}}) + "\n",
+     "line 2: unknown field 'role' (did you mean 'roles'?)"),
+    ('{"clean": "When Mary"\n', "ioi.jsonl line 1: not a JSON object"),
+])
+def test_bad_prompt_files_are_one_line_errors_naming_line_and_field(checkpoint, tmp_path, content, message, capsys):
+    bad = tmp_path / "ioi.jsonl"
+    bad.write_text(content)
+    capsys.readouterr()
+    assert main(["patch", str(checkpoint), "--prompts", str(bad), "--out", str(tmp_path / "p.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("interp patch: error:") and message in err
+
+
+def test_a_model_directory_without_a_tokenizer_is_a_one_line_error(checkpoint, prompt_file, tmp_path, capsys):
+    saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")
+    capsys.readouterr()
+    assert main(["patch", str(saved), "--prompts", str(prompt_file), "--out", str(tmp_path / "p.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "RUN_DIR" in err and "holds no tokenizer" in err and "--tokenizer DIR" in err
+
+
+def test_a_filter_that_keeps_nothing_stops_before_any_patched_pass(checkpoint, prompt_file, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["patch", str(checkpoint), "--prompts", str(prompt_file), "--method", "exact", "--min-effect", "0.9",
+                 "--no-progress", "--out", str(tmp_path / "none.html")]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interchange: none of the 8 examples")
+    assert "no (site, example) pair is run" in lines[0] and "0 kept" in captured.out
+    assert pd.read_csv(tmp_path / "none.csv")["mean"].isna().all()
