@@ -106,3 +106,13 @@ def test_a_filter_that_keeps_nothing_stops_before_any_patched_pass(checkpoint, p
     assert len(lines) == 1 and lines[0].startswith("interchange: none of the 8 examples")
     assert "no (site, example) pair is run" in lines[0] and "0 kept" in captured.out
     assert pd.read_csv(tmp_path / "none.csv")["mean"].isna().all()
+
+
+def test_the_recipe_ranks_heads_by_exact_restoration_beside_attribution_and_attention(checkpoint, capsys):
+    from tests.prompt_fixtures import RECIPE
+
+    out = RECIPE.run(RECIPE.parse_args([str(checkpoint), "--n", "8", "--top", "8"]))
+    assert len(out["heads"]) == 8 and len(out["edges"]) == 8   # 2 layers x 4 heads, all ranked
+    exact = [row[0] for row in out["heads"].values()]
+    assert exact == sorted(exact, reverse=True) and all(0 <= row[2] <= 1 for row in out["heads"].values())
+    assert "logit(IO) - logit(S)" in capsys.readouterr().out

@@ -22,7 +22,16 @@ README = ROOT / "README.md"
 # what each python block must leave true (appended to it), and print
 CHECKS = {0: ("assert states.shape[:2] == (8, 20)", "max logit change from step 5 on:"),
           1: ("assert len(result.sites) == 12", "examples kept"),
-          2: ("assert estimate.labels == exact.labels and lens.shape[0] == 3", "attribution vs exact, same rows: True")}
+          2: ("assert estimate.labels == exact.labels and lens.shape[0] == 3", "attribution vs exact, same rows: True"),
+          3: ("assert len(prompts) == 33 and estimate.labels == exact.labels and circuit.scores.numel() > 0", "n_kept")}
+
+
+def prepare(index: int, directory: Path) -> None:
+    """What a block reads, written into its directory: the prompt block's checkpoint (a tiny GPT-2)."""
+    if index == 3:
+        from tests.prompt_fixtures import checkpoint_dir
+
+        checkpoint_dir(directory / "path" / "to" / "gpt2")
 
 
 def python_blocks() -> list[str]:
@@ -36,6 +45,7 @@ def test_readme_has_the_blocks_the_tests_check():
 @pytest.mark.parametrize("index", sorted(CHECKS))
 def test_readme_python_block_runs_on_its_own(index, tmp_path):
     check, printed = CHECKS[index]
+    prepare(index, tmp_path)
     source = python_blocks()[index] + "\n" + check + "\n"
     done = subprocess.run([sys.executable, "-c", source], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"},
