@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import models
-from interp.analysis.interventions import Site, interchange, site_grid
+from interp.analysis.circuits import eap
+from interp.analysis.interventions import Site, attribute, interchange, site_grid
 from interp.prompts import (NO_STATE, PromptPair, ioi_pairs, read_prompts, tokenize_pairs)
 from interp.tasks.base import Batch
 from tests.prompt_fixtures import gpt2_source, hf_tokenizer, train_tokenizer
@@ -38,6 +39,24 @@ def tokenizer(raw_tokenizer):
 def gpt2(tokenizer):
     source = gpt2_source(len(tokenizer))
     return source, models.from_pretrained(source).eval()
+
+
+def mamba2_source(vocab_size: int):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Mamba2Config(vocab_size=vocab_size, hidden_size=16, num_heads=4, head_dim=8, state_size=4, n_groups=2,
+                             expand=2, conv_kernel=3, num_hidden_layers=2, chunk_size=16, pad_token_id=0,
+                             bos_token_id=0, eos_token_id=0)
+    source = tf.Mamba2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    return source
+
+
+IMPORTS = {"gpt2": (gpt2_source, ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_z"]),
+           "mamba2": (mamba2_source, ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_state"])}
 
 
 def word(tokenizer, batch: Batch, b: int, role: str) -> str:
@@ -181,13 +200,16 @@ def hand_built(tokenizer, pairs: list[PromptPair]) -> tuple[Batch, Batch]:
     return batches[0], batches[1]
 
 
-def test_interchange_on_prompts_equals_the_hand_built_batch_and_measures_the_logit_difference(tokenizer, gpt2):
-    source, model = gpt2
+@pytest.mark.parametrize("kind", sorted(IMPORTS))
+def test_interchange_on_prompts_equals_the_hand_built_batch_and_measures_the_logit_difference(tokenizer, kind):
+    make, hooks = IMPORTS[kind]
+    source = make(len(tokenizer))
+    model = models.from_pretrained(source).eval()
     template = ["When {IO} and {S} went to the store, {S} gave a drink to"]
     pairs = ioi_pairs(10, seed=2, templates=template)
     prompts = tokenize_pairs(tokenizer, pairs)
     by_hand = hand_built(tokenizer, pairs)
-    sites = site_grid(model, ["blocks.{l}.hook_resid_pre", "blocks.{l}.mixer.hook_z"], ["IO", "S2", "END"])
+    sites = site_grid(model, hooks, ["IO", "S2", "END"])
     ours, theirs = (interchange(model, clean, corrupt, sites, min_effect=0.0, metrics=["logit_diff"], progress=False)
                     for clean, corrupt in ((prompts.clean, prompts.corrupt), by_hand))
     assert ours.n_run > 0
@@ -199,10 +221,17 @@ def test_interchange_on_prompts_equals_the_hand_built_batch_and_measures_the_log
             rows = torch.arange(len(pairs))
             expected = last[rows, prompts.answers] - last[rows, prompts.wrong_answers]
             torch.testing.assert_close(difference, expected, atol=1e-4, rtol=0)
+    estimate = attribute(model, prompts.clean, prompts.corrupt, sites, min_effect=0.0, metrics=["logit_diff"],
+                         progress=False)
+    assert estimate.labels == ours.labels and torch.equal(estimate.kept, ours.kept)
+    scores = eap(model, prompts.clean, prompts.corrupt, progress=False)
+    torch.testing.assert_close(scores.setup.clean_metric, ours.logit_diff_clean, atol=1e-5, rtol=0)   # float32 paths
+    assert scores.scores.isfinite().all() and scores.scores.abs().sum() > 0
 
 
-def test_right_padding_changes_nothing_a_prompt_reads(tokenizer, gpt2):
-    _, model = gpt2
+@pytest.mark.parametrize("kind", sorted(IMPORTS))
+def test_right_padding_changes_nothing_a_prompt_reads(tokenizer, kind):
+    model = models.from_pretrained(IMPORTS[kind][0](len(tokenizer))).eval()
     pairs = ioi_pairs(12, seed=3)
     together = tokenize_pairs(tokenizer, pairs)
     sites = [Site("blocks.1.hook_resid_pre", "S2"), Site("blocks.0.mixer.hook_out", "IO")]
