@@ -250,8 +250,6 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PromptPair], padding: str = "right
         if len(clean) != len(corrupt):
             raise ValueError(f"{where}: clean and corrupted prompts tokenize to {len(clean)} and {len(corrupt)} tokens; "
                              "they must align token by token (patching moves position t to position t)")
-        if not clean:
-            raise ValueError(f"{where}: the clean prompt tokenizes to no tokens")
         roles.append({name: role_position(spec, pair.clean, offsets, len(clean), where, name)
                       for name, spec in pair.roles.items()})
         answers.append(answer_id(plain, pair.answer, where, "answer"))
