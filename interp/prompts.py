@@ -247,6 +247,8 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PromptPair], padding: str = "right
     for index, pair in enumerate(pairs):
         where = pair.where or f"pair {index}"
         (clean, offsets), (corrupt, _) = tokenize(pair.clean), tokenize(pair.corrupted)
+        if not clean:
+            raise ValueError(f"{where}: field 'clean' {pair.clean!r} tokenizes to no tokens")
         if len(clean) != len(corrupt):
             raise ValueError(f"{where}: clean and corrupted prompts tokenize to {len(clean)} and {len(corrupt)} tokens; "
                              "they must align token by token (patching moves position t to position t)")

@@ -262,3 +262,11 @@ def test_a_filter_that_keeps_nothing_runs_no_pair_and_says_so_in_one_line(tokeni
                                                "min_effect 0.9")
     kept = interchange(model, prompts.clean, prompts.corrupt, sites, min_effect=0.0, metrics=["logit_diff"])
     assert kept.n_kept > 0 and kept.n_run > 0 and torch.equal(kept.p_clean, result.p_clean)
+
+
+def test_a_prompt_of_no_tokens_is_refused(raw_tokenizer):
+    def dropping_spaces(text):
+        return [i for i in raw_tokenizer.encode(text).ids if text.strip()]
+
+    with pytest.raises(ValueError, match="pair 0: field 'clean' '  ' tokenizes to no tokens"):
+        tokenize_pairs(dropping_spaces, [PromptPair("  ", "  ", 5, 6)])
