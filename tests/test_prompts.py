@@ -270,3 +270,12 @@ def test_a_prompt_of_no_tokens_is_refused(raw_tokenizer):
 
     with pytest.raises(ValueError, match="pair 0: field 'clean' '  ' tokenizes to no tokens"):
         tokenize_pairs(dropping_spaces, [PromptPair("  ", "  ", 5, 6)])
+
+
+def test_a_filter_that_keeps_nothing_still_refuses_a_bad_head_or_subspace(tokenizer, gpt2):
+    _, model = gpt2
+    prompts = tokenize_pairs(tokenizer, ioi_pairs(4, seed=0))
+    for site, message in ((Site("blocks.0.mixer.hook_z", "END", head=9), "head 9 does not exist"),
+                          (Site("blocks.0.hook_resid_pre", "END", subspace=torch.eye(8)[:, :2]), "subspace has d=8")):
+        with pytest.raises(ValueError, match=message):
+            interchange(model, prompts.clean, prompts.corrupt, [site], min_effect=0.9, skip_noops=False, progress=False)

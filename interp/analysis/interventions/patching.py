@@ -342,6 +342,15 @@ def _source_from_cache(sites, cache, source_pos) -> Source:
     return source
 
 
+def check_site_values(sites, source: Source, source_pos) -> None:
+    """ValueError, as a patched pass gives it, for a site's head that does not exist or a subspace
+    whose rows are not its feature count (read from the first example's source value)."""
+    first = torch.zeros(1, dtype=torch.long)
+    for s, site in enumerate(sites):
+        value = source(s, first, source_pos[s][first])   # [1, k, ...] (the positions [1, k] give the shape)
+        _project(site, value, value)
+
+
 def after_answer(target_pos, target_ans) -> torch.Tensor:
     """[S, N] bool: every site position lies after the answer position (causality: a no-op)."""
     return torch.stack([(pos > target_ans[:, None]).all(1) for pos in target_pos])
@@ -413,6 +422,7 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     if skip_noops:
         skip |= _same_value(sites, from_source, target_cache, target_pos)
     if gate is not None and not gate(probs_at(source_logits, y), p_target):
+        check_site_values(sites, from_source, source_pos)   # what a pass would refuse, refused without one
         skip = torch.ones(len(sites), len(target), dtype=torch.bool)
     pairs = torch.nonzero(torch.ones(len(sites), len(target), dtype=torch.bool) if skip is None else ~skip)  # [P, 2]
     if not len(pairs):
