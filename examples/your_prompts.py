@@ -55,8 +55,9 @@ def train_tokenizer():
     tokenizer = Tokenizer(bpe.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=[EOS], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(sentences, trainer)
     return tokenizer
 
 

@@ -218,7 +218,8 @@ def _batch(rows: list[list[int]], finals: list[int], roles: list[dict[str, int]]
         tokens[b, shift:shift + len(row)] = torch.tensor(row)
         targets[b, shift:shift + len(row)] = torch.tensor(row[1:] + [final])
         loss_mask[b, shift + len(row) - 1] = True
-    positions = {name: torch.tensor([r[name] + s for r, s in zip(roles, shifts)], dtype=torch.long) for name in roles[0]}
+    positions = {name: torch.tensor([r[name] + s for r, s in zip(roles, shifts)], dtype=torch.long)
+                 for name in roles[0]}
     states = torch.full((n, length), NO_STATE, dtype=torch.long)
     return Batch(tokens, targets, loss_mask, states, positions)
 
@@ -250,8 +251,8 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PromptPair], padding: str = "right
         if not clean:
             raise ValueError(f"{where}: field 'clean' {pair.clean!r} tokenizes to no tokens")
         if len(clean) != len(corrupt):
-            raise ValueError(f"{where}: clean and corrupted prompts tokenize to {len(clean)} and {len(corrupt)} tokens; "
-                             "they must align token by token (patching moves position t to position t)")
+            raise ValueError(f"{where}: clean and corrupted prompts tokenize to {len(clean)} and {len(corrupt)} "
+                             "tokens; they must align token by token (patching moves position t to position t)")
         roles.append({name: role_position(spec, pair.clean, offsets, len(clean), where, name)
                       for name, spec in pair.roles.items()})
         answers.append(answer_id(plain, pair.answer, where, "answer"))

@@ -87,8 +87,8 @@ def test_tokens_decode_back_and_roles_point_at_the_named_text(tokenizer):
 def test_every_role_form_and_left_padding(tokenizer):
     text = "When Mary and John went to the park, John said to"
     short = PromptPair(text, text.replace(", John", ", Mary"), " Mary", 123,
-                       {"IO": "Mary", "S1": ["John", 0], "S2": ["John", 1], "store": [text.find("park"), text.find(",")],
-                        "END": -1})
+                       {"IO": "Mary", "S1": ["John", 0], "S2": ["John", 1],
+                        "store": [text.find("park"), text.find(",")], "END": -1})
     right, left = (tokenize_pairs(tokenizer, [PAIR, short], padding=side) for side in ("right", "left"))
     assert int(right.wrong_answers[1]) == 123   # a token id as given
     assert right.lengths.tolist() == [14, 12] and left.clean.tokens.shape == (2, 14)
@@ -215,7 +215,7 @@ def test_interchange_on_prompts_equals_the_hand_built_batch_and_measures_the_log
     assert ours.n_run > 0
     for name in ("p_patched", "p_clean", "p_corrupt", "kept", "logit_diff_patched", "logit_diff_clean"):
         assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
-    with torch.no_grad():   # the metric: logit(answer) - logit(wrong answer) at the last token, as the source computes it
+    with torch.no_grad():   # the metric: logit(answer) - logit(wrong answer) at the last token, by the source
         for batch, difference in ((prompts.clean, ours.logit_diff_clean), (prompts.corrupt, ours.logit_diff_corrupt)):
             last = source(batch.tokens).logits[:, -1].double()
             rows = torch.arange(len(pairs))

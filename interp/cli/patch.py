@@ -171,7 +171,8 @@ def load_prompt_pair(args: argparse.Namespace):
     prompts = tokenize_pairs(tokenizer, pairs)
     model = load_model(args.run_dir, args.device)
     vocab = model.cfg.vocab_size
-    if int(prompts.clean.tokens.max()) >= vocab or int(max(prompts.answers.max(), prompts.wrong_answers.max())) >= vocab:
+    largest = max(int(prompts.clean.tokens.max()), int(prompts.answers.max()), int(prompts.wrong_answers.max()))
+    if largest >= vocab:
         raise ValueError(f"--prompts: the tokenizer gives token ids beyond the model's vocabulary of {vocab}; is it "
                          "the model's tokenizer?")
     args.n = len(pairs)

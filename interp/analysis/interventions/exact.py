@@ -3,6 +3,8 @@ or one unit of it (interventions.grid) computes before restoration is formed."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import models
@@ -10,15 +12,17 @@ from interp.analysis.interventions.grid import site_grid_units
 from interp.analysis.interventions.patching import patch_from, probs_at, rows_per_pass
 from interp.analysis.interventions.sites import Site, answer_positions, rival_answers
 from interp.tasks.base import Batch
+from models.memory import progress_enabled
 
 
 def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, answer, skip_noops: bool,
-            resume: bool, metrics, max_memory, progress: bool, plan_sites=None, shared=None,
-            gate=None) -> dict[str, torch.Tensor]:
+            resume: bool, metrics, max_memory, progress: bool, min_effect: float = 0.0, plan_sites=None, shared=None,
+            announce: bool | None = None) -> dict[str, torch.Tensor]:
     """The raw numbers of one interchange run: p_patched [S, N], p_clean [N], p_corrupt [N],
     stats [3] (pairs run, skipped, passes) and, with metrics, scores [S, N, 2] (logit
-    difference, KL), ld_clean [N], scores_corrupt [N, 2]. plan_sites, shared: one unit of a grid;
-    gate: whether to run the patched passes, from p_clean and p_corrupt (patching.patch_from)."""
+    difference, KL), ld_clean [N], scores_corrupt [N, 2]. No pair is run when min_effect keeps
+    no example (kept_gate; announce: what it says). plan_sites, shared: one unit of a grid
+    (patching.patch_from)."""
     batch_size = rows_per_pass(batch_size, len(clean))
     clean_ans = answer_positions(clean, answer, "clean")
     corrupt_ans = answer_positions(corrupt, answer, "corrupt")
@@ -47,13 +51,48 @@ def measure(model, clean: Batch, corrupt: Batch, sites: list[Site], batch_size, 
         clean_at, _, p_corrupt, p_patched, scores, stats = patch_from(
             model, clean, corrupt, sites, y, corrupt_ans, batch_size, skip_noops, ("clean", "corrupt"), resume,
             score_from=score_from if metrics else None, source_ans=clean_ans, max_memory=max_memory,
-            progress=progress, plan_sites=plan_sites, shared=shared, gate=gate,
+            progress=progress, plan_sites=plan_sites, shared=shared,
+            gate=kept_gate(clean, corrupt, len(sites), min_effect, announce),
         )
     raw = dict(p_patched=p_patched, p_clean=probs_at(clean_at, y), p_corrupt=p_corrupt,
                stats=torch.tensor([stats["run"], stats["skipped"], stats["passes"]]))
     if metrics:
         raw.update(scores=scores, **extras)
     return raw
+
+
+def restoration(p_patched: torch.Tensor, p_clean: torch.Tensor, p_corrupt: torch.Tensor,
+                min_effect: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """(restoration [S, N] with NaN where dropped, kept [N]) from p_patched [S, N], p_clean, p_corrupt [N]."""
+    effect = p_clean - p_corrupt
+    kept = effect > min_effect
+    value = (p_patched - p_corrupt) / torch.where(kept, effect, torch.ones_like(effect))
+    return torch.where(kept, value, torch.full_like(value, float("nan"))), kept
+
+
+def kept_gate(clean: Batch, corrupt: Batch, n_sites: int, min_effect: float, announce: bool | None):
+    """gate(p_clean [N], p_corrupt [N]) -> whether any example passes min_effect (identical clean
+    and corrupted tokens always count), for patching.patch_from: called once the clean and
+    corrupted runs are cached, before any patched pass. announce: None says nothing (a unit of a
+    grid); else one line on stderr when none is kept, and the count kept when announce is True
+    (a progress flag)."""
+    identical = (clean.tokens == corrupt.tokens).all(1)
+
+    def gate(p_clean: torch.Tensor, p_corrupt: torch.Tensor) -> bool:
+        kept = restoration(p_clean[None], p_clean, p_corrupt, min_effect)[1] | identical
+        n_kept, n = int(kept.sum()), len(kept)
+        if announce is not None and n_kept == 0:
+            largest, best = float((p_clean - p_corrupt).max()), float(p_clean.max())
+            print(f"interchange: none of the {n} examples has p_clean - p_corrupt > min_effect {min_effect:g} at its "
+                  f"answer (largest {largest:.3g}, p_clean at most {best:.3g}): "
+                  f"no (site, example) pair is run and every restoration is NaN; lower min_effect or check the "
+                  f"model predicts the answers", file=sys.stderr)
+        elif announce is not None and progress_enabled(announce):
+            print(f"interchange: {n_kept} of {n} examples pass min_effect {min_effect:g}; "
+                  f"running up to {n_sites * n} (site, example) pairs", file=sys.stderr)
+        return n_kept > 0
+
+    return gate
 
 
 PER_EXAMPLE = ("p_clean", "p_corrupt", "ld_clean", "scores_corrupt")  # the rest is per pair [S, N, ...]

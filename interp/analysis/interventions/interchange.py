@@ -20,7 +20,6 @@ p_clean = p_corrupt by construction: every patch gives back the clean run, so it
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,11 +27,10 @@ import numpy as np
 import torch
 
 import models
-from interp.analysis.interventions.exact import interchange_grid, measure
+from interp.analysis.interventions.exact import interchange_grid, measure, restoration
 from interp.analysis.interventions.patching import rows_per_pass
 from interp.analysis.interventions.sites import Site, check_pair, check_sites
 from interp.tasks.base import Batch
-from models.memory import progress_enabled
 
 METRICS = ("restoration",)
 EXTRA_METRICS = ("logit_diff", "kl")
@@ -162,15 +160,6 @@ class InterchangeResult:
                 f"{self.n_kept} kept with p_clean - p_corrupt > {self.min_effect}{counts})")
 
 
-def restoration(p_patched: torch.Tensor, p_clean: torch.Tensor, p_corrupt: torch.Tensor,
-                min_effect: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
-    """(restoration [S, N] with NaN where dropped, kept [N]) from p_patched [S, N], p_clean, p_corrupt [N]."""
-    effect = p_clean - p_corrupt
-    kept = effect > min_effect
-    value = (p_patched - p_corrupt) / torch.where(kept, effect, torch.ones_like(effect))
-    return torch.where(kept, value, torch.full_like(value, float("nan"))), kept
-
-
 def interchange(
     model,
     clean: Batch,
@@ -209,10 +198,10 @@ def interchange(
     recompute their prefix). The values agree with whole passes up to float rounding (1e-6
     measured, tests/test_interventions.py); False runs whole passes.
     min_effect: examples with p_clean - p_corrupt <= min_effect are dropped (restoration NaN).
-    Run as one unit (no executor, out or chunk), the count kept is known once the clean and
-    corrupted runs are cached, before any patched pass: it is printed (with progress), and when
-    no example is kept one line says so on stderr and no pair is run (n_run 0; p_patched =
-    p_corrupt).
+    The count kept is known once the clean and corrupted runs are cached, before any patched
+    pass: a unit none of whose examples is kept runs no pair (its p_patched = p_corrupt, n_run
+    0), so a plain call (one unit) keeping none stops there, saying so in one line on stderr
+    (and, with progress, it prints the count kept before its passes).
     metrics: more per-pair numbers, any of "logit_diff", "kl" (module docstring).
     max_memory: the memory budget (models.memory.budget_bytes; default half the memory available
     now). Every run reads its logits at the answer position only ([rows, V], never [rows, T, V]),
@@ -246,36 +235,14 @@ def interchange(
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
     rows_per_pass(batch_size, len(clean))  # checked here, resolved per unit
-    options = dict(batch_size=batch_size, answer=answer, skip_noops=skip_noops, resume=resume, metrics=tuple(metrics))
+    options = dict(batch_size=batch_size, answer=answer, skip_noops=skip_noops, resume=resume, metrics=tuple(metrics),
+                   min_effect=float(min_effect))
     if executor is None and out is None and chunk is None:
-        gate = kept_gate(clean, corrupt, len(sites), float(min_effect), progress)
-        raw = measure(model, clean, corrupt, sites, **options, max_memory=max_memory, progress=progress, gate=gate)
+        raw = measure(model, clean, corrupt, sites, **options, max_memory=max_memory, progress=progress,
+                      announce=progress)
     else:
         raw = interchange_grid(model, clean, corrupt, sites, options, max_memory, chunk, executor, out, progress)
     return assemble(sites, raw, clean, corrupt, float(min_effect), metrics)
-
-
-def kept_gate(clean: Batch, corrupt: Batch, n_sites: int, min_effect: float, progress: bool):
-    """gate(p_clean [N], p_corrupt [N]) -> whether any example passes min_effect (patching.patch_from),
-    called once the clean and corrupted runs are cached, before any patched pass. It says on
-    stderr how many examples the filter keeps (with progress), and always when it keeps none:
-    then no pair is run (their restorations would all be NaN)."""
-    identical = (clean.tokens == corrupt.tokens).all(1)
-
-    def gate(p_clean: torch.Tensor, p_corrupt: torch.Tensor) -> bool:
-        kept = restoration(p_clean[None], p_clean, p_corrupt, min_effect)[1] | identical
-        n_kept, n = int(kept.sum()), len(kept)
-        if n_kept == 0:
-            print(f"interchange: none of the {n} examples has p_clean - p_corrupt > min_effect {min_effect:g} at its "
-                  f"answer (largest {float((p_clean - p_corrupt).max()):.3g}, p_clean at most {float(p_clean.max()):.3g}): "
-                  f"no (site, example) pair is run and every restoration is NaN; lower min_effect or check the "
-                  f"model predicts the answers", file=sys.stderr)
-        elif progress_enabled(progress):
-            print(f"interchange: {n_kept} of {n} examples pass min_effect {min_effect:g}; "
-                  f"running up to {n_sites * n} (site, example) pairs", file=sys.stderr)
-        return n_kept > 0
-
-    return gate
 
 
 def assemble(sites: list[Site], raw: dict, clean: Batch, corrupt: Batch, min_effect: float,
