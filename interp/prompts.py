@@ -123,8 +123,12 @@ def encoder(tokenizer, add_special_tokens: bool = True) -> Callable[[str], Encod
     if callable(tokenizer):
         def plain(text: str) -> Encoded:
             out = tokenizer(text)
-            if isinstance(out, tuple) and len(out) == 2:
-                return _ids(out[0]), [tuple(o) for o in out[1]]
+            if isinstance(out, tuple) and len(out) == 2 and not isinstance(out[0], int):   # (ids, offsets)
+                ids, offsets = _ids(out[0]), [tuple(o) for o in out[1]]
+                if len(offsets) != len(ids):
+                    raise TypeError(f"the tokenizer gave {len(ids)} ids and {len(offsets)} offsets for {text!r}; "
+                                    "it must give one (start, end) per token")
+                return ids, offsets
             return _ids(out), None
         return plain
     raise TypeError(f"tokenizer must be a transformers tokenizer, a tokenizers.Tokenizer or a callable text -> ids; "
