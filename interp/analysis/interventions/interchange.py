@@ -154,7 +154,8 @@ class InterchangeResult:
         raise ValueError(f"per must be 'site' or 'example'; got {per!r}")
 
     def __repr__(self) -> str:
-        counts = "" if self.n_run is None else f"; {self.n_run} pairs run, {self.n_skipped} skipped as no-ops, " \
+        skipped = "not run (no example kept)" if self.n_run == 0 and self.n_kept == 0 else "skipped as no-ops"
+        counts = "" if self.n_run is None else f"; {self.n_run} pairs run, {self.n_skipped} {skipped}, " \
             f"{self.n_dropped} dropped by min_effect, {self.n_passes} passes"
         return (f"InterchangeResult({len(self.sites)} sites x {len(self.kept)} examples, "
                 f"{self.n_kept} kept with p_clean - p_corrupt > {self.min_effect}{counts})")

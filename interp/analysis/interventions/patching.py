@@ -417,13 +417,13 @@ def patch_from(model, source: Batch, target: Batch, sites, y, target_ans, batch_
     unpatched = (p_target, correct_target) + (() if score is None else (score(target_logits, rows).double().cpu(),))
     from_source = _source_from_cache(sites, source_cache, source_pos)
     skip = None
-    if skip_noops or resume:  # a resumed pass cannot start after its answer: those pairs are no-ops
-        skip = after_answer(target_pos, target_ans)
-    if skip_noops:
-        skip |= _same_value(sites, from_source, target_cache, target_pos)
     if gate is not None and not gate(probs_at(source_logits, y), p_target):
         check_site_values(sites, from_source, source_pos)   # what a pass would refuse, refused without one
         skip = torch.ones(len(sites), len(target), dtype=torch.bool)
+    elif skip_noops or resume:  # a resumed pass cannot start after its answer: those pairs are no-ops
+        skip = after_answer(target_pos, target_ans)
+        if skip_noops:
+            skip |= _same_value(sites, from_source, target_cache, target_pos)
     pairs = torch.nonzero(torch.ones(len(sites), len(target), dtype=torch.bool) if skip is None else ~skip)  # [P, 2]
     if not len(pairs):
         groups, sizes, resume_cache = [], [], None
