@@ -89,6 +89,12 @@ def test_bad_prompt_files_are_one_line_errors_naming_line_and_field(checkpoint, 
     assert "\n" not in err and err.startswith("interp patch: error:") and message in err
 
 
+def test_a_tokenizer_without_prompts_is_a_one_line_error(checkpoint, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["patch", str(checkpoint), "--tokenizer", str(checkpoint), "--out", str(tmp_path / "p.html")]) == 2
+    assert capsys.readouterr().err.strip() == "interp patch: error: --tokenizer is used with --prompts only"
+
+
 def test_a_model_directory_without_a_tokenizer_is_a_one_line_error(checkpoint, prompt_file, tmp_path, capsys):
     saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")
     capsys.readouterr()

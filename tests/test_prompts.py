@@ -152,6 +152,10 @@ def test_prompt_files_round_trip_and_fail_naming_line_and_field(tmp_path):
     listed = tmp_path / "pairs.json"
     listed.write_text(json.dumps(rows))
     assert [p.clean for p in read_prompts(listed)] == [r["clean"] for r in rows]
+    listed.write_text(json.dumps([rows[0], {**rows[1], "wrong_answer": -3}]))
+    with pytest.raises(ValueError, match="pairs.json item 1: field 'wrong_answer' must be a non-empty string or a "
+                                         "token id >= 0; got -3"):
+        read_prompts(listed)
     cases = {
         '{"clean": "a"\n': "line 1: not a JSON object",
         json.dumps({**rows[0], "corrupt": "x"}): "line 1: unknown field 'corrupt' (did you mean 'corrupted'?)",
