@@ -180,22 +180,16 @@ def load_prompt_pair(args: argparse.Namespace):
     return config, len(pairs), model, prompts.clean.to(args.device), prompts.corrupt.to(args.device)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
 def load_tokenizer(directory: Path, flag: str):
-    """transformers' AutoTokenizer from a local directory (no download, no remote code)."""
-    if not directory.is_dir() or not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    """The tokenizer saved in a local directory (models.tl_surface.directory_tokenizer: no download,
+    no remote code, file sizes bounded); one line naming `flag` when there is none."""
+    from models.tl_surface import TOKENIZER_FILES, directory_tokenizer
+
+    tokenizer = directory_tokenizer(directory) if directory.is_dir() else None
+    if tokenizer is None:
         raise ValueError(f"{flag} {str(directory)!r} holds no tokenizer (none of {list(TOKENIZER_FILES)}); give "
                          "--tokenizer DIR, a directory written by tokenizer.save_pretrained")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001  transformers raises many types for a bad directory
-        raise ValueError(f"{flag} {str(directory)!r}: transformers could not load its tokenizer "
-                         f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''})"
-                         ) from None
+    return tokenizer
 
 
 def load_model(directory: Path, device: str):
