@@ -153,6 +153,9 @@ class TLSurface:
     def as_tokens(self, tokens):
         """Token ids as they are; a str or a list of str through to_tokens (TL's forward does this)."""
         if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and all(isinstance(s, str) for s in tokens)):
+            if self.tokenizer is None:
+                raise ValueError(f"tokens is text ({tokens!r:.40}) but this model has no tokenizer: model.set_tokenizer(tok) "
+                                 "(a transformers tokenizer), or pass token ids [B, T]")
             return self.to_tokens(tokens)
         return tokens
 

@@ -161,11 +161,11 @@ def test_a_checkpoint_interrupted_midway_leaves_the_previous_one_whole(tmp_path,
     _, whole, model_cfg, cfg = make_run(tmp_path)
     real = writer.write_file
 
-    def dying(path, fill):
+    def dying(path, fill, durable=True):
         path = Path(path)
         if path.name == ckpt.STATE and path.parent.name == "step-000000006":
             raise KeyboardInterrupt  # the process dies here
-        return real(path, fill)
+        return real(path, fill, durable)
 
     monkeypatch.setattr(writer, "write_file", dying)
     with pytest.raises(KeyboardInterrupt):

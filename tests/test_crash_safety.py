@@ -83,7 +83,7 @@ def crash_at(k: int | None, torn: bool, kinds: list[str]):
         setattr(os, name, op)
     real_write_file = writer.write_file
 
-    def write_file(path, fill):
+    def write_file(path, fill, durable=True):
         boundary("write")
         if torn and len(kinds) == k:   # the temporary file half written, then death
             def torn_fill(tmp):
@@ -92,8 +92,8 @@ def crash_at(k: int | None, torn: bool, kinds: list[str]):
                     handle.truncate(os.fstat(handle.fileno()).st_size // 2)
                 os._exit(17)
 
-            return real_write_file(path, torn_fill)
-        return real_write_file(path, fill)
+            return real_write_file(path, torn_fill, durable)
+        return real_write_file(path, fill, durable)
 
     writer.write_file = write_file
 
