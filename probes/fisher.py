@@ -5,6 +5,7 @@ spread the way a linear read-out does (our own; docs/drift.md defines q(t) with 
                                                "fisher_separation", "classes"}
     fisher_curve(coords [N, T, k], labels [N, T]) -> F [T]
     fisher_tcross(F, level=FISHER_LEVEL) -> Tcross     first step t with F(t) < level (inf when none)
+    readout_curve(coords [N, T, k], labels [N, T]) -> A [T]; burn_in(A) -> B   (the burn-in rule below)
 
 Definitions, on states projected on U (probes.subspace.Subspace.coords) with their classes:
 
@@ -22,6 +23,14 @@ only the spread that confuses classes. For two Gaussian classes with a shared co
 linear read-out errs with probability Phi(-F / 2), so it reads 90% right (mp's threshold) while
 F > 2 Phi^-1(0.9) = FISHER_LEVEL; Tcross under this definition is the first step where F falls below
 it. Steps count tokens read: index i is step i + 1, as in probes.subspace.
+
+The burn-in rule (`burn_in`) for first-crossing readings of a drift: at step 1 every class is a single
+history, so any drift is 0 and any read-out exact; over the next few steps a model may not yet have
+formed the class structure on U (its states of one class do not yet gather around a centroid), and a
+ratio of spread to separation there measures no misread of a class the model holds. The burn-in is
+the steps before the first step t >= 2 at which the class is read from U by the nearest centroid of
+its own step at >= READOUT_LEVEL (`readout_curve`); a crossing inside it is not counted. A run whose
+read-out never reaches the level has no burn-in end (None): nothing after it can be a misread either.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 
 from probes.subspace import Tcross
 
+READOUT_LEVEL = 0.9   # the read-out accuracy the burn-in ends at (mp's threshold)
 FISHER_LEVEL = 2.0 * NormalDist().inv_cdf(0.9)   # 2.563: a shared-covariance Gaussian pair is read 90% right above it
 
 
@@ -78,6 +88,31 @@ def _fisher_at(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(max(float(whitened.min()), 0.0)))
 
 
+def readout_curve(coords, labels) -> np.ndarray:
+    """A [T]: at each step, the fraction of states on U [N, T, k] (classes [N, T]) read as their own class
+    by the nearest centroid of that step (centroids of the same states, so in-sample; chance 1 / classes)."""
+    coords, labels = _check(coords, labels, time_axis=True)
+    return np.array([_nearest_centroid_accuracy(coords[:, t], labels[:, t]) for t in range(coords.shape[1])])
+
+
+def _nearest_centroid_accuracy(x: np.ndarray, y: np.ndarray) -> float:
+    """States [N, k] with classes [N]: the fraction read as their class by the nearest class mean."""
+    classes, index = np.unique(y, return_inverse=True)
+    means = np.zeros((len(classes), x.shape[1]))
+    np.add.at(means, index, x)
+    means /= np.bincount(index)[:, None]                                             # [G, k]
+    nearest = np.argmin(((x[:, None] - means[None]) ** 2).sum(-1), axis=1)            # [N]
+    return float(np.mean(nearest == index))
+
+
+def burn_in(readout, level: float = READOUT_LEVEL) -> int | None:
+    """The burn-in length B (module docstring): the first step t >= 2 with readout(t) >= level, minus 1;
+    None when no such step exists. A crossing counts from step B + 1 on."""
+    readout = np.asarray(readout, dtype=np.float64)
+    formed = np.nonzero(readout[1:] >= level)[0]
+    return None if not formed.size else int(formed[0]) + 1
+
+
 def separation(coords, labels) -> dict[str, float]:
     """At one step: nearest-centroid accuracy (each state read as the class of the nearest centroid of its
     step; chance 1 / classes), the isotropic ratio mean distance to the own centroid / smallest centroid
@@ -85,18 +120,18 @@ def separation(coords, labels) -> dict[str, float]:
     coords, labels = _check(coords, labels, time_axis=False)
     classes = np.unique(labels)
     centroids = np.stack([coords[labels == g].mean(0) for g in classes])                  # [G, k]
-    nearest = classes[np.argmin(((coords[:, None] - centroids[None]) ** 2).sum(-1), axis=1)]
     residual = coords - centroids[np.searchsorted(classes, labels)]
     gaps = [float(np.linalg.norm(centroids[a] - centroids[b])) for a in range(len(classes)) for b in range(a)]
-    return {"nearest_centroid_accuracy": float(np.mean(nearest == labels)), "classes": int(len(classes)),
+    return {"nearest_centroid_accuracy": _nearest_centroid_accuracy(coords, labels), "classes": int(len(classes)),
             "spread_over_separation": float(np.linalg.norm(residual, axis=1).mean() / min(gaps, default=math.nan)),
             "fisher_separation": _fisher_at(coords, labels)}
 
 
-def fisher_tcross(curve, level: float = FISHER_LEVEL) -> Tcross:
-    """The first step t (1-based) with F(t) < level; inf (never, within the curve's horizon) otherwise."""
+def fisher_tcross(curve, level: float = FISHER_LEVEL, burn_in: int = 0) -> Tcross:
+    """The first step t (1-based) after the first `burn_in` steps with F(t) < level; inf (never, within
+    the curve's horizon) otherwise."""
     curve = np.asarray(curve, dtype=np.float64)
-    below = np.nonzero(curve < level)[0]
+    below = np.nonzero((curve < level) & (np.arange(1, len(curve) + 1) > burn_in))[0]
     if not below.size:
         return Tcross(math.inf, False, level)
     return Tcross(float(below[0] + 1), False, level, index=int(below[0]))

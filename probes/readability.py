@@ -25,12 +25,26 @@ unmoved states: there is nothing to calibrate) and `censored` (a lower bound) wh
 The decoder moves every position at once; for the last layer's state or residual stream the
 read-out at t depends on the state at t only, so this is each state's own read-out.
 
+A threshold from theory beside it (theory_threshold): the readability level of an ideal read-out of
+isotropic Gaussian classes in U's dimension k. Two classes N(c, s^2 I_k), N(c', s^2 I_k) with
+|c - c'| = M are told apart by the nearest centroid (the Bayes rule) with error Phi(-M / (2 s)); the
+mean distance of a state to its own centroid is s * E[chi_k] = s * sqrt(2) Gamma((k + 1) / 2) /
+Gamma(k / 2). The pair errs at rate e where M / (2 s) = z = Phi^-1(1 - e), i.e. at the drift ratio
+
+    tau_theory(k) = E[chi_k] / (2 z)          (statistic "mean"; e = 0.1: z = 1.2816, k = 5: 0.830)
+
+and, for a percentile statistic p, the p-th percentile of chi_k over 2 z. It needs no trained decoder:
+it is the threshold the seed's 0.5 would be if the spread were isotropic and the read-out ideal.
+
 Inputs may be numpy arrays or torch tensors; results are numpy arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import math
+from statistics import NormalDist
 
 import numpy as np
 import torch
@@ -163,3 +177,37 @@ def readability_threshold(decode, states, labels, subspace: Subspace, targets=No
     order = sorted(evaluated)
     return Calibration(tau, tau * M, M, np.array(order), np.array([evaluated[r] for r in order]), base,
                        float(threshold), direction, bool(np.isfinite(tau) and failed is None))
+
+
+def theory_threshold(k: int, error: float = 0.1, statistic: str | float = "mean") -> float:
+    """tau_theory: the drift ratio at which the closest pair of two isotropic Gaussian classes in k
+    dimensions is misread at rate `error` by the nearest centroid (module docstring). statistic: 'mean'
+    (E[chi_k]) or a percentile in [0, 100] of chi_k, the spread statistic R(t) uses."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an int >= 1 (the dimension of U); got {k!r}")
+    if isinstance(error, bool) or not isinstance(error, (int, float)) or not 0 < error < 0.5:
+        raise ValueError(f"error must be a number in (0, 0.5); got {error!r}")
+    z = NormalDist().inv_cdf(1.0 - error)
+    if statistic == "mean":
+        radius = math.sqrt(2.0) * math.exp(math.lgamma((k + 1) / 2) - math.lgamma(k / 2))
+    elif isinstance(statistic, (int, float)) and not isinstance(statistic, bool) and 0 <= statistic <= 100:
+        radius = chi_quantile(int(k), statistic / 100.0)
+    else:
+        raise ValueError(f"statistic must be 'mean' or a percentile in [0, 100]; got {statistic!r}")
+    return radius / (2.0 * z)
+
+
+def chi_quantile(k: int, p: float) -> float:
+    """The p-quantile of the chi distribution with k degrees of freedom: CDF(r) = P(k / 2, r^2 / 2)
+    (the regularised lower incomplete gamma function), inverted by bisection."""
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return math.inf
+    half = torch.tensor(k / 2.0, dtype=torch.float64)
+    low, high = 0.0, math.sqrt(k) + 40.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        below = float(torch.special.gammainc(half, torch.tensor(middle * middle / 2, dtype=torch.float64))) < p
+        low, high = (middle, high) if below else (low, middle)
+    return (low + high) / 2

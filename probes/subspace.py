@@ -41,6 +41,20 @@ initial between-class separation"). On the N drift sequences themselves, within 
     R_t(t), q_t(t) = the statistic of d_t[:, t] (as for R), and R_t(t) / M_ref.
     Tcross        as above, on q_t and M_ref.
 
+Separation at the same step (centroids="same"; a scale-invariant reading, ours): the spread of step t
+relative to the separation of the class centroids of that same step,
+
+    M_t(t)        = min over g != g' present at t of || c_g(t) - c_g'(t) ||    (NaN with < 2 classes)
+    q_s(t)        = R_t(t) / M_t(t)
+
+It is unchanged when every state of step t is multiplied by a number a_t (a model whose states grow
+or shrink uniformly), where q_t (against M_ref) is not. Its DriftResult keeps M = M_ref and
+R(t) = q_s(t) * M_ref (the spread in units of the reference separation) so that q = R / M and the
+drift-rate estimate of Tcross apply unchanged; `separation` holds M_t(t).
+
+Burn-in (tcross(burn_in=B)): the first B steps are not searched for a crossing (probes.fisher.burn_in
+states the rule the error-control analysis uses: until the class is first read from U).
+
 At t = 1 every class has a single history, so the spread starts at 0 and accumulates; with pooled
 centroids it starts at whatever the state encodes beyond the class (position, last token). On a
 stationary process (the law of h[i, t] given y[i, t] does not depend on t) both centroids estimate
@@ -221,15 +235,16 @@ def state_subspace(cents: Centroids, rtol: float = 1e-6) -> Subspace:
     return Subspace(to_numpy(basis), cents, to_numpy(sv), rtol, cents.min_separation())
 
 
-CENTROIDS = ("pooled", "time")
+CENTROIDS = ("pooled", "time", "same")
 
 
 @dataclass
 class DriftResult:
     """q [T] = R / M, R [T], M, steps [T] (= 1..T), distances [N, T] float64 (per sequence).
 
-    centroids: 'pooled' (M the smallest centroid distance) or 'time' (time-indexed centroids; M the
-    separation M_ref at reference_step); see the module docstring.
+    centroids: 'pooled' (M the smallest centroid distance), 'time' (time-indexed centroids; M the
+    separation M_ref at reference_step) or 'same' (time-indexed centroids, q = R_t / M_t; M = M_ref and
+    separation [T] the per-step M_t); see the module docstring.
     """
 
     q: np.ndarray
@@ -241,6 +256,7 @@ class DriftResult:
     distances: np.ndarray = field(repr=False)
     centroids: str = "pooled"
     reference_step: int | None = None
+    separation: np.ndarray | None = field(default=None, repr=False)
 
 
 def _check_statistic(statistic) -> str | float:
@@ -269,8 +285,8 @@ class DriftAccumulator:
     """Streams chunks (states [n_i, T, *S], labels [n_i, T]) into distances d [N, T] on U.
 
     centroids='pooled': distances to the subspace's (pooled) centroids, kept per chunk.
-    centroids='time': the chunks' coordinates on U [n_i, T, k] are kept, and the time-indexed
-    centroids, distances and M_ref are formed in result() (module docstring).
+    centroids='time' or 'same': the chunks' coordinates on U [n_i, T, k] are kept, and the time-indexed
+    centroids, distances, M_ref and M_t are formed in result() (module docstring).
     """
 
     def __init__(self, subspace: Subspace, statistic="mean", tau: float = 0.5, centroids: str = "pooled",
@@ -338,19 +354,22 @@ class DriftAccumulator:
     def result(self) -> DriftResult:
         if not self._chunks:
             raise ValueError("no states were given: call update(states, labels) first")
-        reference = None
+        reference, per_step = None, None
         if self.centroids == "pooled":
             distances, M = np.concatenate(self._chunks, axis=0), self.subspace.M     # [N, T]
         else:
-            distances, M, reference = time_indexed_distances(
+            distances, M, reference, per_step = time_indexed_distances(
                 np.concatenate(self._chunks, axis=0), np.concatenate(self._labels, axis=0), self.reference_step)
         if self.statistic == "mean":
             spread = distances.mean(0)
         else:
             spread = np.percentile(distances, self.statistic, axis=0)
+        if self.centroids == "same":   # R_t / M_t, kept as R = q_s * M_ref so that q = R / M
+            with np.errstate(invalid="ignore", divide="ignore"):
+                spread = spread * M / per_step
         steps = np.arange(1, distances.shape[1] + 1)
         return DriftResult(spread / M, spread, M, self.tau, self.statistic, steps, distances,
-                           self.centroids, reference)
+                           self.centroids, reference, per_step if self.centroids == "same" else None)
 
 
 def time_indexed_centroids(coords: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -368,9 +387,24 @@ def time_indexed_centroids(coords: np.ndarray, labels: np.ndarray) -> tuple[np.n
     return classes, means, counts
 
 
-def time_indexed_distances(coords: np.ndarray, labels: np.ndarray,
-                           reference_step: int | None = None) -> tuple[np.ndarray, float, int]:
-    """(d_t [N, T], M_ref, t_ref) from coordinates on U [N, T, k] and labels [N, T] (module docstring)."""
+def step_separations(means: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """M_t [T]: the smallest distance between the centroids of two classes present at each step, from
+    time-indexed centroids [T, G, k] and counts [T, G] (NaN at a step with fewer than two classes)."""
+    means = np.where(counts[..., None] > 0, means, 0.0)                             # absent: NaN -> 0
+    gram = np.einsum("tgk,thk->tgh", means, means)                                   # [T, G, G]
+    norms = np.einsum("tgg->tg", gram)
+    gaps = np.sqrt(np.maximum(norms[:, :, None] + norms[:, None, :] - 2 * gram, 0.0))
+    absent = counts == 0
+    gaps[absent[:, :, None] | absent[:, None, :]] = np.inf
+    gaps[:, np.arange(gaps.shape[1]), np.arange(gaps.shape[1])] = np.inf
+    smallest = gaps.min(axis=(1, 2))
+    return np.where(np.isfinite(smallest), smallest, np.nan)
+
+
+def time_indexed_distances(coords: np.ndarray, labels: np.ndarray, reference_step: int | None = None
+                           ) -> tuple[np.ndarray, float, int, np.ndarray]:
+    """(d_t [N, T], M_ref, t_ref, M_t [T]) from coordinates on U [N, T, k] and labels [N, T] (module
+    docstring)."""
     length = coords.shape[1]
     classes, means, counts = time_indexed_centroids(coords, labels)
     rows = np.searchsorted(classes, labels)                                         # [N, T] class rows
@@ -381,16 +415,14 @@ def time_indexed_distances(coords: np.ndarray, labels: np.ndarray,
         reference_step = int(np.argmax(present.sum(1))) + 1     # first step with the most classes
     if reference_step > length:
         raise ValueError(f"reference_step {reference_step} is past the horizon {length}")
-    at = means[reference_step - 1][present[reference_step - 1]]                     # [G_ref, k]
-    if len(at) < 2:
-        raise ValueError(f"reference_step {reference_step} has {len(at)} class present; the separation "
-                         "needs at least two")
-    gaps = np.linalg.norm(at[:, None] - at[None, :], axis=-1)
-    np.fill_diagonal(gaps, np.inf)
-    separation = float(gaps.min())
+    if present[reference_step - 1].sum() < 2:
+        raise ValueError(f"reference_step {reference_step} has {int(present[reference_step - 1].sum())} class "
+                         "present; the separation needs at least two")
+    per_step = step_separations(means, counts)                                      # [T]
+    separation = float(per_step[reference_step - 1])
     if separation == 0.0:
         raise ValueError(f"two classes have the same centroid at reference_step {reference_step}: M_ref = 0")
-    return distances, separation, reference_step
+    return distances, separation, reference_step, per_step
 
 
 def drift(states, labels, subspace: Subspace, statistic="mean", tau: float = 0.5,
@@ -398,8 +430,9 @@ def drift(states, labels, subspace: Subspace, statistic="mean", tau: float = 0.5
     """q(t), R(t), M of states [N, T, *S] with true states labels [N, T] (see the module docstring).
 
     statistic: 'mean' or a percentile in [0, 100] of the per-sequence distances at each step.
-    centroids: 'pooled' (the subspace's centroids, M) or 'time' (time-indexed centroids c_g(t) of
-    these sequences, M_ref at reference_step; None = the first step with the most classes present).
+    centroids: 'pooled' (the subspace's centroids, M), 'time' (time-indexed centroids c_g(t) of
+    these sequences, M_ref at reference_step; None = the first step with the most classes present) or
+    'same' (time-indexed centroids, the separation M_t of the same step).
     chunk_size: sequences converted to float64 at a time (memory ~ 3 * chunk_size * T * n * 8 B).
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
@@ -431,19 +464,22 @@ ESTIMATORS = ("rate", "line")
 
 
 def tcross(result: DriftResult, tau: float | None = None, estimator: str = "rate",
-           fit_start: int = 1) -> Tcross:
-    """First step t with q(t) > tau, or the drift-rate estimate when the horizon ends first.
+           fit_start: int = 1, burn_in: int = 0) -> Tcross:
+    """First step t > burn_in with q(t) > tau, or the drift-rate estimate when the horizon ends first.
 
     tau: defaults to the threshold the drift was computed with (0.5 unless changed).
     estimator: 'rate' (tau * M / eta, docs/drift.md) or 'line' ((tau * M - a) / eta); see the module
     docstring. fit_start: the first step (1-based, like `result.steps`) used for the slope fit.
+    burn_in: the number of first steps not searched for a crossing (0: none).
     """
     if not isinstance(result, DriftResult):
         raise TypeError(f"result must be a DriftResult (from drift(...)); got {type(result).__name__}")
     tau = result.tau if tau is None else _check_tau(tau)
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}; got {estimator!r}")
-    above = np.flatnonzero(result.q > tau)
+    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
+        raise ValueError(f"burn_in must be an int >= 0 (steps not searched); got {burn_in!r}")
+    above = np.flatnonzero((result.q > tau) & (result.steps > burn_in))
     if above.size:
         index = int(above[0])
         return Tcross(float(result.steps[index]), False, tau, index=index)

@@ -328,7 +328,8 @@ def verdicts_of(module, plan, status, measures):
 
 
 def test_bootstrap_interval_of_r_brackets_r_and_needs_four_runs():
-    module = claim_module("error-control")
+    from interp.analysis import correlation as module
+
     rng = np.random.default_rng(1)
     mp = np.exp(rng.uniform(4, 7, size=12))
     tcross = mp * np.exp(rng.normal(0, 0.3, size=12))

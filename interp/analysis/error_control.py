@@ -14,6 +14,9 @@ when that mixer is recurrent, else the last block's `hook_resid_post`):
                or the drift-rate estimate when the horizon ends first (`estimator`, `fit_start`);
     q_t(t)     the same sequences' spread around the time-indexed centroids c_g(t) relative to the
                separation M_ref at `reference_step` (probes.subspace, centroids="time");
+    q_s(t)     the same spread relative to the separation M_t of the same step (centroids="same");
+    A(t)       the nearest-centroid read-out of the same sequences on U at each step (probes.fisher
+               .readout_curve) and the burn-in B it gives (probes.fisher.burn_in);
     tau_cal    the readability threshold of the model's own read-out (probes.readability): states
                of `n_calibrate` fresh in-distribution sequences moved by r * M along U (random unit
                directions, or `direction="nearest"`), replaced at `site` (every position at once)
@@ -35,11 +38,18 @@ Definitions of Tcross (`crossings`, keyed "DRIFT/THRESHOLD"; `definition` and `t
     excess     q(t) - mean q(1..train_length), the drift in excess of its in-distribution level
                (`excess_tcross`; our own variant);
     time       q_t(t) = R_t(t) / M_ref, time-indexed centroids (the paper's reading);
-and THRESHOLD is `fixed` (the number `tau`, 0.5 by default) or `calibrated` (the displacement
+    same       q_s(t) = R_t(t) / M_t(t), time-indexed centroids and the separation of the same step
+               (scale-invariant; our reading of the decoder's view);
+and THRESHOLD is `fixed` (the number `tau`, 0.5 by default), `calibrated` (the displacement
 D = tau_cal * M as a ratio to that drift's separation: tau_cal for pooled and excess, D / M_ref for
-time). Calibrated crossings exist only where the read-out fits (tau_cal is defined); a headline
-that does not exist is NaN. FISHER ("fisher/fixed", our own) is the first step with F(t) below
-probes.fisher.FISHER_LEVEL (2.563, where a linear read-out of two Gaussian classes errs 10%).
+time and same, whose R is in units of M_ref) or `theory` (probes.readability.theory_threshold of U's
+rank: the ratio at which the closest pair of isotropic Gaussian classes errs 10%). Calibrated
+crossings exist only where the read-out fits (tau_cal is defined); a headline that does not exist is
+NaN. FISHER ("fisher/fixed", our own) is the first step with F(t) below probes.fisher.FISHER_LEVEL
+(2.563, where a linear read-out of two Gaussian classes errs 10%). A key ending in BURN_IN
+("+burn-in") is the same reading with the first B steps not searched (probes.fisher.burn_in: before
+the class is first read from U); it is undefined where the read-out never forms. READING_TESTS says
+which of the seed's sentences each part tests (docs/drift.md).
 
 Complex states (S4D, AUSSM, Mamba-3) are seen as real vectors view_as_real(h).flatten(), the
 coordinates interp.analysis.dynamics uses for complex states. Data streams: the fit and drift sequences come
@@ -58,17 +68,44 @@ import torch
 
 from interp.analysis import dynamics
 from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
-from probes.fisher import fisher_curve, fisher_tcross, separation
-from probes.readability import DIRECTIONS, Calibration, readability_threshold
+from probes.fisher import burn_in, fisher_curve, fisher_tcross, readout_curve, separation
+from probes.readability import DIRECTIONS, Calibration, readability_threshold, theory_threshold
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
 
 FIT_STREAM, DRIFT_STREAM = 2, 3
 DEFAULT_LENGTHS = (60, 100, 200, 500, 1000)
-DRIFTS = ("pooled", "excess", "time")
-THRESHOLDS = ("fixed", "calibrated")
+DRIFTS = ("pooled", "excess", "time", "same")
+THRESHOLDS = ("fixed", "calibrated", "theory")
 FISHER = "fisher/fixed"   # F(t) below probes.fisher.FISHER_LEVEL (our own; no calibrated variant)
-DEFINITIONS = tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS) + (FISHER,)
+BURN_IN = "+burn-in"      # suffix: the reading with the burn-in steps not searched (probes.fisher.burn_in)
+BURNED = ("pooled", "time", "same")   # the drifts read from step 1 (excess starts at the training length)
+DEFINITIONS = (tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS) + (FISHER,)
+               + tuple(f"{d}/{t}{BURN_IN}" for d in BURNED for t in THRESHOLDS) + (FISHER + BURN_IN,))
+# What each part of a reading tests: the seed's sentence (000_0db3ca63d101e4d0.txt, arXiv 2605.07755) or ours.
+READING_TESTS = {
+    "pooled": "the S3 sentence's 'q(t) crosses the threshold' with centroids pooled over the training length "
+              "(the toolkit's first reading; stationary centroids)",
+    "excess": "ours: the pooled drift's growth past its in-distribution level",
+    "time": "the abstract's 'within-class spread ... small relative to the initial between-class separation' "
+            "(step-t centroids, separation at the start)",
+    "same": "the abstract's 'distinguishability ratio crosses the readability threshold' as the decoder sees "
+            "step t (spread and separation of the same step; scale-invariant)",
+    "fisher": "ours: the class separation in within-class-whitened U (only spread that confuses classes)",
+    "fixed": "the S3 sentence's 'threshold 0.5'",
+    "calibrated": "'the readability threshold of the trained decoder' (its own read-out, 90%)",
+    "theory": "the readability level of an ideal read-out of isotropic Gaussian classes in U's dimension (the "
+              "closest pair errs 10%)",
+    BURN_IN: "first crossing after the burn-in (steps before the class is first read from U at 90% not searched)",
+}
+
+
+def reading_tests(key: str) -> str:
+    """What the reading `key` ("DRIFT/THRESHOLD[+burn-in]") tests, in the seed's words (READING_TESTS)."""
+    base, burned = (key[: -len(BURN_IN)], True) if key.endswith(BURN_IN) else (key, False)
+    drift, threshold = base.split("/")
+    parts = [READING_TESTS[drift]] + ([] if drift == "fisher" else [READING_TESTS[threshold]])
+    return "; ".join(parts + ([READING_TESTS[BURN_IN]] if burned else []))
 
 
 @dataclass
@@ -103,26 +140,32 @@ class ErrorControl:
     definition: str = "pooled/fixed"
     fisher: np.ndarray | None = field(default=None, repr=False)   # F(t) [horizon], probes.fisher
     readout: dict[str, float] | None = None   # centroid_readout at the training length (probes.fisher.separation)
+    drift_same: DriftResult | None = None      # q_s(t): time-indexed centroids, separation of the same step
+    readout_steps: np.ndarray | None = field(default=None, repr=False)   # A(t) [horizon], probes.fisher.readout_curve
+    burn_in: int | None = None                  # B (probes.fisher.burn_in); None: the read-out never forms
 
     @property
     def mp(self) -> int | None:
         return self.evaluation.mp
 
     def definition_rows(self) -> list[dict[str, Any]]:
-        """One row per definition in DEFINITIONS: {"definition", "tau", "tcross", "tcross_estimated"}
-        (tau and tcross NaN where the definition is undefined, e.g. no calibration)."""
+        """One row per definition in DEFINITIONS: {"definition", "tau", "tcross", "tcross_estimated",
+        "tests"} (tau and tcross NaN where the definition is undefined, e.g. no calibration; tests: the
+        seed's sentence it reads, reading_tests)."""
         rows = []
         for key in DEFINITIONS:
             cross = self.crossings.get(key)
             rows.append({"definition": key, "tau": float("nan") if cross is None else cross.tau,
                          "tcross": float("nan") if cross is None else cross.value,
-                         "tcross_estimated": None if cross is None else cross.estimated})
+                         "tcross_estimated": None if cross is None else cross.estimated,
+                         "tests": reading_tests(key)})
         return rows
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a JSON-able dict (every definition's Tcross under
         "tcross_by_definition" / "tcross_estimated_by_definition")."""
-        c, excess, cal, timed = self.contraction, self.tcross_excess, self.calibration, self.drift_time
+        c, excess, cal, timed, same = (self.contraction, self.tcross_excess, self.calibration, self.drift_time,
+                                       self.drift_same)
         at_train = min(self.train_length, len(self.drift.q)) - 1
         return {
             "name": self.name, "site": self.site, "train_length": self.train_length,
@@ -136,6 +179,10 @@ class ErrorControl:
             "reference_step": None if timed is None else timed.reference_step,
             "q_time_train": None if timed is None else float(timed.q[at_train]),
             "q_time_end": None if timed is None else float(timed.q[-1]),
+            "q_same_train": None if same is None else float(same.q[at_train]),
+            "q_same_end": None if same is None else float(same.q[-1]),
+            "tau_theory": theory_threshold(self.subspace.rank, statistic=self.drift.statistic),
+            "burn_in": self.burn_in,
             "tau_calibrated": None if cal is None else cal.tau,
             "tau_calibrated_censored": None if cal is None else cal.censored,
             "fisher_train": None if self.fisher is None else float(self.fisher[at_train]),
@@ -145,6 +192,7 @@ class ErrorControl:
             "tcross_by_definition": {row["definition"]: row["tcross"] for row in self.definition_rows()},
             "tcross_estimated_by_definition": {row["definition"]: row["tcross_estimated"]
                                                for row in self.definition_rows()},
+            "readings": self.definition_rows(),
             "mp": self.mp,
             "accuracy": {str(k): v for k, v in sorted(self.evaluation.final_accuracy.items())},
             "contraction_max": None if c is None else c.max, "contraction_mean": None if c is None else c.mean,
@@ -202,10 +250,10 @@ def _check_int(name: str, value, low: int = 1) -> int:
 def _check_definition(definition: str, tau) -> tuple[str, str]:
     if definition not in DRIFTS:
         raise ValueError(f"definition must be one of {DRIFTS}; got {definition!r}")
-    if tau == "calibrated":
-        return definition, "calibrated"
+    if tau in ("calibrated", "theory"):
+        return definition, tau
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
-        raise ValueError(f"tau must be a positive number or 'calibrated'; got {tau!r}")
+        raise ValueError(f"tau must be a positive number, 'calibrated' or 'theory'; got {tau!r}")
     return definition, "fixed"
 
 
@@ -221,7 +269,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     The horizon of q(t) is max(lengths); it must be at least train_length. tau: the fixed threshold
     (a number, 0.5) or "calibrated" for the headline; definition: the headline's drift ("pooled",
     "excess", "time"); reference_step: t_ref of M_ref (None: the first step with every class);
-    calibrate: measure tau_cal (needed for tau="calibrated") on n_calibrate sequences, with
+    calibrate: measure tau_cal (needed for tau="calibrated"; tau="theory" needs none) on n_calibrate sequences, with
     `threshold` as its accuracy level; normalize: divide every state by its norm first (the view of
     a scale-invariant read-out; our own option, off by default).
     """
@@ -234,7 +282,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         raise ValueError("tau='calibrated' needs calibrate=True")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}; got {direction!r}")
-    fixed_tau = 0.5 if threshold_name == "calibrated" else float(tau)
+    fixed_tau = float(tau) if threshold_name == "fixed" else 0.5
     train_length = _check_int("train_length", train_length)
     lengths = check_lengths(lengths)
     horizon = max(lengths)
@@ -250,7 +298,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     try:
         subspace = fit_subspace(model, task, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 0), chunk,
                                 normalize=normalize)
-        drift, drift_time, snapshots, fisher = measure_drifts(
+        drifts = measure_drifts(
             model, task, subspace, horizon, site, n_drift, stream_seed(seed, DRIFT_STREAM, 0), chunk,
             fixed_tau, statistic, (train_length, horizon), normalize, reference_step)
         readout = centroid_readout(model, task, subspace, train_length, site, n_fit, stream_seed(seed, FIT_STREAM, 5),
@@ -268,35 +316,47 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
     finally:
         model.train(was_training)
-    crossings = definition_crossings(drift, drift_time, calibration, train_length, estimator, fit_start, fisher)
+    start = burn_in(drifts.readout)
+    crossings = definition_crossings(drifts.pooled, drifts.time, calibration, train_length, estimator, fit_start,
+                                     drifts.fisher, drift_same=drifts.same, rank=subspace.rank,
+                                     burn_in=start)
     key = f"{drift_name}/{threshold_name}"
     headline = crossings.get(key, Tcross(float("nan"), False, float("nan")))
     excess = crossings.get("excess/fixed")
-    return ErrorControl(site, train_length, subspace, drift, headline, excess,
-                        contraction, evaluation, snapshots, name, normalize, drift_time, calibration,
-                        crossings, key, fisher, readout)
+    return ErrorControl(site, train_length, subspace, drifts.pooled, headline, excess,
+                        contraction, evaluation, drifts.snapshots, name, normalize, drifts.time, calibration,
+                        crossings, key, drifts.fisher, readout, drifts.same, drifts.readout, start)
 
 
 def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, calibration: Calibration | None,
                          train_length: int, estimator: str = "rate", fit_start: int = 1,
-                         fisher: np.ndarray | None = None) -> dict[str, Tcross]:
-    """{"DRIFT/THRESHOLD": Tcross} of every definition that is defined (module docstring): the
+                         fisher: np.ndarray | None = None, *, drift_same: DriftResult | None = None,
+                         rank: int | None = None, burn_in: int | None = None) -> dict[str, Tcross]:
+    """{"DRIFT/THRESHOLD[+burn-in]": Tcross} of every definition that is defined (module docstring): the
     excess drift needs a horizon of at least train_length + 2, the calibrated threshold a read-out
-    that fits (tau_cal finite), the time drift a drift_time, FISHER the curve F(t)."""
-    taus = {"fixed": drift.tau}
+    that fits (tau_cal finite), the time and same drifts drift_time and drift_same, FISHER the curve F(t),
+    the theory threshold U's rank (None: no theory readings), the +burn-in readings a burn-in B (None:
+    undefined)."""
+    taus = {"fixed": drift.tau, **({"theory": theory_threshold(rank, statistic=drift.statistic)} if rank else {})}
     if calibration is not None and calibration.fits and calibration.tau > 0:
         taus["calibrated"] = calibration.tau
     out: dict[str, Tcross] = {}
+    starts = {"": 0, **({BURN_IN: burn_in} if burn_in is not None else {})}
     for threshold_name, value in taus.items():
-        out[f"pooled/{threshold_name}"] = tcross(drift, value, estimator=estimator, fit_start=fit_start)
         if drift.q.shape[0] >= train_length + 2:
             out[f"excess/{threshold_name}"] = excess_tcross(drift, train_length, value)
-        if drift_time is not None:
-            time_tau = value if threshold_name == "fixed" else calibration.tau_for(drift_time.M)
-            out[f"time/{threshold_name}"] = tcross(drift_time, time_tau, estimator=estimator, fit_start=fit_start)
+        for suffix, start in starts.items():
+            for name, result in (("pooled", drift), ("time", drift_time), ("same", drift_same)):
+                if result is None:
+                    continue
+                tau = calibration.tau_for(result.M) if threshold_name == "calibrated" and name != "pooled" else value
+                out[f"{name}/{threshold_name}{suffix}"] = tcross(result, tau, estimator=estimator,
+                                                                 fit_start=fit_start, burn_in=start)
     if fisher is not None:
-        out[FISHER] = fisher_tcross(fisher)
+        for suffix, start in starts.items():
+            out[FISHER + suffix] = fisher_tcross(fisher, burn_in=start)
     return {key: out[key] for key in DEFINITIONS if key in out}
+
 
 
 def excess_tcross(drift: DriftResult, train_length: int, tau: float | None = None) -> Tcross:
@@ -338,15 +398,29 @@ def check_finite_states(states: torch.Tensor, site: str, length: int) -> None:
                          "be fitted")
 
 
+@dataclass
+class Drifts:
+    """measure_drifts' results on the same sequences: q(t) pooled, q_t(t) time, q_s(t) same [horizon] each,
+    snapshots {step: (coords [N, k], classes [N])}, F(t) fisher [horizon], A(t) readout [horizon]."""
+
+    pooled: DriftResult
+    time: DriftResult
+    same: DriftResult
+    snapshots: dict[int, tuple[np.ndarray, np.ndarray]]
+    fisher: np.ndarray
+    readout: np.ndarray
+
+
 def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: int, data_seed: int,
                    chunk: int = 32, tau: float = 0.5, statistic: str | float = "mean", snapshot_steps=(),
-                   normalize: bool = False, reference_step: int | None = None
-                   ) -> tuple[DriftResult, DriftResult, dict[int, tuple[np.ndarray, np.ndarray]], np.ndarray]:
-    """q(t) (pooled centroids), q_t(t) (time-indexed centroids) and F(t) (probes.fisher) of the same n
-    fresh sequences of length `horizon`, and the states on U at `snapshot_steps`."""
+                   normalize: bool = False, reference_step: int | None = None) -> Drifts:
+    """q(t) (pooled centroids), q_t(t) and q_s(t) (time-indexed centroids against the initial and the same
+    step's separation), F(t) and the read-out A(t) (probes.fisher) of the same n fresh sequences of length
+    `horizon`, and the states on U at `snapshot_steps`."""
     batch = task.sample(n, horizon, data_seed)
     pooled = DriftAccumulator(subspace, statistic, tau)
     timed = DriftAccumulator(subspace, statistic, tau, centroids="time", reference_step=reference_step)
+    same = DriftAccumulator(subspace, statistic, tau, centroids="same", reference_step=reference_step)
     steps = sorted({int(s) for s in snapshot_steps if 1 <= s <= horizon})
     chunks = []                                                                           # [c, T, k] each
     for start in range(0, n, chunk):
@@ -354,10 +428,13 @@ def measure_drifts(model, task, subspace: Subspace, horizon: int, site: str, n: 
         labels = batch.states[start:start + chunk]
         pooled.update(states, labels)
         timed.update(states, labels)
+        same.update(states, labels)
         chunks.append(subspace.coords(states))
     on_u = np.concatenate(chunks)                                                         # [n, T, k]
     snapshots = {s: (on_u[:, s - 1].copy(), batch.states[:, s - 1].numpy().copy()) for s in steps}
-    return pooled.result(), timed.result(), snapshots, fisher_curve(on_u, batch.states.numpy())
+    labels = batch.states.numpy()
+    return Drifts(pooled.result(), timed.result(), same.result(), snapshots, fisher_curve(on_u, labels),
+                  readout_curve(on_u, labels))
 
 
 @torch.no_grad()
@@ -412,6 +489,38 @@ def calibrate_readout(model, task, subspace: Subspace, length: int, site: str, n
     return readability_threshold(decode, states, batch.states, subspace, targets=batch.targets,
                                  mask=batch.loss_mask, threshold=threshold, direction=direction, seed=seed,
                                  **options)
+
+
+MP_FACTORS = (0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.3, 1.5)   # lengths around mp evaluated for its interval
+MP_N = 1024   # sequences per length for mp's interval (issue 37: n >= 1024 near the 90% threshold)
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion `accuracy` over n trials."""
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(centre - half), float(centre + half)
+
+
+def mp_interval(model, task, mp: int, n: int = MP_N, seed: int = 0, threshold: float = 0.9,
+                factors=MP_FACTORS) -> dict[str, Any]:
+    """mp with a 95% interval: final-state accuracy at n fresh sequences per length at mp x factors; "low" the
+    longest evaluated length up to which every evaluated length passes surely (the Wilson interval's lower
+    end >= threshold), "high" the shortest that fails surely (upper end < threshold), "mp" the longest
+    passing length at this n; None where no evaluated length qualifies. "accuracy": {length: accuracy}."""
+    mp = _check_int("mp", mp)
+    lengths = sorted({max(1, round(mp * f)) for f in factors})
+    accuracy = evaluate_lengths(model, task, lengths, n=n, seed=seed, threshold=threshold).final_accuracy
+    bounds = {length: wilson_interval(accuracy[length], n) for length in lengths}
+    low = None
+    for length in lengths:
+        if bounds[length][0] < threshold:
+            break
+        low = length
+    high = next((length for length in lengths if bounds[length][1] < threshold), None)
+    passing = [length for length in lengths if accuracy[length] >= threshold]
+    return {"mp": max(passing) if passing else None, "low": low, "high": high, "n": n,
+            "accuracy": {str(k): float(v) for k, v in sorted(accuracy.items())}}
 
 
 def load_run(run_dir: str | Path, device: str = "cpu"):

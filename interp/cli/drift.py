@@ -21,7 +21,7 @@ from interp.cli.args import (add_scale_out_arguments, check_out, check_run_free,
                             device_name, executor_from_args, fail, length_list, output_path, over_runs, real,
                             run_directory, seed_value, sequence_count, step_count)
 
-DRIFTS = ("pooled", "excess", "time")   # interp.analysis.error_control.DRIFTS (kept light)
+DRIFTS = ("pooled", "excess", "time", "same")   # interp.analysis.error_control.DRIFTS (kept light)
 
 
 def statistic(text: str) -> str | float:
@@ -41,12 +41,12 @@ TAU = real(0, 1e6, "q = R / M is the drift in units of the centroids' separation
 
 
 def tau_value(text: str) -> float | str:
-    if text == "calibrated":
+    if text in ("calibrated", "theory"):
         return text
     try:
         return TAU(text)
     except argparse.ArgumentTypeError as error:
-        raise argparse.ArgumentTypeError(f"{error} (or 'calibrated')") from None
+        raise argparse.ArgumentTypeError(f"{error} (or 'calibrated' or 'theory')") from None
 
 
 tau_value.limit = TAU.limit
@@ -73,10 +73,12 @@ def add_parser(sub) -> None:
     drift.add_argument("--n", type=sequence_count, default=256, help="sequences per evaluated length")
     drift.add_argument("--definition", choices=DRIFTS, default="pooled",
                        help="the headline Tcross's drift: pooled centroids (default), excess over the "
-                            "in-distribution level, or time-indexed centroids against the initial "
-                            "separation (the paper's reading); every definition is in the report")
+                            "in-distribution level, time-indexed centroids against the initial "
+                            "separation (the paper's reading) or against the same step's separation "
+                            "(same); every reading is printed and in the report")
     drift.add_argument("--tau", type=tau_value, default=0.5,
-                       help="threshold on q: a number (default 0.5) or 'calibrated' (the read-out's own)")
+                       help="threshold on q: a number (default 0.5), 'calibrated' (the read-out's own) or "
+                            "'theory' (isotropic Gaussian classes in U's dimension misread 10%%)")
     drift.add_argument("--reference-step", type=step_count, default=None,
                        help="step of the separation M_ref of the time-indexed drift (default: the start)")
     drift.add_argument("--no-calibrate", dest="calibrate", action="store_false",
@@ -133,8 +135,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show(row: dict, run_dir: Path) -> None:
-    for key, value in row["summary"].items():
-        print(f"{key:>18}: {value}")
+    summary = row["summary"]
+    for key, value in summary.items():
+        if not isinstance(value, dict):
+            print(f"{key:>18}: {value}")
+    readings = summary.get("readings") or []
+    if readings:
+        print(f"{'reading':>28}  {'tau':>7}  {'Tcross':>9}  tests")
+        for reading in readings:
+            cross = f"{reading['tcross']:.0f}" + ("~" if reading["tcross_estimated"] else "")
+            print(f"{reading['definition']:>28}  {reading['tau']:7.3f}  {cross:>9}  {reading['tests']}")
+        print("(~ estimated from the drift rate; nan: undefined, e.g. no calibration or no burn-in end)")
     print(f"wrote {row['out']} and {run_dir / 'drift.json'}")
 
 

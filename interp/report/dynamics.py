@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from interp.analysis import dynamics
+from interp.analysis.correlation import loglog_pearson
 from interp.analysis.error_control import DEFINITIONS, FIT_STREAM, recurrent_layer
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text, write_report
@@ -119,19 +120,6 @@ def fisher_figure(curve: np.ndarray, cross: Tcross | None, train_length: int | N
     fig.update_yaxes(title="F(t): smallest whitened centroid distance", **axis)
     fig.update_layout(title=title, template="plotly_white")
     return fig
-
-
-def loglog_pearson(x: Sequence[float], y: Sequence[float]) -> tuple[float, int]:
-    """(Pearson r of log x and log y, number of points) over the pairs where both are finite and
-    positive; r is NaN with fewer than 3 such points or when either side is constant."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be 1-D of the same length; got shapes {x.shape} and {y.shape}")
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    lx, ly = np.log(x[keep]), np.log(y[keep])
-    if keep.sum() < 3 or lx.std() == 0 or ly.std() == 0:
-        return float("nan"), int(keep.sum())
-    return float(np.corrcoef(lx, ly)[0, 1]), int(keep.sum())
 
 
 def tcross_vs_mp(rows: Sequence[Mapping[str, Any]], title: str = "Tcross vs mp",
@@ -364,13 +352,17 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
     """HTML report of one analysis: numbers, q(t), projections on U, accuracy by length, and (when
     model and task are given and the site is a recurrent state) the Jacobian spectra on U."""
     summary = result.summary()
-    rows = [{"quantity": k, "value": v} for k, v in summary.items() if not isinstance(v, dict)]
+    rows = [{"quantity": k, "value": v} for k, v in summary.items() if not isinstance(v, (dict, list))]
     drifts = {f"{result.name} pooled": result.drift}
     crossings = {f"{result.name} pooled": result.crossings.get("pooled/fixed", result.tcross)}
     if result.drift_time is not None:
         drifts[f"{result.name} time-indexed"] = result.drift_time
         if "time/fixed" in result.crossings:
             crossings[f"{result.name} time-indexed"] = result.crossings["time/fixed"]
+    if getattr(result, "drift_same", None) is not None:
+        drifts[f"{result.name} same-step"] = result.drift_same
+        if "same/fixed" in result.crossings:
+            crossings[f"{result.name} same-step"] = result.crossings["same/fixed"]
     cal = result.calibration
     cal_text = ("not calibrated" if cal is None else
                 f"tau_cal = {cal.tau:.3f}{' (a lower bound)' if cal.censored else ''}" if cal.fits else
@@ -384,8 +376,13 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
              "Definitions: pooled = spread around centroids pooled over all in-distribution positions, "
              "relative to their smallest distance M; excess = pooled minus its in-distribution mean; "
              "time = spread around the class centroids of each step, relative to the separation at the "
-             "start (M_ref). Thresholds: fixed tau, or calibrated (the displacement along U at which "
-             "the model's own read-out falls below the accuracy threshold). fisher (our own) = the smallest "
+             "start (M_ref); same = the same spread relative to the separation of that step (M_t; "
+             "scale-invariant). Thresholds: fixed tau, calibrated (the displacement along U at which "
+             "the model's own read-out falls below the accuracy threshold) or theory (the ratio at which "
+             "the closest pair of isotropic Gaussian classes in U's dimension is misread 10%); +burn-in: the "
+             "first crossing after the steps before the class is first read from U at 90% (summary: burn_in). "
+             "The table's tests column names the seed's sentence each reading tests (docs/drift.md). "
+             "fisher (our own) = the smallest "
              "distance between the class centroids of each step in within-class-whitened U, crossing where it "
              f"falls below {FISHER_LEVEL:.3f} (a linear read-out of two Gaussian classes then errs 10%): it counts "
              "only the spread that confuses classes.", heading="What was measured"),
@@ -393,7 +390,8 @@ def write_drift_report(result, path: str | Path, title: str | None = None, model
         Table([{k: v for k, v in row.items()} for row in result.definition_rows()],
               heading="Tcross by definition"),
         drift_curves(drifts, crossings, result.train_length,
-                     title="Drift ratio q(t) (pooled: R / M; time-indexed: R_t / M_ref) at the fixed tau"),
+                     title="Drift ratio q(t) (pooled: R / M; time-indexed: R_t / M_ref; same-step: R_t / M_t) "
+                           "at the fixed tau"),
         *([fisher_figure(result.fisher, result.crossings.get("fisher/fixed"), result.train_length,
                          title=f"{result.name}: Fisher separation F(t) of the classes on U")]
           if result.fisher is not None else []),

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from interp.analysis import error_control as ec
+from interp.analysis.correlation import correlation_summary, loglog_pearson
 from interp.reproduce.engine import Claim, Plan, Run, fitted, size, unfit_note
 from interp.report import dynamics as fd
 from interp.report.evaluation import accuracy_vs_length
@@ -42,7 +43,6 @@ MIN_RUNS = 8   # fitted-and-falling S3 runs a correlation verdict needs (issue 2
 # chance, 0.15-0.18), so no drift of it can be the misread the claim is about; at the decoder's input it is read.
 DECODER_SITE = "hook_final"
 SITE_NAMES = {DECODER_SITE: "the decoder's input (hook_final)"}
-BOOTSTRAP = 2000   # resamples of the runs for the interval of r   # our choice (CPU budget): 200 steps at >= 99% at length 60
 
 SCALE = {
     "quick": dict(groups=["C2"], depths=[1], seeds=[0], models=("tanh_rnn", "mamba"), d_rnn=8, d_ssm=8, d_state=2,
@@ -58,7 +58,7 @@ SCALE = {
                    train_length=60, lengths=[60, 80, 100, 125, 150, 175, 200, 250, 300, 400, 500, 700, 1000],
                    # ... and mp refined between grid lengths (on the grid, the 5 falling token-gated runs had mp
                    # 200 or 250 only: r was an artefact of two values, 2026-12-03)
-                   mp_resolution=0.02, n=dict(n_fit=256, n_drift=64, n_eval=256, n_jac=2)),
+                   mp_resolution=0.02, mp_interval_n=ec.MP_N, n=dict(n_fit=256, n_drift=64, n_eval=256, n_jac=2)),
     "paper": dict(groups=["C2", "C6", "S3"], depths=[1, 2], seeds=[0, 1, 2], models=STATE_DEPENDENT + AFFINE + NORMALISED,
                   d_rnn=128, d_ssm=64, d_state=16, steps=10_000, batch=256, train_length=60,
                   lengths=[60, 100, 200, 500, 1000], n=dict(n_fit=512, n_drift=128, n_eval=512, n_jac=4)),
@@ -90,6 +90,8 @@ def plan(scale: str) -> Plan:
              size("evaluated lengths", s["lengths"], SEED_000 + " (up to 1000 tokens)"),
              *([size("mp refined between the grid's mp and the next length (bisection, bracket <= this x mp)",
                      s["mp_resolution"], "our choice (interp.training.evaluate.refine_mp)")] if "mp_resolution" in s else []),
+             *([size("mp's 95% interval: sequences per length at mp x (0.75 .. 1.5), Wilson intervals against 90%",
+                     s["mp_interval_n"], "issue 37 (n >= 1024 near the 90% threshold)")] if "mp_interval_n" in s else []),
              size("tau (fixed threshold)", 0.5, SEED_000),
              size("models", list(s["models"]), SEED_000 + " and docs/drift.md"),
              size("depths", s["depths"], "issue 17 (depth 1 and 2); the seed gives none"),
@@ -107,7 +109,8 @@ def plan(scale: str) -> Plan:
                           "our choice (CPU budget: tanh RNN fits C2 at step 80 of 1500); the paper profile trains "
                           "every step"))
     settings = {"lengths": s["lengths"], "n": s["n"], "train_length": s["train_length"],
-                "definitions": definitions_available(), "centroid_readout": READOUT, "sites": [DECODER_SITE], **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {})}
+                "definitions": definitions_available(), "centroid_readout": READOUT, "sites": [DECODER_SITE], **({"mp_resolution": s["mp_resolution"]} if "mp_resolution" in s else {}),
+                **({"mp_interval_n": s["mp_interval_n"]} if "mp_interval_n" in s else {})}
     return Plan(scale, runs, sizes, settings=settings, early_stop=early)
 
 
@@ -145,6 +148,9 @@ def measure(outcome, plan: Plan) -> dict:
         refined, added = refine_mp(outcome.model, outcome.task, a.evaluation.final_accuracy, st["mp_resolution"],
                                    n=st["n"]["n_eval"], seed=outcome.run.info["seed"] + 1)
         out.update(mp_grid=out["mp"], mp=refined, accuracy_refined={str(k): v for k, v in sorted(added.items())})
+    if st.get("mp_interval_n") and out.get("mp") is not None and out["mp"] < st["lengths"][-1]:
+        out["mp_interval"] = ec.mp_interval(outcome.model, outcome.task, out["mp"], n=st["mp_interval_n"],
+                                            seed=outcome.run.info["seed"] + 1)
     layer = ec.recurrent_layer(outcome.model, a.site)
     if layer is not None and outcome.run.info["kind"] != "state-dependent":
         try:
@@ -246,17 +252,24 @@ def readable_in_distribution(measures: dict, definition: str) -> bool | None:
     """The premise of a crossing: at the training length, where the run is right, the class is read from
     U by nearest centroid (accuracy >= READOUT, where measured) and q is still below tau (a state past the
     read-out's threshold there would be misread, and is not). "excess" q is 0 there by construction;
-    None where q or tau is unknown."""
-    drift, threshold = definition.split("/")
+    None where q or tau is unknown. A "+burn-in" reading has its reading's premise."""
+    drift, threshold = definition.removesuffix(ec.BURN_IN).split("/")
     readout = (measures.get("centroid_readout") or {}).get("nearest_centroid_accuracy")
     if drift == "fisher":   # F falls: the premise is F above its level where the run is right
         q, tau = (None, None) if measures.get("fisher_train") is None else (FISHER_LEVEL, measures["fisher_train"])
     else:
-        q = 0.0 if drift == "excess" else measures.get({"pooled": "q_train", "time": "q_time_train"}.get(drift, ""))
-        tau = measures.get("tau") if threshold == "fixed" else measures.get("tau_calibrated")
+        q = 0.0 if drift == "excess" else measures.get(Q_TRAIN.get(drift, ""))
+        tau = measures.get(TAU_KEYS[threshold])
+        if threshold == "calibrated" and drift in ("time", "same") and tau is not None and measures.get("M_ref"):
+            tau = tau * measures.get("M", measures["M_ref"]) / measures["M_ref"]   # D = tau_cal * M over M_ref
     if q is None or tau is None:
         return None
     return bool(q < tau and (readout is None or readout >= READOUT))
+
+
+Q_TRAIN = {"pooled": "q_train", "time": "q_time_train", "same": "q_same_train"}
+TAU_KEYS = {"fixed": "tau", "calibrated": "tau_calibrated", "theory": "tau_theory"}
+CARRIED = 0.4   # |r within models| below this: r between runs is carried by the models' differences (our bar)
 
 
 def _placed(point: dict) -> bool:
@@ -267,8 +280,10 @@ def _placed(point: dict) -> bool:
 def correlation_rows(done, definitions, longest, site: str | None = None):
     """Per affine S3 run that fits and then falls off (mp < the longest length: a run that passes every
     length has no failure point, only a bound) and definition: mp, Tcross at `site` (None: the recurrent
-    state) and whether the premise `readable_in_distribution` holds there; per definition the log-log
-    Pearson r over the runs placed, and over those whose premise holds."""
+    state) and whether the premise `readable_in_distribution` holds there; per definition (a reading) the
+    log-log correlation over the runs placed and what carries it (interp.analysis.correlation: r between
+    runs, its bootstrap interval and permutation p, r within models, leave-one-model-out), r over the runs
+    whose premise holds, the reading's verdict and the seed's sentence it tests."""
     fits = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
     affine = [o for o in fits if (o.measures.get("mp") or 0) < longest]
     rows, corr = {}, []
@@ -281,89 +296,117 @@ def correlation_rows(done, definitions, longest, site: str | None = None):
                 pts.append({"model": o.run.info["model"], "seed": o.run.info["seed"], "mp": o.measures.get("mp"),
                             "tcross": t["value"], "tcross_estimated": t["estimated"],
                             "readable": readable_in_distribution(here, definition)})
-        mp, tc = [_value(p["mp"]) for p in pts], [_value(p["tcross"]) for p in pts]
-        r, n = fd.loglog_pearson(mp, tc) if pts else (math.nan, 0)
-        held = [p for p in pts if p["readable"]]
-        r_held, n_held = fd.loglog_pearson([_value(p["mp"]) for p in held], [_value(p["tcross"]) for p in held]) \
-            if held else (math.nan, 0)
-        placed = {p["model"] for p in pts if _placed(p)}
         rows[definition] = pts
-        corr.append({"definition": definition, "pearson_r_loglog": r, "runs placed": n, "models placed": len(placed),
-                     "r 95% bootstrap interval": bootstrap_interval(mp, tc), "affine S3 runs fit": len(fits),
-                     "of those falling off (mp < longest)": len(affine),
-                     "premise holds": f"{len(held)} of {len(pts)}",
-                     "r over those": r_held, "placed of those": n_held,
-                     "models of those": len({p["model"] for p in held if _placed(p)})})
+        corr.append(reading_row(definition, pts, len(fits), len(affine)))
     return rows, corr
 
 
-def bootstrap_interval(mp, tcross, resamples: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
-    """2.5 / 97.5 percentiles of the log-log r over runs resampled with replacement (resamples where r
-    is undefined are dropped); None with fewer than 4 runs."""
-    if len(mp) < 4:
-        return None
-    rng = np.random.default_rng(seed)
-    mp, tcross = np.asarray(mp, dtype=float), np.asarray(tcross, dtype=float)
-    rs = [fd.loglog_pearson(mp[i], tcross[i])[0] for i in rng.integers(0, len(mp), size=(resamples, len(mp)))]
-    rs = np.asarray(rs)[np.isfinite(rs)]
-    return [round(float(q), 3) for q in np.percentile(rs, [2.5, 97.5])] if len(rs) else None
+def reading_row(definition: str, pts: list[dict], n_fit: int, n_falling: int) -> dict:
+    """One reading's row of the correlation table (correlation_rows)."""
+    mp, tc = [_value(p["mp"]) for p in pts], [_value(p["tcross"]) for p in pts]
+    stats = correlation_summary(mp, tc, [p["model"] for p in pts]) if pts else {}
+    held = [p for p in pts if p["readable"]]
+    r_held, n_held = loglog_pearson([_value(p["mp"]) for p in held], [_value(p["tcross"]) for p in held]) \
+        if held else (math.nan, 0)
+    row = {"definition": definition, "tests": ec.reading_tests(definition),
+           "r between runs": stats.get("r", math.nan), "runs placed": stats.get("runs", 0),
+           "models placed": len({p["model"] for p in pts if _placed(p)}),
+           "r 95% bootstrap interval": _rounded(stats.get("interval")), "permutation p": stats.get("p", math.nan),
+           "r within models": stats.get("r_within", math.nan), "runs within": stats.get("runs_within", 0),
+           "r leaving one model out": _rounded(stats.get("leave_one_out")),
+           "premise holds": f"{len(held)} of {len(pts)}", "r over those": r_held, "placed of those": n_held,
+           "models of those": len({p["model"] for p in held if _placed(p)})}
+    row["verdict"] = reading_verdict(row)
+    return row | {"affine S3 runs fit": n_fit, "of those falling off (mp < longest)": n_falling}
+
+
+def _rounded(pair) -> list[float] | None:
+    return None if pair is None else [round(float(v), 3) for v in pair]
+
+
+def reading_verdict(row: dict) -> str:
+    """The verdict a reading supports (issue 26's bar: >= MIN_RUNS runs placed across >= 2 models, and as
+    many whose premise holds; r over those >= 0.7 reproduces, >= 0.4 partly), with what carries r: where
+    |r within models| < CARRIED the correlation is the models' difference, not a run-to-run relation."""
+    if not np.isfinite(row["r between runs"]) or row["runs placed"] < MIN_RUNS or row["models placed"] < 2:
+        return "inconclusive"
+    if row["placed of those"] < MIN_RUNS:
+        return "premise fails"
+    r = row["r over those"]
+    verdict = "reproduces" if r >= 0.7 else "partly reproduces" if r >= 0.4 else "does not reproduce"
+    within = row["r within models"]
+    if verdict != "does not reproduce" and not (np.isfinite(within) and abs(within) >= CARRIED):
+        verdict += " between models only"
+    return verdict
 
 
 def correlation_claim(corr, site: str | None = None) -> Claim:
-    """The S3 correlation claim on the rows of `correlation_rows` at `site` (None: the recurrent state)."""
+    """The S3 correlation claim on the rows of `correlation_rows` at `site` (None: the recurrent state): the
+    verdict is the paper's reading's (time/calibrated); every reading's verdict is in the table."""
     by = {c["definition"]: c for c in corr}
     headline = next((d for d in PAPER_DRIFT if d in by), "pooled/fixed")
-    r = by.get(headline, {}).get("pearson_r_loglog", math.nan)
-    measured = (f"At {site_name(site)}: log-log Pearson r of Tcross and mp over the affine S3 runs that fit and then "
-                "fall off, per drift definition (r needs 3 runs): "
-                + "; ".join(f"{c['definition']}: r = {c['pearson_r_loglog']:.2f} over {c['runs placed']} runs"
-                            + (f" (95% bootstrap {c['r 95% bootstrap interval']})" if c["r 95% bootstrap interval"] else "")
-                            for c in corr) + "; the seed reports 0.87"
-                + f". Verdict read on {headline}" + ("" if headline in PAPER_DRIFT else
-                                                     " (the paper's time-indexed / calibrated definitions are not in "
-                                                     "interp.analysis.error_control at this revision)"))
     row = by.get(headline, {})
-    runs, kinds, held = row.get("runs placed", 0), row.get("models placed", 0), row.get("placed of those", 0)
-    measured += (f"; a verdict needs >= {MIN_RUNS} runs placed across >= 2 affine models (the seed's correlation is "
-                 f"across models; issue 26's bar), {headline} has {runs} across {kinds}; in "
-                 f"{row.get('premise holds', '0 of 0')} of them the premise holds (at the "
-                 f"training length, where the run is right, U reads the class by nearest centroid and q is below tau, "
-                 f"so a crossing can mean a misread)"
-                 + (f", r over those = {row['r over those']:.2f}" if held >= 3 else ""))
-    own = by.get(FISHER)
-    if own and own["runs placed"]:   # our own definition beside the paper's (not the verdict's)
-        measured += (f"; {FISHER} (our own, not the verdict's): premise holds in {own['premise holds']}"
-                     + (f", r over those = {own['r over those']:.2f} over {own['placed of those']} runs across "
-                        f"{own['models of those']} models" if own["placed of those"] >= 3 else ""))
-    verdict = ("inconclusive" if not np.isfinite(r) or runs < MIN_RUNS or kinds < 2
-               else "premise fails" if held < MIN_RUNS else "reproduces" if row["r over those"] >= 0.7
-               else "partly reproduces" if row["r over those"] >= 0.4 else "does not reproduce")
+    measured = (f"At {site_name(site)}, over the affine S3 runs that fit and then fall off (log-log r of Tcross and "
+                "mp; the seed reports 0.87): "
+                + "; ".join(_reading_line(by[d]) for d in SUMMARY_READINGS if d in by)
+                + f". Verdict read on {headline} (the abstract's wording); a verdict needs >= {MIN_RUNS} runs placed "
+                f"across >= 2 affine models, and as many whose premise holds (at the training length, where the run "
+                f"is right, U reads the class by nearest centroid and q is below tau, so a crossing can mean a "
+                f"misread); every reading's verdict is in the table below")
     return Claim(SEED_000, "In particular on S3, the correlation between the time Tcross at which the affine models' "
                  "distinguishability q(t) crosses the threshold 0.5 and the point mp at which the model's predictions "
                  "start to fail was as high as 0.87.", "특히 S3 태스크에서 Affine 모델들의 판별 가능성 지표 q(t)가 임계값인 "
                  "0.5를 넘어서는 시점(Tcross)과 실제 모델의 예측이 틀리기 시작하는 시점(mp) 사이의 상관관계가 0.87로 매우 높게 "
-                 "나타났다.", measured, verdict)
+                 "나타났다.", measured, claim_verdict(row.get("verdict", "inconclusive")))
+
+
+def claim_verdict(verdict: str) -> str:
+    """A reading's verdict as one of the engine's VERDICTS: an r carried by the models' difference alone
+    reproduces the number, not a run-to-run relation ('partly reproduces')."""
+    return "partly reproduces" if verdict.endswith(" between models only") else verdict
+
+
+SUMMARY_READINGS = ("pooled/fixed", "time/calibrated", "time/fixed", "same/calibrated", "same/theory", FISHER)
+
+
+def _reading_line(row: dict) -> str:
+    """One reading in the claim's text: r between runs with interval and p, r within, premise, verdict."""
+    interval = row["r 95% bootstrap interval"]
+    return (f"{row['definition']}: r = {row['r between runs']:.2f} over {row['runs placed']} runs"
+            + (f" (95% {interval}, p {row['permutation p']:.3f})" if interval else "")
+            + f", within models {row['r within models']:.2f}, premise holds in {row['premise holds']}"
+            + (f" (r {row['r over those']:.2f})" if row["placed of those"] >= 3 else "") + f" -> {row['verdict']}")
 
 
 def _drift_row(measures: dict, definitions) -> dict:
     """The drift columns of a run's row at one site (measures: `at_site`)."""
     return {**{f"Tcross {d}": (measures.get("crossings", {}).get(d) or {}).get("value") for d in definitions
-               if d in ("pooled/fixed", FISHER) + PAPER_DRIFT},
+               if d in ("pooled/fixed",) + SUMMARY_READINGS},
             "nearest-centroid acc on U @train": (measures.get("centroid_readout") or {}).get("nearest_centroid_accuracy"),
             "Fisher separation @train": measures.get("fisher_train"),
             "q_train": measures.get("q_train"), "q_time_train": measures.get("q_time_train"),
-            "tau_calibrated": measures.get("tau_calibrated")}
+            "q_same_train": measures.get("q_same_train"), "tau_calibrated": measures.get("tau_calibrated"),
+            "tau_theory": measures.get("tau_theory"), "burn-in": measures.get("burn_in")}
 
 
 def _site_sections(done, site, rows, corr, st) -> list:
-    """The correlation table and the Tcross-vs-mp figures at one site (every definition at the recurrent state;
-    the paper's headline and fisher elsewhere), and at the other sites the runs' drift columns there."""
+    """The correlation table and the Tcross-vs-mp figures at one site (SUMMARY_READINGS), and at the other
+    sites the runs' drift columns there."""
     where = site_name(site)
-    out = [Table(corr, heading=f"Tcross vs mp at {where}: log-log Pearson r per definition (runs placed: finite mp "
-                 "and Tcross; premise: at the training length, where the run is right, the class is read from U by "
+    counts = corr[0] if corr else {}
+    shown = [{k: v for k, v in c.items() if k not in ("affine S3 runs fit", "of those falling off (mp < longest)")}
+             for c in corr]
+    out = [Table(shown, heading=f"Tcross vs mp at {where}, per reading, over the {counts.get('of those falling off (mp < longest)', 0)} "
+                 f"of {counts.get('affine S3 runs fit', 0)} fitted affine S3 runs that fall off (mp < the longest length). "
+                 "tests: the seed's sentence the reading tests. r between runs: log-log Pearson r over the runs placed "
+                 "(finite mp and Tcross), its 95% bootstrap interval (runs resampled) and two-sided permutation p; "
+                 "r within models: r after removing each model's mean of log mp and log Tcross (runs within: those in "
+                 "models with >= 2 runs placed); r leaving one model out: the range of r over the runs of the other "
+                 "models. premise: at the training length, where the run is right, the class is read from U by "
                  f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
-                 "the runs placed of the premise-holding ones)")]
-    shown_definitions = [d for d in rows if site is None or d in (PAPER_DRIFT[0], FISHER)]
+                 "the runs placed of the premise-holding ones. verdict: the bar of the claim below ('between models "
+                 f"only': |r within models| < {CARRIED})")]
+    shown_definitions = [d for d in rows if d in SUMMARY_READINGS]
     for definition in shown_definitions:
         pts = rows[definition]
         if pts:
@@ -379,11 +422,23 @@ def _site_sections(done, site, rows, corr, st) -> list:
     return out
 
 
+def _mp_interval(measures: dict) -> list | None:
+    got = measures.get("mp_interval")
+    return None if got is None else [got["low"], got["high"]]
+
+
 def sections(done, by_site, theorem, holds, st):
-    out = [Text("Drift definitions measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
+    out = [Text("Drift readings measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
-                "in-distribution level; 'time' (where present) uses the centroids of step t relative to the initial "
-                "separation, and 'calibrated' the read-out's own threshold (interp.analysis.error_control). "
+                "in-distribution level; 'time' uses the centroids of step t relative to the initial separation (the "
+                "abstract's 'initial between-class separation'); 'same' the centroids of step t relative to their own "
+                "separation at step t (scale-invariant: what a decoder reading step t sees). Thresholds: 'fixed' 0.5 "
+                "(the S3 sentence), 'calibrated' the trained read-out's own (the abstract's 'readability threshold of "
+                "the trained decoder'), 'theory' the ratio at which the closest pair of isotropic Gaussian classes in "
+                "U's dimension is misread 10% (0.830 for rank 5). '+burn-in' skips the steps before the class is "
+                "first read from U at 90% by the nearest centroid of its own step (probes.fisher.burn_in; the "
+                "burn-in column gives B, empty where the read-out never forms). docs/drift.md maps each reading to "
+                "the seed's sentences (interp.analysis.error_control). "
                 f"'{FISHER}' (our own, probes.fisher) is the first step at which the smallest distance between the "
                 f"class centroids of that step in within-class-whitened U falls below {FISHER_LEVEL:.3f}, where a "
                 "linear read-out of two Gaussian classes errs 10%: it counts only the spread that confuses classes, "
@@ -399,12 +454,17 @@ def sections(done, by_site, theorem, holds, st):
               "reading": ("never fit in distribution" if not o.fit else
                           "fits, generalises" if (o.measures.get("mp") or 0) >= st["lengths"][-1] else
                           "fits, then falls off"), "mp": o.measures.get("mp"),
+              "mp 95% interval": _mp_interval(o.measures),
               **_drift_row(o.measures, st["definitions"]), "contraction_mean": o.measures.get("contraction_mean")}
              for o in done]
     out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off, drift at the recurrent "
-                     "state (nearest-centroid acc on U @train: the class read from U by the nearest step-60 centroid, "
+                     f"state (mp 95% interval: [the longest length up to which every length passes surely, the "
+                     f"shortest that fails surely], Wilson intervals at {st.get('mp_interval_n', '-')} sequences per "
+                     "length; "
+                     "nearest-centroid acc on U @train: the class read from U by the nearest step-60 centroid, "
                      "chance 1/6 on S3; Fisher separation: the smallest centroid distance in within-class-whitened U; "
-                     "q_train / q_time_train: pooled / time-indexed q at the training length)"))
+                     "q_train / q_time_train / q_same_train: pooled / time-indexed / same-step q at the training length; "
+                     "tau_theory: the isotropic-Gaussian readability threshold of U's rank; burn-in: B steps)"))
     out.append(Table([{k: v for k, v in r.items()} for r in holds] or [{"note": "no fitted affine run meets the premise"}],
                      heading=f"Theorem 1 where its premise holds (premise error / M < {PREMISE_TOL})"))
     if len(theorem) > len(holds):
