@@ -198,6 +198,12 @@ def test_every_definition_and_the_readout_calibration(tiny_run):
     assert [row["definition"] for row in result.definition_rows()] == list(ec.DEFINITIONS)
     assert set(result.summary()["tcross_by_definition"]) == set(ec.DEFINITIONS)
     json.dumps(result.summary())
+    # accuracy by length is the model's, not a site's: an evaluation already measured is reused, not measured again
+    again = ec.analyze(model, task, 12, [12, 40], evaluation=result.evaluation, **kw)
+    assert again.evaluation is result.evaluation and again.summary()["tcross_by_definition"] == pytest.approx(
+        result.summary()["tcross_by_definition"], nan_ok=True)
+    with pytest.raises(ValueError, match="evaluation has lengths"):
+        ec.analyze(model, task, 12, [12, 30], evaluation=result.evaluation, **kw)
     # a lenient accuracy level makes the read-out "fit": the calibrated crossings exist and carry D
     lenient = ec.calibrate_readout(model, task, result.subspace, 12, site, 16, 7, threshold=0.05, seed=1)
     assert lenient.fits and lenient.base_accuracy >= 0.05
@@ -266,7 +272,15 @@ def test_drift_cli_writes_the_report(tiny_run, tmp_path, capsys):
     assert "Drift ratio q(t)" in text and "states on U" in text and "spectrum of Q^T J_t Q" in text
     summary = json.loads((run_dir / "drift.json").read_text())
     assert summary["horizon"] == 30 and summary["train_length"] == 12
-    assert "tcross" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tcross" in printed
+    table = printed[printed.index("reading"):]   # every reading on one line, with the sentence it tests
+    for key in ec.DEFINITIONS:
+        assert any(line.split()[:1] == [key] and ec.reading_tests(key) in line for line in table.splitlines()), key
+    assert main(["drift", str(run_dir), "--lengths", "12,20", "--n-fit", "8", "--n-drift", "4", "--n", "4",
+                 "--definition", "same", "--tau", "theory", "--no-calibrate", "--out", str(tmp_path / "s.html")]) == 0
+    summary = json.loads((run_dir / "drift.json").read_text())
+    assert summary["definition"] == "same/theory" and summary["tau"] == pytest.approx(summary["tau_theory"])
     assert main(["drift", str(run_dir), "--lengths", "12,20", "--n-fit", "8", "--n-drift", "4", "--n", "4",
                  "--normalize", "--statistic", "90", "--out", str(tmp_path / "n.html")]) == 0
     assert json.loads((run_dir / "drift.json").read_text())["normalize"] is True

@@ -262,7 +262,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
             statistic: str | float = "mean", estimator: str = "rate", fit_start: int = 1, seed: int = 0,
             threshold: float = 0.9, chunk: int = 32, normalize: bool = False, name: str = "model",
             definition: str = "pooled", reference_step: int | None = None, calibrate: bool = True,
-            n_calibrate: int = 64, direction: str = "random") -> ErrorControl:
+            n_calibrate: int = 64, direction: str = "random", evaluation: LengthEval | None = None) -> ErrorControl:
     """U, q(t), q_t(t), tau_cal, every definition's Tcross, contraction and accuracy by length of
     `model` on `task` (module docstring).
 
@@ -271,7 +271,9 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     "excess", "time"); reference_step: t_ref of M_ref (None: the first step with every class);
     calibrate: measure tau_cal (needed for tau="calibrated"; tau="theory" needs none) on n_calibrate sequences, with
     `threshold` as its accuracy level; normalize: divide every state by its norm first (the view of
-    a scale-invariant read-out; our own option, off by default).
+    a scale-invariant read-out; our own option, off by default); evaluation: accuracy by length already
+    measured on this model (e.g. at another site: it is the model's, not a site's), used instead of
+    measuring it again; its lengths must be `lengths`.
     """
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool; got {normalize!r}")
@@ -313,7 +315,10 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
         if layer is not None and n_jac > 0:
             tokens = task.sample(n_jac, train_length, stream_seed(seed, FIT_STREAM, 1)).tokens
             contraction = dynamics.contraction(model, tokens, subspace.basis, layer)
-        evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
+        if evaluation is None:
+            evaluation = evaluate_lengths(model, task, lengths, n=n_eval, seed=seed + 1, threshold=threshold)
+        elif sorted(evaluation.final_accuracy) != lengths:
+            raise ValueError(f"evaluation has lengths {sorted(evaluation.final_accuracy)}; analyze was given {lengths}")
     finally:
         model.train(was_training)
     start = burn_in(drifts.readout)

@@ -123,12 +123,12 @@ def _tc(t) -> dict | None:
     return None if t is None else {"value": float(t.value), "estimated": bool(t.estimated)}
 
 
-def drift_measures(outcome, st: dict, site: str | None = None):
+def drift_measures(outcome, st: dict, site: str | None = None, evaluation=None):
     """(the ErrorControl analysis, its JSON-able drift measures) of a fitted run at `site` (default: the
     last block's recurrent state): the summary, Tcross per definition, the centroid read-out at the
-    training length."""
+    training length. evaluation: the run's accuracy by length when already measured (at another site)."""
     a = ec.analyze(outcome.model, outcome.task, st["train_length"], st["lengths"], site=site,
-                   seed=outcome.run.info["seed"], name=outcome.run.label, **st["n"])
+                   seed=outcome.run.info["seed"], name=outcome.run.label, evaluation=evaluation, **st["n"])
     summary = {k: v for k, v in a.summary().items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
     crossings = getattr(a, "crossings", None) or {"pooled/fixed": a.tcross, "excess/fixed": a.tcross_excess}
     return a, {**summary, "crossings": {k: _tc(v) for k, v in crossings.items()}, "centroid_readout": a.readout}
@@ -142,7 +142,7 @@ def measure(outcome, plan: Plan) -> dict:
         return {"mp": ev.mp, "accuracy": {str(k): v for k, v in ev.final_accuracy.items()}}
     a, out = drift_measures(outcome, st)
     if st.get("sites"):   # the same drift measures at the other sites (mp and accuracy are the run's, not a site's)
-        out["sites"] = {site: {k: v for k, v in drift_measures(outcome, st, site)[1].items()
+        out["sites"] = {site: {k: v for k, v in drift_measures(outcome, st, site, a.evaluation)[1].items()
                                if k not in ("mp", "accuracy")} for site in st["sites"]}
     if st.get("mp_resolution") and out.get("mp") is not None:
         refined, added = refine_mp(outcome.model, outcome.task, a.evaluation.final_accuracy, st["mp_resolution"],
