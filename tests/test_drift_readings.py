@@ -166,3 +166,40 @@ def test_wilson_interval_and_mp_interval_bounds():
     low, high = ec.wilson_interval(0.9, 1024)
     assert low < 0.9 < high and high - low == pytest.approx(2 * 1.96 * math.sqrt(0.09 / 1024), rel=0.02)
     assert ec.wilson_interval(1.0, 100)[1] == pytest.approx(1.0)
+
+
+def test_reading_verdict_says_when_r_is_carried_by_the_models_alone():
+    from interp.reproduce import error_control as rc
+
+    rng = np.random.default_rng(4)
+
+    def points(within):
+        out = []
+        for model, (mp, tc) in {"a": (100.0, 90.0), "b": (280.0, 250.0)}.items():
+            for seed in range(6):
+                noise = rng.normal(scale=0.05)
+                out.append({"model": model, "seed": seed, "mp": mp * math.exp(noise),
+                            "tcross": tc * math.exp(noise if within else rng.normal(scale=0.05)),
+                            "tcross_estimated": False, "readable": True})
+        return out
+
+    clusters = rc.reading_row("same/theory", points(within=False), 12, 12)
+    assert clusters["r between runs"] > 0.95 and abs(clusters["r within models"]) < rc.CARRIED
+    assert clusters["verdict"] == "reproduces between models only"
+    assert rc.claim_verdict(clusters["verdict"]) == "partly reproduces"
+    related = rc.reading_row("same/theory", points(within=True), 12, 12)
+    assert related["verdict"] == "reproduces" and related["r within models"] > 0.9
+    assert related["tests"] == ec.reading_tests("same/theory", short=True)
+
+
+def test_premise_reads_each_readings_own_threshold():
+    from interp.reproduce import error_control as rc
+
+    measures = {"q_time_train": 0.58, "q_same_train": 0.21, "q_train": 0.7, "tau": 0.5, "tau_calibrated": 0.56,
+                "tau_theory": 0.83, "M": 36.0, "M_ref": 20.0}
+    # time/calibrated crosses at D / M_ref = 0.56 * 36 / 20 = 1.008: 0.58 is below it
+    assert rc.readable_in_distribution(measures, "time/calibrated") is True
+    assert rc.readable_in_distribution(measures, "time/fixed") is False
+    assert rc.readable_in_distribution(measures, "same/fixed") is True
+    assert rc.readable_in_distribution(measures, "pooled/theory+burn-in") is True
+    assert rc.readable_in_distribution(measures | {"q_same_train": 0.9}, "same/theory") is False

@@ -100,12 +100,21 @@ READING_TESTS = {
 }
 
 
-def reading_tests(key: str) -> str:
-    """What the reading `key` ("DRIFT/THRESHOLD[+burn-in]") tests, in the seed's words (READING_TESTS)."""
+# The same, in a few words (a table column)
+READING_SHORT = {"pooled": "S3 sentence, pooled centroids", "excess": "ours: growth past training",
+                 "time": "abstract: initial separation", "same": "abstract: decoder's view of step t",
+                 "fisher": "ours: whitened separation", "fixed": "threshold 0.5", "calibrated": "trained decoder's threshold",
+                 "theory": "isotropic-Gaussian readability", BURN_IN: "after burn-in"}
+
+
+def reading_tests(key: str, short: bool = False) -> str:
+    """What the reading `key` ("DRIFT/THRESHOLD[+burn-in]") tests, in the seed's words (READING_TESTS; short:
+    READING_SHORT)."""
+    words = READING_SHORT if short else READING_TESTS
     base, burned = (key[: -len(BURN_IN)], True) if key.endswith(BURN_IN) else (key, False)
     drift, threshold = base.split("/")
-    parts = [READING_TESTS[drift]] + ([] if drift == "fisher" else [READING_TESTS[threshold]])
-    return "; ".join(parts + ([READING_TESTS[BURN_IN]] if burned else []))
+    parts = [words[drift]] + ([] if drift == "fisher" else [words[threshold]])
+    return "; ".join(parts + ([words[BURN_IN]] if burned else []))
 
 
 @dataclass

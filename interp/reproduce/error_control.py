@@ -308,7 +308,7 @@ def reading_row(definition: str, pts: list[dict], n_fit: int, n_falling: int) ->
     held = [p for p in pts if p["readable"]]
     r_held, n_held = loglog_pearson([_value(p["mp"]) for p in held], [_value(p["tcross"]) for p in held]) \
         if held else (math.nan, 0)
-    row = {"definition": definition, "tests": ec.reading_tests(definition),
+    row = {"definition": definition, "tests": ec.reading_tests(definition, short=True),
            "r between runs": stats.get("r", math.nan), "runs placed": stats.get("runs", 0),
            "models placed": len({p["model"] for p in pts if _placed(p)}),
            "r 95% bootstrap interval": _rounded(stats.get("interval")), "permutation p": stats.get("p", math.nan),
@@ -394,13 +394,15 @@ def _site_sections(done, site, rows, corr, st) -> list:
     sites the runs' drift columns there."""
     where = site_name(site)
     counts = corr[0] if corr else {}
-    shown = [{k: v for k, v in c.items() if k not in ("affine S3 runs fit", "of those falling off (mp < longest)")}
-             for c in corr]
+    hidden = ("affine S3 runs fit", "of those falling off (mp < longest)", "runs within", "placed of those",
+              "models of those")   # in the heading, or what the verdict reads
+    first = ("definition", "tests", "verdict", "premise holds", "r over those")   # what fits the page's width
+    shown = [{k: c[k] for k in first} | {k: v for k, v in c.items() if k not in hidden + first} for c in corr]
     out = [Table(shown, heading=f"Tcross vs mp at {where}, per reading, over the {counts.get('of those falling off (mp < longest)', 0)} "
                  f"of {counts.get('affine S3 runs fit', 0)} fitted affine S3 runs that fall off (mp < the longest length). "
-                 "tests: the seed's sentence the reading tests. r between runs: log-log Pearson r over the runs placed "
+                 "tests: the seed's sentence the reading tests (in full: docs/drift.md). r between runs: log-log Pearson r over the runs placed "
                  "(finite mp and Tcross), its 95% bootstrap interval (runs resampled) and two-sided permutation p; "
-                 "r within models: r after removing each model's mean of log mp and log Tcross (runs within: those in "
+                 "r within models: r after removing each model's mean of log mp and log Tcross (over the runs of "
                  "models with >= 2 runs placed); r leaving one model out: the range of r over the runs of the other "
                  "models. premise: at the training length, where the run is right, the class is read from U by "
                  f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
