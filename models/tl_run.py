@@ -79,8 +79,9 @@ def tl_forward(model, tokens: torch.Tensor, kwargs: dict, return_type="logits", 
     """TL's forward: what return_type asks for (the residual stream [B, T, D] with
     stop_at_layer), the TL arguments checked and those we do not take refused from kwargs."""
     refuse_unsupported(kwargs)
-    if kwargs:   # not TL's either: passed on, the plain call would hand them back to this function
-        raise TypeError(f"forward() got unexpected keyword arguments {sorted(kwargs)}: it takes at, return_type, "
+    unknown = sorted(set(kwargs) - {"at"})   # (at: the plain call's own, passed on to it)
+    if unknown:   # not TL's either: passed on, the plain call would hand them back to this function
+        raise TypeError(f"forward() got unexpected keyword arguments {unknown}: it takes at, return_type, "
                         "loss_per_token, stop_at_layer, start_at_layer and labels")
     check_return_type(return_type)
     targets = loss_targets(tokens, labels, start_at_layer, return_type)
