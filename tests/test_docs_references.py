@@ -22,7 +22,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 TOP = ("docs", "examples", "benchmarks", "tests", "interp", "models", "probes", "results", ".ci")
 PATH = re.compile(r"(?<![\w/.~-])((?:%s)/[\w./*{}<>-]*[\w*}>]/?)" % "|".join(re.escape(t) for t in TOP))
 DOTTED = re.compile(r"(?<![\w./])((?:interp|models|probes)(?:\.[A-Za-z_]\w*)+)")
-EXTRA = re.compile(r"\.\[([\w,-]+)\]|`\[([\w-]+)\]`|\[([\w-]+)\] extra")
+EXTRA = re.compile(r"\.\[([a-z][\w,-]+)\]|`\[([a-z][a-z-]+)\]`|\[([a-z][a-z-]+)\] extra")   # not a shape: `[64]`, `[m]`
 
 
 def texts() -> list[tuple[str, str]]:
@@ -117,6 +117,7 @@ def test_the_checks_see_what_they_look_for():
     assert not resolves("models.no_such_thing") and resolves("models.from_pretrained")
     assert command_lines("```bash\npip install x && interp eval RUN --n 4  # c\n```") == ["interp eval RUN --n 4"]
     assert EXTRA.findall('pip install -e ".[test,tl]"')[0][0] == "test,tl"
+    assert EXTRA.findall("a state `[64]`, rows `[m]`") == []
 
 
 SOURCE = re.compile(r"(?:benchmarks|examples)/[a-z_]+\.py|tests/test_[a-z_0-9]+\.py|(?:models|interp)/[a-z_/]+\.py|"
