@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -132,22 +133,77 @@ def scan_with_state_hook(
     with torch.no_grad() if probing and not torch_patches else contextlib.nullcontext():
         outputs, states = run_scan(None, None)
     pins = shift = None
+    settled = False  # whether (outputs, states) already are the pinned run's
     if hook.has_patches:
-        given = states.clone()
-        patched = hook(given, defer_readers=True)
-        pins = state_pins(states, patched, n_state_dims)
-        if torch.is_grad_enabled() and patched.requires_grad and (patched is not given or _forced_instrumented()):
+        found = hook_pass(hook, states, n_state_dims)
+        pins = None if found.changed is None else (found.changed, found.patched)
+        if pins is not None and several_steps(found.changed):
+            del outputs
+            pins, (outputs, states), found = causal_pins(hook, lambda p: run_scan(p, None), found, n_state_dims)
+            settled = True
+        patched = found.patched
+        if torch.is_grad_enabled() and patched.requires_grad and (found.new_tensor or _forced_instrumented()):
             shift = patched - states
-            if pins is not None:
-                shift = torch.where(_expand(pins[0], shift), torch.zeros_like(shift), shift)
+            fixed = found.changed if pins is None else (pins[0] if found.changed is None else pins[0] | found.changed)
+            if fixed is not None:  # zero where pinned (or changed at a step the causal pins settled)
+                shift = torch.where(_expand(fixed, shift), torch.zeros_like(shift), shift)
     if probing:
         probe = state_probe(hook, states.shape, states)
         shift = probe if shift is None else shift + probe
-    if pins is not None or shift is not None:
+    if shift is not None or (pins is not None and not settled):
         del outputs, states  # the unpatched run's; freed before the re-run forms its own
         outputs, states = run_scan(pins, shift)
     hook.emit(states)
     return outputs, states
+
+
+class HookPass(NamedTuple):
+    """One call of a hook_state's hook functions on a run's states [B, T, *S]."""
+
+    patched: torch.Tensor  # what they returned [B, T, *S]
+    new_tensor: bool  # whether that is a new tensor (not the copy of the states they were handed)
+    changed: torch.Tensor | None  # [B, T] bool: where it differs from the states; None: nowhere
+
+
+def hook_pass(hook: HookPoint, states: torch.Tensor, n_state_dims: int) -> HookPass:
+    """The hook functions of hook on a copy of states [B, T, *S] (readers deferred)."""
+    given = states.clone()
+    patched = hook(given, defer_readers=True)
+    found = state_pins(states, patched, n_state_dims)
+    return HookPass(patched, patched is not given, None if found is None else found[0])
+
+
+def several_steps(changed: torch.Tensor) -> bool:
+    """Whether the mask changed [B, T] marks some row at more than one step."""
+    return bool((changed.sum(1) > 1).any())
+
+
+def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int):
+    """The pins of hook functions that changed some row at several steps, in step order: each
+    row's first changed step is pinned, the recurrence re-run (rescan(pins) -> (outputs, states
+    [B, T, *S])) and the hooks called again on the re-run states; each row's first changed
+    step after its last pinned one is pinned next, and so on until the hooks change nothing
+    after the pinned steps. So a later change applies to the state as the earlier ones left it
+    (the causal reading, as StatePlan and generate apply patches): one more scan and hook call
+    per further step. Returns (pins (mask [B, T], values [B, T, *S]), the last re-run's
+    (outputs, states), the last HookPass)."""
+    changed, patched = found.changed, found.patched
+    steps = torch.arange(changed.shape[1], device=changed.device)
+    pinned = torch.zeros_like(changed)  # [B, T]
+    values = torch.zeros_like(patched)  # [B, T, *S], valid where pinned
+    settled = torch.full(changed.shape[:1], -1, dtype=torch.long, device=changed.device)  # each row's last pin
+    while True:
+        later = changed & (steps[None] > settled[:, None])  # [B, T]
+        if not bool(later.any()):
+            return (pinned, values), scanned, found
+        first = later & (later.cumsum(1) == 1)  # each row's first such step
+        pinned |= first
+        values = torch.where(_expand(first, values), patched.to(values.dtype), values)
+        settled = torch.where(first.any(1), first.int().argmax(1), settled)
+        scanned = rescan((pinned, values))
+        found = hook_pass(hook, scanned[1], n_state_dims)
+        changed = torch.zeros_like(pinned) if found.changed is None else found.changed
+        patched = found.patched
 
 
 def only_probed(hook: HookPoint) -> bool:

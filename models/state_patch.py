@@ -73,29 +73,32 @@ class StatePatch:
             raise ValueError("StatePatch entries must name each (row, time) at most once")
         return self.rows, times
 
-    def new_values(self, current: torch.Tensor | None) -> torch.Tensor:
-        """The patched states [M, *S] from the current ones [M, *S] at the entries (None: not
-        known, for a "set" patch only: its values as given)."""
-        if self.mode == "set":
-            new = self.payload
-            if current is None:
-                return new
-        elif self.mode == "add":
-            new = current + self.payload.to(current.dtype)
-        else:
+    def new_values(self, current: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """The patched states [m, *S] from the current ones [m, *S] at the entries selected by
+        at ([M] bool; None: all M): values[at], current + deltas[at] or fn(current)."""
+        if self.mode == "map":
             new = self.payload(current)
             if not isinstance(new, torch.Tensor):
                 raise TypeError(f"StatePatch fn must return a tensor; got {type(new).__name__}")
+        else:
+            given = self.payload if at is None else self.payload[at.to(self.payload.device)]
+            new = given if self.mode == "set" else current + given.to(device=current.device, dtype=current.dtype)
         if new.shape != current.shape:
-            raise ValueError(f"StatePatch {self.mode} gives shape {tuple(new.shape)}; the states at its entries "
-                             f"have shape {tuple(current.shape)}")
+            raise ValueError(f"StatePatch {self.mode} gives states of shape {tuple(new.shape[1:])} at its "
+                             f"{len(current)} entries; the state has shape {tuple(current.shape[1:])}")
         return new.to(device=current.device, dtype=current.dtype)
 
     def __call__(self, states: torch.Tensor, hook) -> torch.Tensor:
+        """As a hook function on states [B, T, *S]: the entries of each step in increasing order,
+        each on the states as they are (a hook function sees one run's states; the mixer re-runs
+        the recurrence from the first patched step when a row is patched at several,
+        models.state_hooks.causal_pins)."""
         rows, times = self.entries(*states.shape[:2])
         rows, times = rows.to(states.device), times.to(states.device)
         out = states.clone()
-        out[rows, times] = self.new_values(states[rows, times])
+        for step in torch.unique(times).tolist():
+            at = times == step
+            out[rows[at], step] = self.new_values(out[rows[at], step], at)
         return out
 
     def __repr__(self) -> str:
@@ -114,47 +117,46 @@ def _entry_index(name: str, value) -> torch.Tensor:
 
 class StatePlan:
     """The patches [(StatePatch, allow_nonfinite)] of one hook_state over states [batch, length, *S]
-    as one schedule: entries rows, times [U] (the union, each (row, time) once), steps (the
-    distinct times, ascending) and needs_clean: whether the new values need the unpatched states
-    at the entries (a delta or fn patch; or a row patched at several steps, where only the
-    unpatched state tells whether a later entry changes anything). Without it every row is
-    patched at one step, where the running state is still the unpatched one."""
+    as one schedule: entries rows, times [U] (the union, each (row, time) once) and steps (the
+    distinct times, ascending). A run applies them step by step in increasing order (`at_step`):
+    each patch at a step acts on the state as the run reached it there, after every earlier
+    step's patches (the causal reading), and the patches attached at one (row, step) act in
+    order, each on the one before's result, as hook functions do."""
 
     def __init__(self, patches, batch: int, length: int) -> None:
         self.patches = patches
         found = [patch.entries(batch, length) for patch, _ in patches]
         keys = torch.cat([rows * length + times for rows, times in found])  # [sum M]
-        union, self._index = torch.unique(keys, return_inverse=True)  # union sorted by (row, time)
+        union, index = torch.unique(keys, return_inverse=True)  # union sorted by (row, time)
         self.rows, self.times = union // length, union % length  # [U]
         self.steps = torch.unique(self.times).tolist()
-        several = len(torch.unique(self.rows)) < len(self.rows)  # some row at more than one step
-        self.needs_clean = several or any(patch.mode != "set" for patch, _ in patches)
-        self._counts = [len(rows) for rows, _ in found]
+        self._entries = list(zip(index.split([len(rows) for rows, _ in found]), [times for _, times in found]))
 
     @classmethod
     def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
         """The plan setting the states [B, T, *S] to values where mask [B, T] is set: what hook
-        functions changed (models.state_hooks.changed_steps). Each entry differs from the unpatched
-        state by construction, so needs_clean is False: at a row's later entry the running
-        state is replaced as the pinned re-run would, with no comparison to the unpatched one."""
+        functions changed (models.state_hooks.changed_steps, causal_pins)."""
         rows, times = mask.nonzero(as_tuple=True)
         patch = StatePatch(rows.cpu(), times.cpu(), values=values[rows, times])
-        plan = cls([(patch, True)], *mask.shape)  # allow_nonfinite: the hook's own check has run
-        plan.needs_clean = False
-        return plan
+        return cls([(patch, True)], *mask.shape)  # allow_nonfinite: the hook's own check has run
 
-    def resolve(self, current: torch.Tensor | None) -> torch.Tensor:
-        """The patched states [U, *S] at the entries, from the unpatched ones (None when
-        needs_clean is False): each patch applied in order, as the hook functions are."""
-        values = None if current is None else current.clone()
-        for (patch, allow_nonfinite), index in zip(self.patches, self._index.split(self._counts)):
-            before = None if values is None else values[index]
-            new = patch.new_values(before)
-            if values is None:
-                values = new.new_zeros(len(self.rows), *new.shape[1:])
-            finite = before is None or bool(torch.isfinite(before).all())
-            if not allow_nonfinite and finite and not bool(torch.isfinite(new).all()):
+    def at_step(self, step: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [k], their patched states [k, *S]) at `step` from the running state [B, *S]
+        after that step: each patch with entries there applied in order."""
+        here = (self.times == step).nonzero()[:, 0]  # the union's entries at step, [k]
+        local = torch.full((len(self.rows),), -1, dtype=torch.long)
+        local[here] = torch.arange(len(here))
+        rows = self.rows[here].to(state.device)
+        values = state[rows].clone()  # [k, *S]
+        for (patch, allow_nonfinite), (index, times) in zip(self.patches, self._entries):
+            at = times == step
+            if not bool(at.any()):
+                continue
+            mine = local[index[at]].to(state.device)  # this patch's entries at step, in values
+            before = values[mine]
+            new = patch.new_values(before, at)
+            if not allow_nonfinite and bool(torch.isfinite(before).all()) and not bool(torch.isfinite(new).all()):
                 raise ValueError(f"{patch!r} makes {int((~torch.isfinite(new)).sum())} state values NaN or Inf; pass "
                                  "allow_nonfinite=True (run_with_hooks / run_with_cache / hooks) if that is intended")
-            values[index] = new.to(values.dtype)
-        return values
+            values[mine] = new
+        return rows, values

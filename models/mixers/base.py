@@ -16,8 +16,9 @@ from models.config import ModelConfig
 from models.kernels import diag_scan, short_conv
 from models.kernels.native.library import fresh
 from models.hooks import HookPoint, only_read, selected_heads, selected_steps
-from models.state_hooks import (StatePlan, add_shift, apply_step_pin, changed_steps, declared_state_patches,
-                                hook_functions_only, scan_with_state_hook, state_pins, step_pins, step_shifts)
+from models.state_hooks import (HookPass, StatePlan, add_shift, apply_step_pin, causal_pins, changed_steps,
+                                declared_state_patches, hook_functions_only, scan_with_state_hook, several_steps,
+                                state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -240,6 +241,11 @@ class RecurrentMixer(Mixer):
         mask = changed_steps(patched, unpatched(), len(self.state_shape))  # [B, T] or None
         if mask is None:
             return self.scanned_output(x, scanned, inputs)
+        if several_steps(mask):  # a row changed at several steps: pinned in step order, re-run each time
+            del scanned, states
+            rescan = lambda pins: self.scan(inputs, pins, initial=initial)  # noqa: E731
+            _, scanned, _ = causal_pins(self.hook_state, rescan, HookPass(patched, True, mask), len(self.state_shape))
+            return self.scanned_output(x, scanned, inputs)
         if int(mask.any(0).sum()) > self.max_hooked_steps:
             del scanned, states
             return self.scanned_output(x, self.scan(inputs, (mask, patched), initial=initial), inputs)
@@ -291,40 +297,21 @@ class RecurrentMixer(Mixer):
 
     def declared_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None):
         """(output [B, T, D], state after the last step [B, *S]) with the declared state patches of
-        `plan` (models.state_patch.StatePlan): fast_segment up to each patched step, the state replaced there where the patch changes
-        it (the output at that step read out from the replaced state), fast_segment on from it.
-        The unpatched states at the entries come from a first pass of segments where the plan
-        needs them. initial [B, *S]: the state before step 0. readout must act per position."""
+        `plan` (models.state_patch.StatePlan): fast_segment up to each patched step, the state
+        replaced there where the patches change it (each acting on the state the run reached,
+        after the earlier steps' patches: StatePlan.at_step; the output at that step read out
+        from the replaced state), fast_segment on from it. initial [B, *S]: the state before
+        step 0. readout must act per position."""
         length = x.shape[1]
 
         def segment(lo: int, hi: int, h):  # steps [lo, hi) from h -> (output, state after hi - 1)
             return self.fast_segment(x[:, lo:hi], {k: v[:, lo:hi] for k, v in inputs.items()}, h)
 
-        bounds = list(zip([0] + [t + 1 for t in plan.steps[:-1]], [t + 1 for t in plan.steps]))
-        first = segment(*bounds[0], initial)
-        if plan.needs_clean:  # the unpatched states at every patched step
-            finals, h = [first[1]], first[1]
-            for lo, hi in bounds[1:]:
-                h = segment(lo, hi, h)[1]
-                finals.append(h)
-            current = torch.empty(len(plan.rows), *h.shape[1:], dtype=h.dtype, device=h.device)
-            for step, final in zip(plan.steps, finals):
-                at = plan.times == step
-                current[at.to(h.device)] = final[plan.rows[at].to(h.device)]
-            targets = plan.resolve(current)
-        else:
-            targets = plan.resolve(None)
-        outs, h = [], initial
-        for i, (step, (lo, hi)) in enumerate(zip(plan.steps, bounds)):
-            out, h = first if i == 0 else segment(lo, hi, h)
-            at = plan.times == step
-            rows, new = plan.rows[at].to(h.device), targets[at.to(targets.device)]
-            if new.shape[1:] != h.shape[1:]:
-                raise ValueError(f"a StatePatch on {self.hook_state.name!r} gives states of shape "
-                                 f"{tuple(new.shape[1:])}; the state has shape {tuple(h.shape[1:])}")
-            new = new.to(device=h.device, dtype=h.dtype)
-            old = current[at.to(current.device)] if plan.needs_clean else h[rows]
-            changed = (new != old).flatten(1).any(1)
+        outs, h, lo = [], initial, 0
+        for step in plan.steps:
+            out, h = segment(lo, step + 1, h)
+            rows, new = plan.at_step(step, h)  # [k], [k, *S]
+            changed = (new != h[rows]).flatten(1).any(1)
             if bool(changed.any()):
                 rows, new = rows[changed], new[changed]
                 h = h.clone()
@@ -333,8 +320,9 @@ class RecurrentMixer(Mixer):
                 out = out.clone()
                 out[rows, -1] = self.readout(x[rows, step : step + 1], new[:, None], picked)[:, 0]
             outs.append(out)
-        if plan.steps[-1] + 1 < length:
-            out, h = segment(plan.steps[-1] + 1, length, h)
+            lo = step + 1
+        if lo < length:
+            out, h = segment(lo, length, h)
             outs.append(out)
         return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), h
 

@@ -1,0 +1,211 @@
+"""Several state patches on one row mean one thing on every path: a later patch applies to the
+state as the earlier ones left it (the causal reading). The reference builds that reading from
+absolute (`values`) patches only, one step at a time: the state each later patch sees is read
+from a run carrying the earlier patches' values. The full forward (declared on the fast kernels,
+as hook functions, on the instrumented path) and `generate` (patches at prompt and generated
+steps, in different decoding calls) must all equal it, in float64, on every decoding kind."""
+
+import pytest
+import torch
+
+import models
+from models import StatePatch
+
+VOCAB, T, NEW = 7, 5, 5
+SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
+TOL = dict(atol=1e-10, rtol=1e-10)
+# decoding kinds: selective and diagonal scans, a scalar-decay scan, delta rules, RWKV-7, a
+# short-conv window as the state, a window of mixer inputs (Mamba-3), a nonlinear RNN, a hybrid
+RECURRENT = ["mamba", "mamba2", "s4d", "linear_rnn", "deltanet", "gated_deltanet", "rwkv7", "lfm2_conv",
+             "mamba3", "gru", "mamba_attention"]
+STEP_PAIRS = {"prompt+prompt": (1, 3), "prompt+generated": (2, T + 1), "generated+generated": (T, T + 2)}
+ROWS = {"one row": [0], "several rows": [0, 2]}
+MODES = ["values", "deltas", "fn", "hook function"]
+
+
+def model64(name: str) -> models.SequenceModel:
+    torch.manual_seed(0)
+    return models.build(name, **SMALL).eval().double()
+
+
+def prompt(batch=3):
+    return torch.randint(0, VOCAB, (batch, T), generator=torch.Generator().manual_seed(1))
+
+
+def site(model) -> str:
+    return "blocks.0.mixer.hook_state"
+
+
+def state_like(model, n: int, seed: int) -> torch.Tensor:
+    """n random states [n, *S] of layer 0 (complex for Mamba-3's rotating state)."""
+    mixer = model.blocks[0].mixer
+    values = torch.randn(n, *mixer.state_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return values.to(torch.complex128) if model.cfg.mixer in ("aussm", "mamba3") else values
+
+
+def affine(current: torch.Tensor) -> torch.Tensor:  # the "fn" patch: a map of the state there
+    return 0.6 * current + 0.25
+
+
+def entries(rows: list[int], steps: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """Every row at both steps: rows [M], times [M] with M = 2 len(rows), the earlier step first."""
+    return [r for t in steps for r in rows], [t for t in steps for _ in rows]
+
+
+def adding_hook(rows, times, deltas):
+    """A hook function adding deltas[i] to row rows[i]'s state at absolute step times[i]
+    (hook.position: the first step a decoding call sees)."""
+    def hook(states, hook):
+        first = getattr(hook, "position", 0)
+        states = states.clone()
+        for i, (row, time) in enumerate(zip(rows, times)):
+            if 0 <= time - first < states.shape[1]:
+                states[row, time - first] += deltas[i]
+        return states
+    return hook
+
+
+def patch_hooks(model, mode: str, rows, times, payload, split: bool = False) -> list[tuple]:
+    """fwd_hooks patching rows[i] at times[i]: one StatePatch (or one per step when split), or
+    the hook function adding payload."""
+    if mode == "hook function":
+        return [(site(model), adding_hook(rows, times, payload))]
+    kind = {"fn": affine} if mode == "fn" else {mode: payload}
+    if not split:
+        return [(site(model), StatePatch(rows, times, **kind))]
+    half = len(rows) // 2
+    pieces = [slice(0, half), slice(half, None)]
+    return [(site(model), StatePatch(rows[p], times[p], **({"fn": affine} if mode == "fn" else {mode: payload[p]})))
+            for p in pieces]
+
+
+def causal_reference(model, tokens, mode: str, rows, times, payload) -> torch.Tensor:
+    """Logits [B, L, V] of the causal reading built from values patches only: step by step, the
+    state a patch sees is read from a run with the earlier steps' values, its value computed
+    from that, and the last run carries every value."""
+    found: list[tuple[int, int, torch.Tensor]] = []  # (row, time, value)
+    for step in sorted(set(times)):
+        hooks = values_hooks(model, found)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names=[site(model)], fwd_hooks=hooks)
+        for i, (row, time) in enumerate(zip(rows, times)):
+            if time == step:
+                before = cache[site(model)][row, time]
+                after = payload[i] if mode == "values" else affine(before) if mode == "fn" else before + payload[i]
+                found.append((row, time, after))
+    with torch.no_grad():
+        return model.run_with_hooks(tokens, fwd_hooks=values_hooks(model, found))
+
+
+def values_hooks(model, found) -> list[tuple]:
+    if not found:
+        return []
+    return [(site(model), StatePatch([r for r, _, _ in found], [t for _, t, _ in found],
+                                     values=torch.stack([v for _, _, v in found])))]
+
+
+def generated_logits(model, tokens, hooks) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the final sequence [B, T + NEW], generate's logits at every position run [B, T + NEW - 1, V])."""
+    out, cache = model.generate(tokens, NEW, fwd_hooks=hooks, cache_names=["hook_logits"], progress=False)
+    return out, cache["hook_logits"]
+
+
+def payload_for(model, mode: str, n: int) -> torch.Tensor | None:
+    if mode == "fn":
+        return None
+    return state_like(model, n, seed=11) * (1.0 if mode == "values" else 3.0)
+
+
+@pytest.mark.parametrize("rows", ROWS.values(), ids=list(ROWS))
+@pytest.mark.parametrize("steps", STEP_PAIRS.values(), ids=list(STEP_PAIRS))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", RECURRENT)
+def test_generate_and_the_full_forward_apply_several_patches_causally(name, mode, steps, rows):
+    model = model64(name)
+    rows, times = entries(rows, steps)
+    payload = payload_for(model, mode, len(rows))
+    hooks = patch_hooks(model, mode, rows, times, payload)
+    out, logits = generated_logits(model, prompt(), hooks)
+    tokens = out[:, :-1]
+    reference = causal_reference(model, tokens, mode, rows, times, payload)
+    with torch.no_grad():  # the full forward, declared on the fast kernels where it can
+        torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=hooks), reference, **TOL)
+    torch.testing.assert_close(logits, reference, **TOL)
+    assert torch.equal(out[:, T:], reference[:, T - 1:].argmax(-1))  # the tokens are the reference's argmax
+    clean = model(tokens)
+    assert (reference[rows, steps[1]:] - clean[rows, steps[1]:]).abs().amax() > 1e-3  # the patches act
+
+
+@pytest.mark.parametrize("mode", ["deltas", "fn", "hook function"])
+@pytest.mark.parametrize("name", ["mamba", "deltanet", "rwkv7", "gru", "mamba_attention"])
+def test_every_full_forward_path_reads_several_patches_causally(name, mode):
+    """Declared (no grad), as hook functions under grad (scan_with_state_hook's pinned re-runs),
+    forced instrumented, and two StatePatches one per step: the same logits."""
+    model = model64(name)
+    rows, times = entries([0, 1], STEP_PAIRS["prompt+prompt"])
+    payload = payload_for(model, mode, len(rows))
+    tokens = prompt()
+    reference = causal_reference(model, tokens, mode, rows, times, payload)
+    hooks = patch_hooks(model, mode, rows, times, payload)
+    torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=hooks).detach(), reference, **TOL)  # grad on
+    if mode != "hook function":
+        with torch.no_grad():
+            split = patch_hooks(model, mode, rows, times, payload, split=True)
+            torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=split), reference, **TOL)
+    model.set_execution_path("instrumented")
+    with torch.no_grad():
+        torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=hooks), reference, **TOL)
+
+
+@pytest.mark.parametrize("steps", STEP_PAIRS.values(), ids=list(STEP_PAIRS))
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "gated_deltanet", "rwkv7"])
+def test_a_patch_with_the_state_its_step_reaches_is_a_no_op(name, steps):
+    """After a first patch, a values patch with the state the run then reaches at the later step
+    (read from the run with the first patch) changes nothing, in the full forward and generate."""
+    model = model64(name)
+    first = StatePatch([0, 2], [steps[0]] * 2, deltas=state_like(model, 2, seed=5) * 3)
+    out, logits = generated_logits(model, prompt(), [(site(model), first)])
+    tokens = out[:, :-1]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names=[site(model)], fwd_hooks=[(site(model), first)])
+    own = StatePatch([0, 2], [steps[1]] * 2, values=cache[site(model)][[0, 2], steps[1]])
+    both = [(site(model), first), (site(model), own)]
+    with torch.no_grad():
+        torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=both), logits, **TOL)
+    _, again = generated_logits(model, prompt(), both)
+    torch.testing.assert_close(again, logits, **TOL)
+
+
+def test_absolute_patches_at_prompt_and_generated_steps_match_in_both_paths():
+    """Two values patches per row (a prompt and a generated step) on Mamba-2: generate equals
+    the full forward, and the state at each patched step is the value set."""
+    model = model64("mamba2")
+    rows, times = entries([0, 1, 2], STEP_PAIRS["prompt+generated"])
+    values = state_like(model, len(rows), seed=3)
+    hooks = [(site(model), StatePatch(rows, times, values=values))]
+    out, logits = generated_logits(model, prompt(), hooks)
+    with torch.no_grad():
+        full, cache = model.run_with_cache(out[:, :-1], names=[site(model)], fwd_hooks=hooks)
+    torch.testing.assert_close(logits, full, **TOL)
+    torch.testing.assert_close(cache[site(model)][rows, times], values, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("hook_name", ["blocks.0.mixer.hook_k", "blocks.0.mixer.hook_v", "blocks.1.hook_resid_mid"])
+@pytest.mark.parametrize("steps", STEP_PAIRS.values(), ids=list(STEP_PAIRS))
+@pytest.mark.parametrize("name", ["transformer", "mamba_attention"])
+def test_attention_cache_patches_at_two_steps_match_the_full_forward(name, steps, hook_name):
+    """Relative hook functions at two steps on attention's keys / values (the KV cache) or the
+    residual: generate's logits equal the full forward's."""
+    model = model64(name)
+    if hook_name.startswith("blocks.0.mixer") and name == "mamba_attention":
+        hook_name = hook_name.replace("blocks.0", "blocks.1")
+    rows, times = entries([0, 2], steps)
+    probe = model.run_with_cache(prompt(), names=[hook_name])[1][hook_name]
+    deltas = torch.randn(len(rows), *probe.shape[2:], generator=torch.Generator().manual_seed(2),
+                         dtype=torch.float64) * 3
+    hooks = [(hook_name, adding_hook(rows, times, deltas))]
+    out, logits = generated_logits(model, prompt(), hooks)
+    with torch.no_grad():
+        full = model.run_with_hooks(out[:, :-1], fwd_hooks=hooks)
+    torch.testing.assert_close(logits, full, **TOL)
+    assert (full - model(out[:, :-1])).abs().amax() > 1e-3
