@@ -31,9 +31,11 @@ see [B, t + 1, ...] from 0; every other hook sees the new position only. The att
 removed when the call returns.
 
 State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
-gets the entries it covers, shifted to its own time axis, so a patch at a prompt or a generated
-position changes every later token exactly as the same patch in a full forward over the final
-sequence. Hook functions on hook_state patch what they see (hook.position tells them where).
+gets the entries it covers, shifted to its own time axis. Patches apply in step order, each on
+the state the earlier ones left (models.state_patch), in a decoding call and in a full forward
+alike, so patches at prompt and generated positions change every later token as the same
+patches in a full forward over the final sequence. Hook functions on hook_state patch what they
+see (hook.position tells them where). docs/generation.md is the guide.
 """
 
 from __future__ import annotations

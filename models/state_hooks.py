@@ -120,7 +120,8 @@ def scan_with_state_hook(
     the kernels' equivalent) and add shift [B, T, *S] (None: none) to the state after each step
     before the pin applies: h_t = pin_t or step(h_{t-1}) + shift_t. The scan runs once; if a
     patch changed any state it runs again with those states pinned, so the change propagates to
-    every later step. Readers see final states.
+    every later step; where it changed some row at several steps the pins are found in step
+    order (causal_pins: one more scan and hook call per further step). Readers see final states.
 
     Gradients (the module docstring): under grad mode, a hook that returned a new tensor makes
     the re-run take `patched - states` (zero where nothing changed) as shift at its unpinned

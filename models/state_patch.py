@@ -6,9 +6,13 @@ compare the result to find what changed (the pins) and re-run the recurrence fro
 deltas, or a function of the state there), so a recurrent mixer can instead run its fast kernels
 up to each patched step, replace the state there and continue (RecurrentMixer.declared_forward),
 never forming the [B, T, *S] states. `StatePlan` turns the patches attached to one hook_state
-into that schedule with the semantics of the hook functions: each patch sees the unpatched run's
-states (after the patches attached before it), and a state is pinned where the result differs
-from the unpatched state.
+into that schedule.
+
+Several patches on one row mean one thing on every path (the full forward, declared or as hook
+functions, and `generate`, whose calls see the steps of one call each): they apply in step
+order, each on the state as the earlier ones left it, so a delta or fn at a later step acts on
+the state recomputed after the earlier patches (the causal reading). Patches attached at one
+(row, step) apply in the order attached, each on the one before's result.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ class StatePatch:
 
         values[i]              (values given: "set")
         current + deltas[i]    (deltas given: "add")
-        fn(current)[i]         (fn given: "map"; fn(current [M, *S]) -> [M, *S])
+        fn(current)[i]         (fn given: "map")
 
-    where current [M, *S] is the state at the entries as the hook sees it: the unpatched run's
-    (after the patches attached before this one). rows, times: int64 [M] (or sequences of ints);
-    times count from the start of the states the hook sees, negative ones from their end (a
-    resumed call, `SequenceModel.resume_from`, sees the last positions only). Each (row, time)
-    at most once. `StatePatch.at(t, values=...)` patches every row at step t.
+    where current is the state at the entry as the run reaches it: after the patches at earlier
+    steps of that row (the module docstring) and those attached before this one at the same
+    step. fn is called once per patched step with the entries there, current [m, *S] in the
+    order of the entries (all M at once where they share one step), and must return [m, *S].
+    rows, times: int64 [M] (or sequences of ints); times count from the start of the states the
+    hook sees, negative ones from their end (a resumed call, `SequenceModel.resume_from`, sees
+    the last positions only). Each (row, time) at most once. `StatePatch.at(t, values=...)`
+    patches every row at step t.
 
     As a hook function (fwd_hooks=[(name, patch)]) it works on every path and every mixer; where
     it can, a recurrent mixer runs it declared instead (the module docstring).
@@ -130,7 +137,11 @@ class StatePlan:
         union, index = torch.unique(keys, return_inverse=True)  # union sorted by (row, time)
         self.rows, self.times = union // length, union % length  # [U]
         self.steps = torch.unique(self.times).tolist()
-        self._entries = list(zip(index.split([len(rows) for rows, _ in found]), [times for _, times in found]))
+        # step -> [(patch, where its entries [M] are at step, their places [m] in the union)]
+        self._at: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        for i, (entries, (_, times)) in enumerate(zip(index.split([len(rows) for rows, _ in found]), found)):
+            for step in torch.unique(times).tolist():
+                self._at.setdefault(step, []).append((i, times == step, entries[times == step]))
 
     @classmethod
     def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
@@ -143,16 +154,12 @@ class StatePlan:
     def at_step(self, step: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [k], their patched states [k, *S]) at `step` from the running state [B, *S]
         after that step: each patch with entries there applied in order."""
-        here = (self.times == step).nonzero()[:, 0]  # the union's entries at step, [k]
-        local = torch.full((len(self.rows),), -1, dtype=torch.long)
-        local[here] = torch.arange(len(here))
+        here = (self.times == step).nonzero()[:, 0]  # the union's entries at step, [k], ascending
         rows = self.rows[here].to(state.device)
         values = state[rows].clone()  # [k, *S]
-        for (patch, allow_nonfinite), (index, times) in zip(self.patches, self._entries):
-            at = times == step
-            if not bool(at.any()):
-                continue
-            mine = local[index[at]].to(state.device)  # this patch's entries at step, in values
+        for i, at, entries in self._at.get(step, []):
+            patch, allow_nonfinite = self.patches[i]
+            mine = torch.searchsorted(here, entries).to(state.device)  # this patch's entries at step, in values
             before = values[mine]
             new = patch.new_values(before, at)
             if not allow_nonfinite and bool(torch.isfinite(before).all()) and not bool(torch.isfinite(new).all()):

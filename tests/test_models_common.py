@@ -296,8 +296,9 @@ def test_declared_state_patch_under_grad_runs_as_the_hook_function(name, tokens)
 
 def hook_function_patches(t: int):
     """Hook functions on hook_state [B, T, *S]: in place at one step for every row; a new tensor
-    changing rows at different steps (one row at two); an in-place change returned as a copy;
-    every step of one row (more distinct steps than max_hooked_steps: the pinned re-run)."""
+    changing rows at different steps (one row at two: pinned in step order, models.state_hooks.
+    causal_pins); an in-place change returned as a copy; every step of one row (step order);
+    each row at its own step (more distinct steps than max_hooked_steps: the pinned re-run)."""
 
     def in_place(states, hook):
         states[:, t] = 2 * states[:, t] + 0.5
@@ -315,16 +316,22 @@ def hook_function_patches(t: int):
         states[1] += 0.125
         return states
 
-    return [in_place, new_tensor, in_place_then_new, every_step]
+    def staggered(states, hook):
+        for row in range(states.shape[0]):
+            states[row, t + row] *= -1
+
+    return [in_place, new_tensor, in_place_then_new, every_step, staggered]
 
 
 @pytest.mark.parametrize("name", models.list_models())
 def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkeypatch):
     """A hook function on hook_state with no gradient wanted runs as the declared plan of what it
     changed (RecurrentMixer.hooked_forward: declared_forward on the fast kernels, no pinned
-    re-run) where it changed at most max_hooked_steps steps, else as the pinned re-run: the
-    logits equal the instrumented path's (scan_with_state_hook) in float64, in full and resumed
-    runs, and the hook sees the unpatched states once."""
+    re-run) where it changed each row at one step and at most max_hooked_steps steps, else as
+    the pinned re-run (in step order, one more call and scan per further step of a row: a row
+    changed at steps 2 and 9 three calls, at every step T + 1): the logits equal the
+    instrumented path's (scan_with_state_hook) in float64, in full and resumed runs, and the
+    hook's first call sees the unpatched states."""
     from models.mixers.base import RecurrentMixer
 
     model = converted_copy(name, dtype=torch.float64)
@@ -333,7 +340,7 @@ def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkey
         pytest.skip(f"{name} has no recurrent state that runs StatePatches declared")
     declared_calls = []
     original = RecurrentMixer.declared_forward
-    monkeypatch.setattr(RecurrentMixer, "max_hooked_steps", 4)  # new_tensor changes 3 steps, every_step T
+    monkeypatch.setattr(RecurrentMixer, "max_hooked_steps", 2)  # staggered changes 3 steps, each row at one
     monkeypatch.setattr(RecurrentMixer, "declared_forward",
                         lambda self, *a, **k: declared_calls.append(1) or original(self, *a, **k))
     with torch.no_grad():
@@ -345,9 +352,9 @@ def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkey
                 counted = lambda s, hook, fn=fn: seen.append(s.clone()) or fn(s, hook)  # noqa: E731
                 declared_calls.clear()
                 patched = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, counted)])
-                assert len(seen) == 1, "the hook runs once"
+                assert len(seen) == {"new_tensor": 3, "every_step": T + 1}.get(fn.__name__, 1), fn.__name__
                 torch.testing.assert_close(seen[0], cache[hook_name], atol=1e-12, rtol=1e-12)  # the unpatched states
-                assert len(declared_calls) == (fn.__name__ != "every_step"), f"{hook_name}: {fn.__name__}"
+                assert len(declared_calls) == (fn.__name__ in ("in_place", "in_place_then_new")), f"{hook_name}: {fn.__name__}"
                 with models.instrumented():
                     reference = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, fn)])
                 torch.testing.assert_close(patched, reference, atol=1e-12, rtol=1e-12, msg=f"{hook_name}: {fn.__name__}")

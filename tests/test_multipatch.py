@@ -10,6 +10,7 @@ import torch
 
 import models
 from models import StatePatch
+from models.decoding import advance
 
 VOCAB, T, NEW = 7, 5, 5
 SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
@@ -37,10 +38,15 @@ def site(model) -> str:
 
 
 def state_like(model, n: int, seed: int) -> torch.Tensor:
-    """n random states [n, *S] of layer 0 (complex for Mamba-3's rotating state)."""
-    mixer = model.blocks[0].mixer
-    values = torch.randn(n, *mixer.state_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return values.to(torch.complex128) if model.cfg.mixer in ("aussm", "mamba3") else values
+    """n random states [n, *S] of layer 0 in its dtype (complex for the rotating states of Mamba-3
+    and S4D)."""
+    with torch.no_grad():
+        dtype = advance(model, prompt(1))[1].layers[0]["state"].dtype
+    shape, generator = (n, *model.blocks[0].mixer.state_shape), torch.Generator().manual_seed(seed)
+    values = torch.randn(shape, generator=generator, dtype=torch.float64)
+    if dtype.is_complex:
+        values = torch.complex(values, torch.randn(shape, generator=generator, dtype=torch.float64))
+    return values
 
 
 def affine(current: torch.Tensor) -> torch.Tensor:  # the "fn" patch: a map of the state there

@@ -106,38 +106,59 @@ def _patch_hooks(sites, site_of_row, example_of_row, target_pos, source: Source,
 
         return patch
 
-    return [(hook, _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source, end)
-             if hook.endswith("hook_state") else make(site_ids)) for hook, site_ids in by_hook.items()]
+    hooks = []
+    for hook, site_ids in by_hook.items():
+        if hook.endswith("hook_state"):
+            hooks += [(hook, patch) for patch in _state_patches(sites, site_ids, site_of_row, example_of_row,
+                                                                 target_pos, source, end)]
+        else:
+            hooks.append((hook, make(site_ids)))
+    return hooks
 
 
-def _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source: Source, end: int) -> models.StatePatch:
-    """The patch of `_patch_hooks` on a hook_state as a declared StatePatch: one entry per (row,
-    site position), times counted from the pass's end (so full and resumed passes alike); its fn
-    computes the new states from the current ones as the hook function does (head, subspace)."""
-    rows, times, spans = [], [], []
+def _state_patches(sites, site_ids, site_of_row, example_of_row, target_pos, source: Source,
+                   end: int) -> list[models.StatePatch]:
+    """The patch of `_patch_hooks` on a hook_state as declared StatePatches, one per step (times
+    counted from the pass's end, so full and resumed passes alike): each fn computes the new
+    states at its step's entries from the current ones as the hook function does (head,
+    subspace). A row patched at several steps (a site over several positions) is patched in step
+    order, each step on the state the earlier ones left (models.StatePatch)."""
+    spans = []  # (site, members [m], times [m, k])
     for s in site_ids:
         members = torch.nonzero(site_of_row == s)[:, 0]  # [m]
-        pos = target_pos[s][example_of_row[members]]  # [m, k]
-        rows.append(members[:, None].expand_as(pos).reshape(-1))
-        times.append((pos - end).reshape(-1))
-        spans.append((s, members, pos.shape))
+        spans.append((s, members, target_pos[s][example_of_row[members]] - end))
+    sources: dict[int, torch.Tensor] = {}  # site -> its source at every (member, position) [m, k, ...]
 
-    def fn(current: torch.Tensor) -> torch.Tensor:  # [M, *S]
-        out, offset = current.clone(), 0
-        for s, members, (m, k) in spans:
-            site = sites[s]
-            block = out[offset : offset + m * k].view(m, k, *current.shape[1:])  # [m, k, *S], a view of out
-            every, pos = torch.arange(m, device=out.device), torch.arange(k, device=out.device).expand(m, k)
-            now = select_site(block, every, pos, site)  # [m, k, ...]
-            new = source(s, example_of_row[members], now).to(now)
-            if new.shape != now.shape:
-                raise ValueError(f"site {site.label}: the source has shape {tuple(new.shape)} but the target "
-                                 f"activation at the site has shape {tuple(now.shape)}")
-            _write(block, every, pos, site, _project(site, now, new))
-            offset += m * k
-        return out
+    def source_at(s: int, members: torch.Tensor, times: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
+        if s not in sources:  # computed once, at the first step that needs it
+            template = now.new_zeros(*times.shape, *now.shape[2:])  # [m, k, ...]: the shape source expects
+            sources[s] = source(s, example_of_row[members], template).to(now)
+            if sources[s].shape != template.shape:
+                raise ValueError(f"site {sites[s].label}: the source has shape {tuple(sources[s].shape)} but the "
+                                 f"target activation at the site has shape {tuple(template.shape)}")
+        return sources[s]
 
-    return models.StatePatch(torch.cat(rows), torch.cat(times), fn=fn)
+    def step_fn(pieces):
+        def fn(current: torch.Tensor) -> torch.Tensor:  # [M, *S]: the entries at one step
+            out, offset = current.clone(), 0
+            for s, members, times, i, j in pieces:
+                block = out[offset : offset + len(i), None]  # [n, 1, *S], a view of out
+                every = torch.arange(len(i), device=out.device)
+                first = torch.zeros(len(i), 1, dtype=torch.long, device=out.device)
+                now = select_site(block, every, first, sites[s])  # [n, 1, ...]
+                new = source_at(s, members, times, now)[i.to(now.device), j.to(now.device)][:, None]
+                _write(block, every, first, sites[s], _project(sites[s], now, new))
+                offset += len(i)
+            return out
+        return fn
+
+    patches = []
+    for time in torch.unique(torch.cat([times.reshape(-1) for _, _, times in spans])).tolist():
+        pieces = [(s, members, times, *(times == time).nonzero(as_tuple=True)) for s, members, times in spans]
+        pieces = [piece for piece in pieces if len(piece[3])]
+        rows = torch.cat([members[i] for _, members, _, i, _ in pieces])
+        patches.append(models.StatePatch(rows, torch.full_like(rows, time), fn=step_fn(pieces)))
+    return patches
 
 
 def _device(model) -> torch.device:
