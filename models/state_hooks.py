@@ -198,7 +198,7 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
         if not bool(later.any()):
             return (pinned, values), scanned, found
         first = later & (later.cumsum(1) == 1)  # each row's first such step
-        pinned |= first
+        pinned = pinned | first  # a new tensor: the last re-run's graph holds the old one
         values = torch.where(_expand(first, values), patched.to(values.dtype), values)
         settled = torch.where(first.any(1), first.int().argmax(1), settled)
         scanned = rescan((pinned, values))

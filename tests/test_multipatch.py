@@ -215,3 +215,26 @@ def test_attention_cache_patches_at_two_steps_match_the_full_forward(name, steps
         full = model.run_with_hooks(out[:, :-1], fwd_hooks=hooks)
     torch.testing.assert_close(logits, full, **TOL)
     assert (full - model(out[:, :-1])).abs().amax() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["mamba", "deltanet", "gru"])
+def test_gradients_through_several_patches_match_finite_differences(name):
+    """Under grad, a hook function adding leaf deltas at two steps of one row (pinned in step
+    order, the re-run taking the hook's shift): d metric / d deltas equals central finite
+    differences of the same forward along random directions."""
+    model = model64(name)
+    rows, times = entries([0], STEP_PAIRS["prompt+prompt"])
+    deltas = (state_like(model, len(rows), seed=9) * 2).requires_grad_(True)
+    tokens = prompt()
+
+    def metric(d):
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(site(model), adding_hook(rows, times, d))])
+        return logits[0, times[1]:].pow(2).sum()
+
+    (grad,) = torch.autograd.grad(metric(deltas), deltas)
+    for seed in range(2):
+        direction = torch.randn(deltas.shape, generator=torch.Generator().manual_seed(seed), dtype=deltas.dtype)
+        eps = 1e-6
+        with torch.no_grad():
+            numeric = (metric(deltas + eps * direction) - metric(deltas - eps * direction)) / (2 * eps)
+        torch.testing.assert_close((grad * direction).sum(), numeric, atol=1e-6, rtol=1e-6)
