@@ -61,8 +61,9 @@ it) and the scan continues from it, with nothing [B, T, *S] materialised
 (`RecurrentMixer.declared_forward`). Same result as the hook function up to float rounding.
 Several patches on one row apply in step order, each on the state the earlier ones left (the
 causal reading, models.state_patch): a hook function that changes a row at several steps is
-called again on the states re-run from its first change, and so on (`causal_pins`: one more
-call and scan per further step; its first call sees the unpatched states).
+called again on the re-run states until it gives back what was pinned (`causal_pins`: one round
+for a hook that sets states, a round a step for one that changes what it sees; its first call
+sees the unpatched states).
 A hook function on hook_state with nothing else there and no gradient wanted (grad mode off)
 runs the same way once it has run: the (example, step) pairs it changed (`changed_steps`,
 against the unpatched states recomputed block by block or kept) become a declared plan

@@ -113,6 +113,7 @@ def scan_with_state_hook(
     hook: HookPoint,
     run_scan: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     n_state_dims: int,
+    step_at: Callable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an instrumented scan through `hook_state` with causal state patches.
 
@@ -121,7 +122,7 @@ def scan_with_state_hook(
     before the pin applies: h_t = pin_t or step(h_{t-1}) + shift_t. The scan runs once; if a
     patch changed any state it runs again with those states pinned, so the change propagates to
     every later step; where it changed some row at several steps the pins are found in step
-    order (causal_pins: one more scan and hook call per further step). Readers see final states.
+    order (causal_pins, with step_at where the mixer gives it). Readers see final states.
 
     Gradients (the module docstring): under grad mode, a hook that returned a new tensor makes
     the re-run take `patched - states` (zero where nothing changed) as shift at its unpinned
@@ -140,7 +141,7 @@ def scan_with_state_hook(
         pins = None if found.changed is None else (found.changed, found.patched)
         if pins is not None and several_steps(found.changed):
             del outputs
-            pins, (outputs, states), found = causal_pins(hook, lambda p: run_scan(p, None), found, n_state_dims)
+            pins, (outputs, states), found = causal_pins(hook, lambda p: run_scan(p, None), found, n_state_dims, step_at)
             settled = True
         patched = found.patched
         if torch.is_grad_enabled() and patched.requires_grad and (found.new_tensor or _forced_instrumented()):
@@ -179,15 +180,50 @@ def several_steps(changed: torch.Tensor) -> bool:
     return bool((changed.sum(1) > 1).any())
 
 
-def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int):
-    """The pins of hook functions that changed some row at several steps, in step order: each
-    row's first changed step is pinned, the recurrence re-run (rescan(pins) -> (outputs, states
-    [B, T, *S])) and the hooks called again on the re-run states; each row's first changed
-    step after its last pinned one is pinned next, and so on until the hooks change nothing
-    after the pinned steps. So a later change applies to the state as the earlier ones left it
-    (the causal reading, as StatePlan and generate apply patches): one more scan and hook call
-    per further step. Returns (pins (mask [B, T], values [B, T, *S]), the last re-run's
-    (outputs, states), the last HookPass)."""
+def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int,
+                step_at: Callable | None = None):
+    """The pins (mask [B, T], values [B, T, *S]) of hook functions that changed some row at
+    several steps, in step order: a later change applies to the state as the earlier ones left
+    it (the causal reading, as StatePlan and generate apply patches). Returns (pins, the last
+    re-run's (outputs, states), the last HookPass); rescan(pins) -> (outputs, states [B, T, *S]).
+
+    With step_at(states, rows, times) -> [U, *S] (one step of the recurrence to each (row,
+    time) from the state before it in states [B, T, *S]), in rounds: pin every changed step to
+    the hooks' value, re-run, and call the hooks on the re-run states with each pinned step
+    holding what the step before gives there (the state they would see had it not been
+    pinned); settled when they give back the pinned values and change nothing else. Hooks that
+    set states settle in one round; a change relative to what a hook sees settles a step a
+    round (a row's j-th pinned step is exact after j rounds). Without step_at, one step a round:
+    each row's first changed step after those settled (`in_step_order`)."""
+    if step_at is None:
+        return in_step_order(hook, rescan, found, n_state_dims)
+    pinned, values = found.changed, found.patched  # [B, T], [B, T, *S]
+    for _ in range(pinned.shape[1] + 1):  # at most one round per step and a last to confirm
+        scanned = rescan((pinned, values))
+        rows, times = pinned.nonzero(as_tuple=True)
+        seen = scanned[1].clone()
+        seen[rows, times] = step_at(scanned[1], rows, times).to(seen.dtype)
+        found = hook_pass(hook, seen, n_state_dims)
+        changed = torch.zeros_like(pinned) if found.changed is None else found.changed
+        if not bool((changed & ~pinned).any()) and same_values(found.patched[rows, times], values[rows, times]):
+            return (pinned, values), scanned, found
+        pinned = pinned | changed  # a new tensor: the last re-run's graph holds the old one
+        values = torch.where(_expand(pinned, values), found.patched.to(values.dtype), values)
+    raise RuntimeError(f"the hook functions on {hook.name!r} did not settle: each step's change must depend on "
+                       "the states up to that step only")
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b hold the same values, NaN where the other has NaN (a hook writing NaN
+    under allow_nonfinite settles)."""
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def in_step_order(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int):
+    """causal_pins one step a round: each row's first changed step is pinned, the recurrence
+    re-run and the hooks called again on the re-run states; each row's first changed step after
+    its last pinned one is pinned next, and so on until the hooks change nothing after the
+    pinned steps: one more scan and hook call per further step."""
     changed, patched = found.changed, found.patched
     steps = torch.arange(changed.shape[1], device=changed.device)
     pinned = torch.zeros_like(changed)  # [B, T]

@@ -328,10 +328,10 @@ def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkey
     """A hook function on hook_state with no gradient wanted runs as the declared plan of what it
     changed (RecurrentMixer.hooked_forward: declared_forward on the fast kernels, no pinned
     re-run) where it changed each row at one step and at most max_hooked_steps steps, else as
-    the pinned re-run (in step order, one more call and scan per further step of a row: a row
-    changed at steps 2 and 9 three calls, at every step T + 1): the logits equal the
-    instrumented path's (scan_with_state_hook) in float64, in full and resumed runs, and the
-    hook's first call sees the unpatched states."""
+    the pinned re-run (where a row changed at several steps, in rounds until the hook gives
+    back what was pinned, models.state_hooks.causal_pins: more than one call): the logits equal
+    the instrumented path's (scan_with_state_hook) in float64, in full and resumed runs, and
+    the hook's first call sees the unpatched states."""
     from models.mixers.base import RecurrentMixer
 
     model = converted_copy(name, dtype=torch.float64)
@@ -352,7 +352,8 @@ def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkey
                 counted = lambda s, hook, fn=fn: seen.append(s.clone()) or fn(s, hook)  # noqa: E731
                 declared_calls.clear()
                 patched = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, counted)])
-                assert len(seen) == {"new_tensor": 3, "every_step": T + 1}.get(fn.__name__, 1), fn.__name__
+                several = fn.__name__ in ("new_tensor", "every_step")  # a row changed at several steps
+                assert (len(seen) > 1) == several, f"{fn.__name__}: {len(seen)} calls"
                 torch.testing.assert_close(seen[0], cache[hook_name], atol=1e-12, rtol=1e-12)  # the unpatched states
                 assert len(declared_calls) == (fn.__name__ in ("in_place", "in_place_then_new")), f"{hook_name}: {fn.__name__}"
                 with models.instrumented():

@@ -15,10 +15,11 @@ from models.decoding import advance
 VOCAB, T, NEW = 7, 5, 5
 SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
 TOL = dict(atol=1e-10, rtol=1e-10)
-# decoding kinds: selective and diagonal scans, a scalar-decay scan, delta rules, RWKV-7, a
-# short-conv window as the state, a window of mixer inputs (Mamba-3), a nonlinear RNN, a hybrid
-RECURRENT = ["mamba", "mamba2", "s4d", "linear_rnn", "deltanet", "gated_deltanet", "rwkv7", "lfm2_conv",
-             "mamba3", "gru", "mamba_attention"]
+# decoding kinds: selective and diagonal scans (Mamba, Mamba-2, S4D, a linear RNN, H3), delta rules
+# (DeltaNet, Gated DeltaNet, KDA), RWKV-7, a short-conv window as the state (LFM2), Based (linear
+# attention, pinned rather than declared), a window of mixer inputs (Mamba-3), a nonlinear RNN, a hybrid
+RECURRENT = ["mamba", "mamba2", "s4d", "linear_rnn", "h3", "deltanet", "gated_deltanet", "kda", "rwkv7", "lfm2_conv",
+             "based", "mamba3", "gru", "mamba_attention"]
 STEP_PAIRS = {"prompt+prompt": (1, 3), "prompt+generated": (2, T + 1), "generated+generated": (T, T + 2)}
 ROWS = {"one row": [0], "several rows": [0, 2]}
 MODES = ["values", "deltas", "fn", "hook function"]
@@ -85,13 +86,13 @@ def patch_hooks(model, mode: str, rows, times, payload, split: bool = False) -> 
             for p in pieces]
 
 
-def causal_reference(model, tokens, mode: str, rows, times, payload) -> torch.Tensor:
+def causal_reference(model, tokens, mode: str, rows, times, payload, extra=()) -> torch.Tensor:
     """Logits [B, L, V] of the causal reading built from values patches only: step by step, the
     state a patch sees is read from a run with the earlier steps' values, its value computed
-    from that, and the last run carries every value."""
+    from that, and the last run carries every value (extra: other hooks on every run)."""
     found: list[tuple[int, int, torch.Tensor]] = []  # (row, time, value)
     for step in sorted(set(times)):
-        hooks = values_hooks(model, found)
+        hooks = values_hooks(model, found) + list(extra)
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names=[site(model)], fwd_hooks=hooks)
         for i, (row, time) in enumerate(zip(rows, times)):
@@ -100,7 +101,7 @@ def causal_reference(model, tokens, mode: str, rows, times, payload) -> torch.Te
                 after = payload[i] if mode == "values" else affine(before) if mode == "fn" else before + payload[i]
                 found.append((row, time, after))
     with torch.no_grad():
-        return model.run_with_hooks(tokens, fwd_hooks=values_hooks(model, found))
+        return model.run_with_hooks(tokens, fwd_hooks=values_hooks(model, found) + list(extra))
 
 
 def values_hooks(model, found) -> list[tuple]:
@@ -238,3 +239,54 @@ def test_gradients_through_several_patches_match_finite_differences(name):
         with torch.no_grad():
             numeric = (metric(deltas + eps * direction) - metric(deltas - eps * direction)) / (2 * eps)
         torch.testing.assert_close((grad * direction).sum(), numeric, atol=1e-6, rtol=1e-6)
+
+
+def test_several_patches_with_a_gate_patch_apply_in_step_order():
+    """A GRU with its gates patched (hook_gate) and a hook function adding at two steps of its
+    state: the pins are found one step a round (state_hooks.in_step_order), equal to the
+    reference."""
+    model = model64("gru")
+    gate = ("blocks.0.mixer.hook_gate", lambda gates, hook: gates * 0.5)
+    rows, times = entries([0, 2], STEP_PAIRS["prompt+prompt"])
+    payload = payload_for(model, "deltas", len(rows))
+    tokens = prompt()
+    reference = causal_reference(model, tokens, "deltas", rows, times, payload, extra=[gate])
+    with torch.no_grad():
+        patched = model.run_with_hooks(tokens, fwd_hooks=[gate, (site(model), adding_hook(rows, times, payload))])
+    torch.testing.assert_close(patched, reference, **TOL)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_hook_setting_every_step_settles_in_one_round(grad):
+    """A hook function zeroing a row's state at every step (it sets states) is called twice: on
+    the unpatched states, then once on the re-run; one scaling them (relative) once a step
+    more. Both equal the reference."""
+    model = model64("mamba")
+    tokens = prompt()
+    length = tokens.shape[1]
+    calls = []
+
+    def zeroing(states, hook):
+        calls.append(1)
+        states = states.clone()
+        states[1] = 0
+        return states
+
+    def scaling(states, hook):
+        calls.append(1)
+        states = states.clone()
+        states[1] *= 0.5
+        return states
+
+    with torch.set_grad_enabled(grad):
+        zeroed = model.run_with_hooks(tokens, fwd_hooks=[(site(model), zeroing)]).detach()
+        assert len(calls) == 2
+        calls.clear()
+        scaled = model.run_with_hooks(tokens, fwd_hooks=[(site(model), scaling)]).detach()
+        assert len(calls) == length + 1  # one round a step, the last confirming
+    zeros = torch.zeros(length, *model.blocks[0].mixer.state_shape, dtype=torch.float64)
+    with torch.no_grad():
+        every = StatePatch([1] * length, list(range(length)), values=zeros)
+        torch.testing.assert_close(zeroed, model.run_with_hooks(tokens, fwd_hooks=[(site(model), every)]), **TOL)
+        halved = StatePatch([1] * length, list(range(length)), fn=lambda current: 0.5 * current)
+        torch.testing.assert_close(scaled, model.run_with_hooks(tokens, fwd_hooks=[(site(model), halved)]), **TOL)

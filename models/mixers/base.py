@@ -7,6 +7,7 @@ the state after each step) and honour state patches through `models.state_hooks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -244,7 +245,8 @@ class RecurrentMixer(Mixer):
         if several_steps(mask):  # a row changed at several steps: pinned in step order, re-run each time
             del scanned, states
             rescan = lambda pins: self.scan(inputs, pins, initial=initial)  # noqa: E731
-            _, scanned, _ = causal_pins(self.hook_state, rescan, HookPass(patched, True, mask), len(self.state_shape))
+            _, scanned, _ = causal_pins(self.hook_state, rescan, HookPass(patched, True, mask), len(self.state_shape),
+                                        self.steps_at(inputs, initial))
             return self.scanned_output(x, scanned, inputs)
         if int(mask.any(0).sum()) > self.max_hooked_steps:
             del scanned, states
@@ -362,10 +364,21 @@ class RecurrentMixer(Mixer):
         """The instrumented path from prepared inputs: scan through hook_state (states patched
         there are pinned and the scan re-runs from them), then read out -> [B, T, D].
         initial [B, *S]: the state before the first step (None: initial_state())."""
-        _, states = scan_with_state_hook(
-            self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), len(self.state_shape)
-        )
+        _, states = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift),
+                                         len(self.state_shape), self.steps_at(inputs, initial))
         return self.readout(x, states, inputs)
+
+    def steps_at(self, inputs: dict[str, torch.Tensor], initial=None) -> Callable:
+        """models.state_hooks.causal_pins' step_at for prepared inputs [B, T, ...]: (states
+        [B, T, *S], rows, times [U]) -> [U, *S], one step to each (row, time) from the state
+        before it (initial [B, *S], None: initial_state(), before step 0)."""
+        def step_at(states: torch.Tensor, rows: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+            before = states[rows, (times - 1).clamp(min=0)]  # [U, *S]
+            start = self.initial_state(states.shape[0], states) if initial is None else initial
+            first = (times == 0).reshape(-1, *([1] * (before.dim() - 1)))
+            before = torch.where(first, start[rows].to(before.dtype), before)
+            return self.step({name: value[rows, times] for name, value in inputs.items()}, before)
+        return step_at
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole mixer without per-step hooks; override when a fused kernel skips prepare."""
@@ -433,7 +446,7 @@ class GatedRecurrentMixer(RecurrentMixer):
         gate_pins = self.gate_pins(inputs, initial, clean)
         gates, states = scan_with_state_hook(
             self.hook_state, lambda pins, shift: self.resumed_scan(inputs, pins, gate_pins, initial, clean, shift),
-            len(self.state_shape),
+            len(self.state_shape), self.steps_at(inputs, initial) if gate_pins is None else None,  # step: unpinned gates
         )
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)
