@@ -31,7 +31,8 @@ class StatePatch:
     where current is the state at the entry as the run reaches it: after the patches at earlier
     steps of that row (the module docstring) and those attached before this one at the same
     step. fn is called once per patched step with the entries there, current [m, *S] in the
-    order of the entries (all M at once where they share one step), and must return [m, *S].
+    order of the entries (all M at once where they share one step), and must return [m, *S];
+    with_index=True calls fn(current, index) with index [m] the entries' places in rows / times.
     rows, times: int64 [M] (or sequences of ints); times count from the start of the states the
     hook sees, negative ones from their end (a resumed call, `SequenceModel.resume_from`, sees
     the last positions only). Each (row, time) at most once. `StatePatch.at(t, values=...)`
@@ -41,7 +42,7 @@ class StatePatch:
     it can, a recurrent mixer runs it declared instead (the module docstring).
     """
 
-    def __init__(self, rows, times, values=None, deltas=None, fn=None) -> None:
+    def __init__(self, rows, times, values=None, deltas=None, fn=None, with_index: bool = False) -> None:
         given = [name for name, v in (("values", values), ("deltas", deltas), ("fn", fn)) if v is not None]
         if len(given) != 1:
             raise ValueError(f"StatePatch needs exactly one of values, deltas or fn; got {given or 'none'}")
@@ -50,6 +51,7 @@ class StatePatch:
             raise ValueError(f"StatePatch rows and times must be two nonempty [M] index lists of one length; got "
                              f"{tuple(self.rows.shape)} and {tuple(self.times.shape)}")
         self.mode = {"values": "set", "deltas": "add", "fn": "map"}[given[0]]
+        self.with_index = bool(with_index) and self.mode == "map"
         self.payload = fn if fn is not None else (values if values is not None else deltas)
         if self.mode == "map" and not callable(fn):
             raise TypeError(f"StatePatch fn must be callable as fn(current [M, *S]) -> [M, *S]; got {type(fn).__name__}")
@@ -84,7 +86,8 @@ class StatePatch:
         """The patched states [m, *S] from the current ones [m, *S] at the entries selected by
         at ([M] bool; None: all M): values[at], current + deltas[at] or fn(current)."""
         if self.mode == "map":
-            new = self.payload(current)
+            index = torch.arange(len(self.rows)) if at is None else at.cpu().nonzero()[:, 0]
+            new = self.payload(current, index) if self.with_index else self.payload(current)
             if not isinstance(new, torch.Tensor):
                 raise TypeError(f"StatePatch fn must return a tensor; got {type(new).__name__}")
         else:

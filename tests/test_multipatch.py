@@ -290,3 +290,63 @@ def test_a_hook_setting_every_step_settles_in_one_round(grad):
         torch.testing.assert_close(zeroed, model.run_with_hooks(tokens, fwd_hooks=[(site(model), every)]), **TOL)
         halved = StatePatch([1] * length, list(range(length)), fn=lambda current: 0.5 * current)
         torch.testing.assert_close(scaled, model.run_with_hooks(tokens, fwd_hooks=[(site(model), halved)]), **TOL)
+
+
+def test_an_interchange_state_site_over_every_position_applies_in_step_order():
+    """interventions: a hook_state site at every position with a subspace (a change relative to
+    the state at each step of a row) patches in step order: declared (resumed passes) and as a
+    hook function under models.instrumented() (whole passes) both equal the causal reference
+    built from values patches one step at a time."""
+    from interp.analysis.interventions import Site, corrupt_ar, interchange
+    from interp.analysis.interventions.sites import answer_positions
+    from tests.test_interventions import TASK, VOCAB, ar_batch
+
+    torch.manual_seed(0)
+    model = models.build("mamba", vocab_size=VOCAB, d_model=16, n_layers=2).eval().double()
+    clean = ar_batch(6, 3, seed=0)
+    corrupt = corrupt_ar(clean, TASK, seed=1)
+    shape = model.blocks[0].mixer.state_shape
+    basis = torch.linalg.qr(torch.randn(shape[0] * shape[1], 4, generator=torch.Generator().manual_seed(3),
+                                        dtype=torch.float64))[0]  # [d, 4]
+    state_site = Site(site(model), None, subspace=basis)
+    with torch.no_grad():
+        source = model.run_with_cache(clean.tokens, names=[state_site.hook])[1][state_site.hook]  # [N, T, *S]
+    rows, length = torch.arange(len(clean)), clean.tokens.shape[1]
+    found = []
+    for step in range(length):  # each step's state from the run carrying the earlier steps' values
+        with torch.no_grad():
+            before = model.run_with_cache(corrupt.tokens, names=[state_site.hook], fwd_hooks=values_hooks(model, found))[1]
+        now = before[state_site.hook][:, step]  # [N, *S]
+        moved = ((source[:, step] - now).flatten(1) @ basis @ basis.T).reshape(now.shape)
+        found += [(int(row), step, now[row] + moved[row]) for row in rows]
+    with torch.no_grad():
+        logits = model.run_with_hooks(corrupt.tokens, fwd_hooks=values_hooks(model, found))
+    answer = answer_positions(clean)
+    reference = logits[rows, answer].softmax(-1)[rows, clean.targets[rows, answer]]
+    for resume in (True, False):
+        result = interchange(model, clean, corrupt, [state_site], min_effect=0.0, resume=resume, progress=False)
+        torch.testing.assert_close(result.p_patched[0].double(), reference, atol=1e-9, rtol=1e-9)
+
+
+def test_fn_is_called_once_a_step_with_that_steps_entries():
+    """fn sees each patched step's entries in their order (with_index: their places in rows /
+    times), declared and as a hook function; the result equals deltas given per entry."""
+    model = model64("mamba2")
+    rows, times = [2, 0, 0, 2], [3, 1, 3, 1]
+    deltas = state_like(model, 4, seed=4)
+    seen = []
+
+    def fn(current, index):
+        seen.append(index.tolist())
+        return current + deltas[index]
+
+    tokens = prompt()
+    with torch.no_grad():
+        declared = model.run_with_hooks(tokens, fwd_hooks=[(site(model), StatePatch(rows, times, fn=fn, with_index=True))])
+        assert seen == [[1, 3], [0, 2]]  # step 1: entries 1 and 3; step 3: entries 0 and 2
+        expected = model.run_with_hooks(tokens, fwd_hooks=[(site(model), StatePatch(rows, times, deltas=deltas))])
+    torch.testing.assert_close(declared, expected, **TOL)
+    seen.clear()
+    hooked = model.run_with_hooks(tokens, fwd_hooks=[(site(model), StatePatch(rows, times, fn=fn, with_index=True))])
+    assert seen[:2] == [[1, 3], [0, 2]]  # the first call on the unpatched states; the rounds after it alike
+    torch.testing.assert_close(hooked.detach(), expected, **TOL)

@@ -106,59 +106,52 @@ def _patch_hooks(sites, site_of_row, example_of_row, target_pos, source: Source,
 
         return patch
 
-    hooks = []
-    for hook, site_ids in by_hook.items():
-        if hook.endswith("hook_state"):
-            hooks += [(hook, patch) for patch in _state_patches(sites, site_ids, site_of_row, example_of_row,
-                                                                 target_pos, source, end)]
-        else:
-            hooks.append((hook, make(site_ids)))
-    return hooks
+    return [(hook, _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source, end)
+             if hook.endswith("hook_state") else make(site_ids)) for hook, site_ids in by_hook.items()]
 
 
-def _state_patches(sites, site_ids, site_of_row, example_of_row, target_pos, source: Source,
-                   end: int) -> list[models.StatePatch]:
-    """The patch of `_patch_hooks` on a hook_state as declared StatePatches, one per step (times
-    counted from the pass's end, so full and resumed passes alike): each fn computes the new
-    states at its step's entries from the current ones as the hook function does (head,
-    subspace). A row patched at several steps (a site over several positions) is patched in step
-    order, each step on the state the earlier ones left (models.StatePatch)."""
-    spans = []  # (site, members [m], times [m, k])
+def _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, source: Source, end: int) -> models.StatePatch:
+    """The patch of `_patch_hooks` on a hook_state as a declared StatePatch: one entry per (row,
+    site position), times counted from the pass's end (so full and resumed passes alike); its fn
+    computes the new states at the entries it is given (with_index: a step's, or all) from the
+    current ones as the hook function does (head, subspace). A row patched at several steps (a
+    site over several positions) is patched in step order, each step on the state the earlier
+    ones left (models.StatePatch)."""
+    rows, times, spans = [], [], []  # spans: (site, members [m], its entries' first place, k)
     for s in site_ids:
         members = torch.nonzero(site_of_row == s)[:, 0]  # [m]
-        spans.append((s, members, target_pos[s][example_of_row[members]] - end))
+        pos = target_pos[s][example_of_row[members]]  # [m, k]
+        spans.append((s, members, sum(len(r) for r in rows), pos.shape[1]))
+        rows.append(members[:, None].expand_as(pos).reshape(-1))
+        times.append((pos - end).reshape(-1))
     sources: dict[int, torch.Tensor] = {}  # site -> its source at every (member, position) [m, k, ...]
 
-    def source_at(s: int, members: torch.Tensor, times: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
+    def source_at(s: int, members: torch.Tensor, k: int, now: torch.Tensor) -> torch.Tensor:
         if s not in sources:  # computed once, at the first step that needs it
-            template = now.new_zeros(*times.shape, *now.shape[2:])  # [m, k, ...]: the shape source expects
+            template = now.new_zeros(len(members), k, *now.shape[2:])  # [m, k, ...]: the shape source expects
             sources[s] = source(s, example_of_row[members], template).to(now)
             if sources[s].shape != template.shape:
                 raise ValueError(f"site {sites[s].label}: the source has shape {tuple(sources[s].shape)} but the "
                                  f"target activation at the site has shape {tuple(template.shape)}")
         return sources[s]
 
-    def step_fn(pieces):
-        def fn(current: torch.Tensor) -> torch.Tensor:  # [M, *S]: the entries at one step
-            out, offset = current.clone(), 0
-            for s, members, times, i, j in pieces:
-                block = out[offset : offset + len(i), None]  # [n, 1, *S], a view of out
-                every = torch.arange(len(i), device=out.device)
-                first = torch.zeros(len(i), 1, dtype=torch.long, device=out.device)
-                now = select_site(block, every, first, sites[s])  # [n, 1, ...]
-                new = source_at(s, members, times, now)[i.to(now.device), j.to(now.device)][:, None]
-                _write(block, every, first, sites[s], _project(sites[s], now, new))
-                offset += len(i)
-            return out
-        return fn
+    def fn(current: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [n, *S] at the entries index [n]
+        out = current.clone()
+        for s, members, first, k in spans:
+            mine = ((index >= first) & (index < first + len(members) * k)).nonzero()[:, 0]  # in current
+            if not len(mine):
+                continue
+            place = index[mine] - first  # member * k + position
+            block = out[mine.to(out.device)][:, None]  # [n_s, 1, *S]
+            every = torch.arange(len(mine), device=out.device)
+            zero = torch.zeros(len(mine), 1, dtype=torch.long, device=out.device)
+            now = select_site(block, every, zero, sites[s])  # [n_s, 1, ...]
+            new = source_at(s, members, k, now)[(place // k).to(now.device), (place % k).to(now.device)][:, None]
+            _write(block, every, zero, sites[s], _project(sites[s], now, new))
+            out[mine.to(out.device)] = block[:, 0]
+        return out
 
-    patches = []
-    for time in torch.unique(torch.cat([times.reshape(-1) for _, _, times in spans])).tolist():
-        pieces = [(s, members, times, *(times == time).nonzero(as_tuple=True)) for s, members, times in spans]
-        pieces = [piece for piece in pieces if len(piece[3])]
-        rows = torch.cat([members[i] for _, members, _, i, _ in pieces])
-        patches.append(models.StatePatch(rows, torch.full_like(rows, time), fn=step_fn(pieces)))
-    return patches
+    return models.StatePatch(torch.cat(rows), torch.cat(times), fn=fn, with_index=True)
 
 
 def _device(model) -> torch.device:
