@@ -68,7 +68,8 @@ def _project(site: Site, current: torch.Tensor, source: torch.Tensor) -> torch.T
     return current + ((delta @ basis) @ basis.T).reshape(current.shape)
 
 
-# source(site index, example indices [n], current values [m=n, k, ...]) -> new values
+# source(site index, example indices [n], current values [m=n, k, ...]) -> new values (a hook_state site
+# over several positions: current holds zeros, the shape only; the sources here read its shape only)
 Source = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -124,16 +125,21 @@ def _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, sourc
         spans.append((s, members, sum(len(r) for r in rows), pos.shape[1]))
         rows.append(members[:, None].expand_as(pos).reshape(-1))
         times.append((pos - end).reshape(-1))
-    sources: dict[int, torch.Tensor] = {}  # site -> its source at every (member, position) [m, k, ...]
+    sources: dict[int, torch.Tensor] = {}  # site over several positions -> its source [m, k, ...]
 
-    def source_at(s: int, members: torch.Tensor, k: int, now: torch.Tensor) -> torch.Tensor:
-        if s not in sources:  # computed once, at the first step that needs it
-            template = now.new_zeros(len(members), k, *now.shape[2:])  # [m, k, ...]: the shape source expects
-            sources[s] = source(s, example_of_row[members], template).to(now)
-            if sources[s].shape != template.shape:
-                raise ValueError(f"site {sites[s].label}: the source has shape {tuple(sources[s].shape)} but the "
-                                 f"target activation at the site has shape {tuple(template.shape)}")
-        return sources[s]
+    def source_at(s: int, members: torch.Tensor, k: int, place: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
+        """The source [n, 1, ...] at the entries place [n] (member * k + position) of site s, now
+        [n, 1, ...] their current values: one position a member, from them; else computed once."""
+        if k == 1:
+            new = source(s, example_of_row[members[place]], now)
+        else:
+            if s not in sources:
+                sources[s] = source(s, example_of_row[members], now.new_zeros(len(members), k, *now.shape[2:]))
+            new = sources[s][(place // k).to(now.device), (place % k).to(now.device)][:, None]
+        if new.shape != now.shape:
+            raise ValueError(f"site {sites[s].label}: the source has shape {tuple(new.shape)} but the target "
+                             f"activation at the site has shape {tuple(now.shape)}")
+        return new.to(now)
 
     def fn(current: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [n, *S] at the entries index [n]
         out = current.clone()
@@ -146,7 +152,7 @@ def _state_patch(sites, site_ids, site_of_row, example_of_row, target_pos, sourc
             every = torch.arange(len(mine), device=out.device)
             zero = torch.zeros(len(mine), 1, dtype=torch.long, device=out.device)
             now = select_site(block, every, zero, sites[s])  # [n_s, 1, ...]
-            new = source_at(s, members, k, now)[(place // k).to(now.device), (place % k).to(now.device)][:, None]
+            new = source_at(s, members, k, place, now)
             _write(block, every, zero, sites[s], _project(sites[s], now, new))
             out[mine.to(out.device)] = block[:, 0]
         return out
