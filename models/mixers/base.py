@@ -242,7 +242,7 @@ class RecurrentMixer(Mixer):
         mask = changed_steps(patched, unpatched(), len(self.state_shape))  # [B, T] or None
         if mask is None:
             return self.scanned_output(x, scanned, inputs)
-        if several_steps(mask):  # a row changed at several steps: pinned in step order, re-run each time
+        if several_steps(mask):  # a row changed at several steps: pinned in step order (causal_pins)
             del scanned, states
             rescan = lambda pins: self.scan(inputs, pins, initial=initial)  # noqa: E731
             _, scanned, _ = causal_pins(self.hook_state, rescan, HookPass(patched, True, mask), len(self.state_shape),
