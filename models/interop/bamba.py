@@ -16,7 +16,6 @@ Refused (UnsupportedConfig): hidden_act other than silu, rope scaling. GraniteMo
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any
 
@@ -47,10 +46,9 @@ def rotary_options(config: Any) -> dict:
 
 def mamba2_options(config: Any, eps: float) -> dict:
     """Our mamba2 mixer_options from a Bamba-style config (mamba_* fields, time_step_limit)."""
-    limit = tuple(float(v) for v in config.time_step_limit)
     return {"n_heads": config.mamba_n_heads, "head_dim": config.mamba_d_head, "n_groups": config.mamba_n_groups,
             "conv_bias": bool(config.mamba_conv_bias), "bias": bool(config.mamba_proj_bias), "norm_eps": eps,
-            "dt_limit": None if limit == (0.0, math.inf) else list(limit)}
+            "dt_limit": mamba2_layout.dt_limit(config)}
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:

@@ -21,7 +21,14 @@ from models.config import ModelConfig
 from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.mamba import source_blocks  # the same backbone.layers
 
-__all__ = ["convert", "mixer_weights", "source_blocks"]
+__all__ = ["convert", "dt_limit", "mixer_weights", "source_blocks"]
+
+
+def dt_limit(config) -> list[float] | None:
+    """Our mixer_options dt_limit from config.time_step_limit, the clamp transformers' Mamba-2
+    scans apply (Mamba2, Bamba, FalconH1, GraniteMoeHybrid, NemotronH): None for (0, inf)."""
+    limit = tuple(float(v) for v in config.time_step_limit)
+    return None if limit == (0.0, math.inf) else list(limit)
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -30,7 +37,6 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     expand = config.expand
     if int(expand) != expand or int(config.expand * config.hidden_size) != config.num_heads * config.head_dim:
         raise unsupported(config, "expand", expand, "an integer with expand * hidden_size = num_heads * head_dim")
-    limit = tuple(float(v) for v in config.time_step_limit)
     eps = float(config.layer_norm_epsilon)
     cfg = ModelConfig(
         mixer="mamba2", vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
@@ -38,7 +44,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         norm="rmsnorm", norm_eps=eps, tie_embeddings=bool(config.tie_word_embeddings),
         mixer_options={"n_groups": config.n_groups, "conv_bias": bool(config.use_conv_bias),
                        "bias": bool(config.use_bias), "norm_eps": eps,
-                       "dt_limit": None if limit == (0.0, math.inf) else list(limit)},
+                       "dt_limit": dt_limit(config)},
     )
     weights = SourceWeights(source)
     state = {"embed.weight": weights.take("backbone.embeddings.weight")}

@@ -13,9 +13,8 @@ the residual after it is hook_resid_post.
 Mamba-2 layers map as models.interop.mamba2 does (mixer_weights), with the head layout from
 mamba_num_heads / mamba_head_dim (E = H * P, not expand * hidden_size: mixer_options n_heads,
 head_dim), n_groups, use_conv_bias, use_bias (in/out projections), the gated norm's eps
-layer_norm_epsilon, and the dt clamp (time_step_min, inf) transformers' scan applies (its
-one-token decoding step does not clamp; the clamp binds only where softplus(dt + dt_bias) <
-time_step_min). embeddings -> embed, norm_f -> norm_final, lm_head -> unembed (tied only where
+layer_norm_epsilon, and the dt clamp config.time_step_limit (default (0, inf): none) that
+transformers' scan applies (mamba2.dt_limit; not time_step_min, which only sets dt_bias's init). embeddings -> embed, norm_f -> norm_final, lm_head -> unembed (tied only where
 the source ties them: NemotronH declares no tied weights, so tie_word_embeddings alone does not).
 
 Refused (UnsupportedConfig): the MoE latent projection (moe_latent_size), multi-token prediction
@@ -25,7 +24,6 @@ layers (num_nextn_predict_layers > 0), activations other than relu2 (MLP, expert
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 from torch import nn
@@ -79,7 +77,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
         mixer_options={"mamba2": {"n_heads": config.mamba_num_heads, "head_dim": config.mamba_head_dim,
                                   "n_groups": config.n_groups, "conv_bias": bool(config.use_conv_bias),
                                   "bias": bool(config.use_bias), "norm_eps": eps,
-                                  "dt_limit": [float(config.time_step_min), math.inf]}},
+                                  "dt_limit": mamba2_layout.dt_limit(config)}},
     )
     weights = SourceWeights(source)
     layers = partial(block_weights, weights, config, types)

@@ -17,8 +17,9 @@ adapter_rank; zeros for q, k, v where use_shared_attention_adapter is off) and l
 so), RoPE where use_mem_rope (rope_theta over attention_head_dim). MLP: gate_up_proj
 [gate | up] -> gate, up with GELU ("geglu", hidden_act gelu) or SiLU ("swiglu", silu).
 Mamba-2 (models.interop.mamba2.mixer_weights): n_mamba_heads x mamba_headdim, mamba_ngroups,
-use_conv_bias, add_bias_linear, the gated norm's eps rms_norm_eps, the dt clamp (time_step_min,
-inf) of transformers' scan. embed_tokens -> embed, final_layernorm -> norm_final.
+use_conv_bias, add_bias_linear, the gated norm's eps 1e-5 (fixed by transformers; rms_norm_eps
+is the other norms'), the dt clamp (time_step_min, inf) of transformers' scan. embed_tokens ->
+embed, final_layernorm -> norm_final.
 
 Refused (UnsupportedConfig): hidden_act other than gelu / silu, rope scaling, grouped-query heads
 with attention adapters (the adapters write num_attention_heads heads; the source fails there).
@@ -39,6 +40,7 @@ from models.interop.convert import SourceWeights, require, unsupported
 from models.interop.hybrid import layer_kinds, stack_weights
 
 ACTIVATIONS = {"gelu": "geglu", "silu": "swiglu"}
+GATED_NORM_EPS = 1e-5  # transformers' Zamba2MambaMixer fixes its gated norm's eps (not rms_norm_eps)
 
 
 def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
@@ -52,7 +54,7 @@ def convert(source: nn.Module) -> tuple[ModelConfig, dict]:
     eps, bias = float(config.rms_norm_eps), bool(config.add_bias_linear)
     options = {"mamba2": {"n_heads": config.n_mamba_heads, "head_dim": config.mamba_headdim,
                           "n_groups": config.mamba_ngroups, "conv_bias": bool(config.use_conv_bias), "bias": bias,
-                          "norm_eps": eps, "dt_limit": [float(config.time_step_min), math.inf]}}
+                          "norm_eps": GATED_NORM_EPS, "dt_limit": [float(config.time_step_min), math.inf]}}
     if any(hybrid):
         options["attention"] = rotary_options(config) if config.use_mem_rope else {}
     cfg = ModelConfig(
