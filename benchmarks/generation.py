@@ -20,11 +20,23 @@ Memory: the bytes our DecodingState carries after the prompt and after N tokens 
 purely recurrent model; the KV cache grows by 2 L G d_head values a token) and HF's cache the
 same way. Also whether our greedy tokens equal HF's (random real-size weights: near-ties may
 split them; the first differing step is reported).
+
+    python benchmarks/generation.py --reader-cost [--models mamba2] [--prompt 256] [--new 64]
+
+The cost of hook_state readers on every layer during generate (prompt and new tokens), each
+contender in a fresh process per round, interleaved (the order reversed every other round), CPU
+seconds of the generating thread, minimum over rounds: plain; readers selecting steps (their
+`positions`: the last prompt step and every generated one, models/decoding.py streams them);
+readers selecting head 0 only (`heads`); readers of every step (the prompt's [B, T, *S] formed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import time
 
 import torch
 
@@ -32,7 +44,7 @@ import models
 from models import StatePatch
 from models.memory import format_bytes
 from real_configs import HYBRIDS, REAL_SIZES, build_source, tokens  # benchmarks/real_configs.py
-from timing import interleaved  # benchmarks/timing.py
+from timing import interleaved, load_average  # benchmarks/timing.py
 
 
 # LFM2-350M (LiquidAI/LFM2-350M config.json): d 1024, 16 layers, attention at 2, 5, 8, 10, 12, 14
@@ -190,6 +202,59 @@ def show(result: dict, markdown: bool) -> None:
             print(f"  {k:32s} {v}")
 
 
+READER_MODES = ("plain", "readers, selected steps", "readers, heads [0]", "readers, every step")
+
+
+def largest_state_reader(positions=None, heads=None):
+    """A hook_state reader keeping the largest |h| it is handed; positions / heads: its selection."""
+    def read(x, hook):
+        read.largest = max(read.largest, float(x.abs().amax()))
+    read.largest, read.positions, read.heads = 0.0, positions, heads
+    return read
+
+
+def reader_run(name: str, mode: str, length: int, new: int) -> dict:
+    """In this process: {"prompt", "total"} CPU seconds of generate(prompt, 1) and (prompt, new)
+    with `mode`'s readers on every hook_state (after a short warm-up generate)."""
+    source, prompt = source_and_prompt(name, length)
+    ours = models.from_pretrained(source)
+    del source
+    selection = {"plain": None, "readers, selected steps": dict(positions=[length - 1, *range(length, length + new - 1)]),
+                 "readers, heads [0]": dict(heads=[0]), "readers, every step": {}}[mode]
+    readers = [] if selection is None else [(n, largest_state_reader(**selection)) for n in ours.hook_names()
+                                            if n.endswith("mixer.hook_state")]
+    times = {}
+    with ours.hooks(readers=readers):
+        ours.generate(prompt[:, :16], 2, progress=False)
+        for label, count in (("prompt", 1), ("total", new)):
+            start = time.thread_time()
+            ours.generate(prompt, count, progress=False)
+            times[label] = time.thread_time() - start
+    return times
+
+
+def reader_cost(name: str, length: int, new: int, rounds: int, threads: int) -> list[str]:
+    """Markdown rows: each READER_MODES contender's prompt and prompt + new CPU seconds (min over
+    rounds, a fresh process each) and its ratio to plain."""
+    found: dict[str, list[dict]] = {mode: [] for mode in READER_MODES}
+    load = [load_average()]
+    for r in range(rounds):
+        for mode in READER_MODES if r % 2 == 0 else reversed(READER_MODES):
+            command = [sys.executable, __file__, "--reader-run", mode, "--models", name, "--prompt", str(length),
+                       "--new", str(new), "--threads", str(threads)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            found[mode].append(json.loads(out.strip().splitlines()[-1]))
+    load.append(load_average())
+    best = {mode: {k: min(run[k] for run in runs) for k in ("prompt", "total")} for mode, runs in found.items()}
+    rows = []
+    for mode in READER_MODES:
+        b, p = best[mode], best["plain"]
+        rows.append(f"| {name} | {length} + {new} | {mode} | {b['prompt']:.2f} s ({b['prompt'] / p['prompt']:.2f}) | "
+                    f"{b['total']:.2f} s ({b['total'] / p['total']:.2f}) | "
+                    f"{(b['total'] - b['prompt']) / (new - 1) * 1e3:.0f} ms | {load[0]:.1f}-{load[1]:.1f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mamba", "mamba2", "gpt2", "nemotron_h"],
@@ -199,10 +264,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--reader-cost", action="store_true", help="readers on every hook_state, fresh processes")
+    parser.add_argument("--reader-run", choices=READER_MODES, help=argparse.SUPPRESS)  # one --reader-cost process
     args = parser.parse_args()
     if args.new < 2:
         parser.error(f"--new must be >= 2 (the per-token time needs two lengths); got {args.new}")
     torch.set_num_threads(args.threads)
+    if args.reader_run:
+        print(json.dumps(reader_run(args.models[0], args.reader_run, args.prompt, args.new)))
+        return
+    if args.reader_cost:
+        print("| model | prompt + new | readers | prompt CPU (vs plain) | prompt + new CPU (vs plain) | "
+              "per new token | load |\n|---|---|---|---|---|---|---|")
+        for name in args.models:
+            print("\n".join(reader_cost(name, args.prompt, args.new, args.rounds, args.threads)), flush=True)
+        return
     print(f"generation: B 1, prompt {args.prompt}, {args.new} new tokens, {args.threads} thread(s); "
           "ms/token as wall min / wall median / CPU min over rounds")
     for name in args.models:

@@ -30,6 +30,16 @@ the window and the new position, [B, w + 1, ...], starting at t - w; a recompute
 see [B, t + 1, ...] from 0; every other hook sees the new position only. The attribute is
 removed when the call returns.
 
+Readers. A reader on a recurrent mixer's hook_state (model.hooks(readers=...), run_with_cache's
+kind: fn(x, hook), nothing returned) is handed each call's states [B, n, *S] unless it selects:
+with a `positions` attribute (absolute steps) on every reader of the hook, each call runs its
+fast segments up to the selected steps it holds and hands over those states only ([B, K, *S];
+hook.emitted_positions: the steps on the call's time axis, hook.position + each is absolute), a
+call holding none runs plain; with `heads` (indices of the state's head axis) the states are
+narrowed to them (hook.emitted_heads), and on the prompt with heads alone only those heads'
+states are formed where the mixer can (Mixer.head_states). So a reader on every layer need not
+build the prompt's [B, T, *S] (benchmarks/RESULTS.md: readers during generate).
+
 State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
 gets the entries it covers, shifted to its own time axis. Patches apply in step order, each on
 the state the earlier ones left (models.state_patch), in a decoding call and in a full forward
@@ -47,7 +57,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 import torch
 
 from models.cache import Cache
-from models.hooks import HookPoint, StatePatch
+from models.hooks import HookPoint, StatePatch, selected_heads, selected_steps
 from models.memory import progress_bar
 
 # hooks whose time axis is 2 (the query axis) and whose axis 3 grows with the keys
@@ -197,7 +207,7 @@ def run_recurrent(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0
     """A recurrent mixer from its carried state and window: x [B, n, D] -> [B, n, D]."""
     u = mixer.hook_in(x)
     inputs = prepare_conv(mixer, u, layer) if mixer.carries_conv else prepare_window(mixer, u, layer, start)
-    out, layer["state"] = scan_from(mixer, u, inputs, layer.get("state"))
+    out, layer["state"] = scan_from(mixer, u, inputs, layer.get("state"), start)
     return mixer.hook_out(out)
 
 
@@ -233,10 +243,11 @@ def prepare_window(mixer, u: torch.Tensor, layer: dict, start: int) -> dict[str,
     return inputs
 
 
-def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
+def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial, start: int = 0):
     """(output [B, n, D], state after the last step [B, *S]) of a recurrent mixer from prepared
-    inputs and the carried state `initial` (None: the initial state): its fast segment; with
-    StatePatches all that uses hook_state, its declared segment (no [B, n, *S] formed); while
+    inputs and the carried state `initial` (None: the initial state) at positions start, ...: its
+    fast segment; with StatePatches all that uses hook_state, its declared segment, with readers
+    alone there that select steps or heads, streamed_segment (neither forms [B, n, *S]); while
     other per-step hooks are in use the instrumented path (patches pinned, the last state read
     after them)."""
     plan = mixer.declared_plan(u)
@@ -244,6 +255,9 @@ def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
         return mixer.declared_segment(u, inputs, plan, initial)
     if not mixer.wants_instrumented():
         return mixer.fast_segment(u, inputs, initial)
+    streamed = streamed_segment(mixer, u, inputs, initial, start)
+    if streamed is not None:
+        return streamed
     final: list[torch.Tensor] = []
     reader = lambda states, hook: final.append(states[:, -1])  # noqa: E731  the last state, after patches
     mixer.hook_state._readers.append(reader)
@@ -252,6 +266,40 @@ def scan_from(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial):
     finally:
         mixer.hook_state._readers.remove(reader)
     return out, final[-1]
+
+
+def read_steps(hook: HookPoint, start: int, n: int) -> list[int] | None:
+    """The steps of a call at positions [start, start + n) that hook's readers keep, on the call's
+    time axis: every reader has `positions` (absolute steps, as StatePatch times in generate;
+    models.hooks.selected_steps) and nothing patches or probes the hook. Else None."""
+    wanted = selected_steps(hook)
+    return None if wanted is None else [p - start for p in wanted if start <= p < start + n]
+
+
+def streamed_segment(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], initial, start: int):
+    """scan_from's (output, last state) with readers alone on hook_state selecting steps and / or
+    heads (the module docstring) and no other per-step hook in use; None where that does not hold."""
+    hook, gate = mixer.hook_state, getattr(mixer, "hook_gate", None)
+    if not mixer.segments_allowed(u) or (gate is not None and gate.is_active):
+        return None
+    steps, heads = read_steps(hook, start, u.shape[1]), selected_heads(hook)
+    if steps is None:
+        states = mixer.head_states(inputs, heads) if heads is not None and initial is None else None
+        if states is None:
+            return None
+        hook.emit(states, heads=heads)
+        return mixer.fast_segment(u, inputs, initial)
+    bounds = [0, *(t + 1 for t in steps)]
+    bounds += [u.shape[1]] if bounds[-1] < u.shape[1] else []
+    outs, finals, state = [], [], initial
+    for lo, hi in zip(bounds, bounds[1:]):
+        out, state = mixer.fast_segment(u[:, lo:hi], {k: v[:, lo:hi] for k, v in inputs.items()}, state)
+        outs.append(out)
+        finals.append(state)
+    if steps:
+        states = torch.stack(finals[: len(steps)], dim=1)  # [B, K, *S]
+        hook.emit(states if heads is None else states[:, :, heads], positions=steps, heads=heads)
+    return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], state
 
 
 def run_history(mixer, x: torch.Tensor, layer: dict, start: int, room: int = 0) -> torch.Tensor:
