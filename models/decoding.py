@@ -297,7 +297,8 @@ def streamed_segment(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], in
         outs.append(out)
         finals.append(state)
     if steps:
-        states = torch.stack(finals[: len(steps)], dim=1)  # [B, K, *S]
+        kept = finals[: len(steps)]  # one step: a view, not a fresh [B, 1, *S] (a page-faulting copy)
+        states = kept[0].unsqueeze(1) if len(kept) == 1 else torch.stack(kept, dim=1)  # [B, K, *S]
         hook.emit(states if heads is None else states[:, :, heads], positions=steps, heads=heads)
     return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], state
 

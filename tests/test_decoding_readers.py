@@ -20,11 +20,12 @@ def prompt(batch=2, seed=1):
 
 
 def selecting_reader(found: dict, name: str, positions=None, heads=None):
-    """A reader keeping {absolute step: state} (hook.position + the emitted step)."""
+    """A reader keeping {absolute step: state} (hook.position + the emitted step), uncopied: what
+    it is handed must not change later (a view of a carried state that a later step reuses)."""
     def read(x, hook):
         steps = hook.emitted_positions or range(x.shape[1])
         for i, t in enumerate(steps):
-            found.setdefault(name, {})[hook.position + t] = (x[:, i].clone(), hook.emitted_heads)
+            found.setdefault(name, {})[hook.position + t] = (x[:, i], hook.emitted_heads)
     read.positions, read.heads = positions, heads
     return read
 
