@@ -27,7 +27,9 @@ from tests.test_interop_qwen3 import qwen3_moe_source, qwen3_source
 
 tf = pytest.importorskip("transformers")
 PROMPT, NEW = 24, 8  # the prompt beyond the sources' scan chunks (16), the tokens continued in one call
-REL = 4e-6  # |ours - source| / max |source logits|: a few float32 ulps of the logits' scale
+# |ours - source| / max |source logits|: a few float32 ulps of the logits' scale (measured 1.4e-7 (GPT-2)
+# to 1.3e-6 (Zamba2) and 3.3e-6 (Kimi Linear); NemotronH with the old time_step_min clamp: 3.9e-5)
+REL = 5e-6
 KERNELS = {"qwen3_next": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                           "causal_conv1d_update"),
            "kimi_linear": ("chunk_kda", "fused_recurrent_kda", "fused_kda_gate", "causal_conv1d_fn",
