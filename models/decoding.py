@@ -36,9 +36,10 @@ with a `positions` attribute (absolute steps) on every reader of the hook, each 
 fast segments up to the selected steps it holds and hands over those states only ([B, K, *S];
 hook.emitted_positions: the steps on the call's time axis, hook.position + each is absolute), a
 call holding none runs plain; with `heads` (indices of the state's head axis) the states are
-narrowed to them (hook.emitted_heads), and on the prompt with heads alone only those heads'
-states are formed where the mixer can (Mixer.head_states). So a reader on every layer need not
-build the prompt's [B, T, *S] (benchmarks/RESULTS.md: readers during generate).
+narrowed to them (hook.emitted_heads), and with heads alone only those heads' states are formed
+on the prompt where the mixer can (Mixer.head_states), a new token's state as the step's last
+(emitted_positions [0]). So a reader on every layer need not build the prompt's [B, T, *S]
+(benchmarks/RESULTS.md: readers during generate).
 
 State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
 gets the entries it covers, shifted to its own time axis. Patches apply in step order, each on
@@ -283,6 +284,8 @@ def streamed_segment(mixer, u: torch.Tensor, inputs: dict[str, torch.Tensor], in
     if not mixer.segments_allowed(u) or (gate is not None and gate.is_active):
         return None
     steps, heads = read_steps(hook, start, u.shape[1]), selected_heads(hook)
+    if steps is None and heads is not None and u.shape[1] == 1:
+        steps = [0]  # heads alone, one new token: its state is the segment's last
     if steps is None:
         states = mixer.head_states(inputs, heads) if heads is not None and initial is None else None
         if states is None:

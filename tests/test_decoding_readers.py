@@ -64,8 +64,8 @@ def test_selected_steps_stream_and_equal_the_full_forward(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["mamba2", "mamba"])
 def test_selected_heads_stream_with_or_without_steps(name, monkeypatch):
-    """heads with positions: those heads at those steps; heads alone: the prompt's every step of
-    those heads only (Mixer.head_states where the mixer has it), the generated steps in full."""
+    """heads with positions: those heads at those steps; heads alone: every step of those heads
+    only (the prompt's from Mixer.head_states, each new token's from its step)."""
     model = small_model(name)
     hook = "blocks.1.mixer.hook_state"
     _, full = model.run_with_cache(model.generate(prompt(), NEW, progress=False)[:, :-1], names=[hook])
@@ -77,10 +77,11 @@ def test_selected_heads_stream_with_or_without_steps(name, monkeypatch):
         assert heads == [1]
         torch.testing.assert_close(state, full[hook][:, t, [1]], atol=1e-5, rtol=1e-5)
     found = {}
+    no_full_pass(model, monkeypatch)
     with model.hooks(readers=[(hook, selecting_reader(found, "heads", heads=[0]))]):
         model.generate(prompt(), NEW, progress=False)
     assert sorted(found["heads"]) == list(range(T + NEW - 1))
     for t, (state, heads) in found["heads"].items():
-        assert heads == ([0] if t < T else None)  # the prompt's heads only; a generated step's in full
-        expected = full[hook][:, t] if heads is None else full[hook][:, t, heads]
+        assert heads == [0]
+        expected = full[hook][:, t, heads]
         torch.testing.assert_close(state, expected, atol=1e-5, rtol=1e-5)
