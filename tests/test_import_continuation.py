@@ -22,23 +22,26 @@ from tests.test_interop_hybrid import (bamba_source, falcon_h1_source, granite_m
 from tests.test_interop_kimi import kimi_source
 from tests.test_interop_lfm2 import lfm2_source
 from tests.test_interop_mamba2 import mamba2_source
-from tests.test_interop_qwen import next_source
+from tests.test_interop_qwen import next_source, qwen35_moe_source, qwen35_source
 from tests.test_interop_qwen3 import qwen3_moe_source, qwen3_source
 
 tf = pytest.importorskip("transformers")
 PROMPT, NEW = 24, 8  # the prompt beyond the sources' scan chunks (16), the tokens continued in one call
 # |ours - source| / max |source logits|: a few float32 ulps of the logits' scale (measured 1.4e-7 (GPT-2)
-# to 1.3e-6 (Zamba2) and 3.3e-6 (Kimi Linear); NemotronH with the old time_step_min clamp: 3.9e-5)
+# to 1.3e-6 (Zamba2), 3.1e-6 (Qwen3.5-MoE), 3.3e-6 (Kimi Linear); NemotronH with the old time_step_min
+# clamp: 3.9e-5)
 REL = 5e-6
-KERNELS = {"qwen3_next": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                          "causal_conv1d_update"),
+GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+               "causal_conv1d_update")
+KERNELS = {"qwen3_next": GDN_KERNELS, "qwen3_5": GDN_KERNELS, "qwen3_5_moe": GDN_KERNELS,
            "kimi_linear": ("chunk_kda", "fused_recurrent_kda", "fused_kda_gate", "causal_conv1d_fn",
                            "causal_conv1d_update")}
 FAMILIES = {"mamba": mamba_source, "falcon_mamba": falcon_mamba_source, "jamba": jamba_source,
             "mamba2": mamba2_source, "nemotron_h": nemotron_h_source, "bamba": bamba_source,
             "granitemoehybrid": granite_source, "granite_moe": granite_moe_source, "falcon_h1": falcon_h1_source,
             "zamba2": zamba2_source, "gpt2": gpt2_source, "llama": llama_source, "qwen3": qwen3_source,
-            "qwen3_moe": qwen3_moe_source, "qwen3_next": next_source, "kimi_linear": kimi_source,
+            "qwen3_moe": qwen3_moe_source, "qwen3_next": next_source, "qwen3_5": qwen35_source,
+            "qwen3_5_moe": qwen35_moe_source, "kimi_linear": kimi_source,
             "lfm2": lfm2_source,
             # constants away from their defaults: a limit that binds, a norm eps the gated norm must not read
             "nemotron_h_limit": lambda: nemotron_h_source(time_step_limit=(0.01, 0.5)),
@@ -59,7 +62,8 @@ def conv_window(cache, layer: int) -> torch.Tensor:
 
 
 # family -> the source cache's entry our layer's "state" is (a view, in our layout)
-STATES = {"qwen3_next": flipped_state, "kimi_linear": flipped_state, "lfm2": conv_window}
+STATES = {"qwen3_next": flipped_state, "qwen3_5": flipped_state, "qwen3_5_moe": flipped_state,
+          "kimi_linear": flipped_state, "lfm2": conv_window}
 
 
 @pytest.fixture(autouse=True)
