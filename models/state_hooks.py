@@ -15,6 +15,8 @@ step (`state_probe`, `add_shift`, `step_shifts`, `only_probed`).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -198,7 +200,9 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
     if step_at is None:
         return in_step_order(hook, rescan, found, n_state_dims)
     pinned, values = found.changed, found.patched  # [B, T], [B, T, *S]
-    for _ in range(pinned.shape[1] + 1):  # at most one round per step and a last to confirm
+    for round_ in range(pinned.shape[1] + 1):  # at most one round per step and a last to confirm
+        if round_ == MANY_ROUNDS:
+            warn_many_rounds(hook)
         scanned = rescan((pinned, values))
         rows, times = pinned.nonzero(as_tuple=True)
         seen = scanned[1].clone()
@@ -211,6 +215,18 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
         values = torch.where(_expand(pinned, values), found.patched.to(values.dtype), values)
     raise RuntimeError(f"the hook functions on {hook.name!r} did not settle: each step's change must depend on "
                        "the states up to that step only")
+
+
+MANY_ROUNDS = 32   # re-runs of one call past which the cost is said (once per call)
+
+
+def warn_many_rounds(hook: HookPoint) -> None:
+    """Say once that a relative hook function is being settled a step a re-run, and the fast way."""
+    warnings.warn(f"the hook functions on {hook.name!r} change the state relative to what they see at more than "
+                  f"{MANY_ROUNDS} steps of a row: applied causally (each step on the state the earlier changes left) "
+                  "that is one re-run of the layer per step, O(T^2) (benchmarks/hook_rounds.py: 14 s at T 256 for a "
+                  "2-layer Mamba); StatePatch(rows, times, fn=...) applies the same change inside the scan in one "
+                  "pass (docs/generation.md)", stacklevel=3)
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -229,7 +245,9 @@ def in_step_order(hook: HookPoint, rescan: Callable, found: HookPass, n_state_di
     pinned = torch.zeros_like(changed)  # [B, T]
     values = torch.zeros_like(patched)  # [B, T, *S], valid where pinned
     settled = torch.full(changed.shape[:1], -1, dtype=torch.long, device=changed.device)  # each row's last pin
-    while True:
+    for round_ in itertools.count():
+        if round_ == MANY_ROUNDS:
+            warn_many_rounds(hook)
         later = changed & (steps[None] > settled[:, None])  # [B, T]
         if not bool(later.any()):
             return (pinned, values), scanned, found

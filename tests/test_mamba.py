@@ -135,7 +135,9 @@ def test_state_patch_goes_through_the_kernel_pins(tokens, monkeypatch):
     model = build()
     model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
     pins = [p for p in seen if p is not None]
-    assert len(pins) == 1 and bool(pins[0][0].all())
+    # the change is relative at every step: applied causally (each step on the state the earlier
+    # ones left) it settles a step a round, every round a pinned scan through the kernel
+    assert len(pins) == T + 1 and bool(pins[-1][0].all())
 
 
 def test_bad_options_raise():
@@ -143,3 +145,23 @@ def test_bad_options_raise():
         build(mixer_options={"dt_rnak": 2})
     with pytest.raises(ValueError, match="dt_min"):
         build(mixer_options={"dt_min": 0.5, "dt_max": 0.1})
+
+
+def test_a_relative_hook_at_many_steps_says_its_cost_and_equals_the_declared_patch():
+    """A hook function scaling the state at each of 40 steps settles one step a re-run (41 scans): it
+    warns once, naming StatePatch(fn=...), which gives the same states in one pass."""
+    import warnings
+
+    from models.state_patch import StatePatch
+
+    model = build().double()
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
+    rows, times = torch.arange(2).repeat_interleave(40), torch.arange(40).repeat(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        by_hook = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
+    said = [str(w.message) for w in caught if "re-run of the layer per step" in str(w.message)]
+    assert len(said) == 1 and "StatePatch(rows, times, fn=...)" in said[0]
+    declared = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state",
+                                                        StatePatch(rows, times, fn=lambda c: c * 0.5))])
+    torch.testing.assert_close(by_hook, declared, atol=1e-12, rtol=0)
