@@ -41,6 +41,8 @@ from pathlib import Path
 import pytest
 import torch
 
+if __name__ == "__main__":   # run as a script: the repository root, where tests/ is a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_fuzz_cli import MEMORY_CAP, SIZE_DEADLINE_S, DeadlinePassed, deadline, memory_cap, snapshot
 
 FAST_CASES = 14
