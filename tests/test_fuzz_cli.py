@@ -598,8 +598,8 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def one_line_error(argv, capsys, *expected) -> None:
-    """main(argv) ends with exit status 2 and one stderr line containing every `expected`."""
+def one_line_status(argv, capsys) -> tuple[int, str]:
+    """(exit status, the one stderr line) of main(argv) within 60 s; fails on more lines or none."""
     from interp.cli import main
 
     try:
@@ -608,8 +608,15 @@ def one_line_error(argv, capsys, *expected) -> None:
     except SystemExit as exit:
         status = exit.code
     err = capsys.readouterr().err.strip().splitlines()
-    assert status == 2 and len(err) == 1, (status, err)
-    assert all(text in err[0] for text in expected), err
+    assert len(err) == 1, (status, err)
+    return status, err[0]
+
+
+def one_line_error(argv, capsys, *expected) -> None:
+    """main(argv) ends with exit status 2 and one stderr line containing every `expected`."""
+    status, line = one_line_status(argv, capsys)
+    assert status == 2, (status, line)
+    assert all(text in line for text in expected), line
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from models.backbone import SequenceModel
 from models.config import FIELD_BOUNDS, ModelConfig
 from models.decoding import MAX_NEW_TOKENS, check_new_tokens, generate
 from models.saving import save_weights
-from tests.test_fuzz_cli import TINY, deadline
+from tests.test_fuzz_cli import TINY, one_line_status
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ARGS = {  # each command on a tiny run, quick
@@ -56,17 +56,6 @@ def edited_run(source: Path, target: Path, **model_fields) -> Path:
     config["model"].update(model_fields)
     (target / "config.json").write_text(json.dumps(config))
     return target
-
-
-def one_line_status(argv, capsys) -> tuple[int, str]:
-    try:
-        with deadline(60):
-            status = main(argv)
-    except SystemExit as exit:
-        status = exit.code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return status, err[0]
 
 
 HOSTILE = [  # (model field, value, words of the refusal)
