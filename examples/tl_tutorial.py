@@ -6,7 +6,7 @@ Analysis style): the plain model call with return_type / loss_per_token / stop_a
 start_at_layer, run_with_cache and cache keys, get_act_name, hooks with fwd and bwd hooks, the
 weights (W_E, W_U, W_Q, W_O, OV circuits), tokens_to_residual_directions, direct logit
 attribution, compute_head_results, the tokenizer methods and cfg fields. The one argument that
-differs is `get_act_name` (TL's transformer_lens.utilities.get_act_name, or models.tl_names.get_act_name: the same
+differs is `get_act_name` (TL's transformer_lens.utilities.get_act_name, or models.tl.names.get_act_name: the same
 strings).
 
     python examples/tl_tutorial.py [CHECKPOINT_DIR] [--prompt TEXT]
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import models
-from models.tl_names import get_act_name as our_get_act_name
+from models.tl.names import get_act_name as our_get_act_name
 
 TINY_PROMPT = "w5 w12 w7 w30 w12 w7 w5 w30 w12"
 

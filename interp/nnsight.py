@@ -26,7 +26,7 @@ values; forcing the instrumented path makes every hook point materialise its act
 
 State patches: a HookPoint's call runs its forward through nnsight's controller, so the value an
 intervention writes to `hook_state.output` is what the hook point returns to
-`models.state_hooks.scan_with_state_hook`, which pins every changed (example, step) and re-runs the
+`models.hooks.state.scan_with_state_hook`, which pins every changed (example, step) and re-runs the
 recurrence: an nnsight edit of `hook_state` is a causal state patch, as with `run_with_hooks`.
 Reading `hook_state.output` gives the states before that re-run (the patched steps hold the
 patched values; later steps of the same layer are those of the unpatched scan); later layers and
@@ -38,7 +38,7 @@ states after the re-run.
 Gradients: `.grad` of `hook_state.output` (inside `with metric.backward():`) is d metric / d h_t,
 the total derivative through the recurrence, as `run_with_cache(incl_bwd=True)` caches it: under
 grad mode the value the hook point returns enters the re-run as a zero shift of every unpatched
-step (models.state_hooks.scan_with_state_hook), so the gradient reaches it (tests/test_gradients.py).
+step (models.hooks.state.scan_with_state_hook), so the gradient reaches it (tests/test_gradients.py).
 
 This module is `interp.nnsight`; `import nnsight` inside it is the nnsight package (absolute
 imports), so the name does not shadow it.

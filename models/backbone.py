@@ -14,8 +14,8 @@ from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.layout import input_major_
 from models.mixers import MIXERS
 from models.moe import MoE, uses_moe
-from models import tl_run
-from models.tl_surface import MLPWeights, TLSurface, block_attention
+from models.tl import run as tl_run
+from models.tl.surface import MLPWeights, TLSurface, block_attention
 
 
 class ScaleHooked:
@@ -75,7 +75,7 @@ class MLP(MLPWeights, nn.Module):
 
     Hooks: hook_pre [B, T, F] the pre-activation (up(x); gate(x) when gated), hook_post [B, T, F]
     the neurons down() reads, hook_out [B, T, d_model]. TransformerLens' W_in, W_gate, W_out,
-    b_in, b_out (models.tl_surface.MLPWeights)."""
+    b_in, b_out (models.tl.surface.MLPWeights)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -312,7 +312,7 @@ class SequenceModel(TLSurface, HookedMixin, nn.Module):
     forward(tokens [B, T] int) -> logits [B, T, vocab_size]; forward(tokens, at=positions [B])
     -> logits [B, vocab_size] at one position per row (`read_out`). TransformerLens' forward
     arguments and model attributes (W_E, W_U, W_Q, ..., to_tokens, tokens_to_residual_directions)
-    work as in TL: models.tl_run, models.tl_surface.
+    work as in TL: models.tl.run, models.tl.surface.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -348,7 +348,7 @@ class SequenceModel(TLSurface, HookedMixin, nn.Module):
         may be text (with a tokenizer); return_type ("logits", "loss", "both", None; a str in
         the place of `at` is return_type, TL's second argument), loss_per_token, stop_at_layer,
         start_at_layer (tokens: the residual stream [B, T, D] entering that block), labels
-        (models.tl_run)."""
+        (models.tl.run)."""
         if isinstance(at, str):
             return_type, at = at, None
         tokens = self.as_tokens(tokens)
@@ -480,8 +480,8 @@ class SequenceModel(TLSurface, HookedMixin, nn.Module):
 
     def save(self, run_dir, overwrite: bool = False, **info):
         """Write this model as a run directory that `models.load` rebuilds bit for bit (see
-        models.saving.save)."""
-        from models.saving import save
+        models.storage.saving.save)."""
+        from models.storage.saving import save
 
         return save(self, run_dir, overwrite=overwrite, **info)
 

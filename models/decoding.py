@@ -43,7 +43,7 @@ on the prompt where the mixer can (Mixer.head_states), a new token's state as th
 
 State patches. A `models.StatePatch` in fwd_hooks names absolute steps (times >= 0): each call
 gets the entries it covers, shifted to its own time axis. Patches apply in step order, each on
-the state the earlier ones left (models.state_patch), in a decoding call and in a full forward
+the state the earlier ones left (models.hooks.state_patch), in a decoding call and in a full forward
 alike, so patches at prompt and generated positions change every later token as the same
 patches in a full forward over the final sequence. Hook functions on hook_state patch what they
 see (hook.position tells them where). docs/generation.md is the guide.
@@ -130,10 +130,10 @@ class DecodingState:
 
     def save(self, path) -> None:
         """Write the state to one safetensors file (tensors by "layers.{l}.{key}", the position
-        in the metadata), atomically (models.writer)."""
+        in the metadata), atomically (models.storage.writer)."""
         from safetensors.torch import save_file
 
-        from models.writer import write_file
+        from models.storage.writer import write_file
 
         tensors = {f"layers.{i}.{k}": v.contiguous() for i, layer in enumerate(self.trimmed()) for k, v in layer.items()}
         metadata = {"position": str(self.position), "n_layers": str(len(self.layers))}

@@ -1,5 +1,5 @@
 """build(name, **overrides), list_models(), load(run_dir), weights_file(run_dir); save(model, run_dir)
-from models.saving."""
+from models.storage.saving."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from models.config import ModelConfig
 from models.devices import check_device
 from models.hooks import all_finite, unknown_name_message
 from models.mixers import PRESETS
-from models.paths import check_sha256, inside, read_regular, regular_file
-from models.saving import WEIGHTS_SHA256, load_weights, tied_groups
+from models.storage.paths import check_sha256, inside, read_regular, regular_file
+from models.storage.saving import WEIGHTS_SHA256, load_weights, tied_groups
 from models.size import check_fits
 
 
@@ -67,9 +67,9 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
 def weights_file(run_dir: str | Path) -> Path:
     """model.safetensors of a run directory's current checkpoint (the one its checkpoint.json names,
     see `interp.training.checkpoint`), or of a plain model directory (config.json + model.safetensors).
-    The pointer is confined to the run directory (`models.paths.inside`): a path that is absolute,
+    The pointer is confined to the run directory (`models.storage.paths.inside`): a path that is absolute,
     climbs with "..", or passes a symbolic link raises PathRefused (a ValueError), and the pointer
-    itself is read only as a regular file, not through a link (`models.paths.read_regular`)."""
+    itself is read only as a regular file, not through a link (`models.storage.paths.read_regular`)."""
     run_dir = Path(run_dir)
     pointer = inside(run_dir, "checkpoint.json")
     if not _is_run(run_dir):
@@ -85,7 +85,7 @@ def weights_file(run_dir: str | Path) -> Path:
 
 def _is_run(run_dir: Path) -> bool:
     """A run directory of interp.training (a checkpoint pointer; its files are confined, see
-    models.paths), not a model directory of `save` (whose files may be links, as in a model cache)."""
+    models.storage.paths), not a model directory of `save` (whose files may be links, as in a model cache)."""
     return os.path.lexists(run_dir / "checkpoint.json")
 
 

@@ -202,7 +202,7 @@ def test_streaming_keeps_no_activation_in_memory(tokens, tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from models import cache_store
+    from models.cache import store as cache_store
 
     written, write = [], cache_store.write_tensor
 

@@ -11,8 +11,8 @@ import models
 from interp.training import checkpoint as ckpt
 from interp.tasks import make_task
 from interp.training.train import TrainConfig, make_optimizer, train
-from models import writer
-from models.paths import LOCK
+from models.storage import writer
+from models.storage.paths import LOCK
 
 
 def make_run(tmp_path, steps=6):

@@ -3,7 +3,7 @@
 The run (tanh RNN, C2 with a length curriculum, 4 steps, a checkpoint every 2 steps, so a first
 checkpoint and a second that replaces it) is forked into a child process that dies with os._exit
 just before its k-th write boundary, for every k in turn. Boundaries: each file write (every one
-goes through models.writer.write_file: config.json, the three files of each checkpoint and the
+goes through models.storage.writer.write_file: config.json, the three files of each checkpoint and the
 pointer; and a torn write: the temporary file half written, then death), each os.fsync /
 os.replace / os.rename / os.mkdir / os.rmdir / os.unlink, so the creation of the run directory (made
 locked, then renamed into place), of config.json, the fsync of metrics.jsonl, the step directory,
@@ -28,7 +28,7 @@ import models
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
-from models import writer
+from models.storage import writer
 
 BOUNDARY_OPS = ("fsync", "replace", "rename", "mkdir", "rmdir", "unlink")
 

@@ -180,7 +180,7 @@ def nan_weights(weights: Path, state: Path, rng: random.Random) -> None:
     only the values are hostile, not the file's integrity)."""
     from safetensors.torch import load_file, save_file
 
-    from models.paths import sha256_of
+    from models.storage.paths import sha256_of
 
     tensors = load_file(weights)
     name = rng.choice(sorted(k for k, v in tensors.items() if v.is_floating_point()))

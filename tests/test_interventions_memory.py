@@ -9,7 +9,7 @@ from interp.analysis.interventions import Site, attribute, interchange, planning
 from interp.analysis.interventions.attribution import first_block, plan_groups
 from interp.analysis.interventions.patching import _resume_groups
 from models.backbone import StatesAt
-from models.cache_plan import DRY_LENGTHS
+from models.cache.plan import DRY_LENGTHS
 from models.memory import MemoryRefused
 from tests.test_interventions import HOOKS as GRID_HOOKS
 from tests.test_interventions import TASK, VOCAB, ar_batch, corrupt_ar

@@ -322,7 +322,7 @@ def small(name, n_layers=2):
 
 def count_calls(monkeypatch, name):
     """Wrap native_complex.<name> to record each call over more than 3 steps (not the cache
-    planner's dry runs, models.cache_plan, of length <= 3); -> the list of calls."""
+    planner's dry runs, models.cache.plan, of length <= 3); -> the list of calls."""
     calls = []
     fn = getattr(native_complex, name)
 

@@ -390,7 +390,7 @@ def test_selective_states_refuse_gradients_with_pins_and_bad_inputs():
 
 def counting(calls, fn, entry):
     """fn wrapped to append entry(kwargs) to calls for each call over more than 3 steps (not the
-    cache planner's dry runs, models.cache_plan, of length <= 3)."""
+    cache planner's dry runs, models.cache.plan, of length <= 3)."""
     def wrapped(*args, **kwargs):
         if args[0].shape[1] > 3:
             calls.append(entry(kwargs))

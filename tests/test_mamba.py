@@ -152,7 +152,7 @@ def test_a_relative_hook_at_many_steps_says_its_cost_and_equals_the_declared_pat
     warns once, naming StatePatch(fn=...), which gives the same states in one pass."""
     import warnings
 
-    from models.state_patch import StatePatch
+    from models.hooks.state_patch import StatePatch
 
     model = build().double()
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))

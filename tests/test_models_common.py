@@ -296,7 +296,7 @@ def test_declared_state_patch_under_grad_runs_as_the_hook_function(name, tokens)
 
 def hook_function_patches(t: int):
     """Hook functions on hook_state [B, T, *S]: in place at one step for every row; a new tensor
-    changing rows at different steps (one row at two: pinned in step order, models.state_hooks.
+    changing rows at different steps (one row at two: pinned in step order, models.hooks.state.
     causal_pins); an in-place change returned as a copy; every step of one row (step order);
     each row at its own step (more distinct steps than max_hooked_steps: the pinned re-run)."""
 
@@ -329,7 +329,7 @@ def test_hook_function_state_patch_runs_on_the_fast_kernels(name, tokens, monkey
     changed (RecurrentMixer.hooked_forward: declared_forward on the fast kernels, no pinned
     re-run) where it changed each row at one step and at most max_hooked_steps steps, else as
     the pinned re-run (where a row changed at several steps, in rounds until the hook gives
-    back what was pinned, models.state_hooks.causal_pins: more than one call): the logits equal
+    back what was pinned, models.hooks.state.causal_pins: more than one call): the logits equal
     the instrumented path's (scan_with_state_hook) in float64, in full and resumed runs, and
     the hook's first call sees the unpatched states."""
     from models.mixers.base import RecurrentMixer
@@ -387,10 +387,10 @@ def test_unpatched_states_recomputed_in_blocks_are_bit_equal(name, tokens):
 
 @pytest.mark.parametrize("per_step", [(3, 4), (16, 32, 32)])  # 48 B and 64 kB per (example, step)
 def test_changed_steps_marks_exactly_the_changed_states(per_step):
-    """models.state_hooks.changed_steps (small states compared at once, large ones one (example, step)
+    """models.hooks.state.changed_steps (small states compared at once, large ones one (example, step)
     at a time): a changed value, a NaN where there was none and a -0.0 for 0.0 (equal) at known
     places, over blocks of the unpatched states; None when nothing changed."""
-    from models.state_hooks import changed_steps
+    from models.hooks.state import changed_steps
 
     before = torch.randn(2, 7, *per_step, generator=torch.Generator().manual_seed(3))
     before[1, 5].view(-1)[0] = 0.0

@@ -243,7 +243,7 @@ def test_gradients_through_several_patches_match_finite_differences(name):
 
 def test_several_patches_with_a_gate_patch_apply_in_step_order():
     """A GRU with its gates patched (hook_gate) and a hook function adding at two steps of its
-    state: the pins are found one step a round (state_hooks.in_step_order), equal to the
+    state: the pins are found one step a round (models.hooks.state.in_step_order), equal to the
     reference."""
     model = model64("gru")
     gate = ("blocks.0.mixer.hook_gate", lambda gates, hook: gates * 0.5)

@@ -140,7 +140,7 @@ def test_several_runs_refused_up_front_in_one_line(runs, tmp_path, capsys, argv,
 
 def test_error_line_drops_the_type_of_user_errors_only():
     assert error_line("Traceback ...\n  File x\nValueError: argument --n: too big\n") == "argument --n: too big"
-    assert error_line("models.paths.DirectoryLocked: in use by process 7") == "in use by process 7"
+    assert error_line("models.storage.paths.DirectoryLocked: in use by process 7") == "in use by process 7"
     assert error_line("Traceback\nZeroDivisionError: division by zero") == "ZeroDivisionError: division by zero"
     assert error_line("KeyError: 'task'").startswith("an entry 'task' is missing")
     assert RunResult("r", {"x": 1}).ok and not RunResult("r", None, "e").ok

@@ -1,4 +1,4 @@
-"""The Cache analyses give TransformerLens' numbers for TL's calls (models.cache_analyses): against
+"""The Cache analyses give TransformerLens' numbers for TL's calls (models.cache.analyses): against
 TL 4.3's ActivationCache on the same float64 GPT-2 weights (1e-10) where TL is installed;
 hand-written references for the former bugs and TL's conventions otherwise."""
 

@@ -1,6 +1,6 @@
 """TransformerLens 4.3's Mamba / Mamba-2 names (its SSM bridges: blocks.{l}.norm, mixer.hook_ssm_*,
 hook_mixer_in / out, inner_norm, the generic blocks.{l}.hook_in / hook_out, embed / unembed)
-resolve to ours (models.tl_names): every value TL's bridge caches under a name we map equals ours
+resolve to ours (models.tl.names): every value TL's bridge caches under a name we map equals ours
 on the same float64 transformers weights, in TL's layout where the table says it differs (skipped
 without TL)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import models
-from models.tl_names import NoCounterpart, to_ours
+from models.tl.names import NoCounterpart, to_ours
 from tests.test_interop import mamba_source
 from tests.test_interop_mamba2 import mamba2_source
 

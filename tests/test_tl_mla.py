@@ -1,4 +1,4 @@
-"""TransformerLens' attn names on the mla mixer (Kimi Linear's attention layers, models.tl_names):
+"""TransformerLens' attn names on the mla mixer (Kimi Linear's attention layers, models.tl.names):
 blocks.l.attn.hook_{q,k,v,attn_scores,pattern,z,result} are the mla mixer's own hooks, as on the
 ordinary attention mixer, on a tiny Kimi-Linear-style stack (kda, mla, kda; NoPE)."""
 
@@ -7,7 +7,7 @@ import torch
 
 import models
 from models.config import ModelConfig
-from models.tl_names import NoCounterpart
+from models.tl.names import NoCounterpart
 
 NAMES = ("q", "k", "v", "attn_scores", "pattern", "z", "result")
 MLA = 1  # the attention layer

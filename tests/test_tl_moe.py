@@ -1,4 +1,4 @@
-"""TransformerLens' names on sparse (MoE) MLPs and parallel mixers (models.tl_names): TL's router
+"""TransformerLens' names on sparse (MoE) MLPs and parallel mixers (models.tl.names): TL's router
 logits (mlp.gate.hook_out), hook_expert_indices and hook_expert_weights against TL 4.3's
 TransformerBridge on the same Qwen3-MoE weights (float64; skipped without TL), and TL's attn
 names reaching a parallel mixer2 (Falcon-H1's layout)."""

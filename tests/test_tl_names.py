@@ -1,10 +1,10 @@
-"""TransformerLens hook names and cache keys resolve to ours (models.tl_names): against TL's own
+"""TransformerLens hook names and cache keys resolve to ours (models.tl.names): against TL's own
 cache on the same GPT-2 weights (float64, 1e-10) where TL is installed, hand-written otherwise."""
 
 import pytest
 import torch
 
-from models.tl_names import NoCounterpart, act_name, tl_act_name, to_ours
+from models.tl.names import NoCounterpart, act_name, tl_act_name, to_ours
 from tests import tl_oracle
 
 # every HookedTransformer name of a GPT-2 with our counterpart (l = 0); hook_embed aside

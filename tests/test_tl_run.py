@@ -1,4 +1,4 @@
-"""TransformerLens' keyword arguments of run_with_hooks / run_with_cache (models.tl_run):
+"""TransformerLens' keyword arguments of run_with_hooks / run_with_cache (models.tl.run):
 against TL's bridge on the same float64 GPT-2 (1e-10) where TL is installed, hand-written
 references otherwise."""
 

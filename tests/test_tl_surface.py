@@ -1,4 +1,4 @@
-"""The HookedTransformer surface (models.tl_surface, models.tl_run.tl_forward, Cache.compute_*):
+"""The HookedTransformer surface (models.tl.surface, models.tl.run.tl_forward, Cache.compute_*):
 TransformerLens 4.3 habits on the plain model call, the weights under TL's names, the tokenizer
 methods and act_name, each against TL's bridge on the same float64 GPT-2 (1e-10; skipped without
 TL) and against an invariant computed here."""
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import models
-from models.tl_names import act_name, get_act_name
-from models.tl_surface import NoWeight
+from models.tl.names import act_name, get_act_name
+from models.tl.surface import NoWeight
 from tests import tl_oracle
 
 
@@ -227,7 +227,7 @@ def test_a_directorys_tokenizer_runs_no_code_and_is_bounded(setup, tmp_path, mon
     imported (no marker appears); an oversized tokenizer file is refused before it is read."""
     import json
 
-    from models import tl_surface
+    from models.tl import surface as tl_surface
 
     source, model, _ = setup
     source.save_pretrained(tmp_path)

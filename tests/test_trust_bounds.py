@@ -23,7 +23,7 @@ from models import size
 from models.backbone import SequenceModel
 from models.config import FIELD_BOUNDS, ModelConfig
 from models.decoding import MAX_NEW_TOKENS, check_new_tokens, generate
-from models.saving import save_weights
+from models.storage.saving import save_weights
 from tests.test_fuzz_cli import TINY, one_line_status
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from interp.sweep.run import Sweep
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
-from models.paths import LOCK, DirectoryLocked, locked
+from models.storage.paths import LOCK, DirectoryLocked, locked
 
 MODEL = models.preset_config("tanh_rnn", vocab_size=2, d_model=8)
 

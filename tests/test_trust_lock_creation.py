@@ -1,7 +1,7 @@
 """Issue 38 item 8: the run lock is taken when the run directory is created. `interp train` used to
 create the directory, then lock it, so an `interp eval` / `interp drift` started in that moment was
 let in and wrote eval.json / drift.json into the run being created. Now the directory is built as
-a hidden sibling holding its lock and renamed into place (models.paths.locked(..., create=True)):
+a hidden sibling holding its lock and renamed into place (models.storage.paths.locked(..., create=True)):
 whenever it exists, it is locked. eval and drift also hold the lock for their own writes."""
 
 import fcntl
@@ -16,7 +16,7 @@ import pytest
 import models
 from interp.tasks import make_task
 from interp.training.train import TrainConfig, train
-from models.paths import LOCK, DirectoryLocked, locked
+from models.storage.paths import LOCK, DirectoryLocked, locked
 from test_trust_lock import Holder
 
 ROOT = Path(__file__).resolve().parents[1]

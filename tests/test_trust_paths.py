@@ -19,7 +19,7 @@ from interp.sweep.table import ResultTable
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
-from models.paths import PathRefused, in_place_file, inside
+from models.storage.paths import PathRefused, in_place_file, inside
 
 MODEL = models.preset_config("tanh_rnn", vocab_size=2, d_model=8)
 CFG = TrainConfig(steps=4, batch_size=4, lr=1e-2, warmup=1, train_length=6, eval_every=2, eval_size=8,
@@ -138,7 +138,7 @@ def test_corrupt_reproduce_cache_names_the_file(tmp_path):
 
 
 def test_open_appending_refuses_a_link_put_there_after_the_check(tmp_path):
-    from models.paths import open_appending
+    from models.storage.paths import open_appending
 
     target = tmp_path / "target"
     target.write_text("keep")

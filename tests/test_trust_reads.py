@@ -20,7 +20,7 @@ from interp.sweep.table import ResultTable
 from interp.tasks import make_task
 from interp.training import checkpoint as ckpt
 from interp.training.train import TrainConfig, train
-from models.paths import LOCK, PathRefused
+from models.storage.paths import LOCK, PathRefused
 from tests.test_fuzz_cli import deadline
 
 CFG = TrainConfig(steps=2, batch_size=4, lr=1e-2, warmup=1, train_length=6, eval_every=2, eval_size=8,
@@ -107,7 +107,7 @@ def test_sweep_results_and_reproduce_cache_are_not_read_through_links(tmp_path):
 
 HOLD = """
 import sys, time
-from models.paths import locked
+from models.storage.paths import locked
 with locked(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)

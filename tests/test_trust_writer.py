@@ -1,4 +1,4 @@
-"""models.writer, the one writer of every output file (issue 38 item 1): a link at the target is
+"""models.storage.writer, the one writer of every output file (issue 38 item 1): a link at the target is
 replaced, never written through; a failure mid-write leaves the old file and no temporary file."""
 
 import json
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from models import writer
-from models.paths import PathRefused
+from models.storage import writer
+from models.storage.paths import PathRefused
 
 
 def listing(directory):

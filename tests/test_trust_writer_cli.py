@@ -1,6 +1,6 @@
 """Issue 38 item 1 from the command line: `ln -s ../victim RUN/circuit.csv; interp circuit RUN`
 overwrote the victim with the CSV (pandas to_csv follows the link); the same with patch.csv and
-`interp patch`. Now every output goes through models.writer: a link at an output is replaced by
+`interp patch`. Now every output goes through models.storage.writer: a link at an output is replaced by
 the file, as the HTML reports already were (a rename replaces the link itself), and what it
 pointed to is left as it was."""
 

@@ -1,4 +1,4 @@
-"""Every file the toolkit writes goes through models.writer (issue 38 item 1): this scans the source
+"""Every file the toolkit writes goes through models.storage.writer (issue 38 item 1): this scans the source
 of the packages (interp, models, probes) for any other write and fails naming its file:line.
 
 A write is: open() / Path.open() / io.open() with a mode that writes ("w", "a", "x", "+", or a mode
@@ -9,7 +9,7 @@ write_bytes, pandas to_csv / to_json / to_parquet / ... given a path, json.dump,
 write_html / write_image, os.replace / os.rename / shutil.move and a path's .replace(x) /
 .rename(x), shutil.copy* (copytree too), tempfile files, and truncate.
 
-Not a write: anything inside models/writer.py (the writer), and a call inside a lambda passed to
+Not a write: anything inside models/storage/writer.py (the writer), and a call inside a lambda passed to
 write_file (the writer's fill: it writes the temporary file the writer renames). The ALLOWED
 functions below are the appenders and the lock, each with why it is not a replaced file."""
 
@@ -18,14 +18,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("interp", "models", "probes")
-WRITER = "models/writer.py"
+WRITER = "models/storage/writer.py"
 
 ALLOWED = {   # (file, function): why this write is not one the writer should make
-    ("models/paths.py", "open_appending"):
+    ("models/storage/paths.py", "open_appending"):
         "the appender: O_APPEND | O_NOFOLLOW, so a link at the file fails (metrics.jsonl, results.jsonl)",
-    ("models/paths.py", "_acquire"):
+    ("models/storage/paths.py", "_acquire"):
         "the lock file DIR/.interp.lock: opened O_NOFOLLOW and kept open to hold the flock, its pid in it",
-    ("models/paths.py", "_create_locked"):
+    ("models/storage/paths.py", "_create_locked"):
         "renames a directory it has just made (with its lock held) into place: the run directory itself",
     ("interp/training/checkpoint.py", "open_metrics"):
         "truncates metrics.jsonl, opened by the appender, to the checkpoint's length on resume",
@@ -159,7 +159,7 @@ def writes_outside_the_writer() -> list[str]:
 
 def test_every_write_goes_through_the_writer():
     stray = writes_outside_the_writer()
-    assert not stray, ("writes outside models.writer (route them through write_file / write_bytes / write_text / "
+    assert not stray, ("writes outside models.storage.writer (route them through write_file / write_bytes / write_text / "
                        "write_json / copy_file, or add an ALLOWED entry saying why not):\n" + "\n".join(stray))
 
 
@@ -169,7 +169,7 @@ def test_the_scan_finds_each_kind_of_write():
 import json, os, shutil, tempfile
 import numpy as np
 import torch
-from models.writer import write_file
+from models.storage.writer import write_file
 
 def writes(path, frame, fig, tensors, data, handle):
     open(path, "w")

@@ -30,8 +30,8 @@ process, so a killed driver loses at most the units in flight. Rerunning the sam
 finished units; an out of another model, input, options or grid is refused in one line naming
 what differs. Settings resolved from the machine (`pinned`: the memory budget a unit's passes are
 planned to) are recorded by the first run and reused by every resume, so a resumed grid plans
-its units as the first run did. The directory is locked while the grid runs (models.paths.locked);
-nothing outside it is written and no link inside it is followed (models.paths.inside).
+its units as the first run did. The directory is locked while the grid runs (models.storage.paths.locked);
+nothing outside it is written and no link inside it is followed (models.storage.paths.inside).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import numpy as np
 import torch
 
 from models.memory import progress_bar
-from models.paths import inside, locked, read_regular
-from models.writer import write_file, write_json
+from models.storage.paths import inside, locked, read_regular
+from models.storage.writer import write_file, write_json
 
 FORMAT = "interp-units/1"
 MANIFEST = "manifest.json"

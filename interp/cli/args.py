@@ -151,10 +151,10 @@ def check_out(command: str, out, file: bool = False, flag: str = "--out") -> int
 
 
 def check_run_free(command: str, run_dir) -> int | None:
-    """None when no other process holds the run directory's lock (models.paths.locked; checked up
+    """None when no other process holds the run directory's lock (models.storage.paths.locked; checked up
     front so that an analysis does not run only to be refused its write), else the exit status of
     the one-line error naming the holder."""
-    from models.paths import DirectoryLocked, locked
+    from models.storage.paths import DirectoryLocked, locked
 
     try:
         if not Path(run_dir).is_dir():

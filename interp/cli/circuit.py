@@ -77,10 +77,10 @@ def add_parser(sub) -> None:
 
 def units_out(args: argparse.Namespace, executor, analysis: str) -> dict:
     """{executor, out, progress}: with an executor, out = units-<analysis>/ beside the report
-    (models.paths.inside); without one, nothing (one run each, as before)."""
+    (models.storage.paths.inside); without one, nothing (one run each, as before)."""
     if executor is None:
         return {}
-    from models.paths import inside
+    from models.storage.paths import inside
 
     report = Path(args.out or args.run_dir / "circuit.html")
     return {"executor": executor, "out": inside(report.parent, f"units-{analysis}"), "progress": not args.no_progress}
@@ -126,7 +126,7 @@ def report(args: argparse.Namespace, facts: dict, scores: dict, found, curve) ->
 
     from interp.analysis.circuits import Circuit
     from interp.report.circuits import write_circuit_report
-    from models.writer import write_text
+    from models.storage.writer import write_text
 
     ranking = scores["eap-ig+exact"]
     circuit = found.circuit or Circuit(ranking.graph, torch.zeros(ranking.graph.n_edges, dtype=torch.bool),
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     from interp.analysis.units import GridFailed
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     executor = None
     try:

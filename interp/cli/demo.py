@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     out = args.out or Path("runs/demo-quick" if args.quick else "runs/demo")
     refused = check_out("demo", out)

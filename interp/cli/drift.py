@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return over_runs("drift", drift_job, args.run_dir, executor,
                          dict(lengths=args.lengths, out=args.out and str(args.out), device=args.device, **options),
                          show)
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     run_dir = args.run_dir[0]
     out = args.out or run_dir / "drift.html"
@@ -168,7 +168,7 @@ def drift_job(params: dict, run_dir: str) -> dict:
     """The executor's job for one run (interp.sweep.runs.run_each): drift_checked(run_dir, **params),
     its report at params["out"] (default RUN_DIR/drift.html); {"summary": drift.json's content,
     "out": the report's path}. An error about the reference step carries reference_hint's advice."""
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     params = dict(params)
     out = Path(params.pop("out", None) or Path(run_dir) / "drift.html")
@@ -247,11 +247,11 @@ def determined_from(task, length: int, seed: int = 0, n: int = 256) -> int | Non
 def drift_run(run_dir: str | Path, lengths, out: str | Path | None = None,
               device: str = "cpu", **options):
     """`interp drift`: analyse a run, write the HTML report (default RUN_DIR/drift.html) and
-    RUN_DIR/drift.json (the summary), both under the run directory's lock (models.paths.locked)."""
+    RUN_DIR/drift.json (the summary), both under the run directory's lock (models.storage.paths.locked)."""
     from interp.analysis.error_control import analyze, load_run
     from interp.report.dynamics import write_drift_report
     from interp.training import checkpoint as ckpt
-    from models.paths import inside, locked
+    from models.storage.paths import inside, locked
 
     model, task, config = load_run(run_dir, device)
     options.setdefault("name", config["model"]["mixer"])

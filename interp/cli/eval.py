@@ -1,5 +1,5 @@
 """`interp eval RUN_DIR [RUN_DIR ...]`: final-state accuracy by length and mp of trained runs (RUN_DIR/eval.json,
-written under the run directory's lock: models.paths.locked).
+written under the run directory's lock: models.storage.paths.locked).
 
 Several run directories, or --executor local|ray (--workers N, --address A): each run is one job
 (`eval_job`, interp.sweep.runs.run_each) on worker processes or a Ray cluster; each writes its own
@@ -44,7 +44,7 @@ def evaluate_run(run_dir: str | Path, lengths, n: int = 256, seed: int = 1, thre
     from interp.tasks import make_task
     from interp.training import checkpoint as ckpt
     from interp.training.evaluate import evaluate_lengths
-    from models.paths import inside, locked
+    from models.storage.paths import inside, locked
 
     config = ckpt.read_config(run_dir)
     task = make_task(config["task"]["name"], **config["task"].get("options", {}))
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 executor.close()
             return refused
         return over_runs("eval", eval_job, args.run_dir, executor, params, show)
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     run_dir = args.run_dir[0]
     refused = check_run_free("eval", run_dir)

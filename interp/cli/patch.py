@@ -181,9 +181,9 @@ def load_prompt_pair(args: argparse.Namespace):
 
 
 def load_tokenizer(directory: Path, flag: str):
-    """The tokenizer saved in a local directory (models.tl_surface.directory_tokenizer: no download,
+    """The tokenizer saved in a local directory (models.tl.surface.directory_tokenizer: no download,
     no remote code, file sizes bounded); one line naming `flag` when there is none."""
-    from models.tl_surface import TOKENIZER_FILES, directory_tokenizer
+    from models.tl.surface import TOKENIZER_FILES, directory_tokenizer
 
     tokenizer = directory_tokenizer(directory) if directory.is_dir() else None
     if tokenizer is None:
@@ -211,7 +211,7 @@ def load_model(directory: Path, device: str):
 def units_dir(args: argparse.Namespace) -> Path | None:
     """Where the exact grid keeps its units: REPORT.units/interchange beside the report, when the
     grid runs as units (--executor or --chunk); None otherwise."""
-    from models.paths import inside
+    from models.storage.paths import inside
 
     if args.executor is None and args.chunk is None:
         return None
@@ -257,7 +257,7 @@ def report(args: argparse.Namespace, setup: dict, results: dict, clean) -> Path:
     import pandas as pd
 
     from interp.report.patch import write_patch_report
-    from models.writer import write_text
+    from models.storage.writer import write_text
 
     facts = {**setup, "run_dir": args.run_dir, "n": args.n, "seed": args.seed, "corrupt": args.corrupt,
              "min_effect": args.min_effect}
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     from interp.analysis.units import GridFailed
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     executor = None
     try:

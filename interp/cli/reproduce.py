@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from interp.reproduce import names, reproduce
     from interp.reproduce.engine import SCALES, TrainingFailed
-    from models.paths import DirectoryLocked
+    from models.storage.paths import DirectoryLocked
 
     if args.name not in names():
         return fail("reproduce", f"argument NAME: unknown reproduction {args.name!r}; choose from {', '.join(names())}")

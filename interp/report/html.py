@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from models.writer import write_text
+from models.storage.writer import write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }

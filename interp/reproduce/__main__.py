@@ -8,7 +8,7 @@ from pathlib import Path
 
 from interp.reproduce.manifest import MANIFEST, EditedResults, changed_files, write_manifest
 from interp.reproduce.results import RESULTS, committed_directories
-from models.paths import PathRefused
+from models.storage.paths import PathRefused
 
 
 def main(argv: list[str]) -> int:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from interp.reproduce.manifest import check_manifest, write_manifest
 from interp.sweep.table import RESULTS, ResultTable
-from models.paths import inside
-from models.writer import write_text
+from models.storage.paths import inside
+from models.storage.writer import write_text
 
 
 def committed_rows(target: str | Path) -> dict[str, dict]:

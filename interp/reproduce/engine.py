@@ -76,7 +76,7 @@ from interp.sweep.runs import error_line
 from interp.training import checkpoint as ckpt
 from interp.training.evaluate import final_state_accuracy
 from interp.training.train import TrainConfig, TrainingDiverged, train
-from models.paths import inside
+from models.storage.paths import inside
 
 SCALES = ("quick", "cpu", "medium", "paper")   # "medium": only the claims whose SCALE defines it
 VERDICTS = ("reproduces", "partly reproduces", "does not reproduce", "did not fit", "diverged",

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 
 from interp.training.checkpoint import write_json
-from models.paths import PathRefused, read_regular, sha256_of
+from models.storage.paths import PathRefused, read_regular, sha256_of
 
 MANIFEST = "manifest.json"
 NOTE = ("sha256 of every file of this committed directory (interp.reproduce.manifest); it detects edits made "

@@ -51,9 +51,9 @@ from interp.training.train import field_defaults, task_record
 from interp.reproduce.manifest import MANIFEST, EditedResults, check_manifest, write_manifest
 from interp.reproduce.plan import Outcome, train_config
 from interp.sweep.table import RESULTS as SWEEP_TABLE
-from models.paths import inside, sha256_of
+from models.storage.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
-from models.writer import copy_file
+from models.storage.writer import copy_file
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "reproduce"
 UNFINISHED = "unfinished"       # results/<claim>-<scale>/unfinished/<label>/: an unfinished run's last checkpoint

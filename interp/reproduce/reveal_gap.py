@@ -21,7 +21,7 @@ from interp.reproduce.engine import (Claim, Outcome, Plan, Run, fitted, measured
 from interp.report.evaluation import curves
 from interp.report.html import Table
 from interp.training.evaluate import eval_seed
-from models.paths import inside
+from models.storage.paths import inside
 
 NAME = "reveal-gap"
 TITLE = "Reveal gap: Transformer vs DeltaNet[0,1] vs DeltaNet[-1,1] on REPL traces"

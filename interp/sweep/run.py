@@ -12,7 +12,7 @@ records the failures. A grid sweep lists its failures at the end; the N* search 
 without a round's rows, so a failed trial there raises TrialsFailed (fix it, then re-run).
 
 One sweep at a time writes into `out`: `Sweep` calls and `run_spec` hold its lock
-(models.paths.locked); a second sweep on the same directory raises DirectoryLocked naming the
+(models.storage.paths.locked); a second sweep on the same directory raises DirectoryLocked naming the
 holder's pid rather than run the same trials again.
 
 Each trial's row is its params plus the trial function's results plus trial_id, run_dir (relative
@@ -33,8 +33,8 @@ from interp.sweep.executors import Executor, Job, Outcome
 from interp.sweep.spec import SweepSpec
 from interp.sweep.table import RESULTS, ResultTable, trial_id
 from interp.training.preflight import check_output_dir
-from models.paths import in_place_file, inside, locked
-from models.writer import write_json, write_text
+from models.storage.paths import in_place_file, inside, locked
+from models.storage.writer import write_json, write_text
 
 RUNS, N_STAR, KAPPA = "runs", "n_star.jsonl", "kappa.jsonl"
 

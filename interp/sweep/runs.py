@@ -5,7 +5,7 @@
 
 The analyses of the command line are such functions (`interp.cli.eval.eval_job`,
 `interp.cli.drift.drift_job`, `interp.cli.heads.heads_job`): each loads its run, computes and
-writes the run's own result file under the run directory's lock (models.paths.locked) with atomic
+writes the run's own result file under the run directory's lock (models.storage.paths.locked) with atomic
 writes, exactly as the single-run command does; they live next to those commands because drift and
 heads write HTML reports (interp.report, which this package may not import).
 

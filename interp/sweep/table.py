@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from models.paths import in_place_file, inside, open_appending, read_regular
-from models.writer import write_text
+from models.storage.paths import in_place_file, inside, open_appending, read_regular
+from models.storage.writer import write_text
 
 RESULTS, FAILURES = "results.jsonl", "failures.jsonl"
 TIMING_COLUMNS = ("seconds", "wall_seconds", "attempts")   # columns that differ between identical runs

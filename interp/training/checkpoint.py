@@ -12,13 +12,13 @@
                                and sha256 digests, and the length of metrics.jsonl at step s
                                (records and bytes)
       metrics.jsonl          one JSON record per line (training and evaluation), appended as made
-      .interp.lock           the writer's lock (models.paths.locked; holds the pid of the last writer)
+      .interp.lock           the writer's lock (models.storage.paths.locked; holds the pid of the last writer)
 
 No pickle anywhere: tensors go to safetensors, scalars to JSON.
 
 Crash safety: a checkpoint becomes visible all at once. `save_checkpoint` first makes the metrics
 records up to its step durable (fsync of metrics.jsonl), then writes the three files into a fresh
-step directory, and only then switches the pointer. Every file is written by `models.writer` (a
+step directory, and only then switches the pointer. Every file is written by `models.storage.writer` (a
 temporary file, fsync, os.replace over the target, fsync of the directory: atomic, and a link at
 the target is replaced, never written through). The previous checkpoint stays intact until the switch and is
 removed after it. A crash at any point therefore leaves the pointer naming a complete checkpoint
@@ -31,10 +31,10 @@ replaced by hand or with a flipped bit is detected and rejected with a clear err
 loaded (by `load_checkpoint` and by `models.load`).
 
 A closed world: the step directories, checkpoints/ and metrics.jsonl are reached through
-`models.paths.inside`, so a symbolic link below the run directory (checkpoints/ linked elsewhere,
+`models.storage.paths.inside`, so a symbolic link below the run directory (checkpoints/ linked elsewhere,
 metrics.jsonl linked to another file) or a pointer that climbs out of it is refused with one line
 naming it before anything is written, truncated or deleted. Every file read here is a regular
-file reached without a link (`read_json`, `read_metrics`, `load_checkpoint`: models.paths.read_regular
+file reached without a link (`read_json`, `read_metrics`, `load_checkpoint`: models.storage.paths.read_regular
 and regular_file), so nothing outside the run is read as if it were part of it.
 """
 
@@ -52,10 +52,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models.paths import check_sha256, in_place_file, inside, open_appending, read_regular, regular_file, sha256_of
-from models.saving import load_weights, save_weights
-from models import writer
-from models.writer import write_json
+from models.storage.paths import check_sha256, in_place_file, inside, open_appending, read_regular, regular_file, sha256_of
+from models.storage.saving import load_weights, save_weights
+from models.storage import writer
+from models.storage.writer import write_json
 
 CONFIG = "config.json"
 POINTER = "checkpoint.json"
@@ -72,7 +72,7 @@ class CheckpointError(ValueError):
 
 def read_json(path: str | Path) -> Any:
     """The JSON in a file of a run directory, read without following a final symbolic link and only
-    from a regular file (models.paths.read_regular)."""
+    from a regular file (models.storage.paths.read_regular)."""
     path = Path(path)
     try:
         data = read_regular(path)

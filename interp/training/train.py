@@ -35,7 +35,7 @@ start, metrics.jsonl appended as records are made, a checkpoint every `checkpoin
 at the end (crash-safe: see the checkpoint module). A directory that already holds a run is never
 overwritten: with `resume=True` training continues from its last complete checkpoint if the
 configs match (metrics.jsonl truncated to that checkpoint), otherwise CheckpointError names the
-differences. The run directory is locked while training writes into it (`models.paths.locked`):
+differences. The run directory is locked while training writes into it (`models.storage.paths.locked`):
 a second `train` on it (two resumes at once) raises DirectoryLocked naming the holder's pid. A new
 run directory is created already locked (locked(..., create=True)), so an `interp eval` or
 `interp drift` started in the first moments of a run is refused too, not let write into it.
@@ -72,11 +72,11 @@ from interp.training.data import FiniteData, validation_loss
 from interp.training.evaluate import TRAIN_STREAM, final_state_accuracy, stream_seed
 from interp.training.preflight import preflight
 from interp.tasks.base import Batch, Task
-from models import writer
+from models.storage import writer
 from models.backbone import SequenceModel
 from models.config import ModelConfig
 from models.devices import check_device
-from models.paths import LOCK, locked
+from models.storage.paths import LOCK, locked
 
 
 class TrainingDiverged(RuntimeError):

@@ -29,7 +29,7 @@ from models.interop.convert import listed, reading
 from models.interop.gates import check_config_sizes, check_memory
 from models.interop.registry import CONVERTERS, converter_for
 from models.layout import is_input_major
-from models.tl_surface import directory_tokenizer
+from models.tl.surface import directory_tokenizer
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -41,7 +41,7 @@ def from_pretrained(source: nn.Module | str | os.PathLike, dtype: torch.dtype | 
     weights; nothing downloaded). dtype: of the result (default the source's). Supported
     architectures: models.supported_architectures(). tokenizer: a transformers tokenizer to
     attach (model.tokenizer: to_tokens, text inputs); None: a directory's own, when it has one
-    (models.tl_surface.directory_tokenizer: local files, no remote code); False: none.
+    (models.tl.surface.directory_tokenizer: local files, no remote code); False: none.
 
     Memory: our model is created with its parameters on the meta device and filled tensor by
     tensor, each the converter's tensor itself when it is new (a concatenation, a dtype change, a

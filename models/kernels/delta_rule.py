@@ -29,7 +29,7 @@ Arguments shared with the other scan kernels (`models.kernels.diag_scan`):
                       repeats allowed): the states S_t after those steps, [B, n_export, H, V, K]
   pins                (mask [B, T] bool, values [B, T, H, V, K]): after step t, where mask[b, t],
                       the state becomes values[b, t] and the scan continues from it; o_t reads
-                      the pinned state (the form `models.state_hooks.scan_with_state_hook` produces)
+                      the pinned state (the form `models.hooks.state.scan_with_state_hook` produces)
   patches             {t: new_state [B, H, V, K] or [H, V, K]}, t in [-T, T): every example's
                       state after step t is replaced (give pins or patches, not both)
   impl                "auto" | "naive" | "chunked" | "native" | "triton"

@@ -20,7 +20,7 @@ r, w, k, a, b [B, T, H, K], v [B, T, H, V]; w the log decay (any real; RWKV-7's 
   export_at           None or "all": every state S_t, [B, T, H, V, K]
   pins                (mask [B, T] bool, values [B, T, H, V, K]): after step t, where mask[b, t],
                       the state becomes values[b, t] and the scan continues from it; o_t reads
-                      the pinned state (models.state_hooks.scan_with_state_hook's form)
+                      the pinned state (models.hooks.state.scan_with_state_hook's form)
   shift               None or [B, T, H, V, K], added to each step's state before its pin (the
                       gradient contract of scan_with_state_hook)
   impl                "naive": the definition, a loop over t in torch ops (differentiable;

@@ -153,9 +153,9 @@ def scores_and_pattern(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, 
 class AttentionWeights:
     """TransformerLens' W_Q [H, D, d], W_K / W_V [G, D, d], W_O [H, d, D], b_Q [H, d], b_K / b_V
     [G, d], b_O [D] (zeros where there is no bias) on the attention mixer, as views of qkv (the
-    fused [(H + 2 G) d, D] map) and out_proj [D, H d] (models.tl_surface)."""
+    fused [(H + 2 G) d, D] map) and out_proj [D, H d] (models.tl.surface)."""
 
-    tl_weights = True  # what models.tl_surface.block_attention looks for
+    tl_weights = True  # what models.tl.surface.block_attention looks for
 
     def _qkv_rows(self, part: int, weight: bool) -> torch.Tensor:
         H, G, d = self.n_heads, self.n_kv, self.d_head

@@ -2,7 +2,7 @@
 
 A mixer maps [B, T, d_model] -> [B, T, d_model] causally. Subclasses implement `mix(x)`; the base
 class wraps it in `hook_in` and `hook_out`. Recurrent mixers add `hook_state` ([B, T, *state_shape],
-the state after each step) and honour state patches through `models.state_hooks.scan_with_state_hook`.
+the state after each step) and honour state patches through `models.hooks.state.scan_with_state_hook`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from models.config import ModelConfig
 from models.kernels import diag_scan, short_conv
 from models.kernels.native.library import fresh
 from models.hooks import HookPoint, only_read, selected_heads, selected_steps
-from models.state_hooks import (HookPass, StatePlan, add_shift, apply_step_pin, causal_pins, changed_steps,
+from models.hooks.state import (HookPass, StatePlan, add_shift, apply_step_pin, causal_pins, changed_steps,
                                 declared_state_patches, hook_functions_only, scan_with_state_hook, several_steps,
                                 state_pins, step_pins, step_shifts)
 
@@ -149,7 +149,7 @@ class RecurrentMixer(Mixer):
     and may override fast_states(inputs) (fused or chunked, no hooks), fast_forward(x) (the whole
     fast path, when a fused kernel makes prepare unnecessary), scan(inputs, pins) (kernels with
     state patches) and fast_segment(x, inputs, initial) (the fast path returning its final state:
-    declared state patches, models.state_patch, run on it). Affine mixers also define transition(inputs_t) -> A_t, either
+    declared state patches, models.hooks.state_patch, run on it). Affine mixers also define transition(inputs_t) -> A_t, either
     [B, *S] (diagonal: h_t = A_t * h_{t-1} + b_t) or [B, n, n] with n = prod(S) (dense), which
     `interp.analysis.dynamics` uses for closed-form Jacobians; `is_affine` says which kind a mixer is.
     """
@@ -214,7 +214,7 @@ class RecurrentMixer(Mixer):
     def declared_plan(self, x: torch.Tensor):
         """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
         input x [B, T, D], or None: segments_allowed, and they are all that uses hook_state
-        (models.state_hooks.declared_state_patches)."""
+        (models.hooks.state.declared_state_patches)."""
         if not self.segments_allowed(x):
             return None
         return declared_state_patches(self.hook_state, *x.shape[:2])
@@ -225,7 +225,7 @@ class RecurrentMixer(Mixer):
 
     def hooked_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor | None:
         """The output [B, T, D] with hook functions on hook_state, no gradient wanted and nothing
-        else on it (models.state_hooks.hook_functions_only), or None where that does not hold (the
+        else on it (models.hooks.state.hook_functions_only), or None where that does not hold (the
         instrumented path runs). The states [B, T, *S] are scanned once and handed to the hooks;
         the (example, step) pairs they changed (compared with unpatched_blocks) become a
         StatePlan that declared_forward runs on the fast kernels. Only the hooks' [B, T, *S] is
@@ -274,7 +274,7 @@ class RecurrentMixer(Mixer):
         return lambda: iter([(0, copy)])
 
     def head_states(self, inputs: dict[str, torch.Tensor], heads: list[int]) -> torch.Tensor | None:
-        """The states of the heads / channels `heads` of the state's head axis (models.cache_plan:
+        """The states of the heads / channels `heads` of the state's head axis (models.cache.plan:
         axis 2 of hook_state) only, [B, T, k, ...], from the initial state, or None where this
         mixer forms them only with all the others (run_with_cache(heads=...) then indexes the
         whole states). Override where the heads' recurrences run apart (Mamba, Mamba-2)."""
@@ -299,7 +299,7 @@ class RecurrentMixer(Mixer):
 
     def declared_segment(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None):
         """(output [B, T, D], state after the last step [B, *S]) with the declared state patches of
-        `plan` (models.state_patch.StatePlan): fast_segment up to each patched step, the state
+        `plan` (models.hooks.state_patch.StatePlan): fast_segment up to each patched step, the state
         replaced there where the patches change it (each acting on the state the run reached,
         after the earlier steps' patches: StatePlan.at_step; the output at that step read out
         from the replaced state), fast_segment on from it. initial [B, *S]: the state before
@@ -369,7 +369,7 @@ class RecurrentMixer(Mixer):
         return self.readout(x, states, inputs)
 
     def steps_at(self, inputs: dict[str, torch.Tensor], initial=None) -> Callable:
-        """models.state_hooks.causal_pins' step_at for prepared inputs [B, T, ...]: (states
+        """models.hooks.state.causal_pins' step_at for prepared inputs [B, T, ...]: (states
         [B, T, *S], rows, times [U]) -> [U, *S], one step to each (row, time) from the state
         before it (initial [B, *S], None: initial_state(), before step 0)."""
         def step_at(states: torch.Tensor, rows: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
@@ -391,7 +391,7 @@ class RecurrentMixer(Mixer):
     def scan(self, inputs: dict[str, torch.Tensor], pins=None, initial=None, shift=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reference step loop honouring pins, from `initial` [B, *S] (None: initial_state()),
         shift [B, T, *S] (None: none) added to each step's state before its pin (the contract of
-        models.state_hooks.scan_with_state_hook); returns (states, states) [B, T, *S]."""
+        models.hooks.state.scan_with_state_hook); returns (states, states) [B, T, *S]."""
         first = next(iter(inputs.values()))
         h = self.initial_state(first.shape[0], first) if initial is None else initial
         states, shifts = [], step_shifts(shift)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.state_hooks import scan_with_state_hook
+from models.hooks.state import scan_with_state_hook
 from models.kernels import diag_scan
 from models.mixers.base import RecurrentMixer, head_outputs
 

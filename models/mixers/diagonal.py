@@ -18,7 +18,7 @@ a and b in their loop (so nothing [B, T, *S] is built on the fast path):
 
 Paths: fast (fast_scan: native_scan, else diag_scan with the read-out fused), instrumented (every
 state through hook_state: native_states, else diag_scan over a and b formed once for the first
-scan and the pinned re-run, models.state_hooks.scan_with_state_hook) and declared state patches
+scan and the pinned re-run, models.hooks.state.scan_with_state_hook) and declared state patches
 (fast_segment: fast_scan with the final state, RecurrentMixer.declared_forward). A gradient
 probe of hook_state with nothing patching it (run_with_cache(incl_bwd=True)) runs native_shifted
 once with the probe as its shift, read-out fused (no [B, T, *S] autograd graph in torch); a
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from models.state_hooks import only_probed, scan_with_state_hook, state_probe
+from models.hooks.state import only_probed, scan_with_state_hook, state_probe
 from models.kernels import diag_scan
 from models.mixers.base import RecurrentMixer
 

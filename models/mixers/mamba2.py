@@ -32,7 +32,7 @@ hook_state gradient probe or a shift without pins: every state and the read-out,
 writing the states' adjoint) apply as they are.
 Elsewhere models.kernels.diag_scan (read-out fused on the fast path; every state on the
 instrumented one). hook_state patches are pinned and the scan re-run from them
-(models.state_hooks.scan_with_state_hook), so a patch at t changes every later step and nothing before t;
+(models.hooks.state.scan_with_state_hook), so a patch at t changes every later step and nothing before t;
 declared ones (models.StatePatch) run on the fast path, the scans stopping at each patched step.
 The scan plumbing is models.mixers.diagonal.DiagonalScanMixer's.
 

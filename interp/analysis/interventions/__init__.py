@@ -18,7 +18,7 @@ pairs go through one forward pass: each row of a pass is one (site, example) pai
 example, repeated once per site - and one hook per hook name writes each row's own site from the
 clean cache. Pairs whose patch cannot change the answer (a site after the answer position, or a
 clean value equal to the corrupted one) are not run. A hook on `hook_state` that changes the
-states is a causal state patch (models.state_hooks.scan_with_state_hook), so patching the state at a
+states is a causal state patch (models.hooks.state.scan_with_state_hook), so patching the state at a
 position makes the recurrence continue from the clean state.
 
     restoration[s, b] = (p_patched[s, b](y_b) - p_corrupt[b](y_b)) / (p_clean[b](y_b) - p_corrupt[b](y_b))

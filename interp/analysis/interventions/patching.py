@@ -2,7 +2,7 @@
 
 Layout: activations are [B, T, ...] with the head axis (if any) third, except `hook_pattern`
 and `hook_attn_scores` [B, H, T, T], whose position is the query axis (2) and head axis 1. A hook on `hook_state` that
-changes the states is a causal state patch (models.state_hooks.scan_with_state_hook), so patching the
+changes the states is a causal state patch (models.hooks.state.scan_with_state_hook), so patching the
 state at a position makes the recurrence continue from the patched state; hook_state sites are
 patched by a declared `models.StatePatch` (the same values), which a recurrent mixer runs on its
 fast kernels without forming every state. Each (site, example) pair resumes from its site's block

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from models.writer import write_file
+from models.storage.writer import write_file
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "kernels.c", HERE / "threads.h", HERE / "diag_body.h", HERE / "delta_body.h", HERE / "selective_body.h",
@@ -85,7 +85,7 @@ class _BuildFailed(Exception):
 
 
 def _build(compiler: str, target: Path) -> str:
-    """Compile into a temporary file next to target and rename it into place (models.writer:
+    """Compile into a temporary file next to target and rename it into place (models.storage.writer:
     atomic, so a concurrent build of the same source wins either way). Returns "" or what went
     wrong."""
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from models.hooks import HookPoint, _forced_instrumented
-from models.state_patch import StatePlan
+from models.hooks.state_patch import StatePlan
 
 
 def state_pins(

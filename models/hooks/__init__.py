@@ -13,9 +13,9 @@ attach to a hook point:
 * readers (`run_with_cache`, `hooks(readers=[(name, fn)])`): observe the final value after all
   patches as each hook fires; never modify.
 
-run_with_cache plans the cache's bytes before running (`cache_plan`, models.cache_plan) and
+run_with_cache plans the cache's bytes before running (`cache_plan`, models.cache.plan) and
 refuses up front over `max_memory`; `to_disk` streams each activation to a file as its hook fires
-(models.cache_store); `positions` keeps some steps of each hook's time axis and `heads` some heads
+(models.cache.store); `positions` keeps some steps of each hook's time axis and `heads` some heads
 (or channels) of its head axis (docs/caches.md).
 
 `hook_state` is special: the mixer scans once, passes the per-step states through the hook point,
@@ -50,7 +50,7 @@ Grammar (shapes batch-first):
     hook_final | hook_logits                      [B, T, d_model] | [B, T, vocab]
 
 TransformerLens' names (GPT-2 style, its 4.3 bridge's, Mamba / Mamba-2's `mixer.hook_ssm_state` ->
-hook_state, ...) resolve to these wherever a name is taken: the table is models.tl_names'.
+hook_state, ...) resolve to these wherever a name is taken: the table is models.tl.names'.
 
 A `StatePatch` is a hook_state patch that declares what it does (which example and step, and
 the new state: values, deltas or a function of the state there). Used as a hook function it
@@ -60,7 +60,7 @@ kernels stop at each patched step, the state is replaced there (the read-out at 
 it) and the scan continues from it, with nothing [B, T, *S] materialised
 (`RecurrentMixer.declared_forward`). Same result as the hook function up to float rounding.
 Several patches on one row apply in step order, each on the state the earlier ones left (the
-causal reading, models.state_patch): a hook function that changes a row at several steps is
+causal reading, models.hooks.state_patch): a hook function that changes a row at several steps is
 called again on the re-run states until it gives back what was pinned (`causal_pins`: one round
 for a hook that sets states, a round a step for one that changes what it sees; its first call
 sees the unpatched states).
@@ -68,7 +68,7 @@ A hook function on hook_state with nothing else there and no gradient wanted (gr
 runs the same way once it has run: the (example, step) pairs it changed (`changed_steps`,
 against the unpatched states recomputed block by block or kept) become a declared plan
 (`RecurrentMixer.hooked_forward`), so no pinned re-run forms a second [B, T, *S]. The pinning,
-re-run and gradient-probe machinery is models.state_hooks.
+re-run and gradient-probe machinery is models.hooks.state.
 
 Gradients (`run_with_cache(tokens, incl_bwd=True, metric=fn)`): the cache also holds
 `name + "_grad"`, d metric / d activation, for every cached name; for `hook_state` that is the
@@ -90,12 +90,12 @@ import torch
 from torch import nn
 
 from models.cache import Cache, unknown_name_message
-from models.cache_plan import CachePlan, plan_cache
-from models.cache_store import create_store
+from models.cache.plan import CachePlan, plan_cache
+from models.cache.store import create_store
 from models.memory import budget_bytes
-from models.state_patch import StatePatch
-from models import tl_run
-from models.tl_names import to_ours
+from models.hooks.state_patch import StatePatch
+from models.tl import run as tl_run
+from models.tl.names import to_ours
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 Reader = Callable[[torch.Tensor, "HookPoint"], None]
@@ -239,7 +239,7 @@ class HookedMixin:
 
     def resolve_hook_names(self, names: NameFilter) -> list[str]:  # type: ignore[valid-type]
         """None -> all; a string or list -> those names (checked; TransformerLens names become
-        ours, models.tl_names); a predicate -> matching names."""
+        ours, models.tl.names); a predicate -> matching names."""
         if names is None:
             return self.hook_names()
         if callable(names):
@@ -253,7 +253,7 @@ class HookedMixin:
         return [self.hook_point(name).name for name in names]
 
     def hook_point(self, name: str) -> HookPoint:
-        """The HookPoint of a hook name: ours, or a TransformerLens one (models.tl_names:
+        """The HookPoint of a hook name: ours, or a TransformerLens one (models.tl.names:
         "blocks.0.attn.hook_pattern" is blocks.0.mixer.hook_pattern; NoCounterpart, a ValueError,
         for a TL name whose concept we lack)."""
         if not isinstance(name, str):
@@ -312,7 +312,7 @@ class HookedMixin:
         """Forward pass with patches attached: fwd_hooks = [(name or predicate, fn)].
         TransformerLens' bwd_hooks, return_type, loss_per_token, stop_at_layer, start_at_layer
         (tokens is then the residual stream [B, T, D] entering that block; a loss needs labels=
-        the token ids), labels and remove_batch_dim as in TL (models.tl_run); tokens may be text
+        the token ids), labels and remove_batch_dim as in TL (models.tl.run); tokens may be text
         where the model has a tokenizer."""
         tokens = self.as_tokens(tokens) if hasattr(self, "as_tokens") else tokens
         tl_run.refuse_unsupported(kwargs)
@@ -327,7 +327,7 @@ class HookedMixin:
     def cache_plan(self, tokens: torch.Tensor, names: NameFilter = None, positions=None,  # type: ignore[valid-type]
                    incl_bwd: bool = False, heads=None, **kwargs) -> CachePlan:
         """What run_with_cache(tokens, names, positions=positions, incl_bwd=incl_bwd, heads=heads)
-        would cache, before running it: per hook its shape and bytes (models.cache_plan; two dry
+        would cache, before running it: per hook its shape and bytes (models.cache.plan; two dry
         runs of length <= 3 on one example). plan.total, plan.entries, plan.summary()."""
         if hasattr(self, "check_tokens"):
             self.check_tokens(tokens)
@@ -373,7 +373,7 @@ class HookedMixin:
         heads: keep only these indices of each hook's head axis (attention and recurrent heads;
         the channels of a per-channel state such as Mamba's [B, T, E, N]): [h, ...] for every hook
         that has one, or {name: [h, ...]}; recorded in cache.heads; each hook is indexed as it
-        fires (models.cache_plan, docs/caches.md).
+        fires (models.cache.plan, docs/caches.md).
 
         incl_bwd: also cache `name + "_grad"` = d metric(logits) / d activation for every named
         hook (one backward pass, torch.autograd.grad: parameters' .grad are left alone; the
@@ -386,7 +386,7 @@ class HookedMixin:
         TransformerLens' names_filter (= names), pos_slice (-> positions), return_type,
         loss_per_token, stop_at_layer, start_at_layer (tokens is then the residual stream
         [B, T, D] entering that block; the Cache holds the hooks from there on), labels and
-        remove_batch_dim work as in TL (models.tl_run); incl_bwd=True with return_type="loss"
+        remove_batch_dim work as in TL (models.tl.run); incl_bwd=True with return_type="loss"
         and no metric differentiates the loss.
         """
         tokens = self.as_tokens(tokens) if hasattr(self, "as_tokens") else tokens

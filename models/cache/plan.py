@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from models.memory import MemoryRefused, format_bytes
-from models.tl_names import to_ours
+from models.tl.names import to_ours
 
 DRY_LENGTHS = (2, 3)
 # hooks with a head axis, wherever a mixer has them: the axis of [B, T, H, ...] / [B, H, T, T]

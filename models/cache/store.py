@@ -9,7 +9,7 @@ A cache directory holds
                               "shape", "dtype"}}, "positions", "batch", "length", "model"}
 
 `DiskStore` is the mapping behind a disk-backed `models.Cache`: setting an entry writes its file
-(models.writer: a temporary file, then one rename; not fsynced, since a cache is scratch that a
+(models.storage.writer: a temporary file, then one rename; not fsynced, since a cache is scratch that a
 rerun rebuilds and an fsync per activation cost 10x the write, 21 ms against 1-2 ms per 256 KiB
 file on this machine; the index is fsynced), getting one maps the file into memory (numpy
 memmap, copy-on-write: the tensor is writable, changes stay in memory) so nothing is read before
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.writer import write_bytes
+from models.storage.writer import write_bytes
 
 INDEX = "cache.json"
 FORMAT = "interp-cache/1"

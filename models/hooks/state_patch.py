@@ -2,7 +2,7 @@
 
 A patch hook function is opaque: a mixer must materialise every state [B, T, *S], hand it over,
 compare the result to find what changed (the pins) and re-run the recurrence from there
-(models.state_hooks.scan_with_state_hook). A StatePatch says where (example, step) and what (values,
+(models.hooks.state.scan_with_state_hook). A StatePatch says where (example, step) and what (values,
 deltas, or a function of the state there), so a recurrent mixer can instead run its fast kernels
 up to each patched step, replace the state there and continue (RecurrentMixer.declared_forward),
 never forming the [B, T, *S] states. `StatePlan` turns the patches attached to one hook_state
@@ -102,7 +102,7 @@ class StatePatch:
         """As a hook function on states [B, T, *S]: the entries of each step in increasing order,
         each on the states as they are (a hook function sees one run's states; the mixer re-runs
         the recurrence from the first patched step when a row is patched at several,
-        models.state_hooks.causal_pins)."""
+        models.hooks.state.causal_pins)."""
         rows, times = self.entries(*states.shape[:2])
         rows, times = rows.to(states.device), times.to(states.device)
         out = states.clone()
@@ -149,7 +149,7 @@ class StatePlan:
     @classmethod
     def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
         """The plan setting the states [B, T, *S] to values where mask [B, T] is set: what hook
-        functions changed (models.state_hooks.changed_steps, causal_pins)."""
+        functions changed (models.hooks.state.changed_steps, causal_pins)."""
         rows, times = mask.nonzero(as_tuple=True)
         patch = StatePatch(rows.cpu(), times.cpu(), values=values[rows, times])
         return cls([(patch, True)], *mask.shape)  # allow_nonfinite: the hook's own check has run

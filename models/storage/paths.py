@@ -14,7 +14,7 @@ inside one, and every pointer it follows there, is resolved by `inside` first.
 that is absolute or climbs with "..", and any component below the run directory that is a
 symbolic link, so nothing reached through it can be outside. The run directory itself may be a
 link (the user named it). `in_place_file` also refuses a file with other hard links, whose data a
-truncation or an append would change elsewhere. Every other file is written by `models.writer`
+truncation or an append would change elsewhere. Every other file is written by `models.storage.writer`
 (a temporary file renamed over the target) and needs no more than `inside` for its directory: a
 rename replaces a link, never its target.
 

@@ -28,8 +28,8 @@ the fsyncs: scratch files only, such as a disk cache's activations). So:
 - a `path` that is a directory (not a link to one) is refused (PathRefused) in one line.
 
 Confinement is the caller's part: a path inside a run directory is reached through
-`models.paths.inside`, which refuses a link among its directories. Appending writers (metrics.jsonl,
-results.jsonl) append in place through `models.paths.open_appending`, which refuses a link at the
+`models.storage.paths.inside`, which refuses a link among its directories. Appending writers (metrics.jsonl,
+results.jsonl) append in place through `models.storage.paths.open_appending`, which refuses a link at the
 file. tests/test_trust_writer.py scans the package source for any write that is neither.
 """
 
@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.paths import PathRefused, open_regular
+from models.storage.paths import PathRefused, open_regular
 
 PREFIX_CHARS = 64   # of the target's name in its temporary directory's name (NAME_MAX is 255 bytes)
 
@@ -96,7 +96,7 @@ def write_json(path: str | os.PathLike, data: Any, default: Callable[[Any], Any]
 
 def copy_file(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Replace `path` atomically by a copy of the regular file `source` (read without following a
-    final link: models.paths.open_regular)."""
+    final link: models.storage.paths.open_regular)."""
     def fill(tmp: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         with open_regular(source) as reading, os.fdopen(fd, "wb") as handle:

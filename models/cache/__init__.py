@@ -4,7 +4,7 @@
 (TransformerLens' shorthand: `cache["resid_pre", 0]` is `blocks.0.hook_resid_pre`,
 `cache["pattern", 1]` is `blocks.1.mixer.hook_pattern`, `cache["post", 0]` is
 `blocks.0.mlp.hook_post`, `cache["scale", 0, "norm_mlp"]` is `blocks.0.norm_mlp.hook_scale`),
-TransformerLens' names and keys (models.tl_names: `cache["blocks.0.attn.hook_pattern"]`,
+TransformerLens' names and keys (models.tl.names: `cache["blocks.0.attn.hook_pattern"]`,
 `cache["q", 0, "attn"]`, `cache["scale", 0, "ln1"]`, `cache["k6"]`; TL's hook_normalized is
 computed from the cached residual and scale), and `cache[name + "_grad"]` after `run_with_cache(incl_bwd=True, metric=...)`. A cache may live on disk
 (`run_with_cache(to_disk=dir)`, `Cache.open(dir, model)`, `cache.save(dir)`: each tensor read from its
@@ -14,7 +14,7 @@ axis); docs/caches.md.
 
 The analyses (accumulated_resid, decompose_resid, get_full_resid_decomposition,
 stack_head_results, stack_neuron_results, apply_ln_to_stack, logit_attrs, logit_lens) are
-models.cache_analyses: TransformerLens' signatures, argument orders and numbers on the same
+models.cache.analyses: TransformerLens' signatures, argument orders and numbers on the same
 weights, ours one explicit argument away (gain=True, layout="ours", split_embed=False,
 apply_ln=False). They need the model (`cache.model`, set by run_with_cache). Also
 remove_batch_dim(), apply_slice_to_batch_dim(batch_slice), to(device), stack(pattern).
@@ -30,10 +30,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from models.cache_analyses import ResidualAnalyses, take
-from models.cache_store import DiskStore, create_store, open_store
-from models.tl_names import NoCounterpart, act_name, normalized_inputs, tl_act_name
-from models.tl_surface import block_attention
+from models.cache.analyses import ResidualAnalyses, take
+from models.cache.store import DiskStore, create_store, open_store
+from models.tl.names import NoCounterpart, act_name, normalized_inputs, tl_act_name
+from models.tl.surface import block_attention
 
 SSM_MIXERS = ("mamba", "mamba2")  # whose hook_state compute_ssm_state returns in TransformerLens' layout
 
@@ -52,7 +52,7 @@ def _natural_key(name: str) -> list:
 class Cache(ResidualAnalyses, Mapping):
     """Activations by hook name (see the module docstring for the analyses).
 
-    store: {name: tensor} (copied), or a models.cache_store.DiskStore (kept: a disk-backed cache,
+    store: {name: tensor} (copied), or a models.cache.store.DiskStore (kept: a disk-backed cache,
     tensors read on access). positions: {name: [t, ...]} for entries that keep only those
     positions on their time axis (run_with_cache(positions=...)); heads: {name: [h, ...]} for
     entries that keep only those heads (or channels) on their head axis (run_with_cache(heads=...));
@@ -156,7 +156,7 @@ class Cache(ResidualAnalyses, Mapping):
 
     def resolve(self, key) -> str:
         """A hook name from a name (ours, or TransformerLens' full name or get_act_name shorthand:
-        models.tl_names) or a (name, layer[, layer type]) key, ours or TL's (layer None: no block).
+        models.tl.names) or a (name, layer[, layer type]) key, ours or TL's (layer None: no block).
         NoCounterpart (a KeyError) for a TL name whose concept we lack."""
         if isinstance(key, str):
             return key if key in self._store else act_name(key, known=self._store)

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from models import writer
+from models.storage import writer
 from models.config import ModelConfig
-from models.paths import sha256_of
+from models.storage.paths import sha256_of
 
 WEIGHTS_SHA256 = "weights_sha256"   # config.json entry of a model directory written by `save`
 
@@ -53,7 +53,7 @@ def tied_groups(model: torch.nn.Module) -> list[list[str]]:
 
 def save_weights(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """model's state dict into the safetensors file `path` (the module docstring's format), written
-    atomically (models.writer)."""
+    atomically (models.storage.writer)."""
     from safetensors.torch import save_file
 
     state = model.state_dict()
