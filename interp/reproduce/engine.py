@@ -29,7 +29,11 @@ bit for bit the steps an uninterrupted run takes) and stops once the curriculum 
 length, the last k curriculum evaluations there are all >= a and the plan's fit metric (on fresh
 data, the one that decides "fit" below) is >= a as well; the step is recorded in
 out/runs/<label>/early_stop.json, so a rerun reuses the run as it stopped (the learning rate at
-that step is the cosine's of the full budget, not 0). After training,
+that step is the cosine's of the full budget, not 0). Such a run also stops when it *collapses*
+(`collapse`: over the last `COLLAPSE["steps"]` steps every training accuracy at the current
+curriculum length is below `COLLAPSE["fraction"]` of the best one reached at that length before; the
+loss stays finite, so only this rule sees it) and is retried as a divergence; the collapse is
+recorded in out/runs/<label>/collapsed.json, so a rerun goes to the retry at once. After training,
 the run *fits* when the curriculum reached the training length and the in-distribution accuracy
 (`plan.fit_metric`, final-state accuracy at the training length on fresh data by default) is at
 least `FIT_THRESHOLD`; otherwise its status is "did not fit", with the length reached, and no
@@ -86,6 +90,11 @@ LR_RETRY_FACTOR = 3.0
 MAX_RETRIES = 2
 CACHE = "reproduce.json"
 EARLY_STOP_FILE = "early_stop.json"
+COLLAPSE_FILE = "collapsed.json"
+# A training collapse (2026-12-07: AUSSM L2 on S3 at lr 1e-2 went from 0.79 to 0.20-0.23 at length 16 and
+# stayed there for 3,600 steps; Mamba-3 L2 s2 from 0.96 to 0.19 at length 60): accuracy at the current
+# curriculum length below this fraction of its best there, at every logged step of the last `steps`.
+COLLAPSE = {"fraction": 0.5, "steps": 500}
 TRAIN_TIME = "train_time.json"
 
 
@@ -133,15 +142,34 @@ def fitted_evals(metrics: list[dict], train_length: int, rule: dict[str, Any]) -
                                                for r in evals)
 
 
+def collapse(metrics: list[dict], rule: dict[str, Any] = COLLAPSE) -> str | None:
+    """Why the training in `metrics` collapsed (see COLLAPSE), or None. Only training rows at the
+    last row's curriculum length count, so the drop when the curriculum moves on is not one."""
+    rows = [r for r in metrics if r.get("kind") == "train"]
+    if not rows:
+        return None
+    length, last = rows[-1]["length"], rows[-1]["step"]
+    at_length = [r for r in rows if r["length"] == length]
+    before = [r["accuracy"] for r in at_length if r["step"] <= last - rule["steps"]]
+    recent = [r["accuracy"] for r in at_length if r["step"] > last - rule["steps"]]
+    if not before or not recent or max(recent) >= rule["fraction"] * max(before):
+        return None
+    return (f"collapsed: training accuracy at length {length} fell from {max(before):.2f} to at most "
+            f"{max(recent):.2f} over steps {last - rule['steps'] + 1}-{last} (below {rule['fraction']:g} of its best)")
+
+
 def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[str, Any] | None,
                     progress: bool, label: str, confirm: Callable | None = None,
                     after_chunk: Callable[[], None] | None = None):
     """train(...) to cfg.steps, or, with an early-stop rule, in chunks until `fitted_evals` holds
     and confirm(model) (the fit metric >= the rule's accuracy; None: no check) agrees; the stop is
-    recorded in run_dir/EARLY_STOP_FILE and honoured when the run is reused. after_chunk() runs
-    after every chunk that leaves the run unfinished (its checkpoint written)."""
+    recorded in run_dir/EARLY_STOP_FILE and honoured when the run is reused. A `collapse` after a
+    chunk raises TrainingDiverged (recorded in run_dir/COLLAPSE_FILE: a rerun raises at once).
+    after_chunk() runs after every chunk that leaves the run unfinished (its checkpoint written)."""
     if rule is None:
         return train(config, task, cfg, run_dir, resume=True, progress=progress, label=label)
+    if (run_dir / COLLAPSE_FILE).exists():
+        raise TrainingDiverged(ckpt.read_json(run_dir / COLLAPSE_FILE)["reason"])
     marker = run_dir / EARLY_STOP_FILE
     if marker.exists():
         stopped = ckpt.read_json(marker)["step"]
@@ -154,6 +182,10 @@ def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[st
         step = result.step
         if step >= cfg.steps:
             return result
+        reason = collapse(result.metrics)
+        if reason is not None:
+            ckpt.write_json(run_dir / COLLAPSE_FILE, {"step": step, "reason": reason, "rule": COLLAPSE})
+            raise TrainingDiverged(reason)
         if fitted_evals(result.metrics, cfg.train_length, rule) and (confirm is None or confirm(result.model)):
             ckpt.write_json(marker, {"step": step, "of_steps": cfg.steps, "rule": rule})
             return result
