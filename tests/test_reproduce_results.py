@@ -181,20 +181,55 @@ def test_reproduce_resumes_an_unfinished_run_from_the_results_folder(committed_p
     assert metrics[-1]["step"] == run.train["steps"]
 
 
-def test_keep_unfinished_copies_the_checkpoint_after_every_chunk_until_the_run_finishes(committed_parity, tmp_path):
+def test_keep_unfinished_copies_the_checkpoint_after_every_chunk_until_the_run_finishes(committed_parity, tmp_path,
+                                                                                        monkeypatch):
     _root, labels = committed_parity
     run = next(r for r in claim_module("parity").plan("quick").runs if r.label == labels[0])
     run = engine.dataclasses.replace(run, train={**run.train, "steps": 8, "eval_every": 2})
     copies = []
+    keep = committed.keep_unfinished
 
-    def keep():
-        assert committed.keep_unfinished(run, tmp_path / "runs" / run.label, tmp_path / "results")
-        copies.append(json.loads((tmp_path / "results" / "unfinished" / run.label / "checkpoint.json").read_text())["step"])
+    def recording_keep(run_, run_dir, results):
+        assert keep(run_, run_dir, results)
+        copies.append(json.loads((results / "unfinished" / run.label / "checkpoint.json").read_text())["step"])
+        return True
 
+    monkeypatch.setattr(committed, "keep_unfinished", recording_keep)
     never = {"accuracy": 1.0, "evals": 100}     # a rule no 8-step run meets: it trains in chunks of 2 to the end
-    outcome = engine.train_run(run, tmp_path / "runs", progress=False, early_stop=never, after_chunk=keep)
+    outcome = engine.train_run(run, tmp_path / "runs", progress=False, early_stop=never,
+                               kept=tmp_path / "results", keep=True)
     assert copies == [2, 4, 6] and outcome.steps == 8
-    assert not committed.keep_unfinished(run, tmp_path / "runs" / run.label, tmp_path / "results")   # finished
+    assert not keep(run, tmp_path / "runs" / run.label, tmp_path / "results")   # finished
+
+
+def test_a_collapsed_run_and_its_retry_are_kept_and_resumed_elsewhere(committed_parity, tmp_path, monkeypatch):
+    """The first attempt collapses after its first chunk: its kept copy carries the marker, the retry at
+    lr / 3 is kept as unfinished/<label>-lr<lr>; a fresh machine skips the first attempt without
+    training it and resumes the retry from its copy, to the same weights bit for bit."""
+    _root, labels = committed_parity
+    run = next(r for r in claim_module("parity").plan("quick").runs if r.label == labels[0])
+    run = engine.dataclasses.replace(run, train={**run.train, "steps": 8, "eval_every": 2})
+    never = {"accuracy": 1.0, "evals": 100}
+    verdicts = iter(["collapsed: a test"])      # the first chunk collapses, nothing after it
+    monkeypatch.setattr(engine, "collapse", lambda metrics: next(verdicts, None))
+    results = tmp_path / "results"
+    straight = engine.train_run(run, tmp_path / "first", progress=False, early_stop=never, kept=results, keep=True)
+    retry = f"{run.label}-lr{run.train['lr'] / engine.LR_RETRY_FACTOR:.3g}"
+    assert straight.run_dir.name == retry and "collapsed: a test" in straight.retries[0]
+    assert (results / "unfinished" / run.label / "collapsed.json").is_file()
+    assert json.loads((results / "unfinished" / retry / "checkpoint.json").read_text())["step"] == 6
+    assert changed_files(results / "unfinished" / retry) == {}
+
+    trained = []
+    train = engine.train
+    monkeypatch.setattr(engine, "train", lambda config, task, cfg, out, **kw: trained.append(out.name) or
+                        train(config, task, cfg, out, **kw))
+    lines = []
+    resumed = engine.train_run(run, tmp_path / "second", progress=False, early_stop=never, kept=results,
+                               log=lines.append)
+    assert set(trained) == {retry} and any(f"{retry}" in line and "step 6" in line for line in lines)
+    for (name, a), (_, b) in zip(resumed.model.state_dict().items(), straight.model.state_dict().items()):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("name", ["error-control", "reveal-gap"])

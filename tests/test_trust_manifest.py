@@ -188,8 +188,8 @@ def test_an_edited_unfinished_copy_or_sweep_table_is_refused(tmp_path):
     weights = next((tmp_path / "results" / committed.UNFINISHED / label).rglob("model.safetensors"))
     flip_last_byte(weights)
     with pytest.raises(manifest.EditedResults, match=r"checkpoints/.*model\.safetensors does not match"):
-        committed.resume_unfinished(run, tmp_path / "results", tmp_path / "run", log=lambda _line: None)
-    assert not (tmp_path / "run").exists()
+        committed.resume_unfinished(run, tmp_path / "results", tmp_path / "runs" / label, log=lambda _line: None)
+    assert not (tmp_path / "runs").exists()
 
     shutil.copytree(sweep, tmp_path / "budget")
     rows = (tmp_path / "budget" / "results.jsonl").read_text()

@@ -74,7 +74,7 @@ from typing import Any
 import models
 from interp.report.html import Table, Text, write_report
 from interp.reproduce import results as committed_runs
-from interp.reproduce.plan import Outcome, Plan, Run, train_config
+from interp.reproduce.plan import COLLAPSE_FILE, Outcome, Plan, Run, train_config
 from interp.sweep.jobs import Job, Outcome as JobOutcome
 from interp.sweep.runs import error_line
 from interp.training import checkpoint as ckpt
@@ -90,7 +90,6 @@ LR_RETRY_FACTOR = 3.0
 MAX_RETRIES = 2
 CACHE = "reproduce.json"
 EARLY_STOP_FILE = "early_stop.json"
-COLLAPSE_FILE = "collapsed.json"
 # A training collapse (2026-12-07: AUSSM L2 on S3 at lr 1e-2 went from 0.79 to 0.20-0.23 at length 16 and
 # stayed there for 3,600 steps; Mamba-3 L2 s2 from 0.96 to 0.19 at length 60): accuracy at the current
 # curriculum length below this fraction of its best there, at every logged step of the last `steps`.
@@ -185,6 +184,8 @@ def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[st
         reason = collapse(result.metrics)
         if reason is not None:
             ckpt.write_json(run_dir / COLLAPSE_FILE, {"step": step, "reason": reason, "rule": COLLAPSE})
+            if after_chunk is not None:   # the kept copy carries the marker: another session retries at once
+                after_chunk()
             raise TrainingDiverged(reason)
         if fitted_evals(result.metrics, cfg.train_length, rule) and (confirm is None or confirm(result.model)):
             ckpt.write_json(marker, {"step": step, "of_steps": cfg.steps, "rule": rule})
@@ -195,9 +196,13 @@ def train_until_fit(config, task, cfg: TrainConfig, run_dir: Path, rule: dict[st
 
 def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
               fit_metric: Callable | None = None, fit_n: int = 256, early_stop: dict | None = None,
-              after_chunk: Callable[[], None] | None = None) -> Outcome:
-    """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence; stop
-    early at fit under the rule `early_stop` (Plan.early_stop); after_chunk: see train_until_fit."""
+              kept: Path | None = None, keep: bool = False, log: Callable[[str], None] = print) -> Outcome:
+    """Train (reuse, resume) `run` under root/<label>; retry with a lower lr on divergence or collapse,
+    each attempt in its own directory; stop early at fit under the rule `early_stop` (Plan.early_stop).
+    kept: a results directory; each attempt first resumes from kept/unfinished/<its directory's name>
+    when that copy is further along (results.resume_unfinished), and with keep=True its checkpoint is
+    copied there after every chunk that leaves it unfinished (results.keep_unfinished), so another
+    session resumes a retry as well as a first attempt."""
     task = run.task_object()
     config = models.preset_config(run.preset, vocab_size=task.vocab_size, **run.model)
     lr, retries, started = float(run.train["lr"]), [], time.perf_counter()
@@ -208,6 +213,10 @@ def train_run(run: Run, root: Path, device: str = "cpu", progress: bool = True,
     for attempt in range(MAX_RETRIES + 1):
         run_dir = root / (run.label if attempt == 0 else f"{run.label}-lr{lr:.3g}")
         cfg = train_config(run, lr, device)
+        if kept is not None:
+            committed_runs.resume_unfinished(run, kept, run_dir, device, log, lr)
+        after_chunk = (lambda run_dir=run_dir: committed_runs.keep_unfinished(run, run_dir, kept)) \
+            if keep and kept is not None else None
         before = _steps_done(run_dir)
         call = time.perf_counter()
         try:
@@ -290,17 +299,16 @@ class TrainingFailed(RuntimeError):
 def train_job(params: dict, run_dir: str) -> dict:
     """One run of a plan trained in a worker (see `train_on`): the claim module params["claim"] (imported
     by name), its plan at params["scale"], the run params["label"], trained by `train_run` under
-    params["root"] with no progress bar (after_chunk: keep_unfinished into params["results"] when given).
+    params["root"] with no progress bar, resuming from and (params["keep"]) keeping unfinished attempts in
+    params["results"].
     Returns the outcome's row."""
     claim = importlib.import_module(params["claim"])
     plan = claim.plan(params["scale"])
     run = next((r for r in plan.runs if r.label == params["label"]), None)
     if run is None:
         raise ValueError(f"{params['claim']}.plan({params['scale']!r}) has no run labelled {params['label']!r}")
-    kept = params.get("results")
-    keep = (lambda: committed_runs.keep_unfinished(run, Path(run_dir), Path(kept))) if kept else None
     outcome = train_run(run, Path(params["root"]), params["device"], False, plan.fit_metric, plan.fit_n,
-                        plan.early_stop, keep)
+                        plan.early_stop, Path(params["results"]), params["keep"], lambda _line: None)
     return outcome.row()
 
 
@@ -313,12 +321,11 @@ def train_on(executor, claim, plan: Plan, out: Path, kept: Path, device: str = "
     root, todo = inside(out, "runs"), []
     for run in plan.runs:
         if committed_runs.committed_outcome(run, kept, root, device, lambda _line: None) is not None \
-                or committed_runs.finished(run, root / run.label):
+                or committed_runs.any_attempt_finished(run, root):
             continue
-        committed_runs.resume_unfinished(run, kept, root / run.label, device, log)
         todo.append(Job(run.label, {"claim": claim.__name__, "scale": plan.scale, "label": run.label,
-                                    "root": str(root), "device": device,
-                                    "results": str(kept) if keep_unfinished else None}, str(root / run.label)))
+                                    "root": str(root), "device": device, "results": str(kept),
+                                    "keep": keep_unfinished}, str(root / run.label)))
     if not todo:
         return []
     root.mkdir(parents=True, exist_ok=True)
@@ -369,7 +376,7 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
         train_on(executor, claim, plan, out, kept, device, keep_unfinished, log)
     for index, run in enumerate(plan.runs, 1):
         outcome = committed_runs.committed_outcome(run, kept, inside(out, "runs"), device, log)
-        if outcome is None and not train and not committed_runs.finished(run, out / "runs" / run.label):
+        if outcome is None and not train and not committed_runs.any_attempt_finished(run, out / "runs"):
             pending.append(run.label)
             log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: not trained yet (train=False)")
             continue
@@ -377,12 +384,8 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
             "resuming/reusing" if (out / "runs" / run.label / ckpt.CONFIG).exists() else "training")
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {reused}")
         if outcome is None:
-            run_dir = inside(out, "runs") / run.label
-            committed_runs.resume_unfinished(run, kept, run_dir, device, log)
-            keep = (lambda run=run, run_dir=run_dir: committed_runs.keep_unfinished(run, run_dir, kept)) \
-                if keep_unfinished else None
             outcome = train_run(run, inside(out, "runs"), device, progress, plan.fit_metric, plan.fit_n, plan.early_stop,
-                                keep)
+                                kept, keep_unfinished, log)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         log(f"[{index}/{len(plan.runs)}] {claim.NAME} {run.label}: {outcome.status}, length "
             f"{outcome.length_reached}/{run.train['train_length']}, in-dist acc "
@@ -459,13 +462,13 @@ def commit_finished(claim, scale: str, out: str | Path, results: str | Path | No
     plan, done = claim.plan(scale), []
     target = committed_runs.results_dir(claim.NAME, scale) if results is None else Path(results)
     for run in plan.runs if runs is None else runs:
-        if (labels is not None and run.label not in labels) or not committed_runs.finished(run, Path(out) / "runs" / run.label):
+        if (labels is not None and run.label not in labels) or not committed_runs.any_attempt_finished(run, Path(out) / "runs"):
             continue
         outcome = train_run(run, Path(out) / "runs", device, False, plan.fit_metric, plan.fit_n, plan.early_stop)
         outcome.measures = measured(outcome, claim, plan, claim.NAME)
         committed_runs.commit_run(outcome, target, (extra or {}).get(run.label))
-        stale = target / committed_runs.UNFINISHED / run.label
-        if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale)
+        for stale in committed_runs.attempt_dirs(run, target / committed_runs.UNFINISHED):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
         done.append(run.label)
     return done

@@ -15,6 +15,8 @@ from typing import Any
 from interp.tasks import make_task
 from interp.training.train import TrainConfig
 
+COLLAPSE_FILE = "collapsed.json"   # in a run directory: the run collapsed (engine.collapse), retried at a lower lr
+
 
 @dataclass
 class Run:

@@ -31,7 +31,8 @@ measured again instead (said in the log). Unfinished copies and sweep tables car
 Unfinished runs (medium profiles take CPU hours; a session can end, or a machine go, mid-run):
 `commit_unfinished` copies the latest checkpoint of each started, unfinished run into
 results/<claim>-<scale>/unfinished/<label>/ (config.json, checkpoint.json, the checkpoint it names:
-weights, optimizer and RNG state, trainer_state.json; metrics.jsonl), replacing an older copy.
+weights, optimizer and RNG state, trainer_state.json; metrics.jsonl; collapsed.json when the run
+collapsed), replacing an older copy; a retry at a lower lr is kept as unfinished/<label>-lr<lr>/.
 Before training a run, `interp reproduce` seeds its run directory from there when that copy is of
 the plan's config and further along than the run directory (`resume_unfinished`); the run then
 resumes from that step bit for bit, as from its own checkpoint. A run committed as finished drops
@@ -40,7 +41,9 @@ its unfinished copy.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -49,7 +52,7 @@ import models
 from interp.training import checkpoint as ckpt
 from interp.training.train import field_defaults, task_record
 from interp.reproduce.manifest import MANIFEST, EditedResults, check_manifest, write_manifest
-from interp.reproduce.plan import Outcome, train_config
+from interp.reproduce.plan import COLLAPSE_FILE, Outcome, train_config
 from interp.sweep.table import RESULTS as SWEEP_TABLE
 from models.storage.paths import inside, sha256_of
 from models.registry import WEIGHTS_SHA256, weights_file
@@ -100,22 +103,39 @@ def finished(run, run_dir: Path) -> bool:
     return bool(pointer) and pointer["step"] >= run.train["steps"]
 
 
+def attempt_dirs(run, root: Path) -> list[Path]:
+    """root/<label> and the directories of its retries at a lower lr (root/<label>-lr<lr>, see
+    engine.train_run) that exist."""
+    retry = re.compile(re.escape(run.label) + r"-lr[0-9.e+-]+")
+    root = Path(root)
+    retries = sorted(p for p in root.glob(glob.escape(run.label) + "-lr*") if retry.fullmatch(p.name)) \
+        if root.is_dir() else []
+    return [root / run.label, *retries]
+
+
+def any_attempt_finished(run, root: Path) -> bool:
+    """The run finished under root, at its first lr or in a retry."""
+    return any(finished(run, run_dir) for run_dir in attempt_dirs(run, root))
+
+
 def commit_unfinished(claim, scale: str, out: str | Path, results: str | Path | None = None,
                       labels=None) -> list[str]:
     """Copy the latest checkpoint of every started, unfinished run of claim.plan(scale) under out/runs
-    (those in `labels` only, when given) into results/unfinished/<label>, replacing an older copy
-    (see the module docstring); returns the labels copied. Safe while the run trains."""
+    (those in `labels` only, when given; each retry at a lower lr too) into
+    results/unfinished/<its directory's name>, replacing an older copy (see the module docstring);
+    returns the directory names copied. Safe while the run trains."""
     kept = results_dir(claim.NAME, scale) if results is None else Path(results)
-    return [run.label for run in claim.plan(scale).runs
-            if (labels is None or run.label in labels) and keep_unfinished(run, Path(out) / "runs" / run.label, kept)]
+    return [run_dir.name for run in claim.plan(scale).runs if labels is None or run.label in labels
+            for run_dir in attempt_dirs(run, Path(out) / "runs") if keep_unfinished(run, run_dir, kept)]
 
 
 def keep_unfinished(run, run_dir: Path, results: str | Path) -> bool:
-    """Copy run_dir's last checkpoint into results/unfinished/<label> when the run has started and
-    is not finished; returns whether it did."""
+    """Copy run_dir's last checkpoint (and its collapse marker, if any) into
+    results/unfinished/<run_dir's name> (the run's label, or label-lr<lr> for a retry) when the run
+    has started and is not finished; returns whether it did."""
     if not (run_dir / ckpt.POINTER).is_file() or finished(run, run_dir):
         return False
-    _snapshot(run_dir, Path(results) / UNFINISHED / run.label)
+    _snapshot(run_dir, Path(results) / UNFINISHED / run_dir.name)
     return True
 
 
@@ -134,6 +154,8 @@ def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
             continue
         for name in (ckpt.CONFIG, ckpt.METRICS):   # metrics.jsonl only grows; a resume truncates it to the step
             copy_file(inside(source, name), staging / name)
+        if (source / COLLAPSE_FILE).is_file():
+            copy_file(inside(source, COLLAPSE_FILE), staging / COLLAPSE_FILE)
         ckpt.write_json(staging / ckpt.POINTER, pointer)
         write_manifest(staging)
         if target.exists():
@@ -143,17 +165,20 @@ def _snapshot(source: Path, target: Path, attempts: int = 3) -> None:
     raise ckpt.CheckpointError(f"{source} moved to a newer checkpoint during each of {attempts} copies; try again")
 
 
-def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cpu", log=print) -> bool:
-    """Seed run_dir from results/unfinished/<label> when that copy has the config the plan would
-    train (at the run's first learning rate) and a later step than run_dir's own checkpoint (or
-    run_dir has none); returns whether it did. run_dir's older progress is replaced."""
-    source = Path(results) / UNFINISHED / run.label
+def resume_unfinished(run, results: str | Path, run_dir: Path, device: str = "cpu", log=print,
+                      lr: float | None = None) -> bool:
+    """Seed run_dir from results/unfinished/<run_dir's name> when that copy has the config the plan
+    would train at `lr` (default: the run's first learning rate; a retry's directory is
+    label-lr<lr>) and a later step than run_dir's own checkpoint (or run_dir has none); returns
+    whether it did. run_dir's older progress is replaced."""
+    source = Path(results) / UNFINISHED / run_dir.name
     if not (source / ckpt.POINTER).is_file():
         return False
     check_manifest(source)
     saved = ckpt.read_pointer(source)
     differences = [line for line in ckpt.config_differences(ckpt.read_config(source),
-                                                            expected_config(run, float(run.train["lr"]), device),
+                                                            expected_config(run, float(run.train["lr"] if lr is None
+                                                                                       else lr), device),
                                                             field_defaults())
                    if not line.startswith(IGNORED)]
     if differences:

@@ -150,7 +150,7 @@ def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True)
 
     def obtain(run: Run) -> Outcome | None:
         outcome = committed_runs.committed_outcome(run, kept, root, device, log)
-        if outcome is None and not train and not committed_runs.finished(run, root / run.label):
+        if outcome is None and not train and not committed_runs.any_attempt_finished(run, root):
             pending.append(run.label)
             return None
         if outcome is None:
