@@ -26,7 +26,7 @@ split them; the first differing step is reported).
 The cost of hook_state readers on every layer during generate (prompt and new tokens), each
 contender in a fresh process per round, interleaved (the order reversed every other round), CPU
 seconds of the generating thread, minimum over rounds: plain; readers selecting steps (their
-`positions`: the last prompt step and every generated one, models/decoding.py streams them);
+`positions`: the last prompt step and every generated one, models/decoding/readers.py streams them);
 readers selecting head 0 only (`heads`); readers of every step (the prompt's [B, T, *S] formed).
 """
 

@@ -451,8 +451,8 @@ class SequenceModel(TLSurface, HookedMixin, nn.Module):
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options):
         """Continue tokens [B, T] by up to max_new_tokens tokens, greedy or sampled, each new token
         one step from the carried decoding state (recurrent state, conv window, KV cache), hooks
-        firing per token: models.decoding.generate (its docstring lists the options)."""
-        from models.decoding import generate
+        firing per token: models.decoding.generation.generate (its docstring lists the options)."""
+        from models.decoding.generation import generate
 
         return generate(self, tokens, max_new_tokens, **options)
 

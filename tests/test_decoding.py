@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import models
-from models.decoding import DecodingState, advance, mixer_kind
+from models.decoding import DecodingState
+from models.decoding.step import advance, mixer_kind
 
 VOCAB, B, T, NEW = 7, 3, 5, 6
 SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)
@@ -127,7 +128,7 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
-    from models.decoding import next_tokens
+    from models.decoding.sampling import next_tokens
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     seen = {int(next_tokens(logits, True, 1.0, None, 0.75, torch.Generator().manual_seed(s))) for s in range(200)}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import models
-from models.decoding import advance, mixer_kind
+from models.decoding.step import advance, mixer_kind
 from tests.test_decoding import B, SMALL, T, VOCAB, decode_and_compare, prompt, small_model
 from tests.test_decoding_hooks import assert_generate_matches_full, at_position
 

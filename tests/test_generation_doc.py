@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import models
-from models.decoding import advance, mixer_kind
+from models.decoding.step import advance, mixer_kind
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "generation.md"
 TABLE_CONFIG = dict(vocab_size=11, d_model=64, n_heads=4, d_state=16, n_layers=2)

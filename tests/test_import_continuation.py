@@ -1,12 +1,13 @@
 """Each imported family continues its SOURCE model from a patched state at float32 rounding.
 
-A prompt runs through the transformers source (its own cache) and through ours (models.decoding.
-advance); the same patch goes into both: every recurrent layer's state replaced, every attention
-layer's cached keys and values at one position moved; then a few tokens continue in one call
-(the source's chunked scan, which applies its dt clamp) and the logits must agree to a few float32
-ulps of their scale. Mamba-2 dt_bias spreads over softplus^-1 of [1e-4, 1.3], so the dt clamps at
-time_step_min / time_step_limit bind for some heads and not for others: a constant read from the
-wrong config field (NemotronH's time_step_min in place of time_step_limit) fails here."""
+A prompt runs through the transformers source (its own cache) and through ours
+(models.decoding.step.advance); the same patch goes into both: every recurrent layer's state
+replaced, every attention layer's cached keys and values at one position moved; then a few tokens
+continue in one call (the source's chunked scan, which applies its dt clamp) and the logits must
+agree to a few float32 ulps of their scale. Mamba-2 dt_bias spreads over softplus^-1 of [1e-4, 1.3],
+so the dt clamps at time_step_min / time_step_limit bind for some heads and not for others: a
+constant read from the wrong config field (NemotronH's time_step_min in place of time_step_limit)
+fails here."""
 
 import importlib
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import models
-from models.decoding import advance
+from models.decoding.step import advance
 from tests.interop_parity import VOCAB
 from tests.test_interop import falcon_mamba_source, gpt2_source, jamba_source, llama_source, mamba_source
 from tests.test_interop_hybrid import (bamba_source, falcon_h1_source, granite_moe_source, granite_source,

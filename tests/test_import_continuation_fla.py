@@ -2,8 +2,8 @@
 patched state at float32 rounding, fla on its own Triton kernels under TRITON_INTERPRET=1.
 
 As tests/test_import_continuation.py does for the transformers imports: a prompt runs through
-fla's model (its own Cache) and through ours (models.decoding.advance); the same random delta goes
-into both: every layer's recurrent state (fla's layers start their fused recurrent kernel from
+fla's model (its own Cache) and through ours (models.decoding.step.advance); the same random delta
+goes into both: every layer's recurrent state (fla's layers start their fused recurrent kernel from
 cache[l]["recurrent_state"], S [K, V] for DeltaNet and RWKV-7, [V, K] for Gated DeltaNet
 (state_v_first), and store the final one there) and every carried window (the ShortConvolutions'
 conv_state (q, k, v) [B, C, W], of which ours holds the last W - 1 inputs; RWKV-7's token shifts
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import models
-from models.decoding import advance
+from models.decoding.step import advance
 from tests.conftest import triton_interpreter_available
 from tests.fla_interpreter import single_config_autotune
 from tests.test_import_continuation import NEW, PROMPT, REL, patch_both, tokens
@@ -36,7 +36,8 @@ FAMILIES = {
     "gated_deltanet_gva_eps": lambda: gated_source(num_v_heads=4, allow_neg_eigval=True, norm_eps=1e-3,
                                                    output_gate_activation="sigmoid"),
     "rwkv7": lambda: small_removal_keys(rwkv7_source(num_hidden_layers=2)),
-    "rwkv7_fused_eps": lambda: small_removal_keys(rwkv7_source(num_hidden_layers=2, fuse_norm=True, norm_eps=1e-3)),
+    "rwkv7_fused_eps": lambda: small_removal_keys(rwkv7_source(num_hidden_layers=2, fuse_norm=True,
+                                                               norm_eps=1e-3)),
 }
 
 

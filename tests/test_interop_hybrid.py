@@ -12,7 +12,7 @@ from interp.analysis.circuits.graph import build_graph
 from interp.analysis.effective_attention import effective_attention
 from interp.analysis.interventions import Site, ablate, attribute, corrupt_ar, interchange, site_grid
 from models import StatePatch
-from models.decoding import advance
+from models.decoding.step import advance
 from models.interop import UnsupportedConfig
 from models.interop.reference import stepwise_logits
 from tests.test_interventions import TASK, ar_batch

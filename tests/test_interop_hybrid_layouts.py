@@ -7,7 +7,8 @@ import torch
 
 import models
 from models.config import ModelConfig
-from models.decoding import DecodingState, advance
+from models.decoding import DecodingState
+from models.decoding.step import advance
 
 VOCAB = 11
 LAYOUT = dict(mixer=["mamba2", None, "attention"], mixer2=["attention", None, None], mlp=[True, True, False],

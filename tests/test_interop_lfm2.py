@@ -133,9 +133,9 @@ def test_window_patch_equals_the_sources_patched_cache():
 
 
 def decoded_step_by_step(model, tokens, prompt: int):
-    """models.decoding.advance over tokens [B, T]: the first `prompt` in one call, then one token
+    """models.decoding.step.advance over tokens [B, T]: the first `prompt` in one call, then one token
     a call; each call's logits must equal the full forward on tokens (1e-5). -> the final state."""
-    from models.decoding import advance
+    from models.decoding.step import advance
 
     with torch.no_grad():
         full = model(tokens)

@@ -10,7 +10,7 @@ import torch
 
 import models
 from models import StatePatch
-from models.decoding import advance
+from models.decoding.step import advance
 
 VOCAB, T, NEW = 7, 5, 5
 SMALL = dict(vocab_size=VOCAB, d_model=16, n_heads=2, d_state=4, n_layers=2)

@@ -22,7 +22,7 @@ from interp.cli.args import Deferred
 from models import size
 from models.backbone import SequenceModel
 from models.config import FIELD_BOUNDS, ModelConfig
-from models.decoding import MAX_NEW_TOKENS, check_new_tokens, generate
+from models.decoding.generation import MAX_NEW_TOKENS, check_new_tokens, generate
 from models.storage.saving import save_weights
 from tests.test_fuzz_cli import TINY, one_line_status
 
