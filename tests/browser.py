@@ -11,7 +11,10 @@ How: a copy of the page gets two small scripts, one first in <head> that records
 error events, unhandled rejections, console.error), one last in <body> that waits until every
 .plotly-graph-div has been drawn (or 5 s of virtual time), then writes a JSON summary into a <pre>
 that `chromium --dump-dom` prints. Chromium's own console log (stderr) is scanned for uncaught
-errors as well. The report file itself is not changed.
+errors as well. The report file itself is not changed; the copy lies in a temporary directory with
+the shared plotly-VERSION.min.js the report loads (INTERP_PLOTLYJS=directory), where one lies next
+to the report. A figure counts as rendered when plotly drew its SVG (a .main-svg in its div) and,
+when it has visible traces, at least one of them in it (a .trace, a heatmap's .hm, a .table).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DIVS = re.compile(r'<div id="[^"]+" class="plotly-graph-div"')
+SHARED = re.compile(r'"(plotly-[0-9A-Za-z.+-]+\.min\.js)"')
 
 ERRORS_JS = """<script>
 window.__interpErrors = [];
@@ -73,8 +77,10 @@ SUMMARY_JS = """<script>
       axes[k] = {type: ax.type, range: ax.range, data: extent(data, ax.type === 'log')};
     });
     var declared = Object.keys(g.layout || {}).filter(function (k) { return /^[xy]axis\\d*$/.test(k); });
+    var visible = (g._fullData || []).filter(function (t) { return t.visible === true; }).length;
     return {id: g.id, rendered: g.querySelectorAll('.main-svg').length > 0, axes: axes, declared: declared,
-            cut: cutLabels(g)};
+            cut: cutLabels(g), visible: visible,
+            drawn: g.querySelectorAll('.main-svg .trace, .main-svg .hm, .main-svg .table').length};
   }
   function cutLabels(g) {   // scatter text labels not wholly inside the plot area (or the svg, cliponaxis false)
     var svg = g.querySelector('.main-svg'), cut = [];
@@ -135,6 +141,9 @@ def render(path: str | Path, timeout: float = 90.0) -> dict:
     with tempfile.TemporaryDirectory(prefix="interp-browser-") as tmp:
         page = Path(tmp) / "page.html"
         page.write_text(probe)
+        for name in set(SHARED.findall(text)):
+            if (Path(path).parent / name).is_file():
+                shutil.copyfile(Path(path).parent / name, Path(tmp) / name)
         command = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                    "--no-first-run", "--disable-extensions", "--disable-background-networking",
                    "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
@@ -163,6 +172,8 @@ def problems(summary: dict) -> list[str]:
     for fig in figures:
         if not fig["rendered"]:
             out.append(f"{fig['id']}: not rendered")
+        elif fig.get("visible") and not fig.get("drawn"):     # an SVG, but none of the data in it
+            out.append(f"{fig['id']}: rendered, but none of its {fig['visible']} visible traces was drawn")
         for label in fig.get("cut", []):
             out.append(f"{fig['id']}: the text label {label!r} is cut off at the edge of the plot")
         undrawn = sorted(set(fig.get("declared", [])) - set(fig["axes"]))

@@ -3,8 +3,9 @@
     write_report(path, title, [Text(...), Table(rows), fig, ...]) -> Path
 
 Sections are plotly figures, `Text` (escaped paragraphs, or `Text(html, raw=True)`) and `Table`
-(a list of row dicts). plotly.js is embedded inline exactly once (with the first figure), so the
-file opens without a network connection. Written atomically.
+(a list of row dicts). The report opens without a network connection: plotly.js is embedded once,
+compressed (the default, one self-contained file), or shared by the reports of a directory
+(plotlyjs="directory", or INTERP_PLOTLYJS=directory): interp.report.plotlyjs. Written atomically.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from interp.report import plotlyjs as plotly_js
 from models.storage.writer import write_text
 
 STYLE = """
@@ -67,14 +69,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def render_report(title: str, sections: Sequence[go.Figure | Text | Table]) -> str:
-    """The report as one HTML string (plotly.js inline once)."""
-    parts, plotly_included = [], False
+def render_report(title: str, sections: Sequence[go.Figure | Text | Table], plotlyjs: str = "embed") -> str:
+    """The report as one HTML string; plotlyjs: "embed" (plotly.js inside, compressed) or "directory"
+    (the page loads the shared file write_report puts next to it); none when no section is a figure."""
+    plotlyjs = plotly_js.choose(plotlyjs)
+    parts = []
     for index, section in enumerate(sections):
         if isinstance(section, go.Figure):
-            parts.append(section.to_html(full_html=False, include_plotlyjs="inline" if not plotly_included else False,
-                                         div_id=f"figure-{index}", config={"displaylogo": False}))
-            plotly_included = True
+            parts.append(plotly_js.figure(section, f"figure-{index}"))
         elif isinstance(section, Text):
             heading = f"<h2>{html.escape(section.heading)}</h2>" if section.heading else ""
             body = section.body if section.raw else "".join(
@@ -85,14 +87,23 @@ def render_report(title: str, sections: Sequence[go.Figure | Text | Table]) -> s
             parts.append(heading + render_table(section.rows, section.prose))
         else:
             raise TypeError(f"sections[{index}] must be a go.Figure, Text or Table; got {type(section).__name__}")
+    figures = any(isinstance(section, go.Figure) for section in sections)
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+            + (plotly_js.loader(plotlyjs) if figures else "") + "</head>"
             f"<body><h1>{html.escape(title)}</h1>\n" + "\n".join(parts) + "\n</body></html>\n")
 
 
-def write_report(path: str | Path, title: str, sections: Sequence[go.Figure | Text | Table]) -> Path:
-    """Write the report to `path` atomically; returns the path."""
+def write_report(path: str | Path, title: str, sections: Sequence[go.Figure | Text | Table],
+                 plotlyjs: str | None = None) -> Path:
+    """Write the report to `path` atomically; returns the path. plotlyjs: "embed" or "directory"
+    (default: $INTERP_PLOTLYJS, else "embed"); "directory" also writes plotly-VERSION.min.js next to
+    the report unless it is there already."""
     path = Path(path)
+    plotlyjs = plotly_js.choose(plotlyjs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, render_report(title, sections))
+    text = render_report(title, sections, plotlyjs)
+    if plotlyjs == "directory" and any(isinstance(section, go.Figure) for section in sections):
+        plotly_js.write_shared(path.parent)
+    write_text(path, text)
     return path
