@@ -5,7 +5,9 @@ Every snippet below is written as a TransformerLens user writes it (Main Demo / 
 Analysis style): the plain model call with return_type / loss_per_token / stop_at_layer /
 start_at_layer, run_with_cache and cache keys, get_act_name, hooks with fwd and bwd hooks, the
 weights (W_E, W_U, W_Q, W_O, OV circuits), tokens_to_residual_directions, direct logit
-attribution, compute_head_results, the tokenizer methods and cfg fields. The one argument that
+attribution, compute_head_results, the residual decompositions, QK / OV as TL's FactoredMatrix
+and composition scores (where TransformerLens is installed), the tokenizer methods and cfg
+fields. The one argument that
 differs is `get_act_name` (TL's transformer_lens.utilities.get_act_name, or models.tl.names.get_act_name: the same
 strings).
 
@@ -83,6 +85,45 @@ def logit_attribution(model, tokens, get_act_name):
     }
 
 
+def decompositions(model, tokens, get_act_name):
+    _, cache = model.run_with_cache(tokens)
+    answer, wrong = tokens[:, -1], tokens[:, -2]
+    components, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
+    heads, head_labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
+    _, resid_labels = cache.accumulated_resid(incl_mid=True, return_labels=True)
+    return {
+        "cache.decompose_resid(pos_slice=-1)": components,
+        "decompose_resid labels": labels,
+        "cache.decompose_resid(apply_ln=True)": cache.decompose_resid(apply_ln=True),
+        "stack_head_results labels": head_labels,
+        "accumulated_resid labels": resid_labels,
+        "cache.logit_attrs(decompose_resid, answer, wrong)": cache.logit_attrs(components, answer, incorrect_tokens=wrong,
+                                                                              pos_slice=-1),
+        "cache.logit_attrs(stack_head_results, answer)": cache.logit_attrs(heads, answer, pos_slice=-1),
+        "cache.get_full_resid_decomposition(expand_neurons=False)":
+            cache.get_full_resid_decomposition(expand_neurons=False),
+        "cache[get_act_name('k', 1)]": cache[get_act_name("k", 1)],
+    }
+
+
+def circuits(model, tokens, get_act_name):
+    """QK / OV circuits (TL's FactoredMatrix: only where TransformerLens is installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_lens") is None:
+        return {}
+    W_E, W_U = model.W_E[:64], model.W_U[:, :64]  # a corner of the vocabulary (GPT-2's full one is 50257)
+    return {
+        "model.OV.AB": model.OV.AB,
+        "model.QK[1].AB": model.QK[1].AB,
+        "full OV circuit (W_E @ model.OV[0, 1] @ W_U).AB": (W_E @ model.OV[0, 1] @ W_U).AB,
+        "full QK circuit (W_E @ model.QK[1, 0] @ W_E.T).AB": (W_E @ model.QK[1, 0] @ W_E.T).AB,
+        "model.OV[1, 2].S": model.OV[1, 2].S,
+        'model.all_composition_scores("Q").scores': model.all_composition_scores("Q").scores,
+        'model.all_composition_scores("V").scores': model.all_composition_scores("V").scores,
+    }
+
+
 def hooks(model, tokens, get_act_name):
     def ablate_head_1(z, hook):
         z[:, :, 1] = 0.0
@@ -118,13 +159,16 @@ def tokenizer_and_cfg(model, tokens, get_act_name):
         "model.to_tokens(text, prepend_bos=False)": model.to_tokens(text, prepend_bos=False),
         "model.to_str_tokens(text)": model.to_str_tokens(text),
         "model.to_string(tokens)": model.to_string(tokens),
-        "cfg (d_vocab, n_ctx, n_layers, d_model, n_heads, d_mlp, act_fn)":
+        "model.to_single_token(model.to_str_tokens(tokens)[2])": model.to_single_token(model.to_str_tokens(tokens)[2]),
+        "cfg (d_vocab, n_ctx, n_layers, d_model, n_heads, d_head, d_mlp, act_fn)":
             [model.cfg.d_vocab, model.cfg.n_ctx, model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads,
-             model.cfg.d_mlp, model.cfg.act_fn],
+             model.cfg.d_head, model.cfg.d_mlp, model.cfg.act_fn],
+        "model.blocks[l].attn.W_Q / W_K / W_O shapes": [tuple(getattr(block.attn, name).shape)
+                                                      for block in model.blocks for name in ("W_Q", "W_K", "W_O")],
     }
 
 
-SNIPPETS = (plain_call, cache_keys, logit_attribution, hooks, weights, tokenizer_and_cfg)
+SNIPPETS = (plain_call, cache_keys, logit_attribution, decompositions, circuits, hooks, weights, tokenizer_and_cfg)
 
 
 def run_snippets(model, prompt: str, get_act_name) -> dict:

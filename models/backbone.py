@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 from torch import nn
@@ -133,7 +132,7 @@ class SharedBranch(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        wide = dataclasses.replace(cfg.layer_config(layer_idx, "shared"), d_model=2 * cfg.d_model)
+        wide = cfg.layer_config(layer_idx, "shared").replace(d_model=2 * cfg.d_model)
         self.norm_attn = make_norm(wide)
         self.attn = MIXERS["attention"][0](wide, layer_idx)
         self.attn.out_proj = nn.Linear(self.attn.out_proj.in_features, cfg.d_model, bias=cfg.attention_bias)

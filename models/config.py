@@ -23,7 +23,32 @@ MOE_BOUNDS = {"experts": 1 << 14, "top_k": 1 << 14, "d_expert": 1 << 18, "d_shar
 _TL_ACT_FN = {"gelu": "gelu", "gelu_tanh": "gelu_new", "swiglu": "silu", "geglu": "gelu", "relu2": "relu2"}
 
 
-@dataclass
+class Derived:
+    """A field whose None means "derived from the others" (d_head, d_mlp). Reading it gives the
+    value in effect, as TransformerLens' cfg.d_head / cfg.d_mlp do; the field as set (None where
+    derived) is cfg.explicit(name), and it is what to_dict, replace, layer_config and == use, so a
+    saved config keeps its None and a replaced d_model still derives its own d_head."""
+
+    def __init__(self, derive) -> None:
+        self.derive = derive
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return None   # the dataclass default
+        value = obj.__dict__[self.name]
+        return self.derive(obj) if value is None else value
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self.name] = value
+
+
+DERIVED = ("d_head", "d_mlp")
+
+
+@dataclass(eq=False)
 class ModelConfig:
     """Hyperparameters of a SequenceModel.
 
@@ -45,7 +70,8 @@ class ModelConfig:
         at each layer that has one. shared_adapter_rank: per-layer low-rank adapters (LoRA) of
         that rank on the shared attention's qkv and the MLP's gate and up (0: none).
     d_hidden: recurrent width of RNN-style mixers (default d_model).
-    d_head: per-head width (default d_model // n_heads).
+    d_head: per-head width (default d_model // n_heads; cfg.d_head reads the value in effect,
+        cfg.explicit("d_head") the field as set: Derived).
     d_state: SSM state size per channel (Mamba N).
     expand: inner width factor of gated mixers (Mamba d_inner = expand * d_model).
     d_conv: short causal convolution width (1 = no mixing across time).
@@ -54,7 +80,8 @@ class ModelConfig:
     norm_eps: epsilon of every norm (None: torch's default, 1e-5 for layernorm, finfo.eps for rmsnorm).
     residual: wrap mixer and MLP in residual connections (off gives a plain RNN stack).
     mlp: an MLP after each mixer (a bool, or one per layer); d_mlp its width (default mlp_ratio *
-        d_model); mlp_activation "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's
+        d_model; cfg.d_mlp reads the value in effect, None without an MLP, as TransformerLens'
+        attention-only models); mlp_activation "gelu" (erf), "gelu_tanh" (the tanh approximation, GPT-2's
         gelu_new), "swiglu" (down(silu(gate(x)) * up(x)), Llama's), "geglu" (the same with erf
         GELU, Zamba2's) or "relu2" (down(relu(up(x))^2), NemotronH's); mlp_bias: biases in its
         linear maps.
@@ -74,7 +101,7 @@ class ModelConfig:
     n_layers: int = 1
     d_hidden: int | None = None
     n_heads: int = 4
-    d_head: int | None = None
+    d_head: int | None = Derived(lambda cfg: cfg.d_model // cfg.n_heads)  # type: ignore[assignment]
     d_state: int = 16
     expand: int = 2
     d_conv: int = 4
@@ -88,7 +115,7 @@ class ModelConfig:
     shared_block: list[int | None] | None = None
     shared_adapter_rank: int = 0
     mlp_ratio: int = 4
-    d_mlp: int | None = None
+    d_mlp: int | None = Derived(lambda cfg: cfg.mlp_width if any(cfg.mlps) else None)  # type: ignore[assignment]
     mlp_activation: str = "gelu"
     mlp_bias: bool = True
     n_kv_heads: int | None = None
@@ -104,7 +131,7 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
         for name in ("d_hidden", "d_head", "d_mlp", "n_kv_heads"):
-            value = getattr(self, name)
+            value = self.explicit(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
         self._check_bounds()
@@ -131,7 +158,7 @@ class ModelConfig:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}; got {self.positional!r}")
-        if self.d_head is None and self.d_model % self.n_heads:
+        if self.explicit("d_head") is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
                 "unless d_head is given"
@@ -154,7 +181,7 @@ class ModelConfig:
         """ValueError naming the first field past FIELD_BOUNDS (checked before anything is sized by it:
         a list of n_layers mixers, the layers themselves)."""
         for name, bound in FIELD_BOUNDS.items():
-            check_bound(name, getattr(self, name), bound)
+            check_bound(name, self.explicit(name), bound)
 
     def _check_mixers(self) -> None:
         """mixer a name or a list of n_layers names (None: no mixer); mixer2 likewise; mlp
@@ -256,8 +283,7 @@ class ModelConfig:
             return self
         name = {"mixer": self.mixers, "mixer2": self.mixer2s, "shared": ["attention"] * self.n_layers}[slot][layer]
         options = dict(self.mixer_options.get(name, {})) if self.hybrid else self.mixer_options
-        return dataclasses.replace(self, mixer=name, mixer2=None, mlp=self.mlps[layer], shared_block=None,
-                                   mixer_options=options)
+        return self._replace(mixer=name, mixer2=None, mlp=self.mlps[layer], shared_block=None, mixer_options=options)
 
     @property
     def hidden(self) -> int:
@@ -265,11 +291,16 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
+        return self.d_head   # Derived: d_model // n_heads unless set
 
     @property
-    def mlp_width(self) -> int:
-        return self.d_mlp or self.mlp_ratio * self.d_model
+    def mlp_width(self) -> int:   # what an MLP is built with (also where no layer has one)
+        return self.explicit("d_mlp") or self.mlp_ratio * self.d_model
+
+    def explicit(self, name: str) -> Any:
+        """The field `name` as set: None where d_head / d_mlp are derived (Derived); any other
+        field's value."""
+        return self.__dict__[name]
 
     @property
     def kv_heads(self) -> int:
@@ -286,7 +317,7 @@ class ModelConfig:
         return [float(s) for s in self.beta_scale]
 
     # TransformerLens' HookedTransformerConfig names for what we call otherwise (d_head and d_mlp
-    # are our fields, None where derived: head_dim and mlp_width are the values)
+    # are our fields, read as TL's values: Derived)
     @property
     def d_vocab(self) -> int:
         return self.vocab_size
@@ -323,14 +354,24 @@ class ModelConfig:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; valid: {self.field_names()}")
-        return dataclasses.replace(self, **overrides)
+        return self._replace(**overrides)
+
+    def _replace(self, **overrides: Any) -> "ModelConfig":
+        """dataclasses.replace keeping a derived d_head / d_mlp derived (that reads them as set)."""
+        return dataclasses.replace(self, **{**{name: self.explicit(name) for name in DERIVED}, **overrides})
+
+    def __eq__(self, other: object) -> bool:   # the fields as set (Derived), as a dataclass's == compares
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
 
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as set (a derived d_head / d_mlp stays None: Derived)."""
+        return {**dataclasses.asdict(self), **{name: self.explicit(name) for name in DERIVED}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":

@@ -58,6 +58,11 @@ def used_config_fields(cfg: ModelConfig) -> list[str]:
             with pause():
                 super().__post_init__()
 
+        def explicit(self, name: str):   # a field read as set (models.config.Derived) is read too
+            if not paused[0] and name in names:
+                seen.add(name)
+            return super().explicit(name)
+
         def layer_config(self, layer: int) -> ModelConfig:   # a hybrid's copy: its reads count, not the copying
             with pause():
                 return super().layer_config(layer)
@@ -76,8 +81,8 @@ def config_rows(configs: Mapping[str, ModelConfig]) -> list[dict[str, Any]]:
     rows = []
     for field in ModelConfig.field_names():
         readers = [name for name in configs if field in used[name]]
-        if any(getattr(configs[name], field) is not None for name in readers):
-            rows.append({"field": field, **{name: _cell(getattr(cfg, field)) if name in readers else NOT_USED
+        if any(configs[name].explicit(field) is not None for name in readers):   # as set: a derived width is None
+            rows.append({"field": field, **{name: _cell(cfg.explicit(field)) if name in readers else NOT_USED
                                             for name, cfg in configs.items()}})
     return rows
 

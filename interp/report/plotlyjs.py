@@ -113,7 +113,8 @@ def loader(mode: str) -> str:
         load = LOAD_SHARED % {"name": json.dumps(shared_name())}
     else:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    comment = f"<!-- plotly.js v{get_plotlyjs_version()}: {'embedded, gzip + base64' if mode == 'embed' else shared_name()} -->\n"
+    carried = "embedded, gzip + base64" if mode == "embed" else shared_name()
+    comment = f"<!-- plotly.js v{get_plotlyjs_version()}: {carried} -->\n"
     return comment + LOADER % {"type": FIGURE_TYPE, "load": load}
 
 

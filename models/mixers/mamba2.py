@@ -110,8 +110,9 @@ def head_layout(cfg, opts: dict) -> tuple[int, int]:
     inner = cfg.d_inner
     if inner % heads:
         raise ValueError(f"mamba2 needs expand * d_model = {inner} divisible by n_heads = {heads}")
-    if opts["n_heads"] is None and cfg.d_head is not None and cfg.d_head != inner // heads:
-        raise ValueError(f"mamba2's d_head is expand * d_model / n_heads = {inner // heads}; got d_head={cfg.d_head}")
+    d_head = cfg.explicit("d_head")   # as set (cfg.d_head reads a derived one: models.config.Derived)
+    if opts["n_heads"] is None and d_head is not None and d_head != inner // heads:
+        raise ValueError(f"mamba2's d_head is expand * d_model / n_heads = {inner // heads}; got d_head={d_head}")
     return heads, inner // heads
 
 

@@ -20,6 +20,9 @@ MLP width, V the vocabulary):
                                                                   parameters); every layer must have
                                                                   the component
     model.b_U [V], an absent bias                                 zeros (a new tensor), as TL's
+    model.QK, model.OV, QK_for_attn_layers(), OV_for_attn_layers(), all_composition_scores(mode):
+    TL's FactoredMatrix / CompositionScores over these weights (models.tl.circuits; TransformerLens
+    needed)
 
 The query / key maps are before the rotary map and the per-head q / k norms (Qwen3), as TL's;
 an output gate (Qwen3-Next) is outside W_O. Grouped-query attention keeps its G key / value
@@ -38,6 +41,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from models.tl import circuits
 
 
 class NoWeight(ValueError):
@@ -132,6 +137,32 @@ class TLSurface:
     @property
     def W_E_pos(self) -> torch.Tensor:  # [V + n_ctx, D]
         return torch.cat([self.W_E, self.W_pos])
+
+    # ------------------------------------------------------------------ weight circuits (models.tl.circuits)
+
+    @property
+    def QK(self):
+        """TL's FactoredMatrix(W_Q, W_K^T) [L, H, D, D] (needs TransformerLens: the [tl] extra)."""
+        return circuits.qk(self)
+
+    @property
+    def OV(self):
+        """TL's FactoredMatrix(W_V, W_O) [L, H, D, D] (needs TransformerLens: the [tl] extra)."""
+        return circuits.ov(self)
+
+    def QK_for_attn_layers(self):
+        """(the attention layers, QK over them): TL's, for hybrids."""
+        layers = circuits.attention_layers(self)
+        return layers, circuits.qk(self, layers)
+
+    def OV_for_attn_layers(self):
+        """(the attention layers, OV over them): TL's, for hybrids."""
+        layers = circuits.attention_layers(self)
+        return layers, circuits.ov(self, layers)
+
+    def all_composition_scores(self, mode: str):
+        """TL's CompositionScores of every head pair, mode "Q", "K" or "V" (models.tl.circuits)."""
+        return circuits.composition_scores(self, mode)
 
     # ------------------------------------------------------------------ the tokenizer
 
