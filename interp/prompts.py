@@ -14,18 +14,24 @@ circuits' default metric are logit(answer) - logit(wrong_answer) at the prompt's
 restoration is that of p(answer). Each answer is one token: a string that tokenizes to exactly
 one token (" Mary", with its leading space for GPT-2's tokenizer) or a token id.
 
-Alignment. An intervention patches position t of the corrupted run from position t of the clean
-run, so a pair's clean and corrupted prompts must tokenize to the same number of tokens (refused,
-naming the pair, when they do not). Pairs of different lengths share a batch by padding:
+Alignment. A site at a role patches the role's position in the corrupted run from the role's
+position in the clean run; a site at every position, or at an int position, patches position t
+from position t. Without `corrupted_roles` the corrupted prompt's roles are the clean prompt's
+token positions, so its clean and corrupted prompts must tokenize to the same number of tokens
+(refused, naming the pair, when they do not). With `corrupted_roles` (the same role names, found
+in the corrupted prompt: names of other token lengths, names in another order) the two prompts
+may differ in length; then only role sites align them, and the analyses that patch position t
+from position t refuse such a pair in one line (interp.analysis.interventions.sites.check_aligned,
+the circuits' check of a pair). Pairs of different lengths share a batch by padding:
 "right" (default) pads after the prompt, where a causal model's outputs at the prompt's own
 positions do not see it, so every number equals the unpadded run's; "left" pads before, which
 the models here see (they take no attention mask: the pad tokens are context, and GPT-2's
 positions shift), so use it only with prompts of one length or when that is wanted.
-`lengths` holds each prompt's token count.
+`lengths` holds each clean prompt's token count, `corrupt_lengths` each corrupted one's.
 
-Roles name positions of the clean prompt (the corrupted one is aligned to it), each one token
-per pair: a substring ("Mary": its first occurrence), [substring, k] (its k-th occurrence, from
-0), [start, end] (a character span of the clean prompt) - each the last token that overlaps the
+Roles name positions of the clean prompt (`roles`) and of the corrupted one (`corrupted_roles`,
+default the clean prompt's token positions), each one token per pair: a substring ("Mary": its first occurrence), [substring, k] (its k-th occurrence, from
+0), [start, end] (a character span of the prompt) - each the last token that overlaps the
 text, the one that has read all of it - or an int token position of the prompt (negative from
 its end: -1 is the last token). Substring and span roles need the tokenizer's character offsets
 (a fast transformers tokenizer, a `tokenizers.Tokenizer`, or a callable returning (ids, offsets)).
@@ -38,7 +44,7 @@ NO_STATE (-1): a probe fit to it fails loudly rather than learning a constant.
 Prompt files (`read_prompts`, `interp patch / circuit --prompts FILE`): JSONL, one pair per line,
 or JSON holding a list of pairs; each pair an object with the fields of PromptPair: "clean",
 "corrupted" (strings), "answer", "wrong_answer" (string or token id), optional "roles" (an object
-of the role forms above).
+of the role forms above) and "corrupted_roles" (the same names, found in the corrupted prompt).
 
 Tokenizers (`encoder`): a transformers tokenizer (fast ones give offsets; special tokens as the
 tokenizer adds them, e.g. none for GPT-2, BOS for Llama), a `tokenizers.Tokenizer`, or any
@@ -60,19 +66,21 @@ from interp.tasks.base import Batch
 
 NO_STATE = -1          # Batch.states of text: no ground-truth latent state
 PADDINGS = ("right", "left")
-FIELDS = ("clean", "corrupted", "answer", "wrong_answer", "roles")
+FIELDS = ("clean", "corrupted", "answer", "wrong_answer", "roles", "corrupted_roles")
 Encoded = tuple[list[int], list[tuple[int, int]] | None]   # token ids, character offsets (or None)
 
 
 @dataclass
 class PromptPair:
-    """One clean / corrupted pair (module docstring). where: names it in errors (a file line)."""
+    """One clean / corrupted pair (module docstring). corrupted_roles: the roles' places in the
+    corrupted prompt (None: the clean prompt's token positions). where: names it in errors (a file line)."""
 
     clean: str
     corrupted: str
     answer: str | int
     wrong_answer: str | int
     roles: dict = field(default_factory=dict)
+    corrupted_roles: dict | None = None
     where: str = ""
 
     def __post_init__(self) -> None:
@@ -88,12 +96,27 @@ class PromptPair:
                 raise ValueError(f"{name}: field {key!r} must be a non-empty string or a token id >= 0; got {value!r}")
         if not isinstance(self.roles, dict) or not all(isinstance(k, str) and k for k in self.roles):
             raise ValueError(f"{name}: field 'roles' must be an object of role name -> position; got {self.roles!r}")
+        if self.corrupted_roles is None:
+            return
+        if not isinstance(self.corrupted_roles, dict) or not all(isinstance(k, str) and k for k in self.corrupted_roles):
+            raise ValueError(f"{name}: field 'corrupted_roles' must be an object of role name -> position; got "
+                             f"{self.corrupted_roles!r}")
+        for role in self.roles:
+            if role not in self.corrupted_roles:
+                raise ValueError(f"{name}: role {role!r} is in 'roles' but not in 'corrupted_roles'; "
+                                 f"'corrupted_roles' must name the same roles {sorted(self.roles)}")
+        for role in self.corrupted_roles:
+            if role not in self.roles:
+                raise ValueError(f"{name}: role {role!r} is in 'corrupted_roles' but not in 'roles'; "
+                                 f"'corrupted_roles' must name the same roles {sorted(self.roles)}")
 
 
 @dataclass
 class Prompts:
-    """Tokenized pairs: clean and corrupt Batches [N, T] aligned token by token, lengths [N] (tokens
-    of each prompt), answers / wrong_answers [N] token ids, the pairs, the padding side."""
+    """Tokenized pairs: clean and corrupt Batches [N, T] (padded to one T), lengths [N] (tokens of
+    each clean prompt), answers / wrong_answers [N] token ids, the pairs, the padding side,
+    corrupt_lengths [N] (tokens of each corrupted prompt: the clean lengths unless the pairs give
+    corrupted_roles)."""
 
     clean: Batch
     corrupt: Batch
@@ -102,6 +125,7 @@ class Prompts:
     wrong_answers: torch.Tensor
     pairs: list[PromptPair]
     padding: str
+    corrupt_lengths: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -155,41 +179,43 @@ def answer_id(tokenize: Callable[[str], Encoded], answer: str | int, where: str,
     return ids[0]
 
 
-def role_position(spec, text: str, offsets, n_tokens: int, where: str, name: str) -> int:
-    """The token position (0 .. n_tokens-1 of the prompt) of one role spec (module docstring)."""
+def role_position(spec, text: str, offsets, n_tokens: int, where: str, name: str, side: str = "clean") -> int:
+    """The token position (0 .. n_tokens-1 of the prompt) of one role spec (module docstring) in
+    the `side` ("clean" or "corrupted") prompt `text`."""
+    role = f"role {name!r}" if side == "clean" else f"{side} role {name!r}"
     if isinstance(spec, int) and not isinstance(spec, bool):
         if not -n_tokens <= spec < n_tokens:
-            raise ValueError(f"{where}: role {name!r} token position {spec} is outside the prompt's {n_tokens} tokens")
+            raise ValueError(f"{where}: {role} token position {spec} is outside the prompt's {n_tokens} tokens")
         return spec % n_tokens
-    start, end = _char_span(spec, text, where, name)
+    start, end = _char_span(spec, text, where, role, side)
     if offsets is None:
-        raise ValueError(f"{where}: role {name!r} names text, which needs the tokenizer's character offsets (a fast "
+        raise ValueError(f"{where}: {role} names text, which needs the tokenizer's character offsets (a fast "
                          "transformers tokenizer, a tokenizers.Tokenizer, or a callable returning (ids, offsets)); "
                          "give a token position instead")
     hits = [t for t, (s, e) in enumerate(offsets) if s < end and e > start]
     if not hits:
-        raise ValueError(f"{where}: role {name!r} (characters {start}..{end}) overlaps no token")
+        raise ValueError(f"{where}: {role} (characters {start}..{end}) overlaps no token")
     return hits[-1]
 
 
-def _char_span(spec, text: str, where: str, name: str) -> tuple[int, int]:
+def _char_span(spec, text: str, where: str, role: str, side: str) -> tuple[int, int]:
     """[start, end) of a substring, [substring, k] or [start, end] role in text."""
     forms = "a substring, [substring, occurrence], [start, end] characters or an int token position"
     if isinstance(spec, str):
         spec = [spec, 0]
     if not isinstance(spec, (list, tuple)) or len(spec) != 2 or any(isinstance(s, bool) for s in spec):
-        raise ValueError(f"{where}: role {name!r} must be {forms}; got {spec!r}")
+        raise ValueError(f"{where}: {role} must be {forms}; got {spec!r}")
     if isinstance(spec[0], str) and isinstance(spec[1], int) and spec[0] and spec[1] >= 0:
         start = -1
         for _ in range(spec[1] + 1):
             start = text.find(spec[0], start + 1)
             if start < 0:
-                raise ValueError(f"{where}: role {name!r}: {spec[0]!r} does not occur {spec[1] + 1} time(s) in the "
-                                 f"clean prompt {text!r}")
+                raise ValueError(f"{where}: {role}: {spec[0]!r} does not occur {spec[1] + 1} time(s) in the "
+                                 f"{side} prompt {text!r}")
         return start, start + len(spec[0])
     if all(isinstance(s, int) for s in spec) and 0 <= spec[0] < spec[1] <= len(text):
         return spec[0], spec[1]
-    raise ValueError(f"{where}: role {name!r} must be {forms} (a span within the prompt's {len(text)} characters); "
+    raise ValueError(f"{where}: {role} must be {forms} (a span within the prompt's {len(text)} characters); "
                      f"got {spec!r}")
 
 
@@ -210,10 +236,11 @@ def _check_padding(padding: str) -> None:
         raise ValueError(f"padding must be one of {PADDINGS}; got {padding!r}")
 
 
-def _batch(rows: list[list[int]], finals: list[int], roles: list[dict[str, int]], padding: str, pad: int) -> Batch:
-    """A Batch of token rows (padded to the longest), the target at each row's last token `finals`,
+def _batch(rows: list[list[int]], finals: list[int], roles: list[dict[str, int]], padding: str, pad: int,
+           length: int) -> Batch:
+    """A Batch of token rows (padded to `length`), the target at each row's last token `finals`,
     the roles' positions in each row (shifted by left padding)."""
-    n, length = len(rows), max(len(r) for r in rows)
+    n = len(rows)
     tokens = torch.full((n, length), pad, dtype=torch.long)
     targets = torch.full((n, length), pad, dtype=torch.long)
     loss_mask = torch.zeros(n, length, dtype=torch.bool)
@@ -248,17 +275,22 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PromptPair], padding: str = "right
     _same_roles(pairs)
     tokenize = encoder(tokenizer, add_special_tokens)
     plain = encoder(tokenizer, add_special_tokens=False)
-    clean_rows, corrupt_rows, roles, answers, wrongs = [], [], [], [], []
+    clean_rows, corrupt_rows, roles, corrupt_roles, answers, wrongs = [], [], [], [], [], []
     for index, pair in enumerate(pairs):
         where = pair.where or f"pair {index}"
-        (clean, offsets), (corrupt, _) = tokenize(pair.clean), tokenize(pair.corrupted)
-        if not clean:
-            raise ValueError(f"{where}: field 'clean' {pair.clean!r} tokenizes to no tokens")
-        if len(clean) != len(corrupt):
+        (clean, offsets), (corrupt, corrupt_offsets) = tokenize(pair.clean), tokenize(pair.corrupted)
+        for key, ids in (("clean", clean), ("corrupted", corrupt)):
+            if not ids:
+                raise ValueError(f"{where}: field {key!r} {getattr(pair, key)!r} tokenizes to no tokens")
+        if len(clean) != len(corrupt) and pair.corrupted_roles is None:
             raise ValueError(f"{where}: clean and corrupted prompts tokenize to {len(clean)} and {len(corrupt)} "
-                             "tokens; they must align token by token (patching moves position t to position t)")
+                             "tokens; they must align token by token (patching moves position t to position t), or "
+                             "give 'corrupted_roles' to align them by role")
         roles.append({name: role_position(spec, pair.clean, offsets, len(clean), where, name)
                       for name, spec in pair.roles.items()})
+        corrupt_roles.append(dict(roles[-1]) if pair.corrupted_roles is None else
+                             {name: role_position(pair.corrupted_roles[name], pair.corrupted, corrupt_offsets,
+                                                  len(corrupt), where, name, "corrupted") for name in pair.roles})
         answers.append(answer_id(plain, pair.answer, where, "answer"))
         wrongs.append(answer_id(plain, pair.wrong_answer, where, "wrong_answer"))
         if answers[-1] == wrongs[-1]:
@@ -266,10 +298,11 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PromptPair], padding: str = "right
                              "needs two different tokens")
         clean_rows.append(clean)
         corrupt_rows.append(corrupt)
-    pad = _pad_id(tokenizer, pad_id)
-    return Prompts(_batch(clean_rows, answers, roles, padding, pad), _batch(corrupt_rows, wrongs, roles, padding, pad),
+    pad, width = _pad_id(tokenizer, pad_id), max(len(r) for r in clean_rows + corrupt_rows)
+    return Prompts(_batch(clean_rows, answers, roles, padding, pad, width),
+                   _batch(corrupt_rows, wrongs, corrupt_roles, padding, pad, width),
                    torch.tensor([len(r) for r in clean_rows]), torch.tensor(answers), torch.tensor(wrongs), pairs,
-                   padding)
+                   padding, torch.tensor([len(r) for r in corrupt_rows]))
 
 
 def read_prompts(path: str | Path) -> list[PromptPair]:
@@ -329,9 +362,11 @@ IOI_CORRUPTIONS = ("swap", "abc")
 def ioi_pairs(n: int, seed: int = 0, names: Sequence[str] = IOI_NAMES, templates: Sequence[str] = IOI_TEMPLATES,
               corruption: str = "swap") -> list[PromptPair]:
     """n IOI pairs: a template (one {IO}, two {S}) filled with two distinct names; answer " IO",
-    wrong_answer " S"; roles IO, S1, S2 (the names' tokens) and END (the last token). The
-    corrupted prompt: "swap" puts the IO name at S2 (its answer becomes S), "abc" three other
-    names (neither answer is in it). Template and names are drawn with numpy's default_rng(seed)."""
+    wrong_answer " S"; roles IO, S1, S2 (the names' tokens) and END (the last token), in the
+    clean prompt and (corrupted_roles) at the same slots of the corrupted one, so that names of
+    other token lengths stay aligned by role. The corrupted prompt: "swap" puts the IO name at
+    S2 (its answer becomes S), "abc" three other names (neither answer is in it). Template and
+    names are drawn with numpy's default_rng(seed)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int; got {n!r}")
     if corruption not in IOI_CORRUPTIONS:
@@ -350,9 +385,10 @@ def ioi_pairs(n: int, seed: int = 0, names: Sequence[str] = IOI_NAMES, templates
         io, s = picked[:2]
         clean, spans = _fill(template, [io, s, s])
         other = [io, s, io] if corruption == "swap" else picked[2:5]
-        corrupted, _ = _fill(template, other)
-        roles = {"IO": spans["IO"], "S1": spans["S"][0], "S2": spans["S"][1], "END": -1}
-        pairs.append(PromptPair(clean, corrupted, " " + io, " " + s, roles))
+        corrupted, other_spans = _fill(template, other)
+        roles, corrupted_roles = ({"IO": at["IO"], "S1": at["S"][0], "S2": at["S"][1], "END": -1}
+                                  for at in (spans, other_spans))
+        pairs.append(PromptPair(clean, corrupted, " " + io, " " + s, roles, corrupted_roles))
     return pairs
 
 

@@ -61,8 +61,11 @@ def check_setup(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff",
     at = answer_positions(clean, answer, "clean")
     corrupt_at = answer_positions(corrupt, answer, "corrupt")
     if not torch.equal(at, corrupt_at):
-        raise ValueError("clean and corrupt must have their answers at the same positions (edges join equal "
-                         f"positions); got clean {at.tolist()[:8]} and corrupt {corrupt_at.tolist()[:8]}")
+        i = int(torch.nonzero(at != corrupt_at)[0, 0])
+        raise ValueError(f"clean and corrupt must have their answers at the same positions (edges join equal "
+                         f"positions); pair {i} has its clean answer at position {int(at[i])} and its corrupted answer "
+                         f"at {int(corrupt_at[i])} (prompts of different lengths align by role only: interchange and "
+                         "attribute at role sites)")
     return graph, at
 
 

@@ -44,9 +44,14 @@ def position_masks(batch: Batch, positions: Sequence[str], which: str = "clean")
 def check_positional_pair(clean: Batch, corrupt: Batch, positions: Sequence[str]) -> torch.Tensor:
     """The clean pair's masks [G, N, T]; ValueError when the corrupted examples' roles put a group
     elsewhere (an edge joins the same positions of both runs)."""
-    masks = position_masks(clean, positions, "clean")
-    if not torch.equal(masks, position_masks(corrupt, positions, "corrupt")):
-        raise ValueError(f"clean and corrupt must have the position groups {list(positions)} at the same positions")
+    masks, corrupt_masks = position_masks(clean, positions, "clean"), position_masks(corrupt, positions, "corrupt")
+    if not torch.equal(masks, corrupt_masks):
+        g, n = (int(i) for i in torch.nonzero((masks != corrupt_masks).any(2))[0])
+        at = [torch.nonzero(m[g, n])[:, 0].tolist() for m in (masks, corrupt_masks)]
+        raise ValueError(f"pair {n}: position group {positions[g]!r} is at position(s) {at[0]} of the clean prompt and "
+                         f"{at[1]} of the corrupted one; a positional circuit's edges join equal positions, so every "
+                         f"group of {list(positions)} must be at the same positions in both (patch such pairs by role "
+                         "with interchange or attribute)")
     return masks
 
 

@@ -36,8 +36,8 @@ from interp.analysis.interventions.patching import probs_at, time_first
 from interp.analysis.interventions.planning import (HINT, READ_OUT_FLOATS, LazyStates, block_input, block_inputs,
                                                     describe, footprint, is_state, layer_of, logits_at, reading_at,
                                                     takes_at)
-from interp.analysis.interventions.sites import (Site, answer_positions, check_pair, check_sites, rival_answers,
-                                                 site_positions)
+from interp.analysis.interventions.sites import (Site, answer_positions, check_aligned, check_pair, check_sites,
+                                                 rival_answers, site_positions)
 from interp.analysis.units import Unit, UnitWork, chunks, run_units
 from interp.tasks.base import Batch
 from models.memory import budget_bytes, progress_bar, rows_that_fit
@@ -91,6 +91,7 @@ def attribute(
         raise TypeError(f"progress must be a bool; got {progress!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
+    check_aligned(clean, corrupt, sites, answer)
     if executor is not None or out is not None or chunk is not None:
         options = dict(min_effect=float(min_effect), answer=answer, metrics=list(metrics))
         return attribution_grid(model, clean, corrupt, sites, options, max_memory, chunk, executor, out, progress)

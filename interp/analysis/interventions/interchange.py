@@ -29,7 +29,7 @@ import torch
 import models
 from interp.analysis.interventions.exact import interchange_grid, measure, restoration
 from interp.analysis.interventions.patching import rows_per_pass
-from interp.analysis.interventions.sites import Site, check_pair, check_sites
+from interp.analysis.interventions.sites import Site, check_aligned, check_pair, check_sites
 from interp.tasks.base import Batch
 
 METRICS = ("restoration",)
@@ -235,6 +235,7 @@ def interchange(
             raise TypeError(f"{name} must be a bool; got {flag!r}")
     check_pair(clean, corrupt)
     sites = check_sites(model, sites)
+    check_aligned(clean, corrupt, sites, answer)
     rows_per_pass(batch_size, len(clean))  # checked here, resolved per unit
     options = dict(batch_size=batch_size, answer=answer, skip_noops=skip_noops, resume=resume, metrics=tuple(metrics),
                    min_effect=float(min_effect))

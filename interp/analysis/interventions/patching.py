@@ -20,7 +20,7 @@ import torch
 import models
 from interp.analysis.interventions.planning import (LazyStates, Planner, is_state, logits_at, reading_at,
                                                     resume_states, takes_at)
-from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_pair,
+from interp.analysis.interventions.sites import (Site, answer_positions, answer_probs, check_aligned, check_pair,
                                                  check_sites, site_positions)
 from interp.tasks.base import Batch
 from models.memory import progress_bar
@@ -491,6 +491,7 @@ def patched_probs(
     """
     check_pair(source, target)
     sites = check_sites(model, sites)
+    check_aligned(source, target, sites, answer)
     batch_size = rows_per_pass(batch_size, len(target))
     target_ans = answer_positions(target, answer, "target")
     if answer_tokens is None:

@@ -143,6 +143,26 @@ def check_pair(clean: Batch, corrupt: Batch) -> None:
         )
 
 
+def check_aligned(clean: Batch, corrupt: Batch, sites: Sequence[Site], answer: str | None = None) -> None:
+    """ValueError, one line naming the site and the pair, when a site patches position t from position
+    t (position None or an int) while a pair's clean and corrupted answers lie at different
+    positions (prompts of different lengths, aligned by role only: interp.prompts' corrupted_roles):
+    position t of one is then not position t of the other. A role site maps the clean role's
+    position to the corrupted role's, whatever they are."""
+    fixed = [s for s in sites if not isinstance(s.position, str)]
+    if not fixed:
+        return
+    clean_at, corrupt_at = answer_positions(clean, answer, "clean"), answer_positions(corrupt, answer, "corrupt")
+    differ = torch.nonzero(clean_at != corrupt_at)[:, 0]
+    if len(differ):
+        i = int(differ[0])
+        raise ValueError(
+            f"site {fixed[0].label} patches position t from position t, but pair {i} has its clean answer at "
+            f"position {int(clean_at[i])} and its corrupted answer at {int(corrupt_at[i])} (prompts of different "
+            "lengths, aligned by role only); give such pairs' sites a role position"
+        )
+
+
 def site_positions(batch: Batch, position: str | int | None, which: str = "batch") -> torch.Tensor:
     """Positions [N, k] (int64) of a site in each example of `batch`."""
     n, length = batch.tokens.shape
