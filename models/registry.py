@@ -106,7 +106,9 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     """Rebuild a model from a run directory (config.json with a "model" entry + the weights of its
     current checkpoint) or a model directory (config.json + model.safetensors), in the dtype its
     weights were saved in. The weights' sha256 is checked against the digest recorded when they
-    were written (ValueError naming the file on a mismatch: a flipped bit, a file replaced)."""
+    were written (ValueError naming the file on a mismatch: a flipped bit, a file replaced). A
+    directory holding tokenizer files (`save` of a model with a tokenizer) gives the model that
+    tokenizer (model.tokenizer; `attach_tokenizer`)."""
     from safetensors import safe_open
 
     device = str(check_device(device))
@@ -159,7 +161,25 @@ def load(run_dir: str | Path, device: str = "cpu") -> SequenceModel:
     if missing or unexpected:
         raise ValueError(f"{weights_path} does not fill the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     check_finite(model, weights_path)
+    attach_tokenizer(model, run_dir, run)
     return model.to(device)
+
+
+def attach_tokenizer(model: SequenceModel, run_dir: Path, run: bool) -> None:
+    """model.set_tokenizer(the tokenizer saved in run_dir) when it holds tokenizer files
+    (models.tl.surface.directory_tokenizer: local files, no remote code); in a run directory each
+    must be a regular file (a link is refused, not read through). Nothing when it holds none."""
+    from models.tl.surface import TOKENIZER_FILES, directory_tokenizer
+
+    present = [run_dir / name for name in TOKENIZER_FILES if os.path.lexists(run_dir / name)]
+    if not present:
+        return
+    if run:
+        for path in present:
+            regular_file(path)
+    tokenizer = directory_tokenizer(run_dir)
+    if tokenizer is not None:
+        model.set_tokenizer(tokenizer)
 
 
 def _size(path: Path) -> int:

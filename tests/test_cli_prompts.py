@@ -1,6 +1,7 @@
 """`interp patch / interp circuit MODEL_DIR --prompts FILE`: your own prompt pairs from the command
-line, on a transformers checkpoint directory (its tokenizer beside it) or a saved model directory
-with --tokenizer; bad prompt files and missing tokenizers are one-line errors; a filter that keeps
+line, on a transformers checkpoint directory (its tokenizer beside it), a saved model directory
+(`model.save` writes the imported model's tokenizer with it) or one saved without a tokenizer
+given --tokenizer; bad prompt files and missing tokenizers are one-line errors; a filter that keeps
 no example stops before any patched pass."""
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_patch_runs_a_prompt_file_on_a_checkpoint_as_the_python_api_does(checkpo
 
 
 def test_circuit_runs_a_prompt_file_on_a_saved_model_with_a_tokenizer_flag(checkpoint, prompt_file, tmp_path, capsys):
-    saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")   # config.json + weights, no tokenizer
+    saved = models.from_pretrained(checkpoint, tokenizer=False).save(tmp_path / "saved")   # no tokenizer files
     report = tmp_path / "circuit.html"
     capsys.readouterr()
     assert main(["circuit", str(saved), "--prompts", str(prompt_file), "--tokenizer", str(checkpoint), "--steps", "2",
@@ -95,12 +96,48 @@ def test_a_tokenizer_without_prompts_is_a_one_line_error(checkpoint, tmp_path, c
     assert capsys.readouterr().err.strip() == "interp patch: error: --tokenizer is used with --prompts only"
 
 
-def test_a_model_directory_without_a_tokenizer_is_a_one_line_error(checkpoint, prompt_file, tmp_path, capsys):
-    saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")
+def test_a_model_directory_without_a_tokenizer_is_a_one_line_error_naming_both_options(checkpoint, prompt_file,
+                                                                                      tmp_path, capsys):
+    saved = models.from_pretrained(checkpoint, tokenizer=False).save(tmp_path / "saved")
+    assert models.load(saved).tokenizer is None
     capsys.readouterr()
     assert main(["patch", str(saved), "--prompts", str(prompt_file), "--out", str(tmp_path / "p.html")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "RUN_DIR" in err and "holds no tokenizer" in err and "--tokenizer DIR" in err
+    assert "\n" not in err and err.startswith(f"interp patch: error: no tokenizer: RUN_DIR {str(saved)!r} holds none")
+    assert "no --tokenizer DIR is given" in err and "model.save of a model that has one" in err
+    assert main(["patch", str(checkpoint), "--prompts", str(prompt_file), "--tokenizer", str(saved),
+                 "--out", str(tmp_path / "p.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--tokenizer {str(saved)!r} holds no tokenizer" in err and "RUN_DIR's own" in err
+
+
+def test_the_tokenizer_travels_with_the_model_into_its_saved_directory(checkpoint, prompt_file, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    victim = tmp_path / "victim.json"
+    victim.write_text("precious")
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "tokenizer.json").symlink_to(victim)   # replaced, never written through
+    saved = models.from_pretrained(checkpoint).save(tmp_path / "saved")
+    assert victim.read_text() == "precious" and not (saved / "tokenizer.json").is_symlink()
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in saved.iterdir()}
+    assert not [p for p in saved.iterdir() if p.name.endswith(".tmp")]
+    original = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+    loaded = models.load(saved)
+    texts = [p.clean for p in read_prompts(prompt_file)] + [" Mary", "<|endoftext|>x"]
+    assert [loaded.tokenizer(t)["input_ids"] for t in texts] == [original(t)["input_ids"] for t in texts]
+    assert loaded.tokenizer.eos_token == original.eos_token
+    report, again = tmp_path / "saved.html", tmp_path / "checkpoint.html"
+    for directory, out in ((saved, report), (checkpoint, again)):
+        capsys.readouterr()
+        assert main(["patch", str(directory), "--prompts", str(prompt_file), "--hooks", "hook_resid_pre",
+                     "--positions", "IO,END", "--method", "exact", "--min-effect", "0", "--no-progress",
+                     "--out", str(out)]) == 0
+    ours, theirs = pd.read_csv(report.with_suffix(".csv")), pd.read_csv(again.with_suffix(".csv"))
+    assert ours.site.tolist() == theirs.site.tolist() and ours.n_kept[0] > 0
+    pd.testing.assert_series_equal(ours["mean"], theirs["mean"])
+    resaved = loaded.save(tmp_path / "resaved")   # a loaded model carries its tokenizer on
+    assert (resaved / "tokenizer.json").read_bytes() == (saved / "tokenizer.json").read_bytes()
 
 
 def test_a_filter_that_keeps_nothing_stops_before_any_patched_pass(checkpoint, prompt_file, tmp_path, capsys):

@@ -142,3 +142,43 @@ def test_a_scratch_write_without_fsync_is_as_confined(tmp_path, monkeypatch):
     assert (tmp_path / "hook_out.safetensors").read_bytes() == b"activations"
     writer.write_bytes(tmp_path / "cache.json", b"{}")
     assert len(synced) == 2   # the file, then its directory
+
+
+def test_write_files_moves_what_fill_wrote_and_replaces_links_without_following_them(tmp_path):
+    victim = tmp_path / "victim.json"
+    victim.write_text("precious")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").symlink_to("../victim.json")
+
+    def fill(tmp):
+        for name, text in (("tokenizer.json", "{}"), ("tokenizer_config.json", '{"a": 1}')):
+            with open(os.path.join(tmp, name), "w") as handle:
+                handle.write(text)
+
+    written = writer.write_files(run, fill, "tokenizer")
+    assert written == [run / "tokenizer.json", run / "tokenizer_config.json"]
+    assert victim.read_text() == "precious" and not (run / "tokenizer.json").is_symlink()
+    assert (run / "tokenizer.json").read_text() == "{}" and listing(run) == ["tokenizer.json", "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: os.symlink("/etc/hostname", os.path.join(tmp, "tokenizer.json")), "left a link"),
+    (lambda tmp: os.mkdir(os.path.join(tmp, "sub")), "something else than a regular file"),
+    (lambda tmp: None, "nothing was written for tokenizer"),
+])
+def test_write_files_refuses_links_and_directories_before_moving_anything(tmp_path, make, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "kept.json").write_text("old")
+
+    def fill(tmp):
+        with open(os.path.join(tmp, "a.json"), "w") as handle:
+            handle.write("new")
+        make(tmp)
+        if message.startswith("nothing"):
+            os.remove(os.path.join(tmp, "a.json"))
+
+    with pytest.raises(PathRefused, match=message):
+        writer.write_files(run, fill, "tokenizer")
+    assert listing(run) == ["kept.json"] and not writer.leftovers(run, "tokenizer")

@@ -10,9 +10,10 @@ beside it. Kept free of heavy imports so `interp --help` stays fast.
 
 Your own prompts: `interp patch MODEL_DIR --prompts FILE.jsonl [--tokenizer DIR]` patches clean /
 corrupted prompt pairs of a prompt file (interp.prompts: one JSON object per line with "clean",
-"corrupted", "answer", "wrong_answer" and optional "roles") on a model directory (`model.save`,
-`interp train`) or a transformers checkpoint directory (imported with models.from_pretrained),
-tokenized by the tokenizer saved in DIR (default MODEL_DIR; local files only, no remote code).
+"corrupted", "answer", "wrong_answer" and optional "roles", "corrupted_roles") on a model directory
+(`model.save`, `interp train`) or a transformers checkpoint directory (imported with
+models.from_pretrained), tokenized by the tokenizer saved in DIR (default MODEL_DIR's own, which
+`model.save` writes for a model with a tokenizer; local files only, no remote code).
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ def add_prompt_arguments(parser) -> None:
     """--prompts, --tokenizer (also `interp circuit`)."""
     parser.add_argument("--prompts", type=run_directory, default=None, metavar="FILE",
                         help="your own clean / corrupted prompt pairs instead of the run's task: a JSONL file, one "
-                             "object per line with clean, corrupted, answer, wrong_answer and optional roles (see "
-                             "interp.prompts); RUN_DIR may then be any model directory or a transformers checkpoint "
+                             "object per line with clean, corrupted, answer, wrong_answer and optional roles, "
+                             "corrupted_roles (see interp.prompts); RUN_DIR may then be any model directory or a transformers checkpoint "
                              "directory, and --n, --length, --seed, --corrupt are not used")
     parser.add_argument("--tokenizer", type=run_directory, default=None, metavar="DIR",
                         help="with --prompts: a directory holding a transformers tokenizer (tokenizer.json, ...; "
-                             "local files only, no remote code) (default: RUN_DIR)")
+                             "local files only, no remote code) (default: RUN_DIR's own, which model.save writes "
+                             "for a model with a tokenizer)")
 
 
 def chunk_pair(text: str) -> tuple[int, int]:
@@ -167,7 +169,7 @@ def load_prompt_pair(args: argparse.Namespace):
     from interp.prompts import read_prompts, tokenize_pairs
 
     pairs = read_prompts(args.prompts)
-    tokenizer = load_tokenizer(args.tokenizer or args.run_dir, "--tokenizer" if args.tokenizer else "RUN_DIR")
+    tokenizer = load_tokenizer(args.run_dir, args.tokenizer)
     prompts = tokenize_pairs(tokenizer, pairs)
     model = load_model(args.run_dir, args.device)
     vocab = model.cfg.vocab_size
@@ -180,16 +182,24 @@ def load_prompt_pair(args: argparse.Namespace):
     return config, len(pairs), model, prompts.clean.to(args.device), prompts.corrupt.to(args.device)
 
 
-def load_tokenizer(directory: Path, flag: str):
-    """The tokenizer saved in a local directory (models.tl.surface.directory_tokenizer: no download,
-    no remote code, file sizes bounded); one line naming `flag` when there is none."""
+def load_tokenizer(run_dir: Path, flag: Path | None):
+    """The tokenizer saved in --tokenizer's directory `flag`, else in RUN_DIR
+    (models.tl.surface.directory_tokenizer: no download, no remote code, file sizes bounded); one
+    line naming both options when the one read has none."""
     from models.tl.surface import TOKENIZER_FILES, directory_tokenizer
 
+    directory = run_dir if flag is None else flag
     tokenizer = directory_tokenizer(directory) if directory.is_dir() else None
-    if tokenizer is None:
-        raise ValueError(f"{flag} {str(directory)!r} holds no tokenizer (none of {list(TOKENIZER_FILES)}); give "
-                         "--tokenizer DIR, a directory written by tokenizer.save_pretrained")
-    return tokenizer
+    if tokenizer is not None:
+        return tokenizer
+    files = f"(none of {list(TOKENIZER_FILES)})"
+    if flag is not None:
+        raise ValueError(f"--tokenizer {str(flag)!r} holds no tokenizer {files}; give a directory written by "
+                         "tokenizer.save_pretrained, or leave --tokenizer out to read RUN_DIR's own")
+    raise ValueError(f"no tokenizer: RUN_DIR {str(run_dir)!r} holds none {files} and no --tokenizer DIR is given; give "
+                     "--tokenizer DIR (a directory written by tokenizer.save_pretrained), or save the model with its "
+                     "tokenizer (model.save of a model that has one, e.g. models.from_pretrained of a checkpoint "
+                     "with tokenizer files)")
 
 
 def load_model(directory: Path, device: str):

@@ -1,8 +1,9 @@
 """save(model, run_dir): a model as a directory `models.load` rebuilds bit for bit (config.json and
-model.safetensors, each written atomically). Apart from models.registry so that a model's own
+model.safetensors, each written atomically), with its tokenizer's files when it has one. Apart from models.registry so that a model's own
 `save` method (models.backbone) and the registry, which builds models, need not import each other.
 
     save_weights(model, path, metadata=None)     its state dict as one safetensors file
+    save_tokenizer(tokenizer, run_dir)            a transformers tokenizer's files (save_pretrained's)
     load_weights(model, path, device="cpu") -> (missing, unexpected) names
 
 The file format is safetensors.torch.save_model's: one name per tied group (the first in sorted
@@ -29,8 +30,10 @@ def save(model, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Pa
     """Write `model` as a run directory that `load` rebuilds bit for bit: config.json
     ({"model": its ModelConfig, **info, "weights_sha256": the digest `load` checks}, info
     JSON-serialisable, e.g. where it came from) and model.safetensors (its weights in their
-    dtype), each written atomically. An existing
-    model.safetensors (a training run's, say) is replaced only with overwrite=True."""
+    dtype), each written atomically; a model with a tokenizer (model.tokenizer: models.from_pretrained
+    of a checkpoint with tokenizer files, or set_tokenizer) also its tokenizer's files
+    (`save_tokenizer`), which `models.load` attaches again and `interp patch / circuit --prompts`
+    read. An existing model.safetensors (a training run's, say) is replaced only with overwrite=True."""
     if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "cfg", None), ModelConfig):
         raise TypeError(f"model must be a SequenceModel; got {type(model).__name__}")
     run_dir = Path(run_dir)
@@ -38,9 +41,22 @@ def save(model, run_dir: str | Path, overwrite: bool = False, **info: Any) -> Pa
         raise FileExistsError(f"{run_dir / 'model.safetensors'} exists; pass overwrite=True to replace it")
     run_dir.mkdir(parents=True, exist_ok=True)
     save_weights(model, run_dir / "model.safetensors")
+    if getattr(model, "tokenizer", None) is not None:
+        save_tokenizer(model.tokenizer, run_dir)
     record = {"model": model.cfg.to_dict(), **info, WEIGHTS_SHA256: sha256_of(run_dir / "model.safetensors")}
     writer.write_json(run_dir / "config.json", record)
     return run_dir
+
+
+def save_tokenizer(tokenizer, run_dir: str | Path) -> list[Path]:
+    """The files of a transformers tokenizer (its save_pretrained's: tokenizer.json,
+    tokenizer_config.json, ...) written into run_dir through models.storage.writer.write_files:
+    each a regular file renamed into place (a link there replaced, never followed; a link or a
+    directory save_pretrained made refused). Returns their paths."""
+    if not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise TypeError(f"model.tokenizer must be a transformers tokenizer (with save_pretrained) to be saved with the "
+                        f"model; got {type(tokenizer).__name__}")
+    return writer.write_files(run_dir, lambda tmp: tokenizer.save_pretrained(tmp), "tokenizer")
 
 
 def tied_groups(model: torch.nn.Module) -> list[list[str]]:

@@ -7,6 +7,8 @@ temporary file, made durable and renamed over its target:
     write_text(path, text)          UTF-8
     write_json(path, data)          indented, sorted keys, a final newline
     copy_file(source, path)         the bytes of the regular file `source` (not through a link)
+    write_files(directory, fill, name)  the files fill(tmp) writes into a directory (a tokenizer's
+                                    save_pretrained), each renamed into `directory` as above
     leftovers(directory, name)      the temporary directories of writes of `name` a killed process left
     remove_leftovers(directory, name)   ... removed
     fsync_directory(directory)      make a directory's new entries durable (one the caller created)
@@ -103,6 +105,34 @@ def copy_file(source: str | os.PathLike, path: str | os.PathLike) -> Path:
             shutil.copyfileobj(reading, handle, 1 << 22)
 
     return write_file(path, fill)
+
+
+def write_files(directory: str | os.PathLike, fill: Callable[[str], Any], name: str) -> list[Path]:
+    """Replace files of `directory` by those `fill(tmp)` writes into tmp, a fresh private directory
+    inside it (DIR/.NAME.XXXX.tmp/: `leftovers(directory, name)` finds it after a kill), for a
+    library that writes a set of files by directory (a tokenizer's save_pretrained). Each must be
+    a regular file, and none may land on a directory: anything else (a link, a subdirectory) is
+    refused (PathRefused) before any is moved. Each is fsynced and renamed over DIR/its name (a
+    link there is replaced itself, never written through), then the directory is fsynced; a
+    failure before the renames leaves `directory` as it was. Returns the paths written, sorted."""
+    directory = Path(directory)
+    scratch = tempfile.mkdtemp(prefix=_prefix(name), suffix=".tmp", dir=directory)
+    try:
+        fill(scratch)
+        names = sorted(os.listdir(scratch))
+        if not names:
+            raise PathRefused(f"nothing was written for {name} in {directory} (the writer made no file at {scratch})")
+        for entry in names:
+            _refuse_directory(directory / entry)
+            _check_regular(os.path.join(scratch, entry), directory / entry, fsync=True)
+        for entry in names:
+            os.replace(os.path.join(scratch, entry), directory / entry)   # replaces a link there, never its target
+        os.rmdir(scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    fsync_directory(directory)
+    return [directory / entry for entry in names]
 
 
 def leftovers(directory: str | os.PathLike, name: str) -> list[Path]:
