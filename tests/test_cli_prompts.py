@@ -159,3 +159,24 @@ def test_the_recipe_ranks_heads_by_exact_restoration_beside_attribution_and_atte
     exact = [row[0] for row in out["heads"].values()]
     assert exact == sorted(exact, reverse=True) and all(0 <= row[2] <= 1 for row in out["heads"].values())
     assert "logit(IO) - logit(S)" in capsys.readouterr().out
+
+
+def test_a_prompt_file_whose_corrupted_prompts_differ_in_length_patches_by_role_only(checkpoint, tmp_path, capsys):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({
+        "clean": "When Kate and Tom went to the park, Tom gave a ball to",
+        "corrupted": "When Christopher and Tom went to the park, Christopher gave a ball to",
+        "answer": " Kate", "wrong_answer": " Tom", "roles": {"IO": "Kate", "S2": ["Tom", 1], "END": -1},
+        "corrupted_roles": {"IO": "Christopher", "S2": ["Christopher", 1], "END": -1}}) + "\n")
+    capsys.readouterr()
+    common = ["--prompts", str(path), "--no-progress"]
+    assert main(["patch", str(checkpoint), *common, "--min-effect", "0", "--out", str(tmp_path / "all.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "patches position t from position t, but pair 0 has its clean answer at" in err
+    assert main(["circuit", str(checkpoint), *common, "--steps", "2", "--out", str(tmp_path / "c.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "pair 0 has its clean answer at position" in err
+    assert main(["patch", str(checkpoint), *common, "--min-effect", "0", "--positions", "IO,S2,END", "--hooks",
+                 "hook_resid_pre", "--out", str(tmp_path / "roles.html")]) == 0
+    table = pd.read_csv(tmp_path / "roles.csv")   # the values by role: tests/test_prompt_roles.py
+    assert set(table.site) == {f"blocks.{l}.hook_resid_pre@{r}" for l in (0, 1) for r in ("IO", "S2", "END")}
