@@ -30,10 +30,10 @@ positions shift), so use it only with prompts of one length or when that is want
 `lengths` holds each clean prompt's token count, `corrupt_lengths` each corrupted one's.
 
 Roles name positions of the clean prompt (`roles`) and of the corrupted one (`corrupted_roles`,
-default the clean prompt's token positions), each one token per pair: a substring ("Mary": its first occurrence), [substring, k] (its k-th occurrence, from
-0), [start, end] (a character span of the prompt) - each the last token that overlaps the
-text, the one that has read all of it - or an int token position of the prompt (negative from
-its end: -1 is the last token). Substring and span roles need the tokenizer's character offsets
+default the clean prompt's token positions), each one token per pair: a substring ("Mary": its
+first occurrence), [substring, k] (its k-th occurrence, from 0), [start, end] (a character span
+of the prompt) - each the last token that overlaps the text, the one that has read all of it -
+or an int token position of the prompt (negative from its end: -1 is the last token). Substring and span roles need the tokenizer's character offsets
 (a fast transformers tokenizer, a `tokenizers.Tokenizer`, or a callable returning (ids, offsets)).
 
 The rest of the Batch: targets are the next token inside the prompt and the answer (clean) /
@@ -101,14 +101,11 @@ class PromptPair:
         if not isinstance(self.corrupted_roles, dict) or not all(isinstance(k, str) and k for k in self.corrupted_roles):
             raise ValueError(f"{name}: field 'corrupted_roles' must be an object of role name -> position; got "
                              f"{self.corrupted_roles!r}")
-        for role in self.roles:
-            if role not in self.corrupted_roles:
-                raise ValueError(f"{name}: role {role!r} is in 'roles' but not in 'corrupted_roles'; "
-                                 f"'corrupted_roles' must name the same roles {sorted(self.roles)}")
-        for role in self.corrupted_roles:
-            if role not in self.roles:
-                raise ValueError(f"{name}: role {role!r} is in 'corrupted_roles' but not in 'roles'; "
-                                 f"'corrupted_roles' must name the same roles {sorted(self.roles)}")
+        for role in [*self.roles, *self.corrupted_roles]:
+            if (role in self.roles) != (role in self.corrupted_roles):
+                has, lacks = ("roles", "corrupted_roles") if role in self.roles else ("corrupted_roles", "roles")
+                raise ValueError(f"{name}: role {role!r} is in {has!r} but not in {lacks!r}; 'corrupted_roles' must "
+                                 f"name the same roles {sorted(self.roles)}")
 
 
 @dataclass

@@ -15,12 +15,18 @@ def listing(directory):
     return sorted(p.name for p in directory.iterdir())
 
 
-def test_a_link_at_the_target_is_replaced_and_its_target_left_alone(tmp_path):
-    victim = tmp_path / "victim.txt"
+def linked_run(tmp_path, name: str, victim_name: str):
+    """(tmp_path/run holding a link `name` to ../victim_name, that victim file, "precious")."""
+    victim = tmp_path / victim_name
     victim.write_text("precious")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "circuit.csv").symlink_to("../victim.txt")
+    (run / name).symlink_to(f"../{victim_name}")
+    return run, victim
+
+
+def test_a_link_at_the_target_is_replaced_and_its_target_left_alone(tmp_path):
+    run, victim = linked_run(tmp_path, "circuit.csv", "victim.txt")
     writer.write_text(run / "circuit.csv", "edge,score\n")
     assert victim.read_text() == "precious"
     assert not (run / "circuit.csv").is_symlink() and (run / "circuit.csv").read_text() == "edge,score\n"
@@ -145,11 +151,7 @@ def test_a_scratch_write_without_fsync_is_as_confined(tmp_path, monkeypatch):
 
 
 def test_write_files_moves_what_fill_wrote_and_replaces_links_without_following_them(tmp_path):
-    victim = tmp_path / "victim.json"
-    victim.write_text("precious")
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "tokenizer.json").symlink_to("../victim.json")
+    run, victim = linked_run(tmp_path, "tokenizer.json", "victim.json")
 
     def fill(tmp):
         for name, text in (("tokenizer.json", "{}"), ("tokenizer_config.json", '{"a": 1}')):
