@@ -12,6 +12,7 @@ from models.gated_product import ACTIVATIONS, gated_product
 from models.hooks import HookedMixin, HookPoint, only_read, unknown_name_message
 from models.layout import input_major_
 from models.mixers import MIXERS
+from models.mixers.base import linear_size
 from models.moe import MoE, uses_moe
 from models.tl import run as tl_run
 from models.tl.surface import MLPWeights, TLSurface, block_attention
@@ -67,6 +68,11 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
+def norm_size(cfg: ModelConfig) -> int:
+    """Parameters of make_norm(cfg): LayerNorm's weight and bias, RMSNorm's weight."""
+    return {"layernorm": 2, "rmsnorm": 1, "none": 0}[cfg.norm] * cfg.d_model
+
+
 class MLP(MLPWeights, nn.Module):
     """down(act(up(x))), act erf GELU ("gelu"), its tanh approximation ("gelu_tanh") or squared
     ReLU ("relu2"), or down(act(gate(x)) * up(x)) with act SiLU ("swiglu") or erf GELU ("geglu");
@@ -85,6 +91,12 @@ class MLP(MLPWeights, nn.Module):
         self.up = nn.Linear(cfg.d_model, width, bias=bias)
         self.down = nn.Linear(width, cfg.d_model, bias=bias)
         self.hook_pre, self.hook_post, self.hook_out = HookPoint(), HookPoint(), HookPoint()
+
+    @staticmethod
+    def element_counts(cfg: ModelConfig) -> tuple[int, int]:
+        """(parameters, buffer bytes) of MLP(cfg) (models.size)."""
+        maps = 2 if cfg.mlp_activation in ACTIVATIONS else 1   # gate and up, or up
+        return maps * linear_size(cfg.d_model, cfg.mlp_width, cfg.mlp_bias) + linear_size(cfg.mlp_width, cfg.d_model, cfg.mlp_bias), 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         if self.activation in ACTIVATIONS:  # keeps gate and up only for the backward (models/gated_product.py)
@@ -147,6 +159,24 @@ class SharedBranch(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.hook_out = HookPoint()
 
+    @staticmethod
+    def element_counts(cfg: ModelConfig, layer_idx: int) -> tuple[int, int, int]:
+        """(parameters, buffer bytes, tied parameters) of SharedBranch(cfg, layer_idx): the tied
+        ones (SHARED_WEIGHTS) are counted once per shared index by models.size, the rest per depth."""
+        wide = dataclasses.replace(cfg.layer_config(layer_idx, "shared"), d_model=2 * cfg.d_model)
+        d, bias, rank = cfg.d_model, cfg.attention_bias, cfg.shared_adapter_rank
+        inner, qkv = wide.n_heads * wide.head_dim, (wide.n_heads + 2 * wide.kv_heads) * wide.head_dim
+        attention, buffers = MIXERS["attention"][0].element_counts(wide, layer_idx)
+        attention_tied = linear_size(2 * d, qkv, bias) + linear_size(inner, d, bias)   # qkv, out_proj (to width D)
+        mlp_tied = MLP.element_counts(cfg)[0]
+        norms_tied = 3 * d if cfg.norm != "none" else 0   # norm_attn's and norm_mlp's weights; a bias is per depth
+        own = (attention - linear_size(2 * d, qkv, bias) - linear_size(inner, 2 * d, bias)   # qk norms, output gate
+               + norm_size(wide) + norm_size(cfg) - norms_tied + d * d)   # ... and proj
+        if rank:   # lora_a [r, in], lora_b [out, r] of qkv (3 r) and of the MLP's gate and up (or up)
+            adapted = 2 if cfg.mlp_activation in ACTIVATIONS else 1
+            own += 3 * rank * (2 * d + qkv) + adapted * rank * (d + cfg.mlp_width)
+        return own, buffers, attention_tied + mlp_tied + norms_tied
+
     def forward(self, x: torch.Tensor, embed: torch.Tensor, run=None) -> torch.Tensor:  # [B, T, D] each
         normed = self.norm_attn(torch.cat([x, embed], dim=-1))  # [B, T, 2 D]
         attended = self.attn(normed) if run is None else run("shared.attn", self.attn, normed)
@@ -200,6 +230,26 @@ class Block(nn.Module):
             self.norm_mlp = make_norm(layer)
             self.mlp = MoE(layer, MLP) if uses_moe(layer, layer_idx) else MLP(layer)
         self.hook_resid_post = HookPoint()
+
+    @staticmethod
+    def element_counts(cfg: ModelConfig, layer_idx: int) -> tuple[int, int, int]:
+        """(parameters, buffer bytes, tied parameters of a shared branch) of Block(cfg, layer_idx),
+        from each part's formula (models.size: nothing is built)."""
+        layer = cfg.layer_config(layer_idx)
+        parameters = buffers = tied = 0
+        parts = []
+        if cfg.shared_blocks[layer_idx] is not None:
+            parameters, buffers, tied = SharedBranch.element_counts(cfg, layer_idx)
+        if layer.mixer is not None:
+            parameters += norm_size(layer)
+            parts.append(MIXERS[layer.mixer][0].element_counts(layer, layer_idx))
+            if cfg.mixer2s[layer_idx] is not None:
+                mixer2 = cfg.layer_config(layer_idx, "mixer2")
+                parts.append(MIXERS[mixer2.mixer][0].element_counts(mixer2, layer_idx))
+        if layer.mlp:
+            parameters += norm_size(layer)
+            parts.append(MoE.element_counts(layer, MLP) if uses_moe(layer, layer_idx) else MLP.element_counts(layer))
+        return parameters + sum(p for p, _ in parts), buffers + sum(b for _, b in parts), tied
 
     @property
     def mixers(self) -> dict[str, nn.Module]:

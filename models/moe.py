@@ -125,6 +125,11 @@ class Experts(nn.Module):
         self.up = nn.Parameter(torch.empty(experts, width, d_model).uniform_(-bound, bound))
         self.down = nn.Parameter(torch.empty(experts, d_model, width).uniform_(-width ** -0.5, width ** -0.5))
 
+    @staticmethod
+    def size(experts: int, width: int, d_model: int, activation: str = "swiglu") -> int:
+        """Parameters of Experts(experts, width, d_model, activation)."""
+        return (3 if activation == "swiglu" else 2) * experts * width * d_model
+
     def neurons(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Expert `expert`'s neurons [N, F] for its tokens x [N, D]."""
         if hasattr(self, "gate"):
@@ -169,6 +174,18 @@ class MoE(nn.Module):
         for name in ("hook_router_logits", "hook_expert_indices", "hook_expert_weights", "hook_expert_post",
                      "hook_expert_out", "hook_out"):
             setattr(self, name, HookPoint())
+
+    @staticmethod
+    def element_counts(cfg, dense_mlp) -> tuple[int, int]:
+        """(parameters, buffer bytes) of MoE(cfg, dense_mlp) (models.size; dense_mlp.element_counts
+        counts the shared expert)."""
+        opts = moe_options(cfg)
+        experts, d = opts["experts"], cfg.d_model
+        parameters = experts * d + Experts.size(experts, opts["d_expert"], d, opts["expert_activation"])
+        if opts["d_shared"] is not None:
+            parameters += dense_mlp.element_counts(cfg.replace(d_mlp=opts["d_shared"], moe=None))[0]
+            parameters += d if opts["shared_gate"] else 0
+        return parameters, 4 * experts if opts["routing"] == "sigmoid" else 0   # score_bias, float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         logits = self.hook_router_logits(self.router(x))  # [B, T, E]

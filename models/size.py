@@ -1,7 +1,7 @@
 """What a model costs before it is built: its parameter count, and the size gate every model built
 from a ModelConfig passes (models.registry.build / load).
 
-    parameter_count(config)         parameters of SequenceModel(config), counted without memory
+    parameter_count(config)         parameters of SequenceModel(config), counted from formulas (nothing built)
     check_fits(config, device=...)  ModelTooLarge (a ValueError, one line) when the model would not
                                     fit the memory available, before anything is allocated
 
@@ -28,54 +28,44 @@ class ModelTooLarge(ValueError):
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """Parameters of SequenceModel(config), counted on the meta device (no memory, no
-    initialisation); see `element_counts`."""
+    """Parameters of SequenceModel(config), counted from the config alone (nothing built, nothing
+    allocated); see `element_counts`."""
     return element_counts(config)[0]
 
 
 def element_counts(config: ModelConfig) -> tuple[int, int]:
-    """(parameters, buffer bytes) of SequenceModel(config): the embeddings, final norm and
-    unembedding counted from their shapes, and one Block per kind of layer (its mixers, MLP, and
-    whether it is the first: RWKV-7's first layer has weights the others lack), however many
-    layers there are; a shared block's tied weights (Zamba2) once per shared index. Cached per
-    config (a model is often built many times from one)."""
+    """(parameters, buffer bytes) of SequenceModel(config), from formulas: the embeddings, final
+    norm and unembedding from their shapes, and each kind of layer (its mixers, MLP, and whether
+    it is the first: RWKV-7's first layer has weights the others lack) once, from
+    models.backbone.Block.element_counts (each mixer's own element_counts, beside its __init__),
+    however many layers there are; a shared block's tied weights (Zamba2) once per shared index.
+    Exact (tests/test_size_count.py builds every preset and importer layout and compares), and
+    cheap: no module is built, so no meta-device op runs (the first one in a process imports sympy
+    for torch.fx's symbolic shapes: it cost a load 1.4 s and 140 MB). Cached per config (a model is
+    often built many times from one)."""
     return _element_counts(config.to_json())
 
 
 @functools.lru_cache(maxsize=256)
 def _element_counts(config_json: str) -> tuple[int, int]:
-    from models.backbone import SHARED_WEIGHTS, Block, check_mixers, make_norm
+    from models.backbone import Block, check_mixers, norm_size
 
     config = ModelConfig.from_json(config_json)
     check_mixers(config)
     embedding = config.vocab_size * config.d_model
     positions = config.max_len * config.d_model if config.positional == "learned" else 0
+    parameters = norm_size(config) + embedding * (1 if config.tie_embeddings else 2) + positions
+    buffers = 0
     kinds: dict[tuple, tuple[int, int, int]] = {}   # kind -> (parameters, buffer bytes, tied shared parameters)
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in make_norm(config).parameters())
-        parameters += embedding * (1 if config.tie_embeddings else 2) + positions
-        buffers = 0
-        layers = zip(config.mixers, config.mixer2s, config.mlps, config.shared_blocks)   # each property a new list
-        for layer, (mixer, mixer2, mlp, shared_index) in enumerate(layers):
-            kind = (mixer, mixer2, mlp, uses_moe(config, layer), shared_index is not None, layer == 0)
-            if kind not in kinds:
-                block = Block(config, layer)
-                shared = sum(block.get_parameter(f"shared.{path}").numel() for path in SHARED_WEIGHTS
-                             if kind[4] and _has(block, f"shared.{path}"))
-                kinds[kind] = (sum(p.numel() for p in block.parameters()) - shared,
-                               sum(b.numel() * b.element_size() for b in block.buffers()), shared)
-            parameters, buffers = parameters + kinds[kind][0], buffers + kinds[kind][1]
+    layers = zip(config.mixers, config.mixer2s, config.mlps, config.shared_blocks)   # each property a new list
+    for layer, (mixer, mixer2, mlp, shared_index) in enumerate(layers):
+        kind = (mixer, mixer2, mlp, uses_moe(config, layer), shared_index is not None, layer == 0)
+        if kind not in kinds:
+            kinds[kind] = Block.element_counts(config, layer)
+        parameters, buffers = parameters + kinds[kind][0], buffers + kinds[kind][1]
     tied = max((shared for *_, shared in kinds.values()), default=0)
     parameters += tied * len({index for index in config.shared_blocks if index is not None})
     return parameters, buffers
-
-
-def _has(module: torch.nn.Module, path: str) -> bool:
-    owner, _, name = path.rpartition(".")
-    try:
-        return getattr(module.get_submodule(owner), name, None) is not None
-    except AttributeError:
-        return False
 
 
 def check_fits(config: ModelConfig, device: str = "cpu", weights_bytes: int = 0, what: str = "the model") -> None:

@@ -64,7 +64,7 @@ from models.hooks import HookPoint, only_read
 from models.kernels.native import softmax as native_softmax
 from models.kernels.native.library import fresh  # huge-page advised on the CPU: first-touch page
 # faults of a fresh [B, H, T, T] tensor cost about as much as the op that fills it
-from models.mixers.base import Mixer, head_outputs, mixer_options, register_mixer
+from models.mixers.base import Mixer, head_outputs, linear_size, mixer_options, register_mixer
 
 OPTIONS = {"rope_base": 10000.0, "partial_rotary_factor": 1.0, "qk_norm": False, "output_gate": False}
 
@@ -230,6 +230,13 @@ class Attention(AttentionWeights, Mixer):
 
         # hook_attn_in, hook_q_input, hook_k_input, hook_v_input (a tuple: not registered twice)
         self.input_hooks = (self.hook_attn_in, self.hook_q_input, self.hook_k_input, self.hook_v_input)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d, bias = _options(cfg), cfg.d_model, cfg.attention_bias
+        inner = cfg.n_heads * cfg.head_dim
+        return (linear_size(d, (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim, bias) + linear_size(inner, d, bias)
+                + 2 * cfg.head_dim * opts["qk_norm"] + linear_size(d, inner, bias) * opts["output_gate"]), 0
 
     def reads_residual(self) -> bool:
         """Whether a per-head input hook (hook_attn_in, hook_q/k/v_input) is requested: the block

@@ -37,6 +37,10 @@ class AUSSM(ComplexNativeMamba):
         freqs = math.pi * torch.arange(1, self.d_state + 1, dtype=torch.float32)
         self.omega = nn.Parameter(freqs.repeat(self.d_inner, 1))  # [E, N]
 
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        return super().element_counts(cfg, layer_idx)  # omega [E, N] in place of A_log [E, N]
+
     def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         dt = inputs["dt"][..., None]  # [B, (T,) E, 1]
         angle = dt * self.omega  # [B, (T,) E, N]

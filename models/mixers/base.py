@@ -63,6 +63,14 @@ def mixer_options(cfg: ModelConfig, defaults: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **options}
 
 
+FLOAT32_BYTES = 4   # buffers are built in the default dtype, float32
+
+
+def linear_size(d_in: int, d_out: int, bias: bool = True) -> int:
+    """Parameters of nn.Linear(d_in, d_out, bias=bias)."""
+    return d_in * d_out + (d_out if bias else 0)
+
+
 class Mixer(nn.Module):
     """Base sequence mixer: forward(x) = hook_out(mix(hook_in(x))).
 
@@ -94,6 +102,16 @@ class Mixer(nn.Module):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         raise NotImplementedError
+
+    @classmethod
+    def element_counts(cls, cfg: ModelConfig, layer_idx: int) -> tuple[int, int]:
+        """(parameters, buffer bytes) of cls(cfg, layer_idx), from the config alone: what the size
+        gate (models.size) counts before anything is built. Each registered mixer class defines
+        its own beside its __init__ (tests/test_size_count.py: equal to the built mixer's)."""
+        raise NotImplementedError(
+            f"mixer {cls.mixer_name!r} ({cls.__name__}) defines no element_counts(cfg, layer_idx): the size gate "
+            f"(models.size) counts a model's parameters from each mixer's formula, beside its __init__, without "
+            f"building it; add one")
 
     def reads_residual(self) -> bool:
         """Whether forward(x, residual=, norm=) wants the block's residual before its norm too

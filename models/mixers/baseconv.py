@@ -31,7 +31,7 @@ from torch import nn
 
 from models.hooks import HookPoint
 from models.kernels.fft_conv import fft_causal_conv
-from models.mixers.base import Mixer, mixer_options, register_mixer
+from models.mixers.base import Mixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("baseconv", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
@@ -50,6 +50,11 @@ class BaseConv(Mixer):
         self.out_proj = nn.Linear(d, d)
         self.hook_gate, self.hook_conv = HookPoint(), HookPoint()
         self.history_width = d  # models.decoding: the width of the long convolution's inputs
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        d = cfg.d_model
+        return 3 * linear_size(d, d) + d * (cfg.d_conv + 1) + d * cfg.max_len, 0
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         return self.mix_from_history(x, None, 0)

@@ -53,7 +53,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.hooks import HookPoint
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 OPTIONS = {"feature_dim": 16, "window": 64}
 
@@ -72,6 +72,16 @@ def window_mask(length: int, window: int, device) -> torch.Tensor:
     return (offset >= 0) & (offset < window)
 
 
+def _options(cfg) -> dict:
+    options = mixer_options(cfg, OPTIONS)
+    feature_dim, window = options["feature_dim"], options["window"]
+    if not isinstance(feature_dim, int) or isinstance(feature_dim, bool) or feature_dim < 1:
+        raise ValueError(f"mixer_options['feature_dim'] must be a positive int; got {feature_dim!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise ValueError(f"mixer_options['window'] must be an int >= 0 (0 = no SWA); got {window!r}")
+    return options
+
+
 @register_mixer("based", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
 class Based(RecurrentMixer):
     is_affine = True
@@ -79,12 +89,8 @@ class Based(RecurrentMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        options = mixer_options(cfg, OPTIONS)
+        options = _options(cfg)
         self.feature_dim, self.window = options["feature_dim"], options["window"]
-        if not isinstance(self.feature_dim, int) or isinstance(self.feature_dim, bool) or self.feature_dim < 1:
-            raise ValueError(f"mixer_options['feature_dim'] must be a positive int; got {self.feature_dim!r}")
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 0:
-            raise ValueError(f"mixer_options['window'] must be an int >= 0 (0 = no SWA); got {self.window!r}")
         d, h, f = cfg.d_model, cfg.n_heads, self.feature_dim
         self.n_heads, self.d_head = h, cfg.head_dim
         self.resume_context = max(cfg.d_conv - 1, self.window - 1)  # prepare() reads that far back
@@ -100,6 +106,14 @@ class Based(RecurrentMixer):
             self.swa_qkv = nn.Linear(d, 3 * h * self.d_head)
             self.swa_out = nn.Linear(h * self.d_head, d)
             self.hook_pattern = HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        options = _options(cfg)
+        d, h, f, inner = cfg.d_model, cfg.n_heads, options["feature_dim"], cfg.n_heads * cfg.head_dim
+        window = linear_size(d, 3 * inner) + linear_size(inner, d) if options["window"] else 0
+        return (d * (cfg.d_conv + 1) + linear_size(d, 2 * h * f, False) + linear_size(d, inner, False)
+                + linear_size(inner, d) + window), 0
 
     # --- linear attention as a recurrence ---------------------------------------------------
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

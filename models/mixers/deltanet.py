@@ -58,7 +58,7 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import delta_rule
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import register_mixer
+from models.mixers.base import FLOAT32_BYTES, linear_size, register_mixer
 from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {"gate": False, "q_scale": 1.0, "beta_bias": True, "norm_eps": 1e-5, "l2_eps": None,
@@ -95,6 +95,14 @@ class DeltaNet(DeltaRuleMixer):
         for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_z", "hook_result"):
             setattr(self, name, HookPoint())
         self.beta_clamp: torch.Tensor | None = None
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d, heads = _options(cfg.mixer_options), cfg.d_model, cfg.n_heads
+        inner = heads * cfg.head_dim
+        return (linear_size(d, 3 * inner, False) + 3 * inner * cfg.d_conv + linear_size(d, heads, opts["beta_bias"])
+                + cfg.head_dim + linear_size(d, inner, False) * opts["gate"] + linear_size(inner, d, False),
+                FLOAT32_BYTES * heads)  # beta_scales
 
     # -------------------------------------------------------------- beta clamp (ablations)
 

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("dense_ssm", n_layers=1, residual=False, norm="none")
@@ -44,6 +44,11 @@ class DenseSSM(RecurrentMixer):
         nn.init.normal_(self.A_proj.weight, std=0.05 / math.sqrt(n * cfg.d_model))
         self.in_proj = nn.Linear(cfg.d_model, n)  # B x + b
         self.out_proj = nn.Linear(n, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        n, d = cfg.hidden, cfg.d_model
+        return n * n + linear_size(d, n * n, False) + linear_size(d, n) + linear_size(n, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         A = nn.functional.linear(x, self.A_proj.weight, self.A0.flatten())  # A_0 + W_A x, one addmm

@@ -55,7 +55,7 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import delta_rule
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import mixer_options, register_mixer
+from models.mixers.base import FLOAT32_BYTES, linear_size, mixer_options, register_mixer
 from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {
@@ -141,6 +141,16 @@ class GatedDeltaNet(DeltaRuleMixer):
         self.o_proj = nn.Linear(value_dim, cfg.d_model, bias=False)
         for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_dt", "hook_z", "hook_result"):
             setattr(self, name, HookPoint())
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d = _options(cfg), cfg.d_model
+        v_heads, d_v = opts["num_v_heads"], opts["d_v"]
+        key_dim, value_dim = opts["num_heads"] * opts["head_dim"], v_heads * d_v
+        channels = 2 * key_dim + value_dim
+        return (linear_size(d, channels, False) + 2 * linear_size(d, v_heads, False) + 2 * v_heads
+                + channels * (cfg.d_conv + opts["conv_bias"]) + d_v + linear_size(d, value_dim, False) * opts["gate"]
+                + linear_size(value_dim, d, False)), FLOAT32_BYTES * v_heads  # beta_scales
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         batch, length, _ = x.shape

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import GatedRecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("gru", n_layers=1, residual=False, norm="none")
@@ -34,6 +34,11 @@ class GRU(GatedRecurrentMixer):
         self.state_shape = (cfg.hidden,)
         self.gru = nn.GRU(cfg.d_model, cfg.hidden, batch_first=True)
         self.out_proj = nn.Linear(cfg.hidden, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        h, d = cfg.hidden, cfg.d_model
+        return 3 * (linear_size(d, h) + linear_size(h, h)) + linear_size(h, d), 0  # nn.GRU: 3 gates, two biases
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"drive": x @ self.gru.weight_ih_l0.T + self.gru.bias_ih_l0}  # [B, T, 3H]: r | z | n

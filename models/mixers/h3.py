@@ -34,7 +34,7 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import diag_scan
 from models.kernels.fft_conv import fft_causal_conv
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("h3", n_layers=2, mlp=True, d_conv=4, d_state=16, norm="layernorm")
@@ -61,6 +61,12 @@ class H3(RecurrentMixer):
         self.out_proj = nn.Linear(channels, cfg.d_model)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_conv = HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        channels, d = cfg.n_heads * cfg.head_dim, cfg.d_model
+        return (linear_size(d, 3 * channels) + channels * (cfg.d_conv + 2 + 3 * cfg.d_state)
+                + linear_size(channels, d)), 0
 
     def discretised(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dt A, Abar, Bbar), each [C, N], zero-order hold."""

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.mixers.base import Mixer, mixer_options, register_mixer
+from models.mixers.base import FLOAT32_BYTES, Mixer, linear_size, mixer_options, register_mixer
 from models.mixers.baseconv import causal_conv_last, check_length
 
 OPTIONS = {"filter_order": 64, "emb_dim": 5}
@@ -84,16 +84,22 @@ class ImplicitFilter(nn.Module):
         return (self.mlp(pos) * torch.exp(-pos[:, :1] * self.decay_rates)).T
 
 
+def _options(cfg) -> tuple[int, int]:
+    """(filter_order, emb_dim) of cfg.mixer_options, checked."""
+    options = mixer_options(cfg, OPTIONS)
+    order, emb_dim = options["filter_order"], options["emb_dim"]
+    if not isinstance(order, int) or isinstance(order, bool) or order < 1:
+        raise ValueError(f"mixer_options['filter_order'] must be a positive int; got {order!r}")
+    if not isinstance(emb_dim, int) or isinstance(emb_dim, bool) or emb_dim < 3 or emb_dim % 2 == 0:
+        raise ValueError(f"mixer_options['emb_dim'] must be an odd int >= 3; got {emb_dim!r}")
+    return order, emb_dim
+
+
 @register_mixer("hyena", n_layers=2, mlp=True, d_conv=3, norm="layernorm")
 class Hyena(Mixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        options = mixer_options(cfg, OPTIONS)
-        order, emb_dim = options["filter_order"], options["emb_dim"]
-        if not isinstance(order, int) or isinstance(order, bool) or order < 1:
-            raise ValueError(f"mixer_options['filter_order'] must be a positive int; got {order!r}")
-        if not isinstance(emb_dim, int) or isinstance(emb_dim, bool) or emb_dim < 3 or emb_dim % 2 == 0:
-            raise ValueError(f"mixer_options['emb_dim'] must be an odd int >= 3; got {emb_dim!r}")
+        order, emb_dim = _options(cfg)
         d = cfg.d_model
         self.in_proj = nn.Linear(d, 3 * d)
         self.conv_weight = nn.Parameter(torch.randn(3 * d, cfg.d_conv) / math.sqrt(cfg.d_conv))
@@ -103,6 +109,13 @@ class Hyena(Mixer):
         self.out_proj = nn.Linear(d, d)
         self.hook_conv, self.hook_gate = HookPoint(), HookPoint()
         self.history_width = d  # models.decoding: the width of the long convolution's inputs
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        (order, emb_dim), d = _options(cfg), cfg.d_model
+        filter_mlp = linear_size(emb_dim, order) + linear_size(order, order) + 2 * order + linear_size(order, d, False)
+        return (linear_size(d, 3 * d) + 3 * d * (cfg.d_conv + 1) + filter_mlp + d + linear_size(d, d),
+                FLOAT32_BYTES * (cfg.max_len * emb_dim + d))  # the filter's pos and decay_rates
 
     def taps(self, length: int) -> torch.Tensor:
         """The filter h[:, :length] [D, length]: without a gradient wanted, from h over max_len

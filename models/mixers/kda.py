@@ -55,7 +55,7 @@ from torch import nn
 from models.hooks import HookPoint
 from models.kernels import delta_rule
 from models.kernels.delta_rule import IMPLS
-from models.mixers.base import mixer_options, register_mixer
+from models.mixers.base import FLOAT32_BYTES, linear_size, mixer_options, register_mixer
 from models.mixers.delta import DeltaRuleMixer
 
 OPTIONS = {
@@ -131,6 +131,17 @@ class KimiDeltaAttention(DeltaRuleMixer):
         for name in ("hook_conv", "hook_q", "hook_k", "hook_v", "hook_beta", "hook_dt", "hook_gate", "hook_z",
                      "hook_result"):
             setattr(self, name, HookPoint())
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d = _options(cfg), cfg.d_model
+        heads, d_v = opts["num_heads"], opts["d_v"]
+        key_dim, value_dim = heads * opts["head_dim"], heads * d_v
+        channels = 2 * key_dim + value_dim
+        return (linear_size(d, channels, False) + channels * (cfg.d_conv + opts["conv_bias"])
+                + linear_size(d, d_v, False) + linear_size(d_v, key_dim, False) + heads + key_dim
+                + linear_size(d, heads, False) + linear_size(d, d_v, False) + linear_size(d_v, value_dim, opts["gate_bias"])
+                + d_v + linear_size(value_dim, d, False)), FLOAT32_BYTES * heads  # beta_scales
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         batch, length, _ = x.shape

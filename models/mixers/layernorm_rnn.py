@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 EPS = 1e-5
 
@@ -38,6 +38,11 @@ class LayerNormRNN(RecurrentMixer):
         bound = 1.0 / math.sqrt(hidden)
         self.recurrent = nn.Parameter(torch.empty(hidden, hidden).uniform_(-bound, bound))  # W
         self.out_proj = nn.Linear(hidden, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        h, d = cfg.hidden, cfg.d_model
+        return linear_size(d, h) + h * h + linear_size(h, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"drive": self.in_proj(x)}  # [B, T, H]

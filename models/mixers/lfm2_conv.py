@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.mixers.base import mixer_options, register_mixer
+from models.mixers.base import linear_size, mixer_options, register_mixer
 from models.mixers.conv_window import ConvWindowMixer
 
 OPTIONS = {"bias": False}
@@ -57,6 +57,11 @@ class Lfm2Conv(ConvWindowMixer):
         self.conv_bias = nn.Parameter(torch.zeros(channels)) if bias else None
         self.out_proj = nn.Linear(channels, cfg.d_model, bias=bias)
         self.hook_bx, self.hook_gate, self.hook_conv = HookPoint(), HookPoint(), HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        bias, d = mixer_options(cfg, OPTIONS)["bias"] is True, cfg.d_model
+        return linear_size(d, 3 * d, bias) + d * (cfg.d_conv + bias) + linear_size(d, d, bias), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         b, c, u = self.in_proj(x).chunk(3, dim=-1)  # [B, T, C] each

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, register_mixer
 
 OPTIONS = ("chunk",)
 
@@ -83,6 +83,11 @@ class LinearRNN(RecurrentMixer):
         self.A = nn.Parameter(0.9 * nn.init.orthogonal_(torch.empty(n, n)))
         self.in_proj = nn.Linear(cfg.d_model, n)  # B x + b
         self.out_proj = nn.Linear(n, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        n, d = cfg.hidden, cfg.d_model
+        return n * n + linear_size(d, n) + linear_size(n, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"u": self.in_proj(x)}  # [B, T, n]

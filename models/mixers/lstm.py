@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from models.kernels import diag_scan
 from models.kernels.native import lstm as native_lstm
-from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import GatedRecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 def cell_states(h, h0, c0, drive, w_hh):
@@ -88,6 +88,11 @@ class LSTM(GatedRecurrentMixer):
         self.state_shape = (2, cfg.hidden)
         self.lstm = nn.LSTM(cfg.d_model, cfg.hidden, batch_first=True)
         self.out_proj = nn.Linear(cfg.hidden, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        h, d = cfg.hidden, cfg.d_model
+        return 4 * (linear_size(d, h) + linear_size(h, h)) + linear_size(h, d), 0  # nn.LSTM: 4 gates, two biases
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         lstm = self.lstm

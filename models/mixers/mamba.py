@@ -49,7 +49,7 @@ from torch.nn import functional as F
 from models.hooks import HookPoint
 from models.kernels.native import complex as native_complex
 from models.kernels.native import selective as native_selective
-from models.mixers.base import mixer_options, register_mixer
+from models.mixers.base import linear_size, mixer_options, register_mixer
 from models.mixers.diagonal import DiagonalScanMixer
 
 OPTIONS = {
@@ -106,6 +106,15 @@ class Mamba(DiagonalScanMixer):
         if opts["dt_bc_norm_eps"] is not None:
             eps = float(opts["dt_bc_norm_eps"])
             self.dt_norm, self.B_norm, self.C_norm = (nn.RMSNorm(d, eps=eps) for d in (self.dt_rank, n, n))
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d, n = mamba_options(cfg), cfg.d_model, cfg.d_state
+        d_inner, rank = cfg.expand * d, opts["dt_rank"] or math.ceil(d / 16)
+        norms = rank + 2 * n if opts["dt_bc_norm_eps"] is not None else 0
+        return (linear_size(d, 2 * d_inner, opts["bias"]) + d_inner * (cfg.d_conv + bool(opts["conv_bias"]))
+                + linear_size(d_inner, rank + 2 * n, False) + linear_size(rank, d_inner) + d_inner * (n + 1)
+                + linear_size(d_inner, d, opts["bias"]) + norms), 0
 
     @torch.no_grad()
     def _init_dt(self, opts: dict) -> None:

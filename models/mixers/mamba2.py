@@ -55,7 +55,7 @@ from torch.nn import functional as F
 
 from models.hooks import HookPoint
 from models.kernels.native import selective as native_selective
-from models.mixers.base import head_outputs, mixer_options, register_mixer
+from models.mixers.base import head_outputs, linear_size, mixer_options, register_mixer
 from models.mixers.diagonal import DiagonalScanMixer
 
 OPTIONS = {
@@ -147,6 +147,15 @@ class Mamba2(DiagonalScanMixer):
         self.hook_dt = HookPoint()
         self.hook_gate = HookPoint()
         self.hook_z, self.hook_result = HookPoint(), HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts = _options(cfg)
+        heads, head_dim = head_layout(cfg, opts)
+        inner, d = heads * head_dim, cfg.d_model
+        conv_dim = inner + 2 * opts["n_groups"] * cfg.d_state
+        return (linear_size(d, inner + conv_dim + heads, opts["bias"]) + conv_dim * (cfg.d_conv + bool(opts["conv_bias"]))
+                + 3 * heads + inner * (opts["gated_norm"] != "none") + linear_size(inner, d, opts["bias"])), 0
 
     def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:  # u [B, T, D]
         batch, length, _ = u.shape

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.mixers.base import register_mixer
+from models.mixers.base import linear_size, register_mixer
 from models.mixers.mamba import ComplexNativeMamba
 
 
@@ -41,6 +41,12 @@ class Mamba3(ComplexNativeMamba):
         self.carries_conv = False  # x_prev / B_prev: a decoder carries the mixer inputs instead
         self.rot_proj = nn.Linear(self.d_inner, self.d_state)
         self.lam_proj = nn.Linear(self.d_inner, self.d_inner)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        parameters, buffers = super().element_counts(cfg, layer_idx)
+        d_inner = cfg.expand * cfg.d_model
+        return parameters + linear_size(d_inner, cfg.d_state) + linear_size(d_inner, d_inner), buffers
 
     def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
         inputs = super().prepare(u)

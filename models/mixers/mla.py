@@ -43,7 +43,7 @@ from torch import nn
 
 from models.hooks import HookPoint
 from models.mixers.attention import Attention
-from models.mixers.base import Mixer, mixer_options, register_mixer
+from models.mixers.base import Mixer, linear_size, mixer_options, register_mixer
 
 OPTIONS = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": None, "qk_rope_head_dim": 8,
            "v_head_dim": None, "latent_norm_eps": 1e-6}
@@ -94,6 +94,16 @@ class MultiHeadLatentAttention(Mixer):
         for name in ("hook_q", "hook_latent", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z",
                      "hook_result"):
             setattr(self, name, HookPoint())
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d, heads, bias = _options(cfg), cfg.d_model, cfg.n_heads, cfg.attention_bias
+        d_qk, rank, q_rank = opts["qk_nope_head_dim"] + opts["qk_rope_head_dim"], opts["kv_lora_rank"], opts["q_lora_rank"]
+        q = (linear_size(d, heads * d_qk, False) if q_rank is None
+             else linear_size(d, q_rank, bias) + q_rank + linear_size(q_rank, heads * d_qk, False))
+        return (q + linear_size(d, rank + opts["qk_rope_head_dim"], bias) + rank
+                + linear_size(rank, heads * (opts["qk_nope_head_dim"] + opts["v_head_dim"]), False)
+                + linear_size(heads * opts["v_head_dim"], d, bias)), 0
 
     def heads(self, x: torch.Tensor, queries_from: int = 0):
         """x [B, T, D] -> q [B, H, Tq, d_qk] (the last Tq = T - queries_from positions), k

@@ -27,3 +27,7 @@ class NegativeMamba(Mamba):
     def transition_terms(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = super().transition_terms(inputs)
         return 2 * a - 1, b  # [B, (T,) E, N] each
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        return super().element_counts(cfg, layer_idx)  # Mamba's weights

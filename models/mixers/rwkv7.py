@@ -75,7 +75,7 @@ from torch import nn
 
 from models.hooks import HookPoint
 from models.kernels.rwkv7 import IMPLS, rwkv7_scan
-from models.mixers.base import PRESETS, Mixer, head_outputs, mixer_options, register_mixer
+from models.mixers.base import FLOAT32_BYTES, Mixer, PRESETS, head_outputs, linear_size, mixer_options, register_mixer
 from models.mixers.conv_window import ConvWindowMixer
 from models.mixers.delta import DeltaRuleMixer
 
@@ -151,6 +151,16 @@ class RWKV7(DeltaRuleMixer):
                      "hook_result"):
             setattr(self, name, HookPoint())
         self.v_first: torch.Tensor | None = None  # layer 0: its values, until the last reader took them
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        opts, d = _options(cfg), cfg.d_model
+        value_dim = opts["value_dim"]
+        lora = lambda d_out, rank, bias=True: linear_size(d, rank, False) + linear_size(rank, d_out, bias)  # noqa: E731
+        return ((len(MIXES) + 2) * d + cfg.n_heads * cfg.head_dim + 2 * d * d + 2 * d * value_dim
+                + lora(d, opts["decay_low_rank"]) + (lora(value_dim, opts["v_low_rank"]) if layer_idx != 0 else 0)
+                + lora(d, opts["a_low_rank"]) + lora(value_dim, opts["gate_low_rank"], False) + 2 * value_dim,
+                FLOAT32_BYTES * 2 * d)  # shift_taps
 
     # -------------------------------------------------------------- v_first across layers
 
@@ -266,6 +276,10 @@ class RWKV7FeedForward(ConvWindowMixer):
         self.key = nn.Linear(cfg.d_model, cfg.mlp_width, bias=False)
         self.value = nn.Linear(cfg.mlp_width, cfg.d_model, bias=False)
         self.hook_conv, self.hook_pre, self.hook_post = HookPoint(), HookPoint(), HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        return cfg.d_model + 2 * cfg.d_model * cfg.mlp_width, 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]
         return {"v": x}

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.kernels import diag_scan
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 OPTIONS = {"dt_min": 0.001, "dt_max": 0.1}
 
@@ -71,6 +71,11 @@ class S4D(RecurrentMixer):
         self.log_dt = nn.Parameter(torch.rand(d) * (log_hi - log_lo) + log_lo)  # [D]
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, d)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        d = cfg.d_model
+        return 6 * d * cfg.d_state + 2 * d + linear_size(d, d), 0  # log_neg_re, im [D, M]; B, C [D, M, 2]
 
     def discrete(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(dA, dB) [D, M] complex64 (ZOH)."""

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("sphere_rnn", n_layers=1, residual=False, norm="none")
@@ -36,6 +36,11 @@ class SphereRNN(RecurrentMixer):
         bound = 1.0 / math.sqrt(n)
         self.recurrent = nn.Parameter(torch.empty(n, n).uniform_(-bound, bound))  # W
         self.out_proj = nn.Linear(n, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        n, d = cfg.hidden, cfg.d_model
+        return linear_size(d, n) + n * n + linear_size(n, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"drive": self.in_proj(x)}  # [B, T, n]

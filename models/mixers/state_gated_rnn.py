@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from models.mixers.base import GatedRecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import GatedRecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("state_gated_rnn", n_layers=1, residual=False, norm="none")
@@ -36,6 +36,11 @@ class StateGatedRNN(GatedRecurrentMixer):
         bound = 1.0 / math.sqrt(hidden)
         self.recurrent = nn.Parameter(torch.empty(2 * hidden, hidden).uniform_(-bound, bound))  # [W; W_g]
         self.out_proj = nn.Linear(hidden, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        h, d = cfg.hidden, cfg.d_model
+        return linear_size(d, 2 * h) + 2 * h * h + linear_size(h, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         drive, drive_gate = self.in_proj(x).chunk(2, dim=-1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("tanh_rnn", n_layers=1, residual=False, norm="none")
@@ -24,6 +24,11 @@ class TanhRNN(RecurrentMixer):
         self.state_shape = (cfg.hidden,)
         self.rnn = nn.RNN(cfg.d_model, cfg.hidden, nonlinearity="tanh", batch_first=True)
         self.out_proj = nn.Linear(cfg.hidden, cfg.d_model)
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        h, d = cfg.hidden, cfg.d_model
+        return linear_size(d, h) + linear_size(h, h) + linear_size(h, d), 0  # nn.RNN: two biases
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         drive = x @ self.rnn.weight_ih_l0.T + self.rnn.bias_ih_l0 + self.rnn.bias_hh_l0  # [B, T, H]

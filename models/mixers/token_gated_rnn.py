@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from models.hooks import HookPoint
-from models.mixers.base import RecurrentMixer, mixer_options, register_mixer
+from models.mixers.base import RecurrentMixer, linear_size, mixer_options, register_mixer
 
 
 @register_mixer("token_gated_rnn", n_layers=1, residual=False, norm="none")
@@ -39,6 +39,11 @@ class TokenGatedRNN(RecurrentMixer):
         self.in_proj = nn.Linear(cfg.d_model, n)  # B x + b
         self.out_proj = nn.Linear(n, cfg.d_model)
         self.hook_gate = HookPoint()
+
+    @classmethod
+    def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        n, d = cfg.hidden, cfg.d_model
+        return n * n + 2 * linear_size(d, n) + linear_size(n, d), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         gate = self.hook_gate(torch.sigmoid(self.gate_proj(x)))  # [B, T, n]
