@@ -96,7 +96,8 @@ class MLP(MLPWeights, nn.Module):
     def element_counts(cfg: ModelConfig) -> tuple[int, int]:
         """(parameters, buffer bytes) of MLP(cfg) (models.size)."""
         maps = 2 if cfg.mlp_activation in ACTIVATIONS else 1   # gate and up, or up
-        return maps * linear_size(cfg.d_model, cfg.mlp_width, cfg.mlp_bias) + linear_size(cfg.mlp_width, cfg.d_model, cfg.mlp_bias), 0
+        d, width, bias = cfg.d_model, cfg.mlp_width, cfg.mlp_bias
+        return maps * linear_size(d, width, bias) + linear_size(width, d, bias), 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
         if self.activation in ACTIVATIONS:  # keeps gate and up only for the backward (models/gated_product.py)

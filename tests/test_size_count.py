@@ -76,8 +76,8 @@ LAYOUTS = {
     "zamba2": dict(mixer="mamba2", shared_block=[0, None, 0], shared_adapter_rank=2, mlp=True, n_heads=4,
                    mlp_activation="geglu", norm="rmsnorm", mixer_options={"mamba2": {"n_heads": 2}}),
     "zamba2_two_shared_layernorm": dict(mixer="mamba2", shared_block=[0, 1, 0], mlp=True, norm="layernorm",
-                                        mlp_activation="swiglu", attention_bias=False, mixer_options={"attention": {"qk_norm": True,
-                                                                                           "output_gate": True}}),
+                                        mlp_activation="swiglu", attention_bias=False,
+                                        mixer_options={"attention": {"qk_norm": True, "output_gate": True}}),
     "zamba2_gqa_adapters": dict(mixer="mamba2", shared_block=[None, 0, 0], shared_adapter_rank=3, mlp=True,
                                 n_kv_heads=2, mlp_activation="swiglu", mlp_bias=False, mixer_options={"mamba2": {}}),
     "rwkv7": dict(mixer=["rwkv7", "rwkv7_ffn", "rwkv7"], n_heads=4),
@@ -129,6 +129,27 @@ def test_every_block_layout(name):
     assert_exact(ModelConfig(vocab_size=11, d_model=16, n_layers=n_layers, **fields), name)
 
 
+BAD_OPTIONS = [(m, {"no_such_option": 1}) for m in sorted(MIXER_VARIANTS)] + [
+    ("s4d", {"dt_min": 0.5, "dt_max": 0.1}), ("lfm2_conv", {"bias": 1}), ("based", {"window": -1}),
+    ("hyena", {"emb_dim": 4}), ("mamba2", {"n_groups": 3}), ("rwkv7", {"value_dim": 10}), ("mamba", {"dt_min": 0}),
+    ("attention", {"qk_norm": "yes"}), ("mla", {"kv_lora_rank": None}), ("kda", {"expand_v": 0.01}),
+    ("gated_deltanet", {"num_v_heads": 3}), ("deltanet", {"beta_bias": 1}), ("linear_rnn", {"chunk": 0}),
+]
+
+
+@pytest.mark.parametrize("mixer, options", BAD_OPTIONS)
+def test_the_gate_refuses_what_the_constructor_refuses_in_its_words(mixer, options):
+    """The count parses a mixer's options with the constructor's own checks: a run refused at the
+    gate (before its directory is made, interp.training.preflight) is refused as the build would."""
+    config = ModelConfig(**{**MIXERS[mixer][1], "vocab_size": 11, "d_model": 16, "mixer": mixer,
+                            "mixer_options": options})
+    with pytest.raises((ValueError, TypeError)) as built:
+        SequenceModel(config)
+    with pytest.raises(type(built.value)) as counted:
+        size.element_counts(config)
+    assert str(counted.value) == str(built.value)
+
+
 def test_a_mixer_without_a_formula_is_named():
     """A mixer registered without element_counts: the gate's error names it and what to add."""
     from models.mixers.base import Mixer
@@ -142,18 +163,27 @@ def test_a_mixer_without_a_formula_is_named():
 
 # the importers' tiny sources in their own tests: (test module, source builder) per converter
 IMPORTER_SOURCES = {
-    "gpt2": ("tests.test_interop", "gpt2_source"), "llama": ("tests.test_interop", "llama_source"),
-    "mamba": ("tests.test_interop", "mamba_source"), "falcon_mamba": ("tests.test_interop", "falcon_mamba_source"),
-    "jamba": ("tests.test_interop", "jamba_source"), "mamba2": ("tests.test_interop_mamba2", "mamba2_source"),
+    "gpt2": ("tests.test_interop", "gpt2_source"),
+    "llama": ("tests.test_interop", "llama_source"),
+    "mamba": ("tests.test_interop", "mamba_source"),
+    "falcon_mamba": ("tests.test_interop", "falcon_mamba_source"),
+    "jamba": ("tests.test_interop", "jamba_source"),
+    "mamba2": ("tests.test_interop_mamba2", "mamba2_source"),
     "nemotron_h": ("tests.test_interop_hybrid", "nemotron_h_source"),
-    "bamba": ("tests.test_interop_hybrid", "bamba_source"), "granitemoehybrid": ("tests.test_interop_hybrid", "granite_source"),
+    "bamba": ("tests.test_interop_hybrid", "bamba_source"),
+    "granitemoehybrid": ("tests.test_interop_hybrid", "granite_source"),
     "granitemoehybrid_moe": ("tests.test_interop_hybrid", "granite_moe_source"),
-    "falcon_h1": ("tests.test_interop_hybrid", "falcon_h1_source"), "zamba2": ("tests.test_interop_hybrid", "zamba2_source"),
-    "lfm2": ("tests.test_interop_lfm2", "lfm2_source"), "qwen3": ("tests.test_interop_qwen3", "qwen3_source"),
-    "qwen3_moe": ("tests.test_interop_qwen3", "qwen3_moe_source"), "qwen3_next": ("tests.test_interop_qwen", "next_source"),
-    "qwen3_5_text": ("tests.test_interop_qwen", "qwen35_source"), "qwen3_5_moe_text": ("tests.test_interop_qwen", "qwen35_moe_source"),
+    "falcon_h1": ("tests.test_interop_hybrid", "falcon_h1_source"),
+    "zamba2": ("tests.test_interop_hybrid", "zamba2_source"),
+    "lfm2": ("tests.test_interop_lfm2", "lfm2_source"),
+    "qwen3": ("tests.test_interop_qwen3", "qwen3_source"),
+    "qwen3_moe": ("tests.test_interop_qwen3", "qwen3_moe_source"),
+    "qwen3_next": ("tests.test_interop_qwen", "next_source"),
+    "qwen3_5_text": ("tests.test_interop_qwen", "qwen35_source"),
+    "qwen3_5_moe_text": ("tests.test_interop_qwen", "qwen35_moe_source"),
     "kimi_linear": ("tests.test_interop_kimi", "kimi_source"),
-    "delta_net": ("tests.test_interop_fla", "deltanet_source"), "gated_deltanet": ("tests.test_interop_fla", "gated_source"),
+    "delta_net": ("tests.test_interop_fla", "deltanet_source"),
+    "gated_deltanet": ("tests.test_interop_fla", "gated_source"),
     "rwkv7": ("tests.test_rwkv7", "rwkv7_source"),
 }
 

@@ -53,6 +53,7 @@ class BaseConv(Mixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         d = cfg.d_model
         return 3 * linear_size(d, d) + d * (cfg.d_conv + 1) + d * cfg.max_len, 0
 

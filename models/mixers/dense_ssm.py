@@ -47,6 +47,7 @@ class DenseSSM(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         n, d = cfg.hidden, cfg.d_model
         return n * n + linear_size(d, n * n, False) + linear_size(d, n) + linear_size(n, d), 0
 

@@ -37,6 +37,7 @@ class GRU(GatedRecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         h, d = cfg.hidden, cfg.d_model
         return 3 * (linear_size(d, h) + linear_size(h, h)) + linear_size(h, d), 0  # nn.GRU: 3 gates, two biases
 

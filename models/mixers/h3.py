@@ -64,6 +64,7 @@ class H3(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         channels, d = cfg.n_heads * cfg.head_dim, cfg.d_model
         return (linear_size(d, 3 * channels) + channels * (cfg.d_conv + 2 + 3 * cfg.d_state)
                 + linear_size(channels, d)), 0

@@ -140,7 +140,8 @@ class KimiDeltaAttention(DeltaRuleMixer):
         channels = 2 * key_dim + value_dim
         return (linear_size(d, channels, False) + channels * (cfg.d_conv + opts["conv_bias"])
                 + linear_size(d, d_v, False) + linear_size(d_v, key_dim, False) + heads + key_dim
-                + linear_size(d, heads, False) + linear_size(d, d_v, False) + linear_size(d_v, value_dim, opts["gate_bias"])
+                + linear_size(d, heads, False) + linear_size(d, d_v, False)
+                + linear_size(d_v, value_dim, opts["gate_bias"])
                 + d_v + linear_size(value_dim, d, False)), FLOAT32_BYTES * heads  # beta_scales
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]

@@ -40,15 +40,20 @@ from models.mixers.conv_window import ConvWindowMixer
 OPTIONS = {"bias": False}
 
 
+def _options(cfg) -> dict:
+    options = mixer_options(cfg, OPTIONS)
+    if not isinstance(options["bias"], bool):
+        raise TypeError(f"lfm2_conv mixer_options['bias'] must be a bool; got {options['bias']!r}")
+    return options
+
+
 @register_mixer("lfm2_conv", n_layers=2, d_model=64, d_conv=3, norm="rmsnorm", mlp=True, mlp_activation="swiglu")
 class Lfm2Conv(ConvWindowMixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.options = mixer_options(cfg, OPTIONS)
+        self.options = _options(cfg)
         bias = self.options["bias"]
-        if not isinstance(bias, bool):
-            raise TypeError(f"lfm2_conv mixer_options['bias'] must be a bool; got {bias!r}")
         channels, self.width = cfg.d_model, cfg.d_conv
         self.state_shape = (channels, self.width)
         self.in_proj = nn.Linear(cfg.d_model, 3 * channels, bias=bias)
@@ -60,7 +65,7 @@ class Lfm2Conv(ConvWindowMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
-        bias, d = mixer_options(cfg, OPTIONS)["bias"] is True, cfg.d_model
+        bias, d = _options(cfg)["bias"], cfg.d_model
         return linear_size(d, 3 * d, bias) + d * (cfg.d_conv + bias) + linear_size(d, d, bias), 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]

@@ -86,6 +86,7 @@ class LinearRNN(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        chunk_option(cfg.mixer_options)  # checked as the constructor does
         n, d = cfg.hidden, cfg.d_model
         return n * n + linear_size(d, n) + linear_size(n, d), 0
 

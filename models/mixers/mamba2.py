@@ -154,7 +154,8 @@ class Mamba2(DiagonalScanMixer):
         heads, head_dim = head_layout(cfg, opts)
         inner, d = heads * head_dim, cfg.d_model
         conv_dim = inner + 2 * opts["n_groups"] * cfg.d_state
-        return (linear_size(d, inner + conv_dim + heads, opts["bias"]) + conv_dim * (cfg.d_conv + bool(opts["conv_bias"]))
+        return (linear_size(d, inner + conv_dim + heads, opts["bias"])
+                + conv_dim * (cfg.d_conv + bool(opts["conv_bias"]))
                 + 3 * heads + inner * (opts["gated_norm"] != "none") + linear_size(inner, d, opts["bias"])), 0
 
     def prepare(self, u: torch.Tensor) -> dict[str, torch.Tensor]:  # u [B, T, D]

@@ -98,7 +98,8 @@ class MultiHeadLatentAttention(Mixer):
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
         opts, d, heads, bias = _options(cfg), cfg.d_model, cfg.n_heads, cfg.attention_bias
-        d_qk, rank, q_rank = opts["qk_nope_head_dim"] + opts["qk_rope_head_dim"], opts["kv_lora_rank"], opts["q_lora_rank"]
+        d_qk = opts["qk_nope_head_dim"] + opts["qk_rope_head_dim"]
+        rank, q_rank = opts["kv_lora_rank"], opts["q_lora_rank"]
         q = (linear_size(d, heads * d_qk, False) if q_rank is None
              else linear_size(d, q_rank, bias) + q_rank + linear_size(q_rank, heads * d_qk, False))
         return (q + linear_size(d, rank + opts["qk_rope_head_dim"], bias) + rank

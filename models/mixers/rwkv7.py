@@ -75,7 +75,8 @@ from torch import nn
 
 from models.hooks import HookPoint
 from models.kernels.rwkv7 import IMPLS, rwkv7_scan
-from models.mixers.base import FLOAT32_BYTES, Mixer, PRESETS, head_outputs, linear_size, mixer_options, register_mixer
+from models.mixers.base import (FLOAT32_BYTES, PRESETS, Mixer, head_outputs, linear_size, mixer_options,
+                                 register_mixer)
 from models.mixers.conv_window import ConvWindowMixer
 from models.mixers.delta import DeltaRuleMixer
 
@@ -279,6 +280,7 @@ class RWKV7FeedForward(ConvWindowMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         return cfg.d_model + 2 * cfg.d_model * cfg.mlp_width, 0
 
     def prepare(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # x [B, T, D]

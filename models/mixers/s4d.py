@@ -50,15 +50,20 @@ def legs_diagonal(n_modes: int) -> tuple[torch.Tensor, torch.Tensor]:
     return eigvals[keep], b
 
 
+def _options(cfg) -> dict:
+    opts = mixer_options(cfg, OPTIONS)
+    if not 0 < opts["dt_min"] <= opts["dt_max"]:
+        raise ValueError(f"s4d mixer_options need 0 < dt_min <= dt_max; got {opts['dt_min']}, {opts['dt_max']}")
+    return opts
+
+
 @register_mixer("s4d", n_layers=2)
 class S4D(RecurrentMixer):
     is_affine = True
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        opts = mixer_options(cfg, OPTIONS)
-        if not 0 < opts["dt_min"] <= opts["dt_max"]:
-            raise ValueError(f"s4d mixer_options need 0 < dt_min <= dt_max; got {opts['dt_min']}, {opts['dt_max']}")
+        opts = _options(cfg)
         d, m = cfg.d_model, cfg.d_state
         self.state_shape = (d, m)
         eig, b = legs_diagonal(m)
@@ -74,6 +79,7 @@ class S4D(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        _options(cfg)  # checked as the constructor does
         d = cfg.d_model
         return 6 * d * cfg.d_state + 2 * d + linear_size(d, d), 0  # log_neg_re, im [D, M]; B, C [D, M, 2]
 

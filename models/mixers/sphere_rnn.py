@@ -39,6 +39,7 @@ class SphereRNN(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         n, d = cfg.hidden, cfg.d_model
         return linear_size(d, n) + n * n + linear_size(n, d), 0
 

@@ -39,6 +39,7 @@ class StateGatedRNN(GatedRecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         h, d = cfg.hidden, cfg.d_model
         return linear_size(d, 2 * h) + 2 * h * h + linear_size(h, d), 0
 

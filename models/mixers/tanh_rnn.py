@@ -27,6 +27,7 @@ class TanhRNN(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         h, d = cfg.hidden, cfg.d_model
         return linear_size(d, h) + linear_size(h, h) + linear_size(h, d), 0  # nn.RNN: two biases
 

@@ -42,6 +42,7 @@ class TokenGatedRNN(RecurrentMixer):
 
     @classmethod
     def element_counts(cls, cfg, layer_idx: int) -> tuple[int, int]:
+        mixer_options(cfg, {})  # refuses options, as the constructor does
         n, d = cfg.hidden, cfg.d_model
         return n * n + 2 * linear_size(d, n) + linear_size(n, d), 0
 
