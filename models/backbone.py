@@ -164,7 +164,7 @@ class SharedBranch(nn.Module):
     def element_counts(cfg: ModelConfig, layer_idx: int) -> tuple[int, int, int]:
         """(parameters, buffer bytes, tied parameters) of SharedBranch(cfg, layer_idx): the tied
         ones (SHARED_WEIGHTS) are counted once per shared index by models.size, the rest per depth."""
-        wide = dataclasses.replace(cfg.layer_config(layer_idx, "shared"), d_model=2 * cfg.d_model)
+        wide = cfg.layer_config(layer_idx, "shared").replace(d_model=2 * cfg.d_model)
         d, bias, rank = cfg.d_model, cfg.attention_bias, cfg.shared_adapter_rank
         inner, qkv = wide.n_heads * wide.head_dim, (wide.n_heads + 2 * wide.kv_heads) * wide.head_dim
         attention, buffers = MIXERS["attention"][0].element_counts(wide, layer_idx)
@@ -187,7 +187,10 @@ class SharedBranch(nn.Module):
         """Use owner's shared weights (SHARED_WEIGHTS) in place of this depth's own."""
         for path in SHARED_WEIGHTS:
             module_path, _, name = path.rpartition(".")
-            mine, theirs = self.get_submodule(module_path), owner.get_submodule(module_path)
+            try:   # an MLP without a gate (gelu, relu2) has no mlp.gate
+                mine, theirs = self.get_submodule(module_path), owner.get_submodule(module_path)
+            except AttributeError:
+                continue
             if getattr(theirs, name, None) is not None:
                 setattr(mine, name, getattr(theirs, name))
 

@@ -80,6 +80,10 @@ LAYOUTS = {
                                         mixer_options={"attention": {"qk_norm": True, "output_gate": True}}),
     "zamba2_gqa_adapters": dict(mixer="mamba2", shared_block=[None, 0, 0], shared_adapter_rank=3, mlp=True,
                                 n_kv_heads=2, mlp_activation="swiglu", mlp_bias=False, mixer_options={"mamba2": {}}),
+    "zamba2_gelu_adapters": dict(mixer="mamba2", shared_block=[0, 0, None], shared_adapter_rank=2, mlp=True, n_heads=4,
+                                 mlp_activation="gelu", mixer_options={"mamba2": {"n_heads": 2}}),
+    "zamba2_relu2": dict(mixer="mamba2", shared_block=[0, None, 0], mlp=True, n_heads=4, mlp_activation="relu2",
+                         mixer_options={"mamba2": {"n_heads": 2}}),
     "rwkv7": dict(mixer=["rwkv7", "rwkv7_ffn", "rwkv7"], n_heads=4),
 }
 
