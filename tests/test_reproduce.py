@@ -29,13 +29,19 @@ def test_quick_run_writes_report_and_claim_table(name, tmp_path):
     torch.set_num_threads(1)
     report = reproduce(name, "quick", tmp_path, progress=False, log=quiet)
     page = report.read_text()
-    for header in ("claim", "what was measured", "verdict"):
+    for header in ("claim", "what was measured", "runs and seeds", "verdict", "why (the verdict rule)"):
         assert f"<th>{header}</th>" in page
     assert_renders(report)
     saved = json.loads((tmp_path / "claims.json").read_text())
     assert saved["name"] == name and saved["scale"] == "quick" and saved["claims"]
     for claim in saved["claims"]:
         assert claim["verdict"] in engine.VERDICTS
+        # every judge routes through the verdict rule (interp.reproduce.verdicts): its reason starts with the
+        # verdict, and the row says what stands behind it (runs and seeds, or an exact computation)
+        assert claim["rule"].startswith(claim["verdict"]) and claim["basis"]
+        assert claim["basis"] == "exact computation" or "seed" in claim["basis"] or claim["basis"] == "no runs"
+        if claim["verdict"] in ("reproduces", "does not reproduce") and claim["basis"] != "exact computation":
+            assert "seeds" in claim["rule"] and "of" in claim["rule"]
         assert claim["quote"] and claim["measured"] and claim["original"]
         assert claim["source"].endswith(".txt") or "arXiv" in claim["source"]
     plan = claim_module(name).plan("quick")

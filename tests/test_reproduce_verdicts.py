@@ -2,6 +2,8 @@
 the seeds claim gives "reproduces", the opposite does not, runs that never fit are never counted as
 failures to generalise, and derived quantities appear only where their premise holds."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,11 +11,18 @@ from interp.reproduce import claim_module
 from interp.reproduce.engine import VERDICTS, Outcome
 
 
-def outcomes(name, status, measures):
-    """Outcomes of the cpu plan of `name`: status(run) and measures(run) per run."""
+def with_seeds(runs, seeds):
+    """Each run of a one-seed plan once per seed (label, info and train seed changed)."""
+    return [dataclasses.replace(run, label=f"{run.label}-x{seed}", info={**run.info, "seed": seed},
+                                train={**run.train, "seed": seed}) for run in runs for seed in seeds]
+
+
+def outcomes(name, status, measures, seeds=None):
+    """Outcomes of the cpu plan of `name`: status(run) and measures(run) per run; seeds: each run of the plan
+    repeated per seed (a plan with one seed at cpu scale; the verdict rule needs two)."""
     plan = claim_module(name).plan("cpu")
     done = []
-    for run in plan.runs:
+    for run in (plan.runs if seeds is None else with_seeds(plan.runs, seeds)):
         s = status(run)
         acc = 1.0 if s == "fit" else 0.3
         done.append(Outcome(run, s, None, run.train["lr"], run.train["train_length"] if s == "fit" else 4, acc, [],
@@ -21,8 +30,8 @@ def outcomes(name, status, measures):
     return plan, done
 
 
-def verdicts(name, status, measures):
-    plan, done = outcomes(name, status, measures)
+def verdicts(name, status, measures, seeds=None):
+    plan, done = outcomes(name, status, measures, seeds)
     claims, sections = claim_module(name).judge(done, plan)
     assert sections and all(c.verdict in VERDICTS for c in claims)
     return [c.verdict for c in claims], claims
@@ -99,7 +108,7 @@ def test_error_control_correlation_needs_eight_runs_across_models():
                             ([o for o in falling if o.run.info["model"] == falling[0].run.info["model"]] * 4,
                              "inconclusive")):
         _, corr = module.correlation_rows(subset, ["time/calibrated"], 1000)
-        claim = module.correlation_claim(corr)
+        claim = module.correlation_claim(corr, None, subset)
         assert claim.verdict == verdict, (len(subset), claim.measured)
         assert f"a verdict needs >= {module.MIN_RUNS} runs placed across >= 2 affine models" in claim.measured
 
@@ -120,7 +129,8 @@ def test_error_control_correlation_premise_q_below_tau_in_distribution():
     assert placed >= module.MIN_RUNS and by["time/calibrated"]["premise holds"] == f"0 of {placed}"
     assert by["pooled/fixed"]["premise holds"].startswith("0 of")     # q_train 0.8 > 0.5
     assert by["excess/fixed"]["placed of those"] == 0   # no excess crossing in these measures: nothing placed
-    claim = module.correlation_claim(corr)
+    falling = [o for o in done if o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
+    claim = module.correlation_claim(corr, None, falling)
     assert claim.verdict == "premise fails" and "in 0 of" in claim.measured
     # a run whose class is not in U's centroid geometry (nearest-centroid near chance) fails the premise even for
     # the excess definition, whose q is 0 in distribution by construction
@@ -149,7 +159,11 @@ def test_error_control_correlation_reads_each_site_apart():
     assert state["time/calibrated"]["premise holds"].startswith("0 of")
     assert corr[0]["premise holds"] == f"{corr[0]['runs placed']} of {corr[0]['runs placed']}"
     assert [p["tcross"] for p in rows["time/calibrated"]] == [3.0 * p["mp"] for p in rows["time/calibrated"]]
-    assert module.correlation_claim(corr, "hook_final").verdict == "reproduces"
+    falling = [o for o in done if o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
+    assert module.correlation_claim(corr, "hook_final", falling).verdict == "reproduces"
+    # r pooled over runs of one seed is not a verdict (the rule: the claim's direction in >= 2 seeds)
+    one_seed = [o for o in falling if o.run.info["seed"] == 0]
+    assert module.correlation_claim(corr, "hook_final", one_seed).verdict == "inconclusive"
     assert module.correlation_rows(done, ["time/calibrated"], 1000, "blocks.0.hook_resid_post")[1][0]["runs placed"] == 0
 
 
@@ -174,10 +188,12 @@ def gap_measures(run, status):
 
 def test_reveal_gap():
     status = lambda run: "fit" if gap_measures(run, None)["accuracy"][str(GAP_LENGTH)] > 0.9 else "did not fit"  # noqa: E731
-    assert verdicts("reveal-gap", status, gap_measures)[0] == ["reproduces"] * 3
+    assert verdicts("reveal-gap", status, gap_measures, seeds=(0, 1))[0] == ["reproduces"] * 3
+    found, claims = verdicts("reveal-gap", status, gap_measures)   # the cpu plan's one seed: no verdict
+    assert found == ["inconclusive"] * 3 and all("needs >= 2" in c.rule for c in claims)
     # DeltaNet[0,1] failing at sparse gaps says nothing where DeltaNet[-1,1] failed there too
     dense_only = lambda run: "fit" if run.info["gap"] == 1 else "did not fit"  # noqa: E731
-    found, claims = verdicts("reveal-gap", dense_only, gap_measures)
+    found, claims = verdicts("reveal-gap", dense_only, gap_measures, seeds=(0, 1))
     assert found[2] == "inconclusive" and "(none)" in claims[2].measured
     # ... and the Transformer's drop at the sparse gap is no evidence when no model learned that gap (the cpu run:
     # every model 0.77 at gaps 4 and 8)
@@ -195,29 +211,30 @@ def head_measures(run, status):
 
 
 def test_deltanet_heads():
-    assert verdicts("deltanet-heads", lambda run: "fit", head_measures)[0] == ["reproduces"] * 3
+    assert verdicts("deltanet-heads", lambda run: "fit", head_measures, seeds=(0, 1))[0] == ["reproduces"] * 3
+    assert verdicts("deltanet-heads", lambda run: "fit", head_measures)[0] == ["inconclusive"] * 3   # one seed
     def two_heads(run, status):
         out = head_measures(run, status)
         out["heads"][0]["acc_clamp01"] = 0.3
         return out
-    found, claims = verdicts("deltanet-heads", lambda run: "fit", two_heads)
+    found, claims = verdicts("deltanet-heads", lambda run: "fit", two_heads, seeds=(0, 1))
     assert found[0] == "does not reproduce" and "2 heads collapse it" in claims[0].measured and found[2] == "premise fails"
     # beta near 2 is read from the head's largest beta (a mean of 0.7 over tokens it mostly leaves alone does
     # not hide it); no head past 1.95 does not reproduce
-    found, claims = verdicts("deltanet-heads", lambda run: "fit", head_measures)
+    found, claims = verdicts("deltanet-heads", lambda run: "fit", head_measures, seeds=(0, 1))
     assert "L2H1 (the state-carrying head): beta max 1.998" in claims[1].measured
     def below_two(run, status):
         out = head_measures(run, status)
         out["heads"][9]["beta_max"] = 1.7
         return out
-    assert verdicts("deltanet-heads", lambda run: "fit", below_two)[0][1] == "does not reproduce"
+    assert verdicts("deltanet-heads", lambda run: "fit", below_two, seeds=(0, 1))[0][1] == "does not reproduce"
     # the lowest rank but only just (6.6 vs others from 6.8, median 8) is not "markedly lower"
     def barely_lower(run, status):
         out = head_measures(run, status)
         for index, r in enumerate(out["heads"]):
             r["state_rank"] = 6.6 if index == 9 else 6.8 + 0.25 * index
         return out
-    found, claims = verdicts("deltanet-heads", lambda run: "fit", barely_lower)
+    found, claims = verdicts("deltanet-heads", lambda run: "fit", barely_lower, seeds=(0, 1))
     assert found[2] == "partly reproduces" and "markedly lower" in claims[2].measured
 
 
@@ -240,7 +257,7 @@ def retrieval_measures(run, status):
 
 def test_retrieval():
     status = lambda run: "fit" if retrieval_measures(run, None)["accuracy"] > 0.9 else "did not fit"  # noqa: E731
-    found, claims = verdicts("retrieval", status, retrieval_measures)
+    found, claims = verdicts("retrieval", status, retrieval_measures, seeds=(0, 1))
     assert found == ["reproduces"] * 6
     assert "truncated at load time" in claims[3].measured
     # H3 / Hyena failing says nothing where no other model fit at their size either
@@ -248,7 +265,7 @@ def test_retrieval():
                    if r.info["model"] == "h3")
     elsewhere = lambda run: ("fit" if run.info["task"] == "ATR" or (run.info["pairs"], run.info["keys"]) != h3_size  # noqa: E731
                              else "did not fit")
-    found, claims = verdicts("retrieval", elsewhere, retrieval_measures)
+    found, claims = verdicts("retrieval", elsewhere, retrieval_measures, seeds=(0, 1))
     assert found[2] == "inconclusive" and "same size: none" in claims[2].measured
     # the d_conv = 1 collapse counts only where Mamba with d_conv = 4 fit at the same size
     assert found[3] == "inconclusive" and "same size: nowhere" in claims[3].measured
@@ -266,11 +283,25 @@ def test_sample_efficiency():
     module = claim_module("sample-efficiency")
     plan = module.plan("cpu")
     rows = [{"model": m, "task": "Z5", "format": f, "max_length": 5, "kappa": k, "n_star_joint": 64, "sum_n_star": 64 * k,
-             "ood_acc_10": acc} for m, f, k, acc in (("transformer", "outcome", 0.8, 0.3), ("transformer", "acot", 1.0, 0.4),
+             "ood_acc_10": acc, "by_seed": {s: {"kappa": k, "low": k, "high": k} for s in ("0", "1")},
+             "carried_by": {"3": [0], "4": [0, 1], "5": [1], "joint": [0, 1]}} for m, f, k, acc in (("transformer", "outcome", 0.8, 0.3), ("transformer", "acot", 1.0, 0.4),
                                                       ("lstm", "outcome", 3.0, 0.95), ("lstm", "acot", 2.5, 0.9))]
     plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0}
     claims, _ = module.judge([], plan)
     assert [c.verdict for c in claims] == ["reproduces"] * 3
+    assert "N* carried by: 3 s0; 4 s0, s1; 5 s1; joint s0, s1 (of seeds 0, 1)" in claims[0].measured
+    # a seed whose own kappa is on the other side: the claim's direction in 1 seed only
+    split = [r | {"by_seed": {"0": r["by_seed"]["0"], "1": {"kappa": 5.0 if r["model"] == "transformer" else 0.5,
+                                                           "low": 0.0, "high": 9.0}}} for r in rows]
+    plan.settings["study"]["kappa"] = split
+    assert [c.verdict for c in module.judge([], plan)[0][:2]] == ["inconclusive"] * 2
+    # the plan's seeds not all trained (train=False): inconclusive, saying what the trained seeds give
+    plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0,
+                              "seeds_trained": {"sweep": {"trained": [0, 1], "planned": [0, 1, 2]}}}
+    claims = module.judge([], plan)[0]
+    assert [c.verdict for c in claims] == ["inconclusive"] * 3
+    assert claims[0].rule.startswith("inconclusive: 2 of 3 seeds trained") and "rule gives: reproduces" in claims[0].rule
+    plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0}
     plan.settings["study"]["kappa"] = [rows[1], rows[2]]   # one condition per side orders two numbers: no verdict
     ood = module.judge([], plan)[0][2]
     assert ood.verdict == "inconclusive" and "1 and 1" in ood.measured
@@ -278,13 +309,15 @@ def test_sample_efficiency():
     assert [c.verdict for c in module.judge([], plan)[0]] == ["did not fit", "did not fit", "inconclusive"]
     # a lower bound above the sharing threshold settles kappa > 1.5 (the cpu run: LSTM ACoT kappa >= 1.83, its
     # length-3 N* capped by the 125 distinct sequences); one at or below it settles nothing
-    bounded = [r | {"kappa": float("nan"), "kappa_low": low} for r, low in zip(rows, (1.2, 1.9, 1.2, 1.83))]
+    bounded = [r | {"kappa": float("nan"), "kappa_low": low,
+                    "by_seed": {s: {"kappa": float("nan"), "low": low, "high": float("inf")} for s in ("0", "1")}}
+               for r, low in zip(rows, (1.2, 1.9, 1.2, 1.83))]
     plan.settings["study"]["kappa"] = bounded
     claims = module.judge([], plan)[0]
     assert [c.verdict for c in claims[:2]] == ["does not reproduce", "partly reproduces"]   # LSTM outcome unsettled
     assert ">= 1.83: a lower bound" in claims[1].measured
     # the Transformer's bounds (>= 1.2) decide nothing: a measurement too weak to settle the claim, not "did not fit"
-    plan.settings["study"]["kappa"] = [bounded[0], bounded[1] | {"kappa_low": 1.2}] + bounded[2:]
+    plan.settings["study"]["kappa"] = [bounded[0], bounded[0] | {"format": "acot"}] + bounded[2:]
     assert module.judge([], plan)[0][0].verdict == "inconclusive"
 
 

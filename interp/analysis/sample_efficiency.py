@@ -140,11 +140,29 @@ class NStar:
         c = self.condition
         return f"{c['model']}/{c['task']}/{c['format']}/{c['length']}"
 
+    def seed_n_star(self) -> dict[int, tuple[int | None, int]]:
+        """{seed: (the smallest N at which that seed converged, None if at no N tried; the largest N tried at
+        which it did not, 0 if none)} over every lr. A seed's N is an upper bound on its own N*: the search
+        narrows on the N where *some* seed converges, not on each seed's."""
+        out: dict[int, tuple[int | None, int]] = {}
+        for seed in sorted({int(t["seed"]) for t in self.trials if "seed" in t}):
+            rows = [t for t in self.trials if t.get("seed") == seed and "n" in t]
+            hit = [t["n"] for t in rows if t.get("converged")]
+            miss = [t["n"] for t in rows if not t.get("converged")]
+            out[seed] = (min(hit) if hit else None, max(miss, default=0))
+        return out
+
+    def carried_by(self) -> list[int]:
+        """The seeds that converged at N* (those that carry it)."""
+        return sorted({int(t["seed"]) for t in self.trials if t.get("converged") and t.get("n") == self.n_star
+                       and "seed" in t}) if self.n_star is not None else []
+
     def row(self) -> dict:
         c = self.condition
         return {"model": c["model"], "task": c["task"], "format": c["format"], "length": c["length"],
                 "max_length": c.get("max_length"), "n_star": self.n_star, "last_failure": self.lo,
-                "n_max": self.n_max, "trials": len(self.trials)}
+                "n_max": self.n_max, "trials": len(self.trials), "carried_by": self.carried_by(),
+                "seeds": sorted({int(t["seed"]) for t in self.trials if "seed" in t})}
 
 
 def find_n_star(conditions: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str, Any]], runner: Runner, *,
@@ -230,6 +248,29 @@ def kappa_bounds(per_length: Sequence[NStar], joint: NStar) -> tuple[float, floa
     return math.nan, math.nan
 
 
+def seed_kappas(per_length: Sequence[NStar], joint: NStar) -> dict[str, dict]:
+    """Per seed, kappa from that seed's own smallest converging N per condition (`NStar.seed_n_star`), or
+    its bounds where a condition never converged for it (as `kappa_bounds`, the largest N it failed at + 1
+    standing for the search's bound): {seed: {"kappa", "low", "high"}}; JSON-able keys."""
+    seeds = sorted(set(joint.seed_n_star()).union(*(r.seed_n_star() for r in per_length)))
+    out = {}
+    for seed in seeds:
+        hits = [r.seed_n_star().get(seed, (None, 0)) for r in per_length]
+        hit_joint, miss_joint = joint.seed_n_star().get(seed, (None, 0))
+        found = [h for h, _ in hits if h is not None]
+        if hit_joint is not None and len(found) == len(hits):
+            value = sum(found) / hit_joint
+            low = high = value
+        elif hit_joint is not None:
+            value, low, high = math.nan, (sum(found) + sum(m + 1 for h, m in hits if h is None)) / hit_joint, math.inf
+        elif len(found) == len(hits):
+            value, low, high = math.nan, 0.0, sum(found) / (miss_joint + 1)
+        else:
+            value = low = high = math.nan
+        out[str(seed)] = {"kappa": value, "low": low, "high": high}
+    return out
+
+
 def joint_model_row(result: NStar) -> dict | None:
     """The converged trial at N*_joint with the lowest validation loss (None when none converged)."""
     rows = [r for r in result.trials if r.get("converged") and r.get("n") == result.n_star]
@@ -253,7 +294,9 @@ def kappa_rows(results: Sequence[NStar]) -> list[dict]:
         row = {"model": model, "task": task, "format": fmt, "max_length": max_length,
                "kappa": kappa(per_length, joint.n_star) if per_length else math.nan,
                "kappa_low": low, "kappa_high": high, "n_star_joint": joint.n_star,
-               "sum_n_star": sum(per_length.values()) if None not in per_length.values() else None}
+               "sum_n_star": sum(per_length.values()) if None not in per_length.values() else None,
+               "carried_by": {str(n): r.carried_by() for n, r in by_length.items()},
+               "by_seed": seed_kappas([r for n, r in by_length.items() if n != "joint"], joint)}
         best = joint_model_row(joint)
         for length in joint.condition.get("ood_lengths", []):
             row[f"ood_acc_{length}"] = best.get(f"ood_acc_{length}", math.nan) if best else math.nan

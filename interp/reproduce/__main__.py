@@ -1,5 +1,7 @@
 """`python -m interp.reproduce write|check [ROOT]`: (re)write or check the manifest of every committed run,
-unfinished copy and sweep table under ROOT (default results/reproduce); see interp.reproduce.manifest."""
+unfinished copy and sweep table under ROOT (default results/reproduce); see interp.reproduce.manifest.
+`python -m interp.reproduce table [--recorded FILE] CLAIMS.json ...`: the claim table REPRODUCTIONS.md opens
+with (interp.reproduce.table)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ from models.storage.paths import PathRefused
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["table"]:
+        from interp.reproduce.table import main as table
+        return table(argv[1:])
     if not argv or argv[0] not in ("write", "check") or len(argv) > 2:
-        print("usage: python -m interp.reproduce write|check [ROOT]", file=sys.stderr)
+        print("usage: python -m interp.reproduce write|check [ROOT] | table [--recorded FILE] CLAIMS.json ...",
+              file=sys.stderr)
         return 2
     root = Path(argv[1]) if len(argv) > 1 else RESULTS
     failed = 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from interp.analysis import heads
-from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Plan, Run, fitted, select, size, unfit_note
 from interp.reproduce.reveal_gap import reveal_fit
 from interp.report import heads as head_figures
 from interp.report.html import Table
@@ -123,12 +124,13 @@ def judge(done, plan: Plan):
     singles = [h for h in found.values() if h is not None]
     verdict = ("did not fit" if not neg else "reproduces" if len(singles) == len(neg_all)
                else "partly reproduces" if singles else "does not reproduce")
-    claims.append(Claim(SEED_004, "Intervention: clamping this particular head's beta range back to [0, 1] causes an "
+    claims.append(rule.claim(SEED_004, "Intervention: clamping this particular head's beta range back to [0, 1] causes an "
                         "immediate collapse of performance, while adjusting the other heads has no effect.",
                         "개입(Intervention): 이 특정 헤드의 β 범위를 [0, 1] 로 다시 제한하면 즉각적인 성능 붕괴가 발생하며, 다른 "
                         "헤드들을 조정하는 것은 아무런 영향을 미치지 않습니다.",
                         "; ".join(texts) + unfit_note(neg_all) if texts else "no DeltaNet[-1,1] run fit" + unfit_note(neg_all),
-                        verdict))
+                        verdict, [rule.evidence(o, found.get(o.run.label) is not None if o.fit else None) for o in neg_all],
+                        decides=f"{len(singles)} of {len(neg)} fitted runs with one head whose clamp collapses accuracy"))
     def at_two(o):   # heads whose beta reaches NEAR_TWO (a head writing only at some tokens has a low mean)
         return [r for r in o.measures["heads"] if r["beta_max"] >= NEAR_TWO]
 
@@ -144,12 +146,15 @@ def judge(done, plan: Plan):
                           + f"{max((r['beta_max'] for r in o.measures['heads'] if r not in at_two(o)), default=float('nan')):.2f}"
                           for o in neg)
     near_two = [o for o in neg if at_two(o)]
-    claims.append(Claim(SEED_004, "At least one attention head in a particular layer (e.g. Layer 12, Head 3) learns to "
+    claims.append(rule.claim(SEED_004, "At least one attention head in a particular layer (e.g. Layer 12, Head 3) learns to "
                         "set the step parameter beta to 2, producing the eigenvalue -1.",
                         "특정 레이어(예: Layer 12, Head 3)의 최소 하나 이상의 어텐션 헤드가 감쇠 파라미터 β 를 2로 설정하여 "
                         "고윳값 -1을 생성하는 법을 배웁니다.", f"per-head beta: {beta_text or 'no run fit'}",
                         "did not fit" if not neg else "reproduces" if len(near_two) == len(neg_all)
-                        else "partly reproduces" if near_two else "does not reproduce"))
+                        else "partly reproduces" if near_two else "does not reproduce",
+                        [rule.evidence(o, bool(at_two(o)) if o.fit else None) for o in neg_all],
+                        decides="largest beta per fitted run: " + ", ".join(
+                            f"{max(r['beta_max'] for r in o.measures['heads']):.3f}" for o in neg)))
     rank_text, low, marked = [], [], []
     for o in neg:
         head = found.get(o.run.label)
@@ -165,14 +170,17 @@ def judge(done, plan: Plan):
             low.append(o)
         if head["state_rank"] < MARKED * median:
             marked.append(o)
-    claims.append(Claim(SEED_004, "This particular head operates in a markedly lower-dimensional linear subspace than the "
+    claims.append(rule.claim(SEED_004, "This particular head operates in a markedly lower-dimensional linear subspace than the "
                         "other heads, matching the theoretical requirement for tracking permutations.",
                         "이 특정 헤드는 다른 헤드들에 비해 현저히 낮은 차원의 선형 부분 공간에서 작동하며, 이는 치환 추적에 필요한 "
                         "이론적 요구 사항과 일치합니다.",
                         "; ".join(rank_text) or "no single state-carrying head to compare (see the intervention claim)",
                         "did not fit" if not neg else "premise fails" if not singles
                         else "reproduces" if len(marked) == len(singles) and len(low) == len(singles)
-                        else "partly reproduces" if low else "does not reproduce"))
+                        else "partly reproduces" if low else "does not reproduce",
+                        [rule.evidence(o, (o in marked and o in low) if found.get(o.run.label) is not None
+                                       else False if o.fit and not singles else None) for o in neg_all],
+                        decides="; ".join(rank_text) or "no single state-carrying head"))
     rows = [{"run": o.run.label, "status": o.status, "reveal acc (train gap)": o.in_distribution,
              **{f"acc gap {g}": a for g, a in o.measures.get("gaps", {}).items()}} for o in done]
     sections = [Table(rows, heading=f"Reveal accuracy at the training gap {s['gap']} and at longer gaps")]

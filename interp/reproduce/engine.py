@@ -57,7 +57,9 @@ Measurements are cached per run (out/runs/<label>/reproduce.json, keyed by the c
 scale and a digest of the plan's settings), so a rerun only measures what is new, and the report is
 rebuilt from the cache. A committed run's cache is used only while it matches the run's manifest
 (interp.reproduce.manifest); an edited one is measured again. The verdicts are always judged anew
-from the measurements (claims.json is an output, never read). Verdicts are one of `VERDICTS`.
+from the measurements (claims.json is an output, never read). Verdicts are one of `VERDICTS`, each
+through the verdict rule (interp.reproduce.verdicts: seeds behind it, no verdict on a run still rising); a
+claim without the rule's reason stops the report.
 """
 
 from __future__ import annotations
@@ -100,13 +102,19 @@ TRAIN_TIME = "train_time.json"
 @dataclass
 class Claim:
     """A row of the claim table: the seed's sentence (English, `quote`; the seed's own words,
-    `original`) from `source` (a seed's file name or a paper), what was measured, a verdict."""
+    `original`) from `source` (a seed's file name or a paper), what was measured, a verdict; from the
+    verdict rule (interp.reproduce.verdicts, which every judge goes through): why the verdict follows
+    (`rule`), the runs and seeds behind it (`basis`), the number that decides it and its interval."""
 
     source: str
     quote: str
     original: str = ""
     measured: str = ""
     verdict: str = "inconclusive"
+    rule: str = ""
+    basis: str = ""
+    decides: str = ""
+    interval: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -114,7 +122,9 @@ class Claim:
 
     def row(self) -> dict[str, str]:
         claim = f"{self.quote} ({self.source})" + (f" [{self.original}]" if self.original else "")
-        return {"claim": claim, "what was measured": self.measured, "verdict": self.verdict}
+        return {"claim": claim, "what was measured": self.measured, "runs and seeds": self.basis,
+                "decided by": " ".join(x for x in (self.decides, self.interval) if x) or "-",
+                "verdict": self.verdict, "why (the verdict rule)": self.rule}
 
 
 def claim_scales(claim) -> tuple[str, ...]:
@@ -398,6 +408,10 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
         plan.settings["study"] = claim.study(out, plan, device, progress, log, train)
         pending += plan.settings["study"].get("pending", [])
     claims, sections = claim.judge(done, plan)
+    unruled = [c.quote[:60] for c in claims if not c.rule]
+    if unruled:
+        raise ValueError(f"{claim.NAME}: every claim's verdict must go through interp.reproduce.verdicts (no rule "
+                         f"reason on: {'; '.join(unruled)})")
     counted = done + (claim.studied(plan) if hasattr(claim, "studied") else [])
     header = Text(f"{claim.__doc__.strip()}\n\nScale {scale!r}, device {device}; {len(counted)} runs "
                   + (f"({len(done)} of the plan, {len(counted) - len(done)} chosen by the study) " if len(counted) > len(done)

@@ -16,7 +16,8 @@ import numpy as np
 
 from interp.analysis import error_control as ec
 from interp.analysis.correlation import correlation_summary, loglog_pearson
-from interp.reproduce.engine import Claim, Plan, Run, fitted, size, unfit_note
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Plan, Run, fitted, size, unfit_note
 from interp.report import dynamics as fd
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table, Text
@@ -185,13 +186,16 @@ def judge(done, plan: Plan):
     keep = [o for o in sd if (o.measures.get("mp") or 0) >= longest]
     verdict = ("inconclusive" if not sd_all else "reproduces" if sd and len(keep) == len(sd_all)
                else "partly reproduces" if keep else "did not fit" if not sd else "does not reproduce")
-    claims.append(Claim(SEED_000, "In the experiments, the tanh RNN and the state-gated RNN kept above 90% accuracy at "
+    claims.append(rule.claim(SEED_000, "In the experiments, the tanh RNN and the state-gated RNN kept above 90% accuracy at "
                         "every tested length (up to 1000 tokens), tracking the state perfectly.",
                         "실험 결과, tanh RNN과 State-gated RNN은 테스트한 모든 길이(최대 1000 토큰)에서 90% 이상의 정확도를 "
                         "유지하며 완벽한 상태 추적 성능을 보였다.",
                         (f"fit: {mp_line(sd)}; {len(keep)}/{len(sd_all)} runs keep >= 90% to {longest}" + unfit_note(sd_all)
                          if sd_all else ABSENT),
-                        verdict))
+                        verdict, [rule.evidence(o, (o.measures.get("mp") or 0) >= longest if o.fit else None)
+                                  for o in sd_all],
+                        decides=f"accuracy at {longest}: " + ", ".join(f"{_far(o, longest):.2f}" for o in sd) if sd else "",
+                        interval=rule.span([_far(o, longest) for o in sd], st["n"]["n_eval"])))
     for label, kinds, quote, original in (
             ("affine", ("affine",), "In contrast, the affine models such as Mamba, Mamba-3 and AUSSM were observed to "
              "drop sharply past the training length (60 tokens).", "반면 Mamba, Mamba-3, AUSSM 등 Affine 계열 모델들은 "
@@ -207,19 +211,32 @@ def judge(done, plan: Plan):
         sharp = [o for o in falls if (o.measures.get("mp") or 0) < SHARP * st["train_length"]]
         verdict = ("inconclusive" if not group_all else "did not fit" if not fits else "reproduces" if len(sharp) == len(fits)
                    else "partly reproduces" if falls else "does not reproduce")
-        claims.append(Claim(SEED_000, quote, original,
+        edge = [o for o in fits if o not in falls and _at_threshold(o, longest, st)]
+        claims.append(rule.claim(SEED_000, quote, original,
                             ABSENT if not group_all else
                             f"{len(fits)}/{len(group_all)} {label} runs fit at {st['train_length']}; of those, "
                             f"{len(falls)} fall below 90% before {longest}, {len(sharp)} of them sharply (mp < "
                             f"{SHARP} x {st['train_length']}): {mp_line(fits)}. Never fit (reported apart, "
-                            "not as a fall-off)" + (unfit_note(group_all) or ": none"), verdict))
+                            "not as a fall-off)" + (unfit_note(group_all) or ": none")
+                            + (f"; at the 90% threshold at {longest} (its 95% interval holds 0.9: neither falls nor "
+                               f"holds, left out of the seed count): " + ", ".join(
+                                   f"{o.run.label} {_far(o, longest):.2f}" for o in edge) if edge else ""),
+                            verdict, [rule.evidence(o, None if o in edge else o in falls) for o in group_all if o.fit]
+                            + [rule.evidence(o, None) for o in group_all if not o.fit],
+                            why=f"a run is in the claim's direction when it falls below 90% before {longest}",
+                            decides=(f"{len(falls)} of {len(fits)} fitted runs fall, {len(sharp)} sharply"
+                                     + (f"; mp {', '.join(str(o.measures.get('mp')) for o in falls)}" if falls else ""))
+                            if fits else ""))
     by_site = {site: correlation_rows(done, st["definitions"], longest, site) for site in [None, *st.get("sites", [])]}
-    claims.extend(correlation_claim(corr, site) for site, (_rows, corr) in by_site.items())
+    falling = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"
+               and (o.measures.get("mp") or 0) < longest]
+    claims.extend(correlation_claim(corr, site, falling) for site, (_rows, corr) in by_site.items())
     theorem = [{"run": o.run.label, **o.measures["theorem1"]} for o in done if o.fit and "theorem1" in o.measures
                and "error" not in o.measures["theorem1"]]
     holds = [r for r in theorem if r["premise_max_over_M"] < PREMISE_TOL]
     dev = ", ".join(f"{r['run']} {r['deviation']:.3f}" for r in holds)
-    claims.append(Claim(SEED_000, "By Theorem 1, if such a model is trained to preserve the state representation "
+    by_label = {o.run.label: o for o in done}
+    claims.append(rule.claim(SEED_000, "By Theorem 1, if such a model is trained to preserve the state representation "
                         "exactly, its action on the state-distinguishing subspace U must be the identity, so the freedom "
                         "to contract the error disappears.", "Theorem 1에 따르면, 이러한 모델이 상태 표현을 정확히 "
                         "보존(Exact preservation)하도록 학습되면, 상태 구분 서브스페이스 U에서의 연산은 반드시 identity "
@@ -230,18 +247,37 @@ def judge(done, plan: Plan):
                         f"{', '.join(format(r['premise_max_over_M'], '.2f') for r in theorem if r not in holds) or '-'})",
                         ("did not fit" if not fitted(done, kind="affine") else "inconclusive" if not theorem
                          else "premise fails") if not holds else "reproduces" if all(r["deviation"] < 0.1 for r in holds)
-                        else "partly reproduces" if any(r["deviation"] < 0.1 for r in holds) else "does not reproduce"))
+                        else "partly reproduces" if any(r["deviation"] < 0.1 for r in holds) else "does not reproduce",
+                        [rule.evidence(by_label[r["run"]], r["deviation"] < 0.1 if holds else False)
+                         for r in (holds or theorem) if r["run"] in by_label],
+                        why="read on the runs whose premise holds" if holds else "the runs whose premise was checked",
+                        decides=f"premise error / M: {', '.join(format(r['premise_max_over_M'], '.2f') for r in theorem) or '-'}"
+                        f" (premise needs < {PREMISE_TOL})"))
     contraction = {o.run.label: o.measures.get("contraction_mean") for o in done if o.fit}
     sd_c = [contraction[o.run.label] for o in sd if contraction.get(o.run.label) is not None]
-    claims.append(Claim(SEED_000, "For example, the tanh activation, through dphi/dp = diag(1 - tanh^2(p)), can make the "
+    claims.append(rule.claim(SEED_000, "For example, the tanh activation, through dphi/dp = diag(1 - tanh^2(p)), can make the "
                         "Jacobian's norm smaller than 1 near particular states and so contract the error selectively.",
                         "예를 들어 tanh 활성화 함수는 ∂ϕ/∂p = diag(1 - tanh²(p))를 통해 특정 상태 근처에서 Jacobian의 노름을 "
                         "1 미만으로 만들어 오차를 선택적으로 수축시킬 수 있다.",
                         "mean over steps of the largest singular value of Q^T J_t Q (in distribution): "
                         + (", ".join(f"{k} {v:.3f}" for k, v in contraction.items() if v is not None) or "no fitted run"),
                         "inconclusive" if not sd_all else "did not fit" if not sd_c
-                        else "reproduces" if all(v < 1 for v in sd_c) else "does not reproduce"))
+                        else "reproduces" if all(v < 1 for v in sd_c) else "does not reproduce",
+                        [rule.evidence(o, contraction[o.run.label] < 1) for o in sd
+                         if contraction.get(o.run.label) is not None],
+                        decides="state-dependent contraction " + ", ".join(f"{v:.2f}" for v in sd_c) + " (claim: < 1)"
+                        if sd_c else ""))
     return claims, sections(done, by_site, theorem, holds, st)
+
+
+def _far(o, length) -> float:
+    return _value((o.measures.get("accuracy") or {}).get(str(length)))
+
+
+def _at_threshold(o, length, st) -> bool:
+    """The run's accuracy at `length` is within its 95% Wilson interval of 0.9 (on n_eval sequences)."""
+    low, high = rule.wilson(_far(o, length), st["n"]["n_eval"])
+    return low <= 0.9 <= high
 
 
 READOUT = 0.9   # nearest-centroid accuracy on U at the training length the drift ratio presupposes
@@ -340,9 +376,11 @@ def reading_verdict(row: dict) -> str:
     return verdict
 
 
-def correlation_claim(corr, site: str | None = None) -> Claim:
+def correlation_claim(corr, site: str | None = None, falling=()):
     """The S3 correlation claim on the rows of `correlation_rows` at `site` (None: the recurrent state): the
-    verdict is the paper's reading's (time/calibrated); every reading's verdict is in the table."""
+    verdict is the paper's reading's (time/calibrated); every reading's verdict is in the table. falling: the
+    outcomes r is computed over (the verdict rule counts their seeds: r is one pooled number, so every run
+    counts in the verdict's direction)."""
     by = {c["definition"]: c for c in corr}
     headline = next((d for d in PAPER_DRIFT if d in by), "pooled/fixed")
     row = by.get(headline, {})
@@ -353,11 +391,18 @@ def correlation_claim(corr, site: str | None = None) -> Claim:
                 f"across >= 2 affine models, and as many whose premise holds (at the training length, where the run "
                 f"is right, U reads the class by nearest centroid and q is below tau, so a crossing can mean a "
                 f"misread); every reading's verdict is in the table below")
-    return Claim(SEED_000, "In particular on S3, the correlation between the time Tcross at which the affine models' "
+    verdict = claim_verdict(row.get("verdict", "inconclusive"))
+    pooled = None if verdict == "inconclusive" else verdict in ("reproduces", "partly reproduces")
+    return rule.claim(SEED_000, "In particular on S3, the correlation between the time Tcross at which the affine models' "
                  "distinguishability q(t) crosses the threshold 0.5 and the point mp at which the model's predictions "
                  "start to fail was as high as 0.87.", "특히 S3 태스크에서 Affine 모델들의 판별 가능성 지표 q(t)가 임계값인 "
                  "0.5를 넘어서는 시점(Tcross)과 실제 모델의 예측이 틀리기 시작하는 시점(mp) 사이의 상관관계가 0.87로 매우 높게 "
-                 "나타났다.", measured, claim_verdict(row.get("verdict", "inconclusive")))
+                 "나타났다.", measured, verdict, [rule.evidence(o, pooled) for o in falling],
+                      why=f"r is pooled over the runs ({headline})",
+                      decides=f"{headline} r = {row.get('r between runs', math.nan):.2f} over {row.get('runs placed', 0)} "
+                      f"runs, premise in {row.get('premise holds', '-')}" if row else "",
+                      interval=f"95% bootstrap {row.get('r 95% bootstrap interval')}" if row.get("r 95% bootstrap interval")
+                      else "")
 
 
 def claim_verdict(verdict: str) -> str:

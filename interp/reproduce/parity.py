@@ -5,7 +5,8 @@ parity at every step) with the length curriculum up to length 40 and evaluated u
 
 from __future__ import annotations
 
-from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Plan, Run, fitted, select, size, unfit_note
 from interp.report.evaluation import accuracy_vs_length, mp_rows
 from interp.report.html import Table
 from interp.training.evaluate import evaluate_lengths
@@ -67,12 +68,18 @@ def judge(done, plan: Plan):
                         f"{n_fit}/{len(runs)} seeds fit; {other} with the same budget: {n_other} fit" + unfit_note(runs))
             # failing counts only where the same budget taught the negative-eigenvalue twin parity
             verdict = ("does not reproduce" if n_fit else "reproduces" if n_other else "inconclusive")
-            claims.append(Claim(SEED_004, f"Linear RNNs (DeltaNet [0, 1]): a linear RNN whose eigenvalues are "
+            twin = {o.run.info["seed"] for o in fitted(done, model=other)}
+            items = [rule.evidence(o, not o.fit if o.run.info["seed"] in twin else None) for o in runs]
+            accs = [o.in_distribution for o in runs]
+            claims.append(rule.claim(SEED_004, f"Linear RNNs (DeltaNet [0, 1]): a linear RNN whose eigenvalues are "
                                 "restricted to [0, 1], known to be unable to perform complex state tracking such as "
                                 f"parity or permutation composition. (Tested here on {label}.)",
                                 "Linear RNNs (DeltaNet [0, 1]): 고윳값(eigenvalues)이 [0, 1] 범위로 제한된 선형 RNN으로, "
                                 "패리티(parity)나 치환 합성 같은 복잡한 상태 추적을 수행할 수 없는 것으로 알려져 있습니다.",
-                                measured, verdict))
+                                measured, verdict, items, why=f"a seed counts where {other} fit at the same seed",
+                                decides=f"{label} in-dist acc at {train_length}: "
+                                + ", ".join(f"{a:.2f}" for a in accs if a is not None),
+                                interval=rule.span(accs, plan.fit_n)))
             continue
         fits = fitted(done, model=label)
         far = ", ".join(f"s{o.run.info['seed']}: {_acc(o, longest):.2f}" for o in fits)
@@ -87,11 +94,15 @@ def judge(done, plan: Plan):
             verdict = "partly reproduces"
         else:
             verdict = "does not reproduce"
-        claims.append(Claim(SEED_004, "Linear RNNs (DeltaNet [-1, 1]): a linear RNN whose eigenvalue range is extended "
+        items = [rule.evidence(o, o.fit and _acc(o, longest) >= 0.9) for o in runs]
+        claims.append(rule.claim(SEED_004, "Linear RNNs (DeltaNet [-1, 1]): a linear RNN whose eigenvalue range is extended "
                             "to [-1, 1], which can in theory solve deterministic permutation composition. (Tested here "
                             f"on parity with {label}: fits at length {train_length} and extrapolates to {longest}.)",
                             "Linear RNNs (DeltaNet [-1, 1]): 고윳값 범위를 [-1, 1] 로 확장하여, 이론적으로 결정론적 치환 "
-                            "합성을 해결할 수 있는 선형 RNN입니다.", measured, verdict))
+                            "합성을 해결할 수 있는 선형 RNN입니다.", measured, verdict, items,
+                            decides=f"accuracy at {longest}: " + (", ".join(f"{_acc(o, longest):.2f}" for o in fits)
+                                                                  or "no run fit"),
+                            interval=rule.span([_acc(o, longest) for o in fits], plan.settings["n"])))
     curves = {o.run.label: {int(t): a for t, a in o.measures["accuracy"].items()} for o in done if o.measures}
     sections = [accuracy_vs_length(curves, 0.9, train_length, title="Parity: final-state accuracy vs length")] \
         if curves else []   # nothing trained yet (reproduce(train=False))

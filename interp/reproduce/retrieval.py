@@ -27,7 +27,8 @@ import numpy as np
 
 from interp.analysis.interventions import (ablate_short_conv, corrupt_ar, corrupt_atr, corrupt_value, interchange,
                                           short_convs, site_grid)
-from interp.reproduce.engine import Claim, Plan, Run, fitted, select, size, unfit_note
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Plan, Run, fitted, select, size, unfit_note
 from interp.report.interventions import accuracy_vs_d_conv, cell_text, restoration_heatmap
 from interp.report.html import Table, Text
 from interp.training.evaluate import final_state_accuracy
@@ -242,8 +243,10 @@ def judge(done, plan: Plan):
         agree = [o for o in fits if o.measures.get("reading", "").startswith(want)]
         verdict = ("did not fit" if not fits else "reproduces" if len(agree) == len(fits)
                    else "partly reproduces" if agree else "does not reproduce")
-        return Claim(SEED_003, quote, original, "; ".join(t for t in texts if t)   # a model not in the plan: no text
-                     + f"; read on the runs that fit ({len(fits)})" + unfit_note(runs_all), verdict)
+        items = [rule.evidence(o, o.measures.get("reading", "").startswith(want) if o.fit else None) for o in runs_all]
+        return rule.claim(SEED_003, quote, original, "; ".join(t for t in texts if t)   # a model not in the plan: no text
+                          + f"; read on the runs that fit ({len(fits)})" + unfit_note(runs_all), verdict, items,
+                          decides=f"{len(agree)} of {len(fits)} fitted runs read as {want} at layer 1's block input")
 
     claims = [
         reading_claim(("attention", "based"), "induction", "Transformers and Based learn an induction mechanism: they "
@@ -259,14 +262,19 @@ def judge(done, plan: Plan):
     sizes = {(o.run.info["pairs"], o.run.info["keys"]) for o in fail_runs}
     learnable = [o for o in ar if o.fit and o.run.info["model"] not in ("h3", "hyena")
                  and (o.run.info["pairs"], o.run.info["keys"]) in sizes]   # a failure counts where others fit
-    claims.append(Claim(SEED_003, "H3 and Hyena fail to learn the task effectively under these conditions.",
+    fail_accs = [o.measures.get("accuracy", float("nan")) for o in fail_runs]
+    claims.append(rule.claim(SEED_003, "H3 and Hyena fail to learn the task effectively under these conditions.",
                         "H3 및 Hyena: 이러한 조건 하에서 작업을 효과적으로 학습하는 데 실패합니다.",
                         ("; ".join(f"{o.run.label}: acc {o.measures.get('accuracy', float('nan')):.2f} ({o.status})"
                                    for o in fail_runs) + f"; {n_fit} of {len(fail_runs)} fit; other models that fit "
                          f"at the same size: {', '.join(o.run.label for o in learnable) or 'none'}")
                         if fail_runs else "no H3 / Hyena runs at this scale",
                         "inconclusive" if not learnable else "reproduces" if n_fit == 0
-                        else "partly reproduces" if n_fit < len(fail_runs) else "does not reproduce"))
+                        else "partly reproduces" if n_fit < len(fail_runs) else "does not reproduce",
+                        [rule.evidence(o, not o.fit if learnable else None) for o in fail_runs],
+                        why="a failure counts where another model fit at the same size",
+                        decides="H3 / Hyena accuracy " + ", ".join(f"{a:.2f}" for a in fail_accs),
+                        interval=rule.span(fail_accs, plan.settings["n"])))
     retrained_all = [o for o in ar if o.run.info["model"] == "mamba d_conv=1"]
     full = [o for o in fitted(done, task="AR", model="mamba")]
     fit_sizes = {(o.run.info["pairs"], o.run.info["keys"]) for o in full}
@@ -275,7 +283,8 @@ def judge(done, plan: Plan):
     trunc = ", ".join(f"{o.run.label}: " + ", ".join(f"w{w} {a:.2f}" for w, a in o.measures["truncated"].items())
                       for o in full if "truncated" in o.measures)
     collapsed = [o for o in retrained if o.measures.get("accuracy", 1.0) < 0.5]
-    claims.append(Claim(SEED_003, "In Mamba the short convolution is essential for AR: reducing the convolution kernel "
+    retrained_accs = [o.measures.get("accuracy", float("nan")) for o in retrained]
+    claims.append(rule.claim(SEED_003, "In Mamba the short convolution is essential for AR: reducing the convolution kernel "
                         "size to 1 or removing it makes Mamba's AR performance collapse to nearly 0.",
                         "Mamba에서: 단기 컨볼루션은 AR에 필수적입니다. 컨볼루션 커널 크기를 1로 줄이거나 제거하면, Mamba의 AR "
                         "성능은 거의 0에 가깝게 붕괴됩니다.",
@@ -284,30 +293,43 @@ def judge(done, plan: Plan):
                         + f" (compared where d_conv = 4 fit at the same size: {', '.join(o.run.label for o in retrained) or 'nowhere'})"
                         + f"; Mamba d_conv = 4 truncated at load time (no retraining): {trunc or 'no fitted d_conv=4 run'}",
                         "inconclusive" if not retrained else "reproduces" if len(collapsed) == len(retrained)
-                        else "partly reproduces" if collapsed else "does not reproduce"))
+                        else "partly reproduces" if collapsed else "does not reproduce",
+                        [rule.evidence(o, o in collapsed) for o in retrained],
+                        decides="retrained d_conv = 1 accuracy " + ", ".join(f"{a:.2f}" for a in retrained_accs),
+                        interval=rule.span(retrained_accs, plan.settings["n"])))
     atr_runs, atr_fit, atr_text = read("mamba d_conv=1", "ATR")
     _, att_fit, att_text = read("attention", "ATR")
     _, _, conv_text = read("mamba", "ATR")
     induction = [o for o in atr_fit if o.measures.get("reading") == "induction"]
     reference = [o for o in att_fit if o.measures.get("reading") == "induction"]   # the claim's "like the Transformer"
     profiles = "; ".join(atr_profile(o) for o in select(done, task="ATR") if o.measures.get("restoration"))
-    claims.append(Claim(SEED_003, "On ATR, Mamba without short convolution successfully learns a two-layer induction "
+    atr_verdict = ("did not fit" if not atr_fit else "reproduces" if len(induction) == len(atr_runs)
+                   else "partly reproduces" if induction else "premise fails" if att_fit and not reference
+                   else "does not reproduce")
+    atr_items = [rule.evidence(o, o.measures.get("reading") == "induction" if o.fit else None)
+                 for o in (att_fit if atr_verdict == "premise fails" else atr_runs)]
+    claims.append(rule.claim(SEED_003, "On ATR, Mamba without short convolution successfully learns a two-layer induction "
                         "mechanism (storing at the value), like the Transformer.",
                         "메커니즘의 변화: ATR에서 단기 컨볼루션이 없는 Mamba는 트랜스포머와 유사하게 (값에 저장하는) 2-레이어 "
                         "유도 메커니즘을 성공적으로 학습합니다.", f"{atr_text}; attention on ATR: {att_text}"
                         + (f"; Mamba with d_conv = 4 on ATR: {conv_text}" if conv_text else "") + unfit_note(atr_runs)
                         + (f". Layer-1 block input restoration (key / value / query): {profiles}" if profiles else "")
                         + (". Attention, the claim's reference, does not read as induction on this ATR either"
-                           if att_fit and not reference else ""),
-                        "did not fit" if not atr_fit else "reproduces" if len(induction) == len(atr_runs)
-                        else "partly reproduces" if induction else "premise fails" if att_fit and not reference
-                        else "does not reproduce"))
+                           if att_fit and not reference else ""), atr_verdict, atr_items,
+                        why="the premise read on attention, the claim's reference" if atr_verdict == "premise fails" else "",
+                        decides=f"{len(induction)} of {len(atr_runs)} Mamba d_conv=1 ATR runs read as induction; "
+                        f"attention {len(reference)} of {len(att_fit)}"))
     atr_acc = [o.measures.get("accuracy", 0.0) for o in atr_runs]
     others = {label: [o.measures.get("accuracy", 0.0) for o in select(done, task="ATR", model=label)]
               for label in ATR_MODELS if label != "mamba d_conv=1"}
     others = {label: acc for label, acc in others.items() if acc}
     other_acc = [a for acc in others.values() for a in acc]
-    claims.append(Claim(SEED_003, "Behavioural result: Mamba, even without short convolution, matches or beats every other "
+    def beats(o):   # per seed: Mamba d_conv=1 against the other models' runs of the same seed
+        rivals = [r.measures.get("accuracy", 0.0) for r in select(done, task="ATR", seed=o.run.info["seed"])
+                  if r.run.info["model"] != "mamba d_conv=1"]
+        return o.measures.get("accuracy", 0.0) >= max(rivals) - 0.02 if rivals else None
+
+    claims.append(rule.claim(SEED_003, "Behavioural result: Mamba, even without short convolution, matches or beats every other "
                         "architecture on ATR.", "행동 결과: Mamba는 단기 컨볼루션 없이도 다른 모든 아키텍처보다 우수하거나 "
                         "대등한 성능을 ATR에서 보여줍니다.",
                         f"ATR accuracy: Mamba d_conv=1 {', '.join(f'{a:.2f}' for a in atr_acc)}"
@@ -317,7 +339,12 @@ def judge(done, plan: Plan):
                         + (" (a run stops early at fit, so accuracies near the stop threshold are not maxima)"
                            if plan.early_stop else ""),
                         "did not fit" if not atr_fit else "inconclusive" if not other_acc else "reproduces"
-                        if min(atr_acc) >= max(other_acc) - 0.02 else "does not reproduce"))
+                        if min(atr_acc) >= max(other_acc) - 0.02 else "does not reproduce",
+                        [rule.evidence(o, beats(o)) for o in atr_runs],
+                        why="a seed counts when its Mamba d_conv=1 run is within 0.02 of the best other model's run",
+                        decides=f"Mamba d_conv=1 {min(atr_acc, default=float('nan')):.2f} (lowest) vs the best other "
+                        f"{max(other_acc, default=float('nan')):.2f}",
+                        interval=rule.span(atr_acc + other_acc, plan.settings["n"])))
     summary = [{"run": o.run.label, "status": o.status, "accuracy": o.measures.get("accuracy"),
                 "pairs kept": o.measures.get("n_kept"), "reading (layer-1 block input)": o.measures.get("reading")}
                for o in done]

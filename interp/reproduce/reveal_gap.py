@@ -16,8 +16,8 @@ import sys
 from interp.analysis.heads import reveal_accuracy, reveal_accuracy_by_length
 from interp.reproduce import budget
 from interp.reproduce import results as committed_runs
-from interp.reproduce.engine import (Claim, Outcome, Plan, Run, fitted, measured, select, size, train_run,
-                                     unfit_note)
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Outcome, Plan, Run, fitted, measured, select, size, train_run, unfit_note
 from interp.report.evaluation import curves
 from interp.report.html import Table
 from interp.training.evaluate import eval_seed
@@ -170,7 +170,8 @@ def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True)
     return {"chosen": chosen, "search": found["rows"], "pending": pending,
             "transformer": [{"label": o.run.label, "status": o.status, "lr": o.lr, "length_reached": o.length_reached,
                              "in_distribution": o.in_distribution, "steps": o.steps, "seconds": o.seconds,
-                             "retries": o.retries, "measures": o.measures} for o in picked]}
+                             "retries": o.retries, "measures": o.measures,
+                             "metrics": [r for r in o.metrics if r.get("kind") == "eval"]} for o in picked]}
 
 
 def studied(plan: Plan) -> list[Outcome]:
@@ -178,7 +179,8 @@ def studied(plan: Plan) -> list[Outcome]:
     records = plan.settings.get("study", {}).get("transformer", [])
     runs = {r.label: r for r in transformer_runs(plan.scale)} if records else {}
     return [Outcome(runs[r["label"]], r["status"], None, r["lr"], r["length_reached"], r["in_distribution"],
-                    list(r["retries"]), r["seconds"], r["steps"], measures=r["measures"]) for r in records]
+                    list(r["retries"]), r["seconds"], r["steps"], measures=r["measures"], metrics=r.get("metrics", []))
+            for r in records]
 
 
 def reveal_fit(model, task, run: Run, device: str, n: int) -> float:
@@ -236,7 +238,14 @@ def judge(done, plan: Plan):
     searching = not tr[dense] and plan.settings.get("study", {}).get("pending")   # train=False, search not finished
     verdict = ("inconclusive" if searching else "did not fit" if not dense_ok else "inconclusive" if drop and not learned
                else "reproduces" if drop else "does not reproduce")
-    claims.append(Claim(SEED_004, "Transformers need dense state supervision to learn state tracking. As the gap "
+    def dropped(o):   # per run: fit at the dense gap; at the sparse gap below the same seed's dense accuracy - 0.1
+        gap, dense_acc = o.run.info["gap"], [_acc(d, length) for d in select(done, model="transformer", gap=dense,
+                                                                            seed=o.run.info["seed"])]
+        return (_acc(o, length) >= 0.9 if gap == dense else bool(dense_acc) and _acc(o, length) < min(dense_acc) - 0.1
+                if gap == sparse else None)
+
+    tr_runs = [o for o in select(done, model="transformer") if o.run.info["gap"] in (dense, sparse)]
+    claims.append(rule.claim(SEED_004, "Transformers need dense state supervision to learn state tracking. As the gap "
                         "between print statements (reveals) widens, the Transformer's performance drops sharply.",
                         "Transformers: 상태 추적을 학습하기 위해 조밀한 상태 감독이 필요합니다. print 문(노출) 사이의 간격이 "
                         "넓어질수록 트랜스포머의 성능은 급격히 떨어집니다.",
@@ -244,7 +253,10 @@ def judge(done, plan: Plan):
                         f"that fit at gap {sparse} with the same budget{' or less' if 'search' in plan.settings else ''}: "
                         f"{', '.join(o.run.label for o in learned) or 'none'}"
                         + ("" if learned else " (a drop there is the task's at this budget, not the Transformer's)")
-                        + search_note(plan), verdict))
+                        + search_note(plan), verdict, [rule.evidence(o, dropped(o)) for o in tr_runs],
+                        decides=f"Transformer reveal accuracy g = {dense}: " + ", ".join(f"{a:.2f}" for a in tr[dense])
+                        + f"; g = {sparse}: " + ", ".join(f"{a:.2f}" for a in tr[sparse]),
+                        interval=rule.span(tr[dense] + tr[sparse], plan.settings["n"])))
     neg = fitted(done, model="deltanet[-1,1]")
     neg_all = select(done, model="deltanet[-1,1]")
     sparse_fit = [o for o in neg if o.run.info["gap"] == sparse]
@@ -252,7 +264,8 @@ def judge(done, plan: Plan):
     extrapolates = [o for o in neg if _acc(o, 4 * length) >= 0.9]
     verdict = ("did not fit" if not neg else "reproduces" if sparse_fit and len(extrapolates) == len(neg_all)
                else "partly reproduces" if sparse_fit or extrapolates else "does not reproduce")
-    claims.append(Claim(SEED_004, "Linear RNNs (DeltaNet [-1, 1]) excel in this setting: they learn to track the state "
+    far_accs = [_acc(o, 4 * length) for o in neg]
+    claims.append(rule.claim(SEED_004, "Linear RNNs (DeltaNet [-1, 1]) excel in this setting: they learn to track the state "
                         "reliably even under sparse supervision and show strong length extrapolation (generalisation "
                         "to sequences longer than in training).",
                         "Linear RNNs (DeltaNet [-1, 1]): 이 설정에서 탁월한 성능을 보입니다. 이들은 희소한 감독 하에서도 상태를 "
@@ -260,21 +273,28 @@ def judge(done, plan: Plan):
                         "능력을 보여줍니다.",
                         f"DeltaNet[-1,1] reveal accuracy at {length} by gap: {by_gap('deltanet[-1,1]')}; of the runs that "
                         f"fit, accuracy at {2 * length} / {4 * length} statements: {far or 'none'}" + unfit_note(neg_all),
-                        verdict))
+                        verdict, [rule.evidence(o, o.fit and _acc(o, 4 * length) >= 0.9) for o in neg_all],
+                        why="a run is in the claim's direction when it fits and holds >= 0.9 at 4x the length",
+                        decides=f"DeltaNet[-1,1] accuracy at {4 * length} statements: "
+                        + ", ".join(f"{a:.2f}" for a in far_accs), interval=rule.span(far_accs, plan.settings["n"])))
     pos_all = select(done, model="deltanet[0,1]")
     learnable = sorted({o.run.info["gap"] for o in neg if o.run.info["gap"] > 1})   # gaps where [-1,1] fit
     pos_fit = [o for o in fitted(done, model="deltanet[0,1]") if o.run.info["gap"] in learnable]
     verdict = ("inconclusive" if not learnable else "reproduces" if not pos_fit
                else "partly reproduces" if len({o.run.info["gap"] for o in pos_fit}) < len(learnable)
                else "does not reproduce")
-    claims.append(Claim(SEED_004, "Linear RNNs (DeltaNet [0, 1]) fail to solve the task, confirming that the extended "
+    at_learnable = [o for o in pos_all if o.run.info["gap"] in learnable]
+    claims.append(rule.claim(SEED_004, "Linear RNNs (DeltaNet [0, 1]) fail to solve the task, confirming that the extended "
                         "eigenvalue range [-1, 1] is essential for complex state tracking.",
                         "Linear RNNs (DeltaNet [0, 1]): 과업 해결에 실패하며, 이는 복잡한 상태 추적을 위해 확장된 고윳값 "
                         "범위 [-1, 1] 가 필수적임을 확인시켜 줍니다.",
                         f"DeltaNet[0,1] reveal accuracy at {length} by gap: {by_gap('deltanet[0,1]')}; a failure counts "
                         f"at the gaps > 1 where DeltaNet[-1,1] fit with the same budget ({learnable or 'none'}): "
                         f"DeltaNet[0,1] fits there in {len(pos_fit)} runs"
-                        + unfit_note(pos_all), verdict))
+                        + unfit_note(pos_all), verdict, [rule.evidence(o, not o.fit) for o in at_learnable],
+                        decides="DeltaNet[0,1] reveal accuracy at the gaps where [-1,1] fit: "
+                        + ", ".join(f"{_acc(o, length):.2f}" for o in at_learnable),
+                        interval=rule.span([_acc(o, length) for o in at_learnable], plan.settings["n"])))
     lines = {}
     for model in MODELS:
         for seed in sorted({o.run.info["seed"] for o in done}):

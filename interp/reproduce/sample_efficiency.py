@@ -21,7 +21,8 @@ from pathlib import Path
 
 from interp.analysis import sample_efficiency as se
 from interp.reproduce import budget, committed_sweeps
-from interp.reproduce.engine import Claim, Outcome, Plan, Run, size
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import Outcome, Plan, Run, size
 from interp.reproduce.results import results_dir
 from interp.report import sample_efficiency as figures
 from interp.report.html import Table
@@ -52,8 +53,10 @@ SCALE = {   # "cpu" and "paper" are examples/sample_efficiency.py's "tiny" and "
                   workers=1, budget=[dict(n_layers=1, d_model=8, n_heads=2, lr=0.01, warmup=2, steps=20),
                                      dict(n_layers=1, d_model=16, n_heads=2, lr=0.01, warmup=2, steps=20)],
                   budget_format="acot"),
+    # seeds 0-2 at cpu and medium (issue 37: a verdict needs the claim's direction in >= 2 seeds, and the
+    # sample-efficiency claims run >= 3; seed 2 added 2026-12-07, not trained yet at medium)
     "cpu": dict(models=["lstm", "transformer"], tasks=["Z5"], formats=["outcome", "acot"], min_length=3,
-                max_length=5, lrs=[0.01], seeds=[0, 1], search={"n0": 32, "resolution": 0.25, "n_max": 512},
+                max_length=5, lrs=[0.01], seeds=[0, 1, 2], search={"n0": 32, "resolution": 0.25, "n_max": 512},
                 width=16, layers=2,
                 train={"steps": 400, "batch_size": 32, "val_size": 96, "eval_every": 50, "val_threshold": 0.05},
                 workers=2),
@@ -62,7 +65,7 @@ SCALE = {   # "cpu" and "paper" are examples/sample_efficiency.py's "tiny" and "
     # length 3 has 125 sequences (63 to train on once validation is held out), and no model of either kind found an
     # N* there in any format, so every kappa over 3..6 was a bound (2026-12-03)
     "medium": dict(models=["lstm", "transformer"], tasks=["Z5"], formats=["outcome", "cot", "acot"], min_length=4,
-                   max_length=6, lrs=[0.01], seeds=[0, 1], search={"n0": 32, "resolution": 0.25, "n_max": 8192},
+                   max_length=6, lrs=[0.01], seeds=[0, 1, 2], search={"n0": 32, "resolution": 0.25, "n_max": 8192},
                    width=16, layers=2,
                    train={"steps": 400, "batch_size": 32, "val_size": 96, "eval_every": 50, "val_threshold": 0.05},
                    workers=2, budget=MEDIUM_BUDGETS, budget_format="cot"),
@@ -197,16 +200,27 @@ def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True)
     results/reproduce/sample-efficiency-<scale>/ (`commit`). train=False: only committed and finished
     trials; a search they do not complete is listed under "pending"."""
     out, workers, kept = Path(out), plan.settings["workers"], results_dir(NAME, plan.scale)
-    outcomes, pending = [], []
+    outcomes, pending, seeds_trained = [], [], {}
 
     def sweep(data: dict, name: str) -> None:
         committed_sweeps.seed_table(kept / name, out / name)
         try:
             outcomes.append(_sweep(data, out / name, workers, progress, train))
+            return
         except TrialsFailed as error:
             if train:
                 raise
             pending.append(f"the N* sweep {name} ({len(error.failures)} trials of its next round not trained)")
+        # train=False: the N*s of the seeds whose trials are committed, so the report shows what they give
+        # (the claims then read 'inconclusive: k of n seeds trained')
+        have = {row.get("seed") for row in committed_sweeps.committed_rows(kept / name).values()}
+        fewer = [seed for seed in data["seeds"] if seed in have]
+        if fewer and len(fewer) < len(data["seeds"]):
+            try:
+                outcomes.append(_sweep({**data, "seeds": fewer}, out / name, workers, progress, False))
+                seeds_trained[name] = {"trained": fewer, "planned": list(data["seeds"])}
+            except TrialsFailed:
+                pass
 
     if plan.settings["spec"]:
         sweep(plan.settings["spec"], SWEEPS[0])
@@ -221,7 +235,7 @@ def study(out, plan: Plan, device: str, progress: bool, log, train: bool = True)
     log(f"{NAME}: {len(rows)} trials, {sum(r['converged'] for r in rows)} converged"
         + (f"; pending: {'; '.join(pending)}" if pending else ""))
     return {"n_star": [r.row() for o in outcomes for r in o.n_star], "kappa": [k for o in outcomes for k in o.kappa],
-            "trials": len(rows), "pending": pending, **({"budget": found} if found else {})}
+            "trials": len(rows), "pending": pending, "seeds_trained": seeds_trained, **({"budget": found} if found else {})}
 
 
 def commit(out: str | Path, scale: str, results: str | Path | None = None) -> dict[str, int]:
@@ -248,6 +262,27 @@ def bound(row) -> float | None:
     return low if isinstance(low, (int, float)) and math.isfinite(low) and low > 0 else None
 
 
+def carried(row) -> str:
+    """'N* carried by: 4 s0, s1; 5 s0; joint s1 (of seeds 0, 1)': the seeds that converged at each N*."""
+    by = row.get("carried_by") or {}
+    seeds = sorted({int(s) for s in row.get("by_seed") or {}})
+    return ("N* carried by: " + "; ".join(f"{n} " + (", ".join(f"s{s}" for s in c) or "none") for n, c in by.items())
+            + (f" (of seeds {', '.join(map(str, seeds))})" if seeds else "")) if by else "seeds per N* not recorded"
+
+
+def kappa_bracket(row, n_star_rows) -> str:
+    """kappa's interval from the N* searches' brackets (each N* lies in (last failure, N*])."""
+    mine = [r for r in n_star_rows if (r["model"], r["task"], r["format"], r.get("max_length"))
+            == (row["model"], row["task"], row["format"], row.get("max_length"))]
+    joint = next((r for r in mine if r["length"] == "joint"), None)
+    parts = [r for r in mine if r["length"] != "joint"]
+    if joint is None or not parts or any(r["n_star"] is None for r in parts + [joint]):
+        return "-"
+    low = sum(r["last_failure"] + 1 for r in parts) / joint["n_star"]
+    high = sum(r["n_star"] for r in parts) / (joint["last_failure"] + 1)
+    return f"[{low:.2f}, {high:.2f}] (from the N* search brackets)"
+
+
 def judge(done, plan: Plan):
     kappa = plan.settings["study"]["kappa"]
     pending = plan.settings["study"].get("pending", [])
@@ -255,8 +290,48 @@ def judge(done, plan: Plan):
         return "; ".join(f"{r['model']} {r['task']} {r['format']}: kappa {_show(r['kappa'])}"
                          + (f" (>= {_show(bound(r))}: a lower bound, N*_joint found and some N*_n not within the search)"
                             if bound(r) is not None else "")
-                         + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])})" for r in rows) or (
-            "no kappa yet: " + "; ".join(pending) if pending else "none")
+                         + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])}; {carried(r)})"
+                         for r in rows) or ("no kappa yet: " + "; ".join(pending) if pending else "none")
+    short = {"trained": [], "planned": []}
+    for entry in plan.settings["study"].get("seeds_trained", {}).values():
+        short = entry
+
+    def claim(quote, original, measured, verdict, rows, per_seed=None, **numbers):
+        """rule.claim with one Evidence per (condition, seed): per_seed(row, seed values) -> supports; while some
+        of the plan's seeds are untrained the verdict is 'inconclusive', saying what the trained seeds give."""
+        items = [rule.Evidence(f"{r['model']} {r['format']} s{seed}", int(seed), per_seed(r, values) if per_seed else None)
+                 for r in rows for seed, values in (r.get("by_seed") or {}).items()]
+        ruled = rule.rule(verdict, items)
+        seeds = sorted({e.seed for e in items})
+        ruled.basis = (f"{len(rows)} condition{'s' * (len(rows) != 1)} x seed{'s' * (len(seeds) != 1)} "
+                       f"{', '.join(map(str, seeds))} (N* searches; per seed its own smallest converging N)"
+                       if items else "no kappa")
+        if short["trained"]:
+            ruled = rule.Ruling("inconclusive", f"inconclusive: {len(short['trained'])} of {len(short['planned'])} seeds "
+                                f"trained (seeds {short['trained']} of {short['planned']}; the rest not trained yet); "
+                                f"with the seeds trained the rule gives: {ruled.reason}", ruled.basis)
+        return rule.claim(SEED_002, quote, original, measured, "", ruling=ruled, **numbers)
+
+    def side(low_ok: bool):
+        """per_seed for a claim on kappa > SHARED (low_ok) or <= SHARED: a seed's kappa, or its bound where it decides."""
+        def supports(_row, v):
+            value, low, high = (v.get(k, math.nan) for k in ("kappa", "low", "high"))
+            if math.isfinite(value):
+                return (value > SHARED) == low_ok
+            if math.isfinite(low) and low > SHARED:
+                return low_ok
+            if math.isfinite(high) and high <= SHARED:
+                return not low_ok
+            return None
+        return supports
+
+    def numbers(rows):
+        known_rows = [r for r in rows if isinstance(r["kappa"], float) and math.isfinite(r["kappa"])]
+        return {"decides": "; ".join(f"{r['model']} {r['format']} kappa {_show(r['kappa'])}" for r in known_rows)
+                or "no kappa", "interval": "; ".join(f"{r['model']} {r['format']} {kappa_bracket(r, n_star)}"
+                                                      for r in known_rows)}
+
+    n_star = plan.settings["study"]["n_star"]
     transformer = [r for r in kappa if r["model"] == "transformer"]
     rnn = [r for r in kappa if r["model"] in RNNS and r["format"] in ("outcome", "acot")]
     known = lambda rows: [r for r in rows if isinstance(r["kappa"], float) and math.isfinite(r["kappa"])]  # noqa: E731
@@ -287,13 +362,14 @@ def judge(done, plan: Plan):
                 + (f"; chosen: {budget.budget_label(searched['chosen'])}" if searched["chosen"] else
                    "; stopped at a budget not trained yet" if any(r["status"] == budget.NOT_TRAINED
                                                                   for r in searched["search"]) else "; none fit"))
-    claims = [Claim(SEED_002, "Transformers show a low sharing coefficient (kappa ~ 1 or kappa < 1) in every task format, "
+    claims = [claim("Transformers show a low sharing coefficient (kappa ~ 1 or kappa < 1) in every task format, "
                     "meaning they learn length-specific solutions in isolation.",
                     "트랜스포머는 모든 작업 형식에서 낮은 공유 계수(κ ≈ 1 또는 κ < 1)를 보입니다. 이는 이들이 길이 특화된 "
-                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer) + note, verdict(transformer, lambda k: k <= SHARED, contradicts)),
-              Claim(SEED_002, "Recurrent models show a high sharing coefficient (kappa >> 1) in their preferred regimes "
+                    "솔루션을 고립적으로 학습함을 나타냅니다.", line(transformer) + note,
+                    verdict(transformer, lambda k: k <= SHARED, contradicts), transformer, side(False), **numbers(transformer)),
+              claim("Recurrent models show a high sharing coefficient (kappa >> 1) in their preferred regimes "
                     "(Outcome and ACoT).", "순환 모델은 선호하는 체제(Outcome 및 ACoT)에서 높은 공유 계수(κ ≫ 1)를 "
-                    "나타냅니다.", line(rnn), verdict(rnn, lambda k: k > SHARED, above))]
+                    "나타냅니다.", line(rnn), verdict(rnn, lambda k: k > SHARED, above), rnn, side(True), **numbers(rnn))]
     ood = [r for r in known(kappa) if any(k.startswith("ood_acc_") for k in r)]
     pairs = [(r["kappa"], max(v for k, v in r.items() if k.startswith("ood_acc_") and isinstance(v, float)
                               and math.isfinite(v)) if any(k.startswith("ood_acc_") and isinstance(v, float)
@@ -302,7 +378,10 @@ def judge(done, plan: Plan):
     pairs = [(k, a) for k, a in pairs if math.isfinite(a)]
     high = [a for k, a in pairs if k > SHARED]
     low = [a for k, a in pairs if k <= SHARED]
-    claims.append(Claim(SEED_002, "Correlation with OOD: the paper finds a strong correlation between a high sharing "
+    ood_verdict = ("inconclusive" if min(len(high), len(low)) < OOD_MIN else "reproduces" if min(high) > max(low)
+                   else "does not reproduce")
+    pooled = None if ood_verdict == "inconclusive" else ood_verdict == "reproduces"
+    claims.append(claim("Correlation with OOD: the paper finds a strong correlation between a high sharing "
                         "coefficient and generalisation to unseen sequence lengths; models with a low sharing coefficient "
                         "fail to extrapolate.", "OOD와의 상관관계: 논문은 높은 공유 계수와 보지 못한 시퀀스 길이에 대한 일반화 "
                         "능력(OOD) 사이의 강한 상관관계를 발견했습니다. 낮은 공유 계수를 가진 모델은 외삽에 실패합니다.",
@@ -310,16 +389,14 @@ def judge(done, plan: Plan):
                                                                              or "none")
                         + f"; a verdict needs >= {OOD_MIN} conditions with kappa above {SHARED} and >= {OOD_MIN} at or "
                         f"below it (one point per side orders two numbers, it measures no correlation): "
-                        f"{len(high)} and {len(low)}",
-                        "inconclusive" if min(len(high), len(low)) < OOD_MIN else "reproduces" if min(high) > max(low)
-                        else "does not reproduce"))
+                        f"{len(high)} and {len(low)}", ood_verdict, ood, lambda _r, _v: pooled,
+                        decides=f"{len(high)} conditions above {SHARED}, {len(low)} at or below"))
     sections = [Table(kappa or [{"note": "no kappa (the search found no joint N*)"}], heading="kappa per model, task, format"),
                 Table([{k: v for k, v in r.items() if k != "trials"} for r in plan.settings["study"]["n_star"]]
                       or [{"note": "no N*"}], heading="N* per condition")]
     if searched:
         sections.insert(0, Table(searched["search"], heading="Transformer budget search (cheapest first; the first "
                                  "budget whose trial converges runs the Transformer's N* sweep)"))
-    n_star = plan.settings["study"]["n_star"]
     if any(r["n_star"] is not None for r in n_star):
         sections.append(figures.n_star_vs_length(n_star))
     if any(bound(r) is not None or r in known(kappa) for r in kappa):

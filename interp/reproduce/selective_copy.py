@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from interp.reproduce.engine import FIT_THRESHOLD, Claim, Plan, Run, fitted, select, size, unfit_note
+from interp.reproduce import verdicts as rule
+from interp.reproduce.engine import FIT_THRESHOLD, Plan, Run, fitted, select, size, unfit_note
 from interp.report.evaluation import accuracy_vs_length
 from interp.report.html import Table
 from interp.training.evaluate import eval_seed, predictions
@@ -97,30 +98,47 @@ def judge(done, plan: Plan):
     n_m, n_s = solved("mamba"), solved("s4d")
     verdict = ("inconclusive" if not runs or not s4d_runs else "reproduces" if n_m == len(runs) and n_s == 0 else "partly reproduces" if n_m > 0 and n_m > n_s
                else "did not fit" if n_m == 0 and n_s == 0 else "does not reproduce")
-    claims.append(Claim(SEED_001, "Thanks to this content-based gating, selective state space models became able to "
+    def paired(model_runs, other_runs, want_fit, other_fit):
+        """Per seed: the model's runs in the claim's direction (fit == want_fit) where the other model's run of
+        that seed is as the claim needs (fit == other_fit; None: any)."""
+        ok = {o.run.info["seed"] for o in other_runs if other_fit is None or o.fit == other_fit}
+        return [rule.evidence(o, o.fit == want_fit if o.run.info["seed"] in ok else None) for o in model_runs]
+
+    def accs(model_runs):
+        return [_token(o, length) for o in model_runs if o.measures]
+
+    claims.append(rule.claim(SEED_001, "Thanks to this content-based gating, selective state space models became able to "
                         "perform selective copying and induction-like tasks that earlier recurrent models could not "
                         "solve.", "이러한 콘텐츠 기반 게이팅(content-based gating) 덕분에 선택적 상태 공간 모델은 이전의 순환 "
                         "모델들이 해결하지 못했던 선택적 복사 및 유도(induction)-유사 작업을 수행할 수 있게 되었습니다.",
                         f"{text}; {n_m}/{len(runs)} seeds fit (>= {FIT_THRESHOLD}); {s4d_text}; {n_s}/{len(s4d_runs)} "
-                        "fit" + unfit_note(runs), verdict))
+                        "fit" + unfit_note(runs), verdict, paired(runs, s4d_runs, True, False) + paired(s4d_runs, runs, False, True),
+                        decides="per-token copy accuracy, Mamba " + ", ".join(f"{a:.2f}" for a in accs(runs))
+                        + " vs S4D " + ", ".join(f"{a:.2f}" for a in accs(s4d_runs)),
+                        interval=rule.span(accs(runs) + accs(s4d_runs), plan.settings["n"])))
     h3_runs, h3_text = line("h3")
     n_h = solved("h3")
     verdict = ("inconclusive" if not s4d_runs else "reproduces" if n_s == 0 and n_m > 0
                else "inconclusive" if n_s == 0 else "does not reproduce")
-    claims.append(Claim(SEED_001, "But S4 had a limitation that matters for language: its dynamics were time-invariant. "
+    claims.append(rule.claim(SEED_001, "But S4 had a limitation that matters for language: its dynamics were time-invariant. "
                         "... The model could not decide, based on content, to remember certain tokens and ignore others.",
                         "하지만 S4에는 언어에 중요한 한계가 있었습니다: 그 동역학(dynamics)이 시간 불변적(time-invariant)이었다는 "
                         "것입니다. ... 이 모델은 내용에 기반하여 특정 토큰을 기억하고 다른 토큰을 무시할지 결정할 수 없었습니다.",
                         f"{s4d_text}; {n_s}/{len(s4d_runs)} seeds fit; (H3, also time-invariant but gated: {h3_text}, "
                         f"{n_h}/{len(h3_runs)} fit); a failure counts only where Mamba fit with the same budget "
-                        f"({n_m} did)", verdict))
+                        f"({n_m} did)", verdict, paired(s4d_runs, runs, False, True),
+                        decides="S4D per-token copy accuracy " + ", ".join(f"{a:.2f}" for a in accs(s4d_runs)),
+                        interval=rule.span(accs(s4d_runs), plan.settings["n"])))
     att_runs, att_text = line("attention")
     n_a = solved("attention")
     verdict = ("inconclusive" if not att_runs else "reproduces" if n_a == len(att_runs) else "partly reproduces" if n_a
                else "did not fit" if any(o.status == "did not fit" for o in att_runs) else "diverged")
-    claims.append(Claim(SEED_001, "Attention can do exactly that: it selects. A fixed linear filter cannot.",
+    claims.append(rule.claim(SEED_001, "Attention can do exactly that: it selects. A fixed linear filter cannot.",
                         "어텐션은 정확히 그것을 할 수 있습니다: 선택합니다(selects). 고정된 선형 필터는 그럴 수 없습니다.",
-                        f"{att_text}; {n_a}/{len(att_runs)} seeds fit" + unfit_note(att_runs), verdict))
+                        f"{att_text}; {n_a}/{len(att_runs)} seeds fit" + unfit_note(att_runs), verdict,
+                        [rule.evidence(o, o.fit) for o in att_runs],
+                        decides="attention per-token copy accuracy " + ", ".join(f"{a:.2f}" for a in accs(att_runs)),
+                        interval=rule.span(accs(att_runs), plan.settings["n"])))
     rows = [{"run": o.run.label, "status": o.status, "length reached": o.length_reached,
              **{f"{kind}@{t}": m[kind] for t, m in o.measures.items() for kind in ("token", "sequence")}}
             for o in done if o.measures]
