@@ -34,6 +34,8 @@ def test_one_seed_is_not_reproduces():
     # the same for the opposite verdict: one seed against the claim is not 'does not reproduce'
     assert rule.rule("does not reproduce", [ev(0, False)]).verdict == "inconclusive"
     assert rule.rule("partly reproduces", [ev(0, True), ev(1, None)]).verdict == "inconclusive"
+    assert rule.rule("partly reproduces", [ev(0, True), ev(1, False)]).verdict == "partly reproduces"
+    assert rule.rule("partly reproduces", [ev(0, False), ev(1, False)]).verdict == "inconclusive"   # no run for it
 
 
 def test_two_seeds_that_agree_reproduce():
@@ -53,6 +55,8 @@ def test_still_rising_is_inconclusive_not_a_fail():
         ruled = rule.rule(verdict, [ev(0, True, rising, fit=False), ev(1, True, fit=False)])
         assert ruled.verdict == "inconclusive" and "run-s0 evaluation accuracy" in ruled.reason, verdict
         assert f"was '{verdict}'" in ruled.reason and "plateau" in ruled.reason
+    both = rule.rule("reproduces", [ev(0, True, rising), ev(1, True, rising)])
+    assert "also still rising: run-s1" in both.reason
     # a run left out of the seed count (supports None) does not block a verdict by rising
     assert rule.rule("reproduces", [ev(0, True), ev(1, True), ev(2, None, rising)]).verdict == "reproduces"
 

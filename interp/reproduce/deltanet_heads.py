@@ -178,8 +178,9 @@ def judge(done, plan: Plan):
                         "did not fit" if not neg else "premise fails" if not singles
                         else "reproduces" if len(marked) == len(singles) and len(low) == len(singles)
                         else "partly reproduces" if low else "does not reproduce",
-                        [rule.evidence(o, (o in marked and o in low) if found.get(o.run.label) is not None
-                                       else False if o.fit and not singles else None) for o in neg_all],
+                        # per run two readings: the lowest rank, and markedly lower (both: the claim; one: partly)
+                        [rule.evidence(o, test if found.get(o.run.label) is not None else False if o.fit and not singles
+                                       else None) for o in neg_all for test in (o in low, o in marked)],
                         decides="; ".join(rank_text) or "no single state-carrying head"))
     rows = [{"run": o.run.label, "status": o.status, "reveal acc (train gap)": o.in_distribution,
              **{f"acc gap {g}": a for g, a in o.measures.get("gaps", {}).items()}} for o in done]

@@ -305,7 +305,7 @@ def judge(done, plan: Plan):
         seeds = sorted({e.seed for e in items})
         ruled.basis = (f"{len(rows)} condition{'s' * (len(rows) != 1)} x seed{'s' * (len(seeds) != 1)} "
                        f"{', '.join(map(str, seeds))} (N* searches; per seed its own smallest converging N)"
-                       if items else "no kappa")
+                       if items else rule.basis([]))
         if short["trained"]:
             ruled = rule.Ruling("inconclusive", f"inconclusive: {len(short['trained'])} of {len(short['planned'])} seeds "
                                 f"trained (seeds {short['trained']} of {short['planned']}; the rest not trained yet); "

@@ -132,7 +132,7 @@ def rule(verdict: str, items: list[Evidence], why: str = "") -> Ruling:
     rising = [e for e in (decided if verdict != "did not fit" else [e for e in items if not e.fit]) if e.rising]
     if rising and verdict != "inconclusive" and verdict != "diverged":
         first = rising[0]
-        more = f" (and {len(rising) - 1} more run{'s' * (len(rising) > 2)})" if len(rising) > 1 else ""
+        more = f"; also still rising: {', '.join(e.label for e in rising[1:])}" if len(rising) > 1 else ""
         return Ruling("inconclusive", f"inconclusive (was '{verdict}'): {first.label} {first.rising}{more}; train to "
                       "a plateau", where)
     by_seed: dict[int, list[bool]] = {}
@@ -150,6 +150,9 @@ def rule(verdict: str, items: list[Evidence], why: str = "") -> Ruling:
     if verdict == "does not reproduce" and len(con) < MIN_SEEDS:
         return Ruling("inconclusive", f"inconclusive (was 'does not reproduce'): {counts}; 'does not reproduce' needs "
                       f"the opposite in >= {MIN_SEEDS}", where)
+    if verdict == "partly reproduces" and by_seed and not pro | mixed:
+        return Ruling("inconclusive", f"inconclusive (was 'partly reproduces'): {counts}; no run in the claim's "
+                      "direction", where)
     if verdict in ("partly reproduces", "premise fails") and len(by_seed) < MIN_SEEDS:
         return Ruling("inconclusive", f"inconclusive (was '{verdict}'): {len(by_seed)} seed decided "
                       f"({_seeds(by_seed) or 'none'}); '{verdict}' needs >= {MIN_SEEDS}", where)
