@@ -301,6 +301,11 @@ def test_sample_efficiency():
     claims = module.judge([], plan)[0]
     assert [c.verdict for c in claims] == ["inconclusive"] * 3
     assert claims[0].rule.startswith("inconclusive: 2 of 3 seeds trained") and "rule gives: reproduces" in claims[0].rule
+    # with a Transformer budget search the Transformer's N*s are their own sweep's: its seeds decide its claim alone
+    medium = module.plan("medium")
+    medium.settings["study"] = plan.settings["study"] | {"seeds_trained": {"sweep-transformer": {
+        "trained": [0, 1], "planned": [0, 1, 2]}}}
+    assert [c.verdict for c in module.judge([], medium)[0]] == ["inconclusive", "reproduces", "inconclusive"]
     plan.settings["study"] = {"kappa": rows, "n_star": [], "trials": 0}
     plan.settings["study"]["kappa"] = [rows[1], rows[2]]   # one condition per side orders two numbers: no verdict
     ood = module.judge([], plan)[0][2]

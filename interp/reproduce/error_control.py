@@ -399,7 +399,8 @@ def correlation_claim(corr, site: str | None = None, falling=()):
                  "0.5를 넘어서는 시점(Tcross)과 실제 모델의 예측이 틀리기 시작하는 시점(mp) 사이의 상관관계가 0.87로 매우 높게 "
                  "나타났다.", measured, verdict, [rule.evidence(o, pooled) for o in falling],
                       why=f"r is pooled over the runs ({headline})",
-                      decides=f"{headline} r = {row.get('r between runs', math.nan):.2f} over {row.get('runs placed', 0)} "
+                      decides=f"at {site_name(site)}: {headline} r = {row.get('r between runs', math.nan):.2f} over "
+                      f"{row.get('runs placed', 0)} "
                       f"runs, premise in {row.get('premise holds', '-')}" if row else "",
                       interval=f"95% bootstrap {row.get('r 95% bootstrap interval')}" if row.get("r 95% bootstrap interval")
                       else "")

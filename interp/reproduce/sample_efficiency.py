@@ -292,9 +292,7 @@ def judge(done, plan: Plan):
                             if bound(r) is not None else "")
                          + f" (N*_joint {_show(r['n_star_joint'])}, sum N*_n {_show(r['sum_n_star'])}; {carried(r)})"
                          for r in rows) or ("no kappa yet: " + "; ".join(pending) if pending else "none")
-    short = {"trained": [], "planned": []}
-    for entry in plan.settings["study"].get("seeds_trained", {}).values():
-        short = entry
+    trained = plan.settings["study"].get("seeds_trained", {})
 
     def claim(quote, original, measured, verdict, rows, per_seed=None, **numbers):
         """rule.claim with one Evidence per (condition, seed): per_seed(row, seed values) -> supports; while some
@@ -306,10 +304,12 @@ def judge(done, plan: Plan):
         ruled.basis = (f"{len(rows)} condition{'s' * (len(rows) != 1)} x seed{'s' * (len(seeds) != 1)} "
                        f"{', '.join(map(str, seeds))} (N* searches; per seed its own smallest converging N)"
                        if items else rule.basis([]))
-        if short["trained"]:
-            ruled = rule.Ruling("inconclusive", f"inconclusive: {len(short['trained'])} of {len(short['planned'])} seeds "
-                                f"trained (seeds {short['trained']} of {short['planned']}; the rest not trained yet); "
-                                f"with the seeds trained the rule gives: {ruled.reason}", ruled.basis)
+        sweeps = {SWEEPS[1] if r["model"] == "transformer" and plan.settings.get("budget") else SWEEPS[0] for r in rows}
+        short = [trained[name] for name in sorted(sweeps) if name in trained]   # sweeps with seeds not trained yet
+        if short:
+            ruled = rule.Ruling("inconclusive", f"inconclusive: {len(short[0]['trained'])} of {len(short[0]['planned'])} "
+                                f"seeds trained (seeds {short[0]['trained']} of {short[0]['planned']}; the rest not "
+                                f"trained yet); with the seeds trained the rule gives: {ruled.reason}", ruled.basis)
         return rule.claim(SEED_002, quote, original, measured, "", ruling=ruled, **numbers)
 
     def side(low_ok: bool):

@@ -166,6 +166,9 @@ def rule(verdict: str, items: list[Evidence], why: str = "") -> Ruling:
         unfit = [e for e in items if not e.fit]
         return Ruling(verdict, f"did not fit: {len(unfit)} of {len(items)} runs did not fit, none still rising"
                       + (f"; {why}" if why else ""), where)
+    if not items:
+        return Ruling(verdict, f"{verdict}: no runs behind it (none of this kind in the plan, or none trained yet)",
+                      where)
     return Ruling(verdict, f"{verdict}: {why or 'by the claim bar (see what was measured)'}", where)
 
 
