@@ -3,7 +3,8 @@
     conditions(models, tasks, formats, max_length, ...) -> [condition]   lengths 2..L and "joint"
     find_n_star(conditions, configs, runner, n0=16, resolution=0.1) -> [NStar]
     kappa({n: N*_n}, N*_joint) -> float
-    kappa_rows(n_stars) -> tidy rows: kappa and the joint model's OOD accuracy per model x format
+    kappa_rows(n_stars) -> tidy rows: kappa and the joint model's OOD accuracy per model x format; which seeds
+                           carry each N* (carried_by) and each seed's own kappa or its bounds (by_seed, seed_kappas)
     train_trial(params, run_dir) -> row    one finite-data training run (the sweep's trial function)
 
 A condition is a JSON-able dict: model (a preset name), model_options (ModelConfig overrides, e.g.

@@ -19,7 +19,8 @@ gets a raw verdict; `rule` then checks that the data behind it carry it, and oth
    evaluations at that length in either window, when the curriculum reached it within the last half of
    training (too few evaluations to tell, and the run was still moving). A run stopped early at fit (fewer steps than planned, status fit) has
    stopped improving by the early-stop rule, and so has one whose last window is at RISE["ceiling"] or
-   above. A run with no metrics (hand-made outcomes in tests) counts as not rising.
+   above. A run with no metrics (hand-made outcomes in tests) counts as not rising. The N* trials of
+   sample-efficiency are not runs here: N* is defined at a fixed step budget per trial, so they are not tested.
 2. Seeds: each decided piece of evidence (supports True or False, not None) counts for its seed; a
    seed is in the claim's direction when all its decided evidence supports the claim, against it when
    none does, mixed otherwise. "reproduces" needs the claim's direction in >= MIN_SEEDS seeds; "does not
