@@ -61,9 +61,14 @@ it) and the scan continues from it, with nothing [B, T, *S] materialised
 (`RecurrentMixer.declared_forward`). Same result as the hook function up to float rounding.
 Several patches on one row apply in step order, each on the state the earlier ones left (the
 causal reading, models.hooks.state_patch): a hook function that changes a row at several steps is
-called again on the re-run states until it gives back what was pinned (`causal_pins`: one round
-for a hook that sets states, a round a step for one that changes what it sees; its first call
-sees the unpatched states).
+called again on the re-run states (`causal_pins`; its first call sees the unpatched states): a
+hook that sets states gives back what was pinned after one round; one that changes what it sees
+is then called on windows of the call's steps in step order, each scanned from the state the
+earlier changes left (one pass, O(T); `hook.position` is a window's first step, as in a decoding
+call, and `hook.window` = (that step on the call's axis, the call's length), which StatePatch
+reads), and once more on every state to confirm; a hook that does not work on a window (it
+indexes the call's steps without hook.position) settles in rounds, a re-run a step. Declared
+patches under grad find their pins in one such pass (`RecurrentMixer.pinned_forward`).
 A hook function on hook_state with nothing else there and no gradient wanted (grad mode off)
 runs the same way once it has run: the (example, step) pairs it changed (`changed_steps`,
 against the unpatched states recomputed block by block or kept) become a declared plan

@@ -10,6 +10,12 @@ functions with nothing else on the hook and no gradient wanted run instead on th
 (`declared_state_patches`, `hook_functions_only`: RecurrentMixer.declared_forward /
 hooked_forward). Gradients with respect to the states enter as a zero shift added after each
 step (`state_probe`, `add_shift`, `step_shifts`, `only_probed`).
+
+Several changes on one row apply in step order, each on the state the earlier ones left, in one
+pass left to right, O(T): declared patches under grad by `plan_pins` (RecurrentMixer.pinned_forward),
+hook functions by `causal_pins` (one round for hooks that set states, else `in_windows`: the hooks
+called on windows of steps, each scanned from the state the earlier changes left). Hooks that do
+not work on a window settle in rounds, a re-run a step (`MANY_ROUNDS` warns).
 """
 
 from __future__ import annotations
@@ -116,6 +122,7 @@ def scan_with_state_hook(
     run_scan: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     n_state_dims: int,
     step_at: Callable | None = None,
+    scan_from: Callable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an instrumented scan through `hook_state` with causal state patches.
 
@@ -124,7 +131,8 @@ def scan_with_state_hook(
     before the pin applies: h_t = pin_t or step(h_{t-1}) + shift_t. The scan runs once; if a
     patch changed any state it runs again with those states pinned, so the change propagates to
     every later step; where it changed some row at several steps the pins are found in step
-    order (causal_pins, with step_at where the mixer gives it). Readers see final states.
+    order (causal_pins, with step_at and scan_from where the mixer gives them). Readers see
+    final states.
 
     Gradients (the module docstring): under grad mode, a hook that returned a new tensor makes
     the re-run take `patched - states` (zero where nothing changed) as shift at its unpinned
@@ -143,13 +151,15 @@ def scan_with_state_hook(
         pins = None if found.changed is None else (found.changed, found.patched)
         if pins is not None and several_steps(found.changed):
             del outputs
-            pins, (outputs, states), found = causal_pins(hook, lambda p: run_scan(p, None), found, n_state_dims, step_at)
+            pins, (outputs, states), found = causal_pins(hook, lambda p: run_scan(p, None), found, n_state_dims,
+                                                         step_at, scan_from)
             settled = True
         patched = found.patched
         if torch.is_grad_enabled() and patched.requires_grad and (found.new_tensor or _forced_instrumented()):
-            shift = patched - states
             fixed = found.changed if pins is None else (pins[0] if found.changed is None else pins[0] | found.changed)
-            if fixed is not None:  # zero where pinned (or changed at a step the causal pins settled)
+            if fixed is None or not bool(fixed.all()):  # (a shift zero at every step: none)
+                shift = patched - states
+            if fixed is not None and shift is not None:  # zero where pinned (or changed at a step the pins settled)
                 shift = torch.where(_expand(fixed, shift), torch.zeros_like(shift), shift)
     if probing:
         probe = state_probe(hook, states.shape, states)
@@ -183,50 +193,171 @@ def several_steps(changed: torch.Tensor) -> bool:
 
 
 def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int,
-                step_at: Callable | None = None):
+                step_at: Callable | None = None, scan_from: Callable | None = None):
     """The pins (mask [B, T], values [B, T, *S]) of hook functions that changed some row at
     several steps, in step order: a later change applies to the state as the earlier ones left
     it (the causal reading, as StatePlan and generate apply patches). Returns (pins, the last
     re-run's (outputs, states), the last HookPass); rescan(pins) -> (outputs, states [B, T, *S]).
 
     With step_at(states, rows, times) -> [U, *S] (one step of the recurrence to each (row,
-    time) from the state before it in states [B, T, *S]), in rounds: pin every changed step to
-    the hooks' value, re-run, and call the hooks on the re-run states with each pinned step
-    holding what the step before gives there (the state they would see had it not been
+    time) from the state before it in states [B, T, *S]), first one round: pin every changed
+    step to the hooks' value, re-run, and call the hooks on the re-run states with each pinned
+    step holding what the step before gives there (the state they would see had it not been
     pinned); settled when they give back the pinned values and change nothing else. Hooks that
-    set states settle in one round; a change relative to what a hook sees settles a step a
-    round (a row's j-th pinned step is exact after j rounds). Without step_at, one step a round:
-    each row's first changed step after those settled (`in_step_order`)."""
+    set states settle so.
+
+    Else, with scan_from(lo, hi, h) -> the states [B, hi - lo, *S] of steps lo, ..., hi - 1 from
+    the state h [B, *S] after step lo - 1 (None: the initial state), one pass left to right
+    (`in_windows`): the hooks see the run in windows, each scanned from the state the earlier
+    changes left, O(T) however many steps they change; confirmed by one call on every state.
+
+    Where neither settles (the hooks do not work on a window: they index steps of the whole
+    call, or read earlier steps than their window holds) the rounds go on, a step a round at
+    least (a row's j-th pinned step is exact after j rounds: O(T^2) for a change at every step);
+    without step_at each row's first changed step after those settled (`in_step_order`)."""
+    pinned, values = found.changed, found.patched  # [B, T], [B, T, *S]
+    if step_at is not None:
+        settled, pinned, values = settle_round(hook, rescan, pinned, values, n_state_dims, step_at)
+        if settled is not None:
+            return settled
+    if scan_from is not None:
+        settled = in_windows(hook, rescan, scan_from, found.changed, n_state_dims)
+        if settled is not None:
+            return settled
     if step_at is None:
         return in_step_order(hook, rescan, found, n_state_dims)
-    pinned, values = found.changed, found.patched  # [B, T], [B, T, *S]
-    for round_ in range(pinned.shape[1] + 1):  # at most one round per step and a last to confirm
+    for round_ in range(1, pinned.shape[1] + 1):  # at most one round per step and a last to confirm
         if round_ == MANY_ROUNDS:
             warn_many_rounds(hook)
-        scanned = rescan((pinned, values))
-        rows, times = pinned.nonzero(as_tuple=True)
-        seen = scanned[1].clone()
-        seen[rows, times] = step_at(scanned[1], rows, times).to(seen.dtype)
-        found = hook_pass(hook, seen, n_state_dims)
-        changed = torch.zeros_like(pinned) if found.changed is None else found.changed
-        if not bool((changed & ~pinned).any()) and same_values(found.patched[rows, times], values[rows, times]):
-            return (pinned, values), scanned, found
-        pinned = pinned | changed  # a new tensor: the last re-run's graph holds the old one
-        values = torch.where(_expand(pinned, values), found.patched.to(values.dtype), values)
+        settled, pinned, values = settle_round(hook, rescan, pinned, values, n_state_dims, step_at)
+        if settled is not None:
+            return settled
     raise RuntimeError(f"the hook functions on {hook.name!r} did not settle: each step's change must depend on "
                        "the states up to that step only")
+
+
+def settle_round(hook: HookPoint, rescan: Callable, pinned: torch.Tensor, values: torch.Tensor, n_state_dims: int,
+                 step_at: Callable):
+    """One round of causal_pins with step_at from pins (pinned [B, T], values [B, T, *S]):
+    (causal_pins' result, pinned, values) when the hooks gave them back, else (None, the next
+    round's pinned, values)."""
+    scanned = rescan((pinned, values))
+    rows, times = pinned.nonzero(as_tuple=True)
+    seen = scanned[1].clone()
+    seen[rows, times] = step_at(scanned[1], rows, times).to(seen.dtype)
+    found = hook_pass(hook, seen, n_state_dims)
+    changed = torch.zeros_like(pinned) if found.changed is None else found.changed
+    if not bool((changed & ~pinned).any()) and same_values(found.patched[rows, times], values[rows, times]):
+        return ((pinned, values), scanned, found), pinned, values
+    pinned = pinned | changed  # a new tensor: the last re-run's graph holds the old one
+    return None, pinned, torch.where(_expand(pinned, values), found.patched.to(values.dtype), values)
+
+
+def in_windows(hook: HookPoint, rescan: Callable, scan_from: Callable, changed: torch.Tensor, n_state_dims: int):
+    """causal_pins in one pass left to right, or None where the hooks do not settle so.
+
+    The steps where the hooks changed the unpatched states (changed [B, T]) end windows: each
+    window is scanned from the state the earlier changes left (scan_from), and the hooks are
+    called on it alone, as a decoding call sees its steps (`hook.position`: its first step,
+    counted as the call's; `hook.window`: (that step on the call's time axis, the call's
+    length), read by StatePatch); the first step of the window where they change some row is
+    pinned there (the rows they changed, to their value), and the next window starts after it.
+    So each step's change acts on the state the earlier ones left, under autograd too: a
+    window's scan starts from the pinned state's graph, O(T) in time and memory. Then one
+    re-run with the pins, and the hooks are called on its states with each pinned step holding
+    what they saw there (causal_pins' test): they must give back the pinned values and change
+    nothing else, else None (a hook indexing steps of the whole call, or reading earlier steps
+    than its window holds). An exception inside a window also gives None: causal_pins then
+    goes on in rounds, where a genuine error raises again."""
+    batch, length = changed.shape
+    ends = changed.any(0).nonzero()[:, 0].tolist()  # [steps]: where windows end
+    pins: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> (rows [B], seen, value [B, *S])
+    h, lo, k = None, 0, 0
+    base = hook.__dict__.get("position", _UNSET)
+    try:
+        while lo < length:
+            while k < len(ends) and ends[k] < lo:
+                k += 1
+            hi = ends[k] + 1 if k < len(ends) else length
+            window = scan_from(lo, hi, h)  # [B, n, *S]
+            hook.__dict__["position"] = (0 if base is _UNSET else base) + lo
+            hook.__dict__["window"] = (lo, length)
+            try:
+                out = hook(window.clone(), defer_readers=True)
+                differs = _differs(out, window, n_state_dims)  # [B, n]
+            except Exception:  # noqa: BLE001 - not a window's hook: the rounds call it on whole runs
+                return None
+            if not bool(differs.any()):
+                h, lo = window[:, -1], hi
+                continue
+            step = int(differs.any(0).nonzero()[0])
+            rows = differs[:, step]
+            h = torch.where(_expand(rows, window[:, step]), out[:, step].to(window.dtype), window[:, step])
+            pins[lo + step] = (rows, window[:, step], h)
+            lo += step + 1
+    finally:
+        hook.__dict__.pop("window", None)
+        if base is _UNSET:
+            hook.__dict__.pop("position", None)
+        else:
+            hook.__dict__["position"] = base
+    if not pins:
+        return None
+    pinned = torch.zeros_like(changed)
+    for step, (rows, _, _) in pins.items():
+        pinned[:, step] = rows
+    values = _at_steps(pins, 2, length)
+    scanned = rescan((pinned, values))
+    seen = torch.where(_expand(pinned, scanned[1]), _at_steps(pins, 1, length).to(scanned[1].dtype), scanned[1])
+    found = hook_pass(hook, seen, n_state_dims)
+    now = torch.zeros_like(pinned) if found.changed is None else found.changed
+    rows, times = pinned.nonzero(as_tuple=True)
+    if bool((now & ~pinned).any()) or not same_values(found.patched[rows, times], values[rows, times]):
+        return None
+    return (pinned, values), scanned, found
+
+
+_UNSET = object()
+
+
+def plan_pins(plan: StatePlan, scan_from: Callable, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pins (mask [B, T], values [B, T, *S]) of a StatePlan over `length` steps applied
+    causally in one pass left to right: the state at each patched step scanned (scan_from, as
+    in_windows) from the state the earlier patches left and patched there (StatePlan.at_step),
+    under autograd too: O(T) in time and memory."""
+    pins: dict[int, tuple[torch.Tensor, None, torch.Tensor]] = {}  # step -> (rows [B], -, state after it [B, *S])
+    h, lo = None, 0
+    for step in plan.steps:
+        reached = scan_from(lo, step + 1, h)[:, -1]  # [B, *S]
+        rows, new = plan.at_step(step, reached)
+        mask = torch.zeros(reached.shape[0], dtype=torch.bool, device=reached.device)
+        mask[rows] = True
+        h = reached.clone()
+        h[rows] = new.to(h.dtype)
+        pins[step], lo = (mask, None, h), step + 1
+    return torch.stack([pins[t][0] if t in pins else torch.zeros_like(mask) for t in range(length)], 1), \
+        _at_steps(pins, 2, length)
+
+
+def _at_steps(pins: dict, item: int, length: int) -> torch.Tensor:
+    """[B, T, *S]: pins[t][item] at each pinned step t, zeros elsewhere (one stack: its backward
+    is one unbind, where writing the steps into a tensor one by one would copy it each time)."""
+    some = next(iter(pins.values()))[item]
+    zero = torch.zeros_like(some)
+    return torch.stack([pins[t][item] if t in pins else zero for t in range(length)], dim=1)
 
 
 MANY_ROUNDS = 32   # re-runs of one call past which the cost is said (once per call)
 
 
 def warn_many_rounds(hook: HookPoint) -> None:
-    """Say once that a relative hook function is being settled a step a re-run, and the fast way."""
+    """Say once that hook functions are being settled a step a re-run, why, and the fast ways."""
     warnings.warn(f"the hook functions on {hook.name!r} change the state relative to what they see at more than "
-                  f"{MANY_ROUNDS} steps of a row: applied causally (each step on the state the earlier changes left) "
-                  "that is one re-run of the layer per step, O(T^2) (benchmarks/hook_rounds.py: 14 s at T 256 for a "
-                  "2-layer Mamba); StatePatch(rows, times, fn=...) applies the same change inside the scan in one "
-                  "pass (docs/generation.md)", stacklevel=3)
+                  f"{MANY_ROUNDS} steps of a row and do not work on a window of the call's steps (they index steps "
+                  "of the whole call, or read earlier steps): applied causally (each step on the state the earlier "
+                  "changes left) that is one re-run of the layer per step, O(T^2). A hook that indexes steps by "
+                  "hook.position + its own axis settles in one pass, as does StatePatch(rows, times, fn=...) "
+                  "(docs/generation.md)", stacklevel=3)
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:

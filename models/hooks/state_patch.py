@@ -17,6 +17,8 @@ the state recomputed after the earlier patches (the causal reading). Patches att
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
 
@@ -84,9 +86,11 @@ class StatePatch:
 
     def new_values(self, current: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         """The patched states [m, *S] from the current ones [m, *S] at the entries selected by
-        at ([M] bool; None: all M): values[at], current + deltas[at] or fn(current)."""
+        at ([M] bool, or [m] int64 places in rows / times; None: all M): values[at], current +
+        deltas[at] or fn(current)."""
         if self.mode == "map":
-            index = torch.arange(len(self.rows)) if at is None else at.cpu().nonzero()[:, 0]
+            index = torch.arange(len(self.rows)) if at is None else at.cpu()
+            index = index.nonzero()[:, 0] if index.dtype == torch.bool else index
             new = self.payload(current, index) if self.with_index else self.payload(current)
             if not isinstance(new, torch.Tensor):
                 raise TypeError(f"StatePatch fn must return a tensor; got {type(new).__name__}")
@@ -102,14 +106,25 @@ class StatePatch:
         """As a hook function on states [B, T, *S]: the entries of each step in increasing order,
         each on the states as they are (a hook function sees one run's states; the mixer re-runs
         the recurrence from the first patched step when a row is patched at several,
-        models.hooks.state.causal_pins)."""
-        rows, times = self.entries(*states.shape[:2])
-        rows, times = rows.to(states.device), times.to(states.device)
+        models.hooks.state.causal_pins). While hook.window = (first, length) is set, states are
+        the steps first, ..., first + T - 1 of a call of `length` steps (causal_pins' windows):
+        the entries there apply, each window costing its own entries only."""
+        first, length = getattr(hook, "window", (0, states.shape[1]))
+        steps, places = self.by_step(states.shape[0], length)
         out = states.clone()
-        for step in torch.unique(times).tolist():
-            at = times == step
-            out[rows[at], step] = self.new_values(out[rows[at], step], at)
+        for i in range(bisect.bisect_left(steps, first), bisect.bisect_left(steps, first + states.shape[1])):
+            at = places[i]  # [m]: the entries at steps[i]
+            rows = self.rows[at].to(states.device)
+            out[rows, steps[i] - first] = self.new_values(out[rows, steps[i] - first], at)
         return out
+
+    def by_step(self, batch: int, length: int) -> tuple[list[int], list[torch.Tensor]]:
+        """(the patched steps ascending, each one's entries [m] in order) over states [batch, length],
+        checked (entries) once per shape."""
+        key = (batch, length)
+        if getattr(self, "_by_step", (None,))[0] != key:
+            self._by_step = (key, *by_time(self.entries(batch, length)[1]))
+        return self._by_step[1], self._by_step[2]
 
     def __repr__(self) -> str:
         return f"StatePatch({self.mode}, {len(self.rows)} entries at steps {sorted(set(self.times.tolist()))[:6]})"
@@ -139,12 +154,16 @@ class StatePlan:
         keys = torch.cat([rows * length + times for rows, times in found])  # [sum M]
         union, index = torch.unique(keys, return_inverse=True)  # union sorted by (row, time)
         self.rows, self.times = union // length, union % length  # [U]
-        self.steps = torch.unique(self.times).tolist()
-        # step -> [(patch, where its entries [M] are at step, their places [m] in the union)]
-        self._at: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        steps, here = by_time(self.times)
+        self.steps = steps
+        # step -> (the union's entries there [k] ascending, [(patch, its entries there [m] (places in its
+        # rows / times, ascending), where they are among the k [m])]): index tensors, O(U) in all
+        self._at: dict[int, tuple[torch.Tensor, list[tuple[int, torch.Tensor, torch.Tensor]]]] = {
+            step: (entries, []) for step, entries in zip(steps, here)}
         for i, (entries, (_, times)) in enumerate(zip(index.split([len(rows) for rows, _ in found]), found)):
-            for step in torch.unique(times).tolist():
-                self._at.setdefault(step, []).append((i, times == step, entries[times == step]))
+            for step, places in zip(*by_time(times)):
+                mine = torch.searchsorted(self._at[step][0], entries[places])
+                self._at[step][1].append((i, places, mine))
 
     @classmethod
     def from_pins(cls, mask: torch.Tensor, values: torch.Tensor) -> "StatePlan":
@@ -157,16 +176,23 @@ class StatePlan:
     def at_step(self, step: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [k], their patched states [k, *S]) at `step` from the running state [B, *S]
         after that step: each patch with entries there applied in order."""
-        here = (self.times == step).nonzero()[:, 0]  # the union's entries at step, [k], ascending
+        here, parts = self._at[step]  # the union's entries at step [k], ascending
         rows = self.rows[here].to(state.device)
         values = state[rows].clone()  # [k, *S]
-        for i, at, entries in self._at.get(step, []):
+        for i, places, mine in parts:
             patch, allow_nonfinite = self.patches[i]
-            mine = torch.searchsorted(here, entries).to(state.device)  # this patch's entries at step, in values
+            mine = mine.to(state.device)  # this patch's entries at step, in values
             before = values[mine]
-            new = patch.new_values(before, at)
-            if not allow_nonfinite and bool(torch.isfinite(before).all()) and not bool(torch.isfinite(new).all()):
+            new = patch.new_values(before, places)
+            if not allow_nonfinite and not bool(torch.isfinite(new).all()) and bool(torch.isfinite(before).all()):
                 raise ValueError(f"{patch!r} makes {int((~torch.isfinite(new)).sum())} state values NaN or Inf; pass "
                                  "allow_nonfinite=True (run_with_hooks / run_with_cache / hooks) if that is intended")
             values[mine] = new
         return rows, values
+
+
+def by_time(times: torch.Tensor) -> tuple[list[int], list[torch.Tensor]]:
+    """times [M] -> (the distinct times ascending, for each the places [m] in times holding it,
+    ascending)."""
+    steps, counts = torch.unique(times, return_counts=True)  # sorted
+    return steps.tolist(), list(torch.argsort(times, stable=True).split(counts.tolist()))

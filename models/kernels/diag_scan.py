@@ -284,23 +284,31 @@ def segmented(segment_fn, a, b, c, h0, export_idx, pins, chunk):
     length = a.shape[1]
     pinned = [] if pins is None else torch.nonzero(pins[0].any(0)).flatten().tolist()
     wanted = None if export_idx is None else export_idx.tolist()
+    # the steps cut once into the segments and pinned steps (split, whose backward is one cat:
+    # indexing a step at a time would form a [B, T, *S] gradient per pinned step, O(T^2))
+    bounds = sorted({0, length, *pinned, *(t + 1 for t in pinned)})
+    sizes = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+    cut = lambda x: dict(zip(bounds, x.split(sizes, dim=1)))  # noqa: E731  first step -> [B, n, ...]
+    a_at, b_at = cut(a), cut(b)
+    c_at = None if c is None else cut(c)
+    values_at = None if pins is None else cut(pins[1])
     outs, pieces, times = [], [], []  # exported states [B, k, *S] and the steps they belong to
     h, start = h0, 0
     for stop in pinned + [length]:
         if stop > start:  # steps [start, stop) in one kernel call
             local = [] if wanted is None else sorted({t - start for t in wanted if start <= t < stop})
             idx = torch.tensor(local, dtype=torch.long, device=a.device) if local else None
-            c_seg = None if c is None else c[:, start:stop]
-            out, h, exported = segment_fn(a[:, start:stop], b[:, start:stop], c_seg, h, idx, chunk)
+            c_seg = None if c is None else c_at[start]
+            out, h, exported = segment_fn(a_at[start], b_at[start], c_seg, h, idx, chunk)
             outs.append(out)
             if local:
                 pieces.append(exported)
                 times += [start + t for t in local]
         if stop < length:  # the pinned step itself
-            h = a[:, stop] * h + b[:, stop]
+            h = a_at[stop][:, 0] * h + b_at[stop][:, 0]
             mask = pins[0][:, stop].reshape(-1, *([1] * (h.dim() - 1)))
-            h = torch.where(mask, pins[1][:, stop], h)
-            outs.append(h[:, None] if c is None else _readout(h[:, None], c[:, stop : stop + 1]))
+            h = torch.where(mask, values_at[stop][:, 0], h)
+            outs.append(h[:, None] if c is None else _readout(h[:, None], c_at[stop]))
             pieces.append(h[:, None])
             times.append(stop)
             start = stop + 1

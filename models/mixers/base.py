@@ -18,8 +18,8 @@ from models.kernels import diag_scan, short_conv
 from models.kernels.native.library import fresh
 from models.hooks import HookPoint, only_read, selected_heads, selected_steps
 from models.hooks.state import (HookPass, StatePlan, add_shift, apply_step_pin, causal_pins, changed_steps,
-                                declared_state_patches, hook_functions_only, scan_with_state_hook, several_steps,
-                                state_pins, step_pins, step_shifts)
+                                declared_state_patches, hook_functions_only, plan_pins, scan_with_state_hook,
+                                several_steps, state_pins, step_pins, step_shifts)
 
 # mixer name -> (class, default config overrides)
 MIXERS: dict[str, tuple[type["Mixer"], dict[str, Any]]] = {}
@@ -224,10 +224,13 @@ class RecurrentMixer(Mixer):
         """Whether this call may run in fast_segment pieces (declared patches, selected steps): the
         path is "auto", no whole_sequence_hooks is in use, and no gradient is wanted (under grad
         the per-step path runs, which differentiates through the kernels)."""
-        if self.execution_path != "auto" or any(
-                getattr(self, n).is_active for n in self.whole_sequence_hooks if hasattr(self, n)):
-            return False
-        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+        return self.plain_path() and not (
+            torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+
+    def plain_path(self) -> bool:
+        """Whether the execution path is "auto" and no whole_sequence_hooks is in use."""
+        return self.execution_path == "auto" and not any(
+            getattr(self, n).is_active for n in self.whole_sequence_hooks if hasattr(self, n))
 
     def declared_plan(self, x: torch.Tensor):
         """The StatePatches on hook_state to run declared (declared_forward) as a StatePlan for the
@@ -248,8 +251,12 @@ class RecurrentMixer(Mixer):
         the (example, step) pairs they changed (compared with unpatched_blocks) become a
         StatePlan that declared_forward runs on the fast kernels. Only the hooks' [B, T, *S] is
         formed, not scan_with_state_hook's copy and pinned re-run; the result is the same up to
-        float rounding. Changes at more than max_hooked_steps steps take the pinned re-run."""
-        if torch.is_grad_enabled() or not self.segments_allowed(x) or not hook_functions_only(self.hook_state):
+        float rounding. Changes at more than max_hooked_steps steps take the pinned re-run.
+        Under grad, StatePatches all that uses hook_state run as pinned_forward."""
+        if torch.is_grad_enabled():
+            plan = declared_state_patches(self.hook_state, *x.shape[:2]) if self.plain_path() else None
+            return None if plan is None else self.pinned_forward(x, inputs, plan, initial)
+        if not self.segments_allowed(x) or not hook_functions_only(self.hook_state):
             return None
         scanned = self.unpatched_scan(x, inputs, initial)  # (outputs, states [B, T, *S])
         states = scanned[1]
@@ -264,7 +271,7 @@ class RecurrentMixer(Mixer):
             del scanned, states
             rescan = lambda pins: self.scan(inputs, pins, initial=initial)  # noqa: E731
             _, scanned, _ = causal_pins(self.hook_state, rescan, HookPass(patched, True, mask), len(self.state_shape),
-                                        self.steps_at(inputs, initial))
+                                        self.steps_at(inputs, initial), self.scans_from(inputs, initial))
             return self.scanned_output(x, scanned, inputs)
         if int(mask.any(0).sum()) > self.max_hooked_steps:
             del scanned, states
@@ -272,6 +279,15 @@ class RecurrentMixer(Mixer):
         plan = StatePlan.from_pins(mask, patched)
         del scanned, states, patched, unpatched
         return self.declared_forward(x, inputs, plan, initial)
+
+    def pinned_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], plan, initial=None) -> torch.Tensor:
+        """The output [B, T, D] with the declared state patches of plan (a StatePlan) under
+        autograd: their pins found in one pass left to right, each patched step scanned from the
+        state the earlier patches left (models.hooks.state.plan_pins over scans_from), then one
+        scan with the pins, read out. O(T) in time and memory however many steps are patched; the
+        same result as the patches run as hook functions (scan_with_state_hook, causal_pins)."""
+        pins = plan_pins(plan, self.scans_from(inputs, initial), x.shape[1])
+        return self.scanned_output(x, self.scan(inputs, pins, initial=initial), inputs)
 
     def unpatched_scan(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> tuple:
         """scan's (outputs, every state [B, T, *S]) without pins (hooked_forward hands the states to
@@ -383,7 +399,8 @@ class RecurrentMixer(Mixer):
         there are pinned and the scan re-runs from them), then read out -> [B, T, D].
         initial [B, *S]: the state before the first step (None: initial_state())."""
         _, states = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift),
-                                         len(self.state_shape), self.steps_at(inputs, initial))
+                                         len(self.state_shape), self.steps_at(inputs, initial),
+                                         self.scans_from(inputs, initial))
         return self.readout(x, states, inputs)
 
     def steps_at(self, inputs: dict[str, torch.Tensor], initial=None) -> Callable:
@@ -397,6 +414,27 @@ class RecurrentMixer(Mixer):
             before = torch.where(first, start[rows].to(before.dtype), before)
             return self.step({name: value[rows, times] for name, value in inputs.items()}, before)
         return step_at
+
+    def scans_from(self, inputs: dict[str, torch.Tensor], initial=None, **pins) -> Callable:
+        """models.hooks.state.causal_pins' scan_from for prepared inputs [B, T, ...]: (lo, hi, h)
+        -> the states [B, hi - lo, *S] of steps lo, ..., hi - 1 from h [B, *S], the state after
+        step lo - 1 (None: initial, before step 0): one step from a given h by step(), more by
+        scan (under autograd: differentiable in h). The inputs are split into steps once
+        (unbind, whose backward is one stack; slicing them a window at a time would form a
+        [B, T, ...] gradient per window). pins: scan's other pins by keyword ([B, T] masks and
+        [B, T, ...] values, or None), cut to the same steps (scan runs then, never step())."""
+        steps: list[dict[str, torch.Tensor]] = []
+        plain = all(p is None for p in pins.values())
+
+        def scan_from(lo: int, hi: int, h: torch.Tensor | None) -> torch.Tensor:
+            if not steps:
+                steps.extend(per_step(inputs))
+            if hi - lo == 1 and h is not None and plain:
+                return self.step(steps[lo], h)[:, None]
+            part = {name: torch.stack([s[name] for s in steps[lo:hi]], dim=1) for name in inputs}
+            cut = {k: None if p is None else (p[0][:, lo:hi], p[1][:, lo:hi]) for k, p in pins.items()}
+            return self.scan(part, initial=initial if h is None else h, **cut)[1]
+        return scan_from
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole mixer without per-step hooks; override when a fused kernel skips prepare."""
@@ -465,6 +503,7 @@ class GatedRecurrentMixer(RecurrentMixer):
         gates, states = scan_with_state_hook(
             self.hook_state, lambda pins, shift: self.resumed_scan(inputs, pins, gate_pins, initial, clean, shift),
             len(self.state_shape), self.steps_at(inputs, initial) if gate_pins is None else None,  # step: unpinned gates
+            self.scans_from(inputs, initial, gate_pins=gate_pins),
         )
         self.hook_gate.emit(gates)
         return self.readout(x, states, inputs)

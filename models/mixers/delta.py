@@ -48,7 +48,7 @@ class DeltaRuleMixer(RecurrentMixer):
 
     def instrumented_forward(self, x: torch.Tensor, inputs: dict[str, torch.Tensor], initial=None) -> torch.Tensor:
         o, _ = scan_with_state_hook(self.hook_state, lambda pins, shift: self.scan(inputs, pins, initial, shift), 3,
-                                    self.steps_at(inputs, initial))
+                                    self.steps_at(inputs, initial), self.scans_from(inputs, initial))
         return self.output(o, inputs)
 
     def scanned_output(self, x, scanned, inputs) -> torch.Tensor:

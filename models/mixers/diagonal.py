@@ -108,7 +108,8 @@ class DiagonalScanMixer(RecurrentMixer):
         else:
             a, b = self.transition_terms(inputs)  # [B, T, *S] each
             run = lambda pins, shift: self.scan_terms(a, b, pins, initial, shift)  # noqa: E731
-        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape), self.steps_at(inputs, initial))
+        _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape), self.steps_at(inputs, initial),
+                                         self.scans_from(inputs, initial))
         return self.readout(u, states, inputs)
 
     def unpatched_blocks(self, inputs, initial, states):
