@@ -290,7 +290,7 @@ def in_windows(hook: HookPoint, rescan: Callable, scan_from: Callable, changed: 
             if not bool(differs.any()):
                 h, lo = window[:, -1], hi
                 continue
-            step = int(differs.any(0).nonzero()[0])
+            step = 0 if differs.shape[1] == 1 else int(differs.any(0).nonzero()[0])
             rows = differs[:, step]
             h = torch.where(_expand(rows, window[:, step]), out[:, step].to(window.dtype), window[:, step])
             pins[lo + step] = (rows, window[:, step], h)
@@ -308,13 +308,13 @@ def in_windows(hook: HookPoint, rescan: Callable, scan_from: Callable, changed: 
         pinned[:, step] = rows
     values = _at_steps(pins, 2, length)
     scanned = rescan((pinned, values))
-    seen = torch.where(_expand(pinned, scanned[1]), _at_steps(pins, 1, length).to(scanned[1].dtype), scanned[1])
-    found = hook_pass(hook, seen, n_state_dims)
-    now = torch.zeros_like(pinned) if found.changed is None else found.changed
-    rows, times = pinned.nonzero(as_tuple=True)
-    if bool((now & ~pinned).any()) or not same_values(found.patched[rows, times], values[rows, times]):
-        return None
-    return (pinned, values), scanned, found
+    at_pins = _expand(pinned, scanned[1])
+    seen = torch.where(at_pins, _at_steps(pins, 1, length).to(scanned[1].dtype), scanned[1])
+    given = seen.clone()
+    patched = hook(given, defer_readers=True)
+    if patched.shape != seen.shape or not same_values(patched, torch.where(at_pins, values.to(seen.dtype), seen)):
+        return None  # the pinned values back where pinned, nothing changed elsewhere: else not settled
+    return (pinned, values), scanned, HookPass(patched, patched is not given, pinned)
 
 
 _UNSET = object()
