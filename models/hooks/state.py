@@ -217,7 +217,7 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
     without step_at each row's first changed step after those settled (`in_step_order`)."""
     pinned, values = found.changed, found.patched  # [B, T], [B, T, *S]
     if step_at is not None:
-        settled, pinned, values = settle_round(hook, rescan, pinned, values, n_state_dims, step_at)
+        settled, advance = settle_round(hook, rescan, pinned, values, n_state_dims, step_at)
         if settled is not None:
             return settled
     if scan_from is not None:
@@ -229,7 +229,7 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
     for round_ in range(1, pinned.shape[1] + 1):  # at most one round per step and a last to confirm
         if round_ == MANY_ROUNDS:
             warn_many_rounds(hook)
-        settled, pinned, values = settle_round(hook, rescan, pinned, values, n_state_dims, step_at)
+        settled, advance = settle_round(hook, rescan, *advance(), n_state_dims, step_at)
         if settled is not None:
             return settled
     raise RuntimeError(f"the hook functions on {hook.name!r} did not settle: each step's change must depend on "
@@ -239,18 +239,28 @@ def causal_pins(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims
 def settle_round(hook: HookPoint, rescan: Callable, pinned: torch.Tensor, values: torch.Tensor, n_state_dims: int,
                  step_at: Callable):
     """One round of causal_pins with step_at from pins (pinned [B, T], values [B, T, *S]):
-    (causal_pins' result, pinned, values) when the hooks gave them back, else (None, the next
-    round's pinned, values)."""
+    (causal_pins' result, None) when the hooks gave back the pinned values where pinned and
+    changed nothing else, else (None, a function giving the next round's pinned, values: the
+    steps they changed pinned too, to what they gave)."""
     scanned = rescan((pinned, values))
     rows, times = pinned.nonzero(as_tuple=True)
-    seen = scanned[1].clone()
-    seen[rows, times] = step_at(scanned[1], rows, times).to(seen.dtype)
-    found = hook_pass(hook, seen, n_state_dims)
-    changed = torch.zeros_like(pinned) if found.changed is None else found.changed
-    if not bool((changed & ~pinned).any()) and same_values(found.patched[rows, times], values[rows, times]):
-        return ((pinned, values), scanned, found), pinned, values
-    pinned = pinned | changed  # a new tensor: the last re-run's graph holds the old one
-    return None, pinned, torch.where(_expand(pinned, values), found.patched.to(values.dtype), values)
+    stepped = step_at(scanned[1], rows, times).to(scanned[1].dtype)  # [U, *S]
+    if len(rows) == pinned.numel():  # every step pinned (rows, times in row-major order)
+        seen = stepped.reshape(scanned[1].shape)
+    else:
+        seen = scanned[1].clone()
+        seen[rows, times] = stepped
+    given = seen.clone()
+    patched = hook(given, defer_readers=True)
+    at_pins = _expand(pinned, seen)
+    if patched.shape == seen.shape and same_values(patched, torch.where(at_pins, values.to(seen.dtype), seen)):
+        return ((pinned, values), scanned, HookPass(patched, patched is not given, pinned)), None
+
+    def advance() -> tuple[torch.Tensor, torch.Tensor]:
+        found = state_pins(seen, patched, n_state_dims)
+        now = pinned if found is None else pinned | found[0]  # a new tensor: the re-run's graph holds the old one
+        return now, torch.where(_expand(now, values), patched.to(values.dtype), values)
+    return None, advance
 
 
 def in_windows(hook: HookPoint, rescan: Callable, scan_from: Callable, changed: torch.Tensor, n_state_dims: int):

@@ -408,8 +408,11 @@ class RecurrentMixer(Mixer):
         [B, T, *S], rows, times [U]) -> [U, *S], one step to each (row, time) from the state
         before it (initial [B, *S], None: initial_state(), before step 0)."""
         def step_at(states: torch.Tensor, rows: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-            before = states[rows, (times - 1).clamp(min=0)]  # [U, *S]
             start = self.initial_state(states.shape[0], states) if initial is None else initial
+            if len(rows) == states.shape[0] * states.shape[1]:  # every (row, time), in row-major order
+                before = torch.cat([start[:, None].to(states.dtype), states[:, :-1]], dim=1).flatten(0, 1)
+                return self.step({name: value.flatten(0, 1) for name, value in inputs.items()}, before)
+            before = states[rows, (times - 1).clamp(min=0)]  # [U, *S]
             first = (times == 0).reshape(-1, *([1] * (before.dim() - 1)))
             before = torch.where(first, start[rows].to(before.dtype), before)
             return self.step({name: value[rows, times] for name, value in inputs.items()}, before)

@@ -74,9 +74,11 @@ class DiagonalScanMixer(RecurrentMixer):
         return False
 
     def scan(self, inputs, pins=None, initial=None, shift=None):
-        """The states [B, T, *S] (twice: the scan contract): native_states where it runs and there
-        is no shift, native_shifted where there is a shift and no pins, else scan_terms over
-        transition_terms."""
+        """The states [B, T, *S] (twice: the scan contract): the pins' values where every state is
+        pinned, native_states where it runs and there is no shift, native_shifted where there is
+        a shift and no pins, else scan_terms over transition_terms."""
+        if shift is None and pins is not None and bool(pins[0].all()):  # every state pinned: the pins' values
+            return pins[1], pins[1]  # (hook_state pins hold the states' dtype: hook functions must keep it)
         if shift is None:
             states = self.native_states(inputs, pins, initial)
         else:
@@ -111,6 +113,21 @@ class DiagonalScanMixer(RecurrentMixer):
         _, states = scan_with_state_hook(self.hook_state, run, len(self.state_shape), self.steps_at(inputs, initial),
                                          self.scans_from(inputs, initial))
         return self.readout(u, states, inputs)
+
+    def scans_from(self, inputs, initial=None, **pins):
+        """RecurrentMixer.scans_from with a window of one step a_t h + b_t, a and b formed once
+        for every step (transition_terms, then unbind) where the first such window asks: the
+        same arithmetic as step(), a few vectorised ops instead of a few per step."""
+        windows, terms = super().scans_from(inputs, initial, **pins), []
+
+        def scan_from(lo: int, hi: int, h):
+            if hi - lo != 1 or h is None:
+                return windows(lo, hi, h)
+            if not terms:
+                terms.extend(zip(*(term.unbind(1) for term in self.transition_terms(inputs))))
+            a, b = terms[lo]
+            return (a * h + b)[:, None]
+        return scan_from
 
     def unpatched_blocks(self, inputs, initial, states):
         """RecurrentMixer.unpatched_blocks recomputed where native_states runs (it resumes bit for
