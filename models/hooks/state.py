@@ -252,8 +252,7 @@ def settle_round(hook: HookPoint, rescan: Callable, pinned: torch.Tensor, values
         seen[rows, times] = stepped
     given = seen.clone()
     patched = hook(given, defer_readers=True)
-    at_pins = _expand(pinned, seen)
-    if patched.shape == seen.shape and same_values(patched, torch.where(at_pins, values.to(seen.dtype), seen)):
+    if gives_back(patched, seen, pinned, values):
         return ((pinned, values), scanned, HookPass(patched, patched is not given, pinned)), None
 
     def advance() -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,13 +317,25 @@ def in_windows(hook: HookPoint, rescan: Callable, scan_from: Callable, changed: 
         pinned[:, step] = rows
     values = _at_steps(pins, 2, length)
     scanned = rescan((pinned, values))
-    at_pins = _expand(pinned, scanned[1])
-    seen = torch.where(at_pins, _at_steps(pins, 1, length).to(scanned[1].dtype), scanned[1])
+    seen = torch.where(_expand(pinned, scanned[1]), _at_steps(pins, 1, length).to(scanned[1].dtype), scanned[1])
     given = seen.clone()
     patched = hook(given, defer_readers=True)
-    if patched.shape != seen.shape or not same_values(patched, torch.where(at_pins, values.to(seen.dtype), seen)):
-        return None  # the pinned values back where pinned, nothing changed elsewhere: else not settled
+    if not gives_back(patched, seen, pinned, values):
+        return None
     return (pinned, values), scanned, HookPass(patched, patched is not given, pinned)
+
+
+def gives_back(patched: torch.Tensor, seen: torch.Tensor, pinned: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether hooks that returned patched [B, T, *S] on the states seen settled the pins (pinned
+    [B, T], values [B, T, *S]): the pinned values back where pinned, nothing changed elsewhere."""
+    if patched.shape != seen.shape:
+        return False
+    if bool(pinned.all()):
+        return same_values(patched, values.to(patched.dtype))
+    if bool(((patched != seen).flatten(2).any(-1) & ~pinned).any()):
+        return False
+    rows, times = pinned.nonzero(as_tuple=True)
+    return same_values(patched[rows, times], values[rows, times].to(patched.dtype))
 
 
 _UNSET = object()
@@ -372,8 +383,8 @@ def warn_many_rounds(hook: HookPoint) -> None:
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b hold the same values, NaN where the other has NaN (a hook writing NaN
-    under allow_nonfinite settles)."""
-    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    under allow_nonfinite settles). torch.equal first: one pass, no [*a.shape] bool tensors."""
+    return torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def in_step_order(hook: HookPoint, rescan: Callable, found: HookPass, n_state_dims: int):
