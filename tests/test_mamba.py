@@ -133,11 +133,20 @@ def test_state_patch_goes_through_the_kernel_pins(tokens, monkeypatch):
 
     monkeypatch.setattr(diagonal_module, "diag_scan", spy)
     model = build()
-    model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
+
+    def at_three(s, hook):
+        s = s.clone()
+        s[:, 3] *= 0.5
+        return s
+
+    model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", at_three)])  # under grad
     pins = [p for p in seen if p is not None]
-    # the change is relative at every step: applied causally (each step on the state the earlier
-    # ones left) it settles a step a round, every round a pinned scan through the kernel
-    assert len(pins) == T + 1 and bool(pins[-1][0].all())
+    assert len(pins) == 1 and torch.equal(pins[0][0], torch.zeros_like(pins[0][0]).index_fill_(1, torch.tensor([3]), True))
+    # relative at every step: applied causally in one pass (a window a step, models.hooks.state.
+    # in_windows), not a pinned re-run a step: the pinned scans do not grow with T
+    seen.clear()
+    model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
+    assert len([p for p in seen if p is not None]) <= 2
 
 
 def test_bad_options_raise():
@@ -148,8 +157,11 @@ def test_bad_options_raise():
 
 
 def test_a_relative_hook_at_many_steps_says_its_cost_and_equals_the_declared_patch():
-    """A hook function scaling the state at each of 40 steps settles one step a re-run (41 scans): it
-    warns once, naming StatePatch(fn=...), which gives the same states in one pass."""
+    """A hook function scaling the state at each of 40 steps runs in one pass (a window a step):
+    no warning, the states StatePatch(fn=...) gives. One that scales steps 1, ... of the whole
+    call by slicing them (not a window's hook: on a one-step window it changes nothing) settles
+    one step a re-run (39 scans): it warns once, naming hook.position and StatePatch(fn=...), and
+    equals the declared patch at those steps."""
     import warnings
 
     from models.hooks.state_patch import StatePatch
@@ -157,11 +169,20 @@ def test_a_relative_hook_at_many_steps_says_its_cost_and_equals_the_declared_pat
     model = build().double()
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
     rows, times = torch.arange(2).repeat_interleave(40), torch.arange(40).repeat(2)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        by_hook = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", lambda s, hook: s * 0.5)])
-    said = [str(w.message) for w in caught if "re-run of the layer per step" in str(w.message)]
-    assert len(said) == 1 and "StatePatch(rows, times, fn=...)" in said[0]
-    declared = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state",
-                                                        StatePatch(rows, times, fn=lambda c: c * 0.5))])
-    torch.testing.assert_close(by_hook, declared, atol=1e-12, rtol=0)
+
+    def after_first(s, hook):
+        s = s.clone()
+        s[:, 1:] *= 0.5
+        return s
+
+    for hook, warned in ((lambda s, hook: s * 0.5, False), (after_first, True)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            by_hook = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state", hook)])
+        said = [str(w.message) for w in caught if "re-run of the layer per step" in str(w.message)]
+        assert len(said) == int(warned)
+        assert not warned or ("StatePatch(rows, times, fn=...)" in said[0] and "hook.position" in said[0])
+        at = times >= int(warned)
+        declared = model.run_with_hooks(tokens, fwd_hooks=[(MIXER + "hook_state",
+                                                            StatePatch(rows[at], times[at], fn=lambda c: c * 0.5))])
+        torch.testing.assert_close(by_hook, declared, atol=1e-12, rtol=0)
