@@ -400,3 +400,23 @@ def test_error_control_measures_a_fitted_run_at_the_recurrent_state_and_the_deco
     assert final["crossings"]["fisher/fixed"]["value"] == direct.crossings["fisher/fixed"].value
     assert final["centroid_readout"] == direct.readout and final["q_train"] == pytest.approx(direct.summary()["q_train"])
     assert final["q_train"] != out["q_train"]   # another site's geometry, not a copy of the state's
+
+
+def test_error_control_pattern_table_orders_models_by_median_mp_beside_the_seeds_pattern():
+    """Per group and model: fitted / held / fell counts, mp median [min, max] (a run that never falls at
+    the longest length), the models of a group ordered by that median, and the seed's words for the kind."""
+    module = claim_module("error-control")
+    plan = module.plan("cpu")
+    longest, train = plan.settings["lengths"][-1], plan.settings["train_length"]
+    mp = {"tanh_rnn": None, "mamba": 100, "token_gated_rnn": 400}       # None: never falls
+    runs = [r for r in plan.runs if r.info["group"] == "S3" and r.info["model"] in mp]   # seeds 0 and 1
+    done = [Outcome(r, "did not fit" if (r.info["model"], r.info["seed"]) == ("mamba", 1) else "fit", None, 0.01,
+                    train, 1.0, [], 1.0, measures={"mp": mp[r.info["model"]] or longest}) for r in runs]
+    rows = module.pattern_rows(done, plan.settings)
+    assert [r["model"] for r in rows] == ["tanh_rnn", "token_gated_rnn", "mamba"]
+    tanh, gated, mamba = rows
+    assert (tanh["fit"], tanh[f"hold to {longest}"], tanh["fall"], tanh["measured"]) == (2, 2, 0, "holds")
+    assert tanh["the seed says"].startswith("holds") and gated["the seed says"].startswith("falls")
+    assert (gated["fall"], gated["of those sharply"], gated["mp median [min, max]"]) == (2, 0, "400 [400, 400]")
+    assert (mamba["runs"], mamba["fit"], mamba["of those sharply"], mamba["measured"]) == (2, 1, 1, "falls")
+    assert 100 < module.SHARP * train <= 400

@@ -475,6 +475,37 @@ def _mp_interval(measures: dict) -> list | None:
     return None if got is None else [got["low"], got["high"]]
 
 
+SEED_PATTERN = {"state-dependent": "holds: >= 90% at every length to 1000",
+                "affine": "falls sharply past the training length",
+                "normalised": "falls, like the affine models"}
+
+
+def pattern_rows(done, st) -> list[dict]:
+    """Per group and model, the seed's expectation for its kind beside what the runs did: how many fit,
+    hold to the longest length, fall (sharply: mp < SHARP x the training length), and the fitted runs'
+    mp (median [min, max]; a run that never falls counts at the longest length). Within a group the
+    models are ordered by that median, highest (holds longest) first."""
+    longest, rows = st["lengths"][-1], []
+    for group in dict.fromkeys(o.run.info["group"] for o in done):
+        in_group = [o for o in done if o.run.info["group"] == group]
+        block = []
+        for model in dict.fromkeys(o.run.info["model"] for o in in_group):
+            runs = [o for o in in_group if o.run.info["model"] == model]
+            mps = sorted(min(o.measures.get("mp") or longest, longest) for o in runs if o.fit)
+            falls = [mp for mp in mps if mp < longest]
+            median = float(np.median(mps)) if mps else None
+            block.append({"group": group, "model": model, "kind": runs[0].run.info["kind"],
+                          "the seed says": SEED_PATTERN[runs[0].run.info["kind"]], "runs": len(runs), "fit": len(mps),
+                          f"hold to {longest}": len(mps) - len(falls), "fall": len(falls),
+                          "of those sharply": sum(mp < SHARP * st["train_length"] for mp in falls),
+                          "mp median [min, max]": f"{median:g} [{mps[0]:g}, {mps[-1]:g}]" if mps else "none fit",
+                          "measured": ("none fit" if not mps else "falls" if len(falls) == len(mps)
+                                       else "holds" if not falls else "mixed"),
+                          "_order": -1 if median is None else median})
+        rows += [{k: v for k, v in r.items() if k != "_order"} for r in sorted(block, key=lambda r: -r["_order"])]
+    return rows
+
+
 def sections(done, by_site, theorem, holds, st):
     out = [Text("Drift readings measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
@@ -505,6 +536,10 @@ def sections(done, by_site, theorem, holds, st):
               "mp 95% interval": _mp_interval(o.measures),
               **_drift_row(o.measures, st["definitions"]), "contraction_mean": o.measures.get("contraction_mean")}
              for o in done]
+    out.append(Table(pattern_rows(done, st) or [{"note": "no runs"}],
+                     heading="Which models hold and which fall, per group, beside the seed's pattern (models ordered "
+                     "by the fitted runs' median mp, holding longest first; 'fall': mp below the longest length, "
+                     f"'sharply': mp < {SHARP} x the training length)"))
     out.append(Table(table, heading="Runs: never fit / fit and generalise / fit and fall off, drift at the recurrent "
                      f"state (mp 95% interval: [the longest length up to which every length passes surely, the "
                      f"shortest that fails surely], Wilson intervals at {st.get('mp_interval_n', '-')} sequences per "
