@@ -14,6 +14,7 @@ X on DATE)"."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 COLUMNS = ("reproduction", "claim", "verdict", "runs and seeds", "decided by", "interval", "why (the verdict rule)")
@@ -52,11 +53,26 @@ def markdown(claims_files, recorded=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+USAGE = "usage: python -m interp.reproduce table [--recorded FILE] CLAIMS.json ..."
+
+
 def main(argv: list[str]) -> int:
+    """Print the table; a usage line (exit 2) for no claims or a flag it does not know, one line
+    naming the file for a missing or unreadable file (exit 1)."""
     recorded = None
     if argv[:1] == ["--recorded"]:
         if len(argv) < 2:
-            raise SystemExit("usage: python -m interp.reproduce table [--recorded FILE] CLAIMS.json ...")
-        recorded, argv = json.loads(Path(argv[1]).read_text()), argv[2:]
-    print(markdown(argv, recorded), end="")
+            print(USAGE, file=sys.stderr)
+            return 2
+        recorded, argv = argv[1], argv[2:]
+    if not argv or any(a.startswith("-") for a in argv):
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        recorded = None if recorded is None else json.loads(Path(recorded).read_text())
+        text = markdown(argv, recorded)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        print(f"python -m interp.reproduce table: {type(error).__name__}: {error}".splitlines()[0], file=sys.stderr)
+        return 1
+    print(text, end="")
     return 0
