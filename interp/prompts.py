@@ -20,9 +20,10 @@ from position t. Without `corrupted_roles` the corrupted prompt's roles are the 
 token positions, so its clean and corrupted prompts must tokenize to the same number of tokens
 (refused, naming the pair, when they do not). With `corrupted_roles` (the same role names, found
 in the corrupted prompt: names of other token lengths, names in another order) the two prompts
-may differ in length; then only role sites align them, and the analyses that patch position t
+may differ in length; then role sites and positional circuits (graphs with role position groups:
+interp.analysis.circuits.positional) align them by role, and the analyses that patch position t
 from position t refuse such a pair in one line (interp.analysis.interventions.sites.check_aligned,
-the circuits' check of a pair). Pairs of different lengths share a batch by padding:
+a circuit over every position). Pairs of different lengths share a batch by padding:
 "right" (default) pads after the prompt, where a causal model's outputs at the prompt's own
 positions do not see it, so every number equals the unpadded run's; "left" pads before, which
 the models here see (they take no attention mask: the pad tokens are context, and GPT-2's

@@ -110,10 +110,12 @@ def _group_term(model, tokens, sender) -> torch.Tensor:
     return seen[0][..., columns] @ linear.weight[:, columns].T
 
 
-def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask=None) -> torch.Tensor:
+def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask=None, joined=None,
+                        at=None) -> torch.Tensor:
     """The corrupted run with edge u -> r carrying u's clean output, with plain hooks: cache both
     runs, recompute r's node from its corrupted stream + (clean - corrupt) of u, patch it in.
-    mask [N, T]: at those positions only (a positional edge)."""
+    mask [N, T]: at those positions only (a positional edge). joined [N, T]: the clean position
+    whose value each corrupted position takes (default the same); at [N]: the corrupted answers."""
     u, r = graph.edges[edge].tolist()
     sender, receiver = graph.senders[u], graph.receivers[r]
     names = sorted({sender.hook, "hook_embed"} | {f"blocks.{l}.hook_resid_pre" for l in range(graph.n_layers)}
@@ -127,7 +129,10 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
         if sender.split:  # a Mamba channel group: its term of out_proj in both runs
             diff = _group_term(model, clean.tokens, sender) - _group_term(model, corrupt.tokens, sender)
         else:
-            diff = clean_cache[sender.hook] - corrupt_cache[sender.hook]
+            source = clean_cache[sender.hook]
+            if joined is not None:  # the clean values at the positions joined to the corrupted ones
+                source = source[torch.arange(len(source))[:, None], joined]
+            diff = source - corrupt_cache[sender.hook]
             diff = diff if sender.head is None else diff[:, :, sender.head]  # [N, T, D]
         diff = diff if sender.channels is None else diff[:, :, sender.channels[0]:sender.channels[1]]  # a conv node
         diff = diff if mask is None else diff * mask[..., None]
@@ -164,7 +169,7 @@ def _manual_single_edge(model, graph, edge: int, clean, corrupt, metric_of, mask
                     getattr(block, receiver.module)(normed)
                 hooks = [(h, _replace(seen[h], axis, idx)) for h, axis, idx in receiver.slots]
         logits = model.run_with_hooks(corrupt.tokens, fwd_hooks=hooks)
-    at = torch.full((len(clean),), clean.tokens.shape[1] - 1)
+    at = torch.full((len(clean),), clean.tokens.shape[1] - 1) if at is None else at
     return metric_of(logits[torch.arange(len(clean)), at], torch.arange(len(clean)))
 
 

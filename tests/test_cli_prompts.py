@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import models
-from interp.analysis.circuits import eap
+from interp.analysis.circuits import build_graph, eap
 from interp.analysis.interventions import interchange, site_grid
 from interp.cli import main
 from interp.prompts import ioi_pairs, read_prompts, tokenize_pairs
@@ -175,7 +175,17 @@ def test_a_prompt_file_whose_corrupted_prompts_differ_in_length_patches_by_role_
     assert "\n" not in err and "patches position t from position t, but pair 0 has its clean answer at" in err
     assert main(["circuit", str(checkpoint), *common, "--steps", "2", "--out", str(tmp_path / "c.html")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "pair 0 has its clean answer at position" in err
+    assert "\n" not in err and "pair 0 has its clean answer at position" in err and "--positions END,IO,S2" in err
+    assert main(["circuit", str(checkpoint), *common, "--steps", "2", "--positions", "IO,S2,END",
+                 "--out", str(tmp_path / "roles-circuit.html")]) == 0   # a positional circuit aligns it by role
+    from transformers import AutoTokenizer
+
+    model = models.from_pretrained(checkpoint).eval()
+    prompts = tokenize_pairs(AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True), read_prompts(path))
+    expected = eap(model, prompts.clean, prompts.corrupt, graph=build_graph(model, positions=["IO", "S2", "END"]))
+    table = pd.read_csv(tmp_path / "roles-circuit.csv")
+    assert table.edge.tolist() == expected.graph.edge_names()
+    assert torch.allclose(torch.tensor(table.eap.values), expected.scores, atol=1e-6)
     assert main(["patch", str(checkpoint), *common, "--min-effect", "0", "--positions", "IO,S2,END", "--hooks",
                  "hook_resid_pre", "--out", str(tmp_path / "roles.html")]) == 0
     table = pd.read_csv(tmp_path / "roles.csv")   # the values by role: tests/test_prompt_roles.py

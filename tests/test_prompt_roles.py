@@ -163,13 +163,17 @@ def test_position_by_position_patching_refuses_pairs_of_different_lengths(tokeni
             assert site.label in one_line(error)
     with pytest.raises(ValueError, match="pair 1 has its clean answer at position") as error:
         eap(model, prompts.clean, prompts.corrupt, progress=False)
-    one_line(error)
+    assert "give it position groups with the roles (interp circuit --positions END,IO,S1,S2)" in one_line(error)
     same = tokenize_pairs(tokenizer, [SAME, SWAPPED])   # one length each: position-by-position patching runs
     interchange(model, same.clean, same.corrupt, [Site("blocks.0.hook_resid_pre", 2)], min_effect=0.0, progress=False)
-    with pytest.raises(ValueError, match="pair 1: position group 'IO' is at position\\(s\\) \\[1\\] of the clean "
-                                         "prompt and \\[3\\] of the corrupted one") as error:
-        eap(model, same.clean, same.corrupt, graph=build_graph(model, positions=["IO", "END"]), progress=False)
+    with pytest.raises(ValueError, match="pair 1 has role 'IO' at position\\(s\\) 1 of the clean prompt and 3 of "
+                                         "the corrupted one; a circuit over every position") as error:
+        eap(model, same.clean, same.corrupt, progress=False)
     one_line(error)
+    for pair in (same, prompts):  # a positional circuit joins each role to its position: it runs
+        scores = eap(model, pair.clean, pair.corrupt, graph=build_graph(model, positions=["IO", "S1", "S2", "END"]),
+                     progress=False)
+        assert bool(scores.per_example.isfinite().all()) and float(scores.per_example.abs().max()) > 0
 
 
 @pytest.mark.parametrize("corrupted_roles, message", [

@@ -41,7 +41,7 @@ from interp.analysis.circuits.gradients import Gradients, LeafPass, fast_receive
 from interp.analysis.circuits.graph import Graph, block_mixers
 from interp.analysis.circuits.metrics import Setup, check_setup, setup
 from interp.analysis.circuits.passes import sender_value
-from interp.analysis.circuits.positional import check_positional_pair, fold
+from interp.analysis.circuits.positional import fold, gather_positions
 from interp.analysis.circuits.units import UNIT_PROMPTS, cat_units, check_chunk, chunked, span_units
 from interp.analysis.units import UnitWork, one_thread_unit, run_units
 from interp.tasks.base import Batch
@@ -78,25 +78,27 @@ class EdgeScores:
 
 def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: Graph | None = None,
         answer: str | None = None, per_position: bool = False, executor=None, out=None,
-        chunk: int | None = None, progress: bool = True) -> EdgeScores:
+        chunk: int | None = None, progress: bool = True, groups=None) -> EdgeScores:
     """EAP scores of every edge (module docstring). metric: "prob", "logit_diff" or "kl"
     (interp.analysis.circuits.metrics); answer: a role naming the answer position (default the last
     loss_mask position). executor, out, chunk: run as units of `chunk` examples (module docstring;
     the result is a function of the inputs and the chunk alone, on any executor); without any of
-    them, one run as before. progress: a bar over the units (none without units)."""
+    them, one run as before. progress: a bar over the units (none without units). groups: align
+    the pair by these position groups (set by a positional graph for the run of its base graph:
+    interp.analysis.circuits.positional)."""
     if chunked(executor, out, chunk):
         options = dict(method="eap", metric=metric, answer=answer, per_position=per_position)
         return prompt_grid(model, clean, corrupt, graph, options, None, chunk, executor, out, progress)
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
-        return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True),
-                    graph, per_position)
+        return fold(eap(model, clean, corrupt, metric=metric, graph=graph.base, answer=answer, per_position=True,
+                        groups=graph.positions), graph, per_position)
     runs: list[LeafPass] = []
 
     def corrupt_pass(pass_graph: Graph, tokens: torch.Tensor, at: torch.Tensor):  # the leaves' pass
         runs.append(LeafPass(model, pass_graph, tokens, at))
         return runs[0].logits, runs[0].acts
 
-    pair = setup(model, clean, corrupt, metric, graph, answer, corrupt_pass=corrupt_pass)
+    pair = setup(model, clean, corrupt, metric, graph, answer, corrupt_pass=corrupt_pass, groups=groups)
     examples = torch.arange(len(pair.at), device=pair.at.device)
     scorer = _Scorer(pair, per_position)
     scorer.add(runs[0].gradients(pair.metric(runs[0].logits, examples).sum()), 1)
@@ -106,12 +108,13 @@ def eap(model, clean: Batch, corrupt: Batch, metric: str = "logit_diff", graph: 
 def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "logit_diff",
            graph: Graph | None = None, answer: str | None = None, per_position: bool = False,
            rows: int | None = None, max_memory: int | float | str | None = None,
-           progress: bool = True, executor=None, out=None, chunk: int | None = None) -> EdgeScores:
+           progress: bool = True, executor=None, out=None, chunk: int | None = None, groups=None) -> EdgeScores:
     """EAP-IG scores with `steps` interpolation steps (module docstring); rows: the most rows
     (step, example) per pass (default: as many steps per pass as fit in max_memory,
     models.memory.budget_bytes, estimated by `row_bytes`; MemoryRefused when one step of every
     example does not fit). progress: a bar over the passes (over the units of a grid).
-    executor, out, chunk: as eap's (rows resolved for the largest unit, pinned in out)."""
+    executor, out, chunk: as eap's (rows resolved for the largest unit, pinned in out); groups: as
+    eap's."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1; got {steps!r}")
     if chunked(executor, out, chunk):
@@ -120,8 +123,9 @@ def eap_ig(model, clean: Batch, corrupt: Batch, steps: int = 8, metric: str = "l
         return prompt_grid(model, clean, corrupt, graph, options, rows, chunk, executor, out, progress)
     if getattr(graph, "base", None) is not None:  # positional: the base graph's per-position scores, folded
         return fold(eap_ig(model, clean, corrupt, steps=steps, metric=metric, graph=graph.base, answer=answer,
-                           per_position=True, rows=rows, max_memory=max_memory, progress=progress), graph, per_position)
-    pair = setup(model, clean, corrupt, metric, graph, answer)
+                           per_position=True, rows=rows, max_memory=max_memory, progress=progress, groups=graph.positions),
+                    graph, per_position)
+    pair = setup(model, clean, corrupt, metric, graph, answer, groups=groups)
     n, length = clean.tokens.shape
     if rows is None:
         rows = resolve_rows(model, pair.graph, n, length, steps, max_memory)
@@ -165,12 +169,14 @@ def _gradients(model, pair: Setup, copies: int, alphas: torch.Tensor | None) -> 
     tokens = pair.corrupt.tokens.to(pair.at.device)
     n = len(tokens)
     hooks = []
-    if alphas is not None:
-        clean_e, corrupt_e = pair.clean_acts["hook_embed"], pair.corrupt_acts["hook_embed"]
+    if alphas is not None:  # the clean embedding at the corrupted run's positions (joined by role)
+        clean_e = gather_positions(pair.clean_acts["hook_embed"], pair.index("corrupt", "clean"))
+        corrupt_e = pair.corrupt_acts["hook_embed"]
         weights = alphas.to(clean_e).repeat_interleave(n)[:, None, None]  # [copies N, 1, 1]
         path = corrupt_e.repeat(copies, 1, 1) + weights * (clean_e - corrupt_e).repeat(copies, 1, 1)
         hooks = [("hook_embed", lambda x, hook: path.to(x))]
-    run = LeafPass(model, pair.graph, tokens.repeat(copies, 1), pair.at.repeat(copies), hooks, capture=False)
+    at = pair.answer_at("corrupt")
+    run = LeafPass(model, pair.graph, tokens.repeat(copies, 1), at.repeat(copies), hooks, capture=False)
     examples = torch.arange(n, device=pair.at.device).repeat(copies)
     return run.gradients(pair.metric(run.logits, examples).sum())
 
@@ -198,8 +204,12 @@ class _Scorer:
         self.diff_at = self.diff[torch.arange(n), :, pair.at.to(self.diff.device)][:, :, None]  # [N, U, 1, D]
 
     def _diff(self, sender: int, at: torch.Tensor | None) -> torch.Tensor:
-        s = self.graph.senders[sender]
-        return sender_value(s, self.pair.clean_acts, at) - sender_value(s, self.pair.corrupt_acts, at)  # [N, t, w]
+        """[N, t, w] clean - corrupt at the clean run's positions (the corrupted values at the
+        positions joined to them: interp.analysis.circuits.positional), or at the answers."""
+        s, pair = self.graph.senders[sender], self.pair
+        if at is not None:
+            return sender_value(s, pair.clean_acts, at) - sender_value(s, pair.corrupt_acts, pair.answer_at("corrupt"))
+        return sender_value(s, pair.clean_acts) - gather_positions(sender_value(s, pair.corrupt_acts), pair.align)
 
     def _group_diff(self, senders: tuple, logits: bool) -> torch.Tensor:
         """[N, U, t, w]: a view of the stacked differences where the senders are consecutive there."""
@@ -215,7 +225,9 @@ class _Scorer:
         graph, n = self.graph, self.diff.shape[0]
         for (logits, senders), receivers in self.groups.items():
             diff = self._group_diff(senders, logits)  # [N, U, t, w]
-            grad = grads.of(receivers, copies).to(diff)  # [R, N, t, w]
+            grad = grads.of(receivers, copies).to(diff)  # [R, N, t, w] at the corrupted run's positions
+            if not logits:
+                grad = gather_positions(grad, self.pair.align, 2)  # at the clean run's
             products = torch.bmm(diff.flatten(2), grad.flatten(2).permute(1, 2, 0))  # [N, U, R]
             wide = diff.double() if self.positions is not None else None
             for j, r in enumerate(receivers):
@@ -240,14 +252,14 @@ class _Scorer:
 def prompt_grid(model, clean: Batch, corrupt: Batch, graph: Graph | None, options: dict, rows: int | None,
                 chunk, executor, out, progress: bool) -> EdgeScores:
     """EAP / EAP-IG (options["method"]) as units of examples, merged (module docstring)."""
-    graph, _ = check_setup(model, clean, corrupt, options["metric"], graph, options["answer"])
-    if graph.base is not None:
-        check_positional_pair(clean, corrupt, graph.positions)
-    base = graph.pass_graph
+    graph, _ = check_setup(model, clean, corrupt, options["metric"], graph, options["answer"])  # refused here, not in units
+    base, groups = graph.pass_graph, graph.positions or None
     size = check_chunk(chunk, len(clean), UNIT_PROMPTS, "examples")
     units = span_units(len(clean), size, "examples")
     wide = options["per_position"] or graph.base is not None  # a positional graph folds base scores per position
     inputs = {**options, "clean": clean, "corrupt": corrupt, "graph": base, "per_position": wide}
+    if groups is not None:  # the units' pairs are aligned by the positional graph's groups
+        inputs["groups"] = groups
     pinned = {}
     if options["method"] == "eap-ig":  # rows per pass planned once, for the largest unit
         steps, length = options["steps"], clean.tokens.shape[1]
@@ -257,7 +269,7 @@ def prompt_grid(model, clean: Batch, corrupt: Batch, graph: Graph | None, option
                     options={**options, "chunk": size, "positions": list(graph.positions)}, pinned=pinned)
     results = run_units(work, units, executor=executor, out=out, progress=progress)
     with one_thread_unit():   # the Setup once, here: unit files and transfers carry scores only
-        pair = setup(model, clean, corrupt, options["metric"], base, options["answer"])
+        pair = setup(model, clean, corrupt, options["metric"], base, options["answer"], groups=groups)
     per_position = cat_units(units, results, "per_position", 1) if wide else None  # [E, N, T]
     scores = EdgeScores(base, cat_units(units, results, "per_example", 1), options["method"], pair, per_position)
     return scores if graph.base is None else fold(scores, graph, options["per_position"])
@@ -268,7 +280,7 @@ def prompt_unit(model, inputs: dict, spec: dict) -> dict[str, torch.Tensor]:
     part = slice(*spec["examples"])
     clean, corrupt = inputs["clean"].select(part), inputs["corrupt"].select(part)
     common = dict(metric=inputs["metric"], graph=inputs["graph"], answer=inputs["answer"],
-                  per_position=inputs["per_position"])
+                  per_position=inputs["per_position"], groups=inputs.get("groups"))
     with torch.enable_grad():
         if inputs["method"] == "eap":
             scores = eap(model, clean, corrupt, **common)

@@ -29,6 +29,7 @@ import torch
 
 from interp.analysis.circuits.metrics import Setup
 from interp.analysis.circuits.passes import edge_pass, sender_value
+from interp.analysis.circuits.positional import gather_positions
 from interp.analysis.circuits.units import (cat_units, check_chunk, chunked, edge_chunk, model_device, setup_to,
                                             span_units)
 from interp.analysis.units import UnitWork, run_units
@@ -47,13 +48,14 @@ def patched_metric(model, pair: Setup, masks: torch.Tensor, base: str = "clean",
     if source not in ("clean", "corrupt", "mean"):
         raise ValueError(f"source must be 'clean', 'corrupt' or 'mean'; got {source!r}")
     tokens = getattr(pair, base).tokens.to(pair.at.device)
-    acts = _source_acts(pair, source)
+    acts = {name: gather_positions(value, pair.index(base, source))  # at the base run's positions (joined by role)
+            for name, value in _source_acts(pair, source).items()}
     n = len(tokens)
     per_pass = max(1, (len(masks) if rows is None else int(rows) // n))
     out = []
     with torch.no_grad(), progress_bar(len(masks), progress, desc="edge patching", unit="set") as bar:
         for chunk in masks.split(per_pass):
-            out.append(_run(model, pair, tokens, acts, chunk))
+            out.append(_run(model, pair, tokens, acts, chunk, base))
             bar.update(len(chunk))
     return torch.cat(out)
 
@@ -110,12 +112,13 @@ def _source_acts(pair: Setup, source: str) -> dict:
     return pair.clean_acts if source == "clean" else pair.corrupt_acts
 
 
-def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tensor) -> torch.Tensor:
-    """One pass of K x N rows (row k N + b: edge set k, example b) -> metric [K, N]. A positional
-    graph's masks [K, E G] are read as [K, E, G] over its base graph's edges, each group's patch
-    weighted by its positions (pair.positions [G, N, T])."""
+def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tensor, base: str = "clean") -> torch.Tensor:
+    """One pass of K x N rows (row k N + b: edge set k, example b) of the `base` run's tokens,
+    acts the source values at its positions -> metric [K, N]. A positional graph's masks [K, E G]
+    are read as [K, E, G] over its base graph's edges, each group's patch weighted by its positions
+    (pair.positions [G, N, T] of the clean run, at the base run's positions)."""
     graph, k, n = pair.graph.pass_graph, len(masks), len(tokens)
-    at = pair.at.repeat(k)
+    at = pair.answer_at(base).repeat(k)
     groups = max(1, len(pair.graph.positions))
     masks = masks.view(k, graph.n_edges, groups)
 
@@ -126,7 +129,7 @@ def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tens
         if not bool(used.any()):
             return None
         where = at if graph.receivers[r].site == "logits" else None
-        weights = _position_weights(pair, chosen[:, used], where, x)  # [K, U', N, t]
+        weights = _position_weights(pair, chosen[:, used], where, x, base)  # [K, U', N, t]
         delta = torch.zeros_like(x).view(k, n, *x.shape[1:])
         for u, weight in zip(graph.edges[edges[used], 0].tolist(), weights.unbind(1)):
             sender = graph.senders[u]
@@ -140,13 +143,14 @@ def _run(model, pair: Setup, tokens: torch.Tensor, acts: dict, masks: torch.Tens
     return pair.metric(logits, torch.arange(n, device=at.device).repeat(k)).view(k, n).cpu()
 
 
-def _position_weights(pair: Setup, chosen: torch.Tensor, where: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+def _position_weights(pair: Setup, chosen: torch.Tensor, where: torch.Tensor | None, x: torch.Tensor,
+                      base: str = "clean") -> torch.Tensor:
     """[K, U, N, t] 0 / 1: where each patched edge set k carries sender u into a receiver reading x
-    [K N, t, D] (t = T, or 1 at the answer positions `where`). chosen [K, U, G] bool."""
+    [K N, t, D] (t = T, or 1 at the answer positions `where`) of the `base` run. chosen [K, U, G] bool."""
     k, n = chosen.shape[0], len(pair.at)
     if pair.positions is None:  # one group, every position
         return chosen[..., 0, None, None].to(x).expand(-1, -1, n, x.shape[1])
-    masks = pair.positions.to(x.device)  # [G, N, T]
+    masks = gather_positions(pair.positions.to(x.device), pair.index(base, "clean"), 2)  # [G, N, T]
     if where is not None:
         masks = masks[:, torch.arange(n, device=x.device), where[:n].to(x.device)][..., None]  # [G, N, 1]
     return torch.einsum("kug,gnt->kunt", chosen.to(x), masks.to(x))

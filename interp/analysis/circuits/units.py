@@ -71,6 +71,7 @@ def setup_to(pair: Setup, device: torch.device) -> Setup:
     metric = replace(metric, y=metric.y.to(device), rival=metric.rival.to(device),
                      clean_logp=None if metric.clean_logp is None else metric.clean_logp.to(device))
     return replace(pair, at=pair.at.to(device), metric=metric,
+                   corrupt_at=None if pair.corrupt_at is None else pair.corrupt_at.to(device),
                    clean_acts={k: v.to(device) for k, v in pair.clean_acts.items()},
                    corrupt_acts={k: v.to(device) for k, v in pair.corrupt_acts.items()})
 
