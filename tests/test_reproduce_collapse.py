@@ -38,11 +38,15 @@ def test_the_committed_collapse_is_flagged_where_it_happened():
     assert 1000 < step < 1600 and "length 16" in reason and "fell from 0.8" in reason
 
 
-def test_no_committed_run_that_did_not_collapse_is_flagged():
-    paths = [p for p in RESULTS.glob("**/metrics.jsonl") if COLLAPSED not in p.parents]
+def test_exactly_the_committed_runs_marked_collapsed_are_flagged():
+    """Every committed run or unfinished copy is flagged at some logged step exactly when the engine
+    recorded a collapse for it (collapsed.json, kept with the copy)."""
+    paths = list(RESULTS.glob("**/metrics.jsonl"))
     assert len(paths) > 40
-    flagged = {str(p.relative_to(RESULTS)): hit for p in paths if (hit := first_collapse(rows(p)))}
-    assert flagged == {}
+    flagged = {str(p.parent.relative_to(RESULTS)) for p in paths if first_collapse(rows(p))}
+    marked = {str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("**/" + engine.COLLAPSE_FILE)}
+    assert str(COLLAPSED.relative_to(RESULTS)) in marked
+    assert flagged == marked
 
 
 def test_the_drop_when_the_curriculum_moves_on_and_noise_are_not_collapses():
