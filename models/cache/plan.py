@@ -191,27 +191,27 @@ class CachePlan:
         return self._select_heads(name, layout, self._select_positions(name, layout, x, emitted), emitted_heads)
 
     def _select_positions(self, name: str, layout: HookLayout, x: torch.Tensor, emitted) -> torch.Tensor:
-        kept, axis = self.positions.get(name), layout.time_axis
-        if kept is None or axis is None:
-            return x
-        if emitted is not None:
-            return _kept_of_emitted(x, axis, kept, emitted)
-        if x.shape[axis] != self.length:
-            raise ValueError(f"{name!r} fired with {x.shape[axis]} steps on its time axis (axis {axis}); positions "
-                             f"were planned for T={self.length}")
-        return x.index_select(axis, _long(kept, x))
+        axis = layout.time_axis
+        return _select(name, x, self.positions.get(name), axis, self.length, emitted,
+                       lambda: f"steps on its time axis (axis {axis}); positions were planned for T={self.length}")
 
     def _select_heads(self, name: str, layout: HookLayout, x: torch.Tensor, emitted=None) -> torch.Tensor:
-        kept, axis = self.heads.get(name), layout.head_axis
-        if kept is None or axis is None:
-            return x
-        if emitted is not None:
-            return _kept_of_emitted(x, axis, kept, emitted)
-        if x.shape[axis] != layout.n_heads:
-            raise ValueError(f"{name!r} fired with {x.shape[axis]} {layout.head_unit} on axis {axis}; heads were "
-                             f"planned for {layout.n_heads}")
-        return x.index_select(axis, _long(kept, x))
+        axis = layout.head_axis
+        return _select(name, x, self.heads.get(name), axis, layout.n_heads, emitted,
+                       lambda: f"{layout.head_unit} on axis {axis}; heads were planned for {layout.n_heads}")
 
+
+def _select(name: str, x: torch.Tensor, kept, axis: int | None, planned: int, emitted, what) -> torch.Tensor:
+    """x with only the `kept` indices along `axis` (x itself when nothing is selected there); emitted:
+    the indices x holds when a decoding step emits part of the axis; otherwise x must hold `planned`
+    along it (else a ValueError: "`name` fired with N " + what(), the message built only then)."""
+    if kept is None or axis is None:
+        return x
+    if emitted is not None:
+        return _kept_of_emitted(x, axis, kept, emitted)
+    if x.shape[axis] != planned:
+        raise ValueError(f"{name!r} fired with {x.shape[axis]} {what()}")
+    return x.index_select(axis, _long(kept, x))
 
 def _kept_of_emitted(x: torch.Tensor, axis: int, kept: Sequence[int], emitted: Sequence[int]) -> torch.Tensor:
     """The `kept` entries of x's `axis`, which holds the entries `emitted` (x itself when they agree)."""
