@@ -6,6 +6,7 @@ spread the way a linear read-out does (our own; docs/drift.md defines q(t) with 
     fisher_curve(coords [N, T, k], labels [N, T]) -> F [T]
     fisher_tcross(F, level=FISHER_LEVEL) -> Tcross     first step t with F(t) < level (inf when none)
     readout_curve(coords [N, T, k], labels [N, T]) -> A [T]; burn_in(A) -> B   (the burn-in rule below)
+    readout_tcross(A, level=READOUT_LEVEL) -> Tcross    first step t with A(t) < level (the control reading)
 
 Definitions, on states projected on U (probes.subspace.Subspace.coords) with their classes:
 
@@ -130,6 +131,17 @@ def separation(coords, labels) -> dict[str, float]:
 def fisher_tcross(curve, level: float = FISHER_LEVEL, burn_in: int = 0) -> Tcross:
     """The first step t (1-based) after the first `burn_in` steps with F(t) < level; inf (never, within
     the curve's horizon) otherwise."""
+    return _first_below(curve, level, burn_in)
+
+
+def readout_tcross(curve, level: float = READOUT_LEVEL, burn_in: int = 0) -> Tcross:
+    """The control reading: the first step t (1-based) after the first `burn_in` steps at which the
+    nearest-centroid read-out A(t) (`readout_curve`) falls below `level`; inf otherwise. It restates
+    accuracy on U: a drift reading that correlates with mp no better than this one adds nothing to it."""
+    return _first_below(curve, level, burn_in)
+
+
+def _first_below(curve, level: float, burn_in: int) -> Tcross:
     curve = np.asarray(curve, dtype=np.float64)
     below = np.nonzero((curve < level) & (np.arange(1, len(curve) + 1) > burn_in))[0]
     if not below.size:

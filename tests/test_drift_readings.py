@@ -108,7 +108,7 @@ def test_definition_crossings_hold_every_reading_and_burn_in_only_where_it_ends(
     timed = drift(states, labels, subspace, centroids="time")
     same = drift(states, labels, subspace, centroids="same")
     crossings = ec.definition_crossings(pooled, timed, None, 20, drift_same=same, rank=subspace.rank, burn_in=3)
-    expected = [d for d in ec.DEFINITIONS if "calibrated" not in d and not d.startswith("fisher")]
+    expected = [d for d in ec.DEFINITIONS if "calibrated" not in d and not d.startswith(ec.SINGLE)]
     assert list(crossings) == expected
     assert crossings["same/theory"].tau == pytest.approx(theory_threshold(subspace.rank))
     assert crossings["same/fixed"].value == tcross(same, 0.5).value
@@ -203,3 +203,32 @@ def test_premise_reads_each_readings_own_threshold():
     assert rc.readable_in_distribution(measures, "same/fixed") is True
     assert rc.readable_in_distribution(measures, "pooled/theory+burn-in") is True
     assert rc.readable_in_distribution(measures | {"q_same_train": 0.9}, "same/theory") is False
+
+
+def test_paired_difference_is_zero_against_itself_and_positive_for_a_better_reading():
+    rng = np.random.default_rng(0)
+    mp = np.exp(rng.normal(5.0, 0.5, size=40))
+    tracking = mp * np.exp(rng.normal(0, 0.1, size=40))      # log-linear in mp: r near 1
+    noise = np.exp(rng.normal(5.0, 0.5, size=40))             # unrelated: r near 0
+    same = cr.paired_difference(mp, tracking, tracking)
+    assert same["difference"] == 0 and same["interval"] == [0.0, 0.0] and same["runs"] == 40
+    better = cr.paired_difference(mp, tracking, noise)
+    assert better["difference"] > 0.7 and better["interval"][0] > 0.4
+    worse = cr.paired_difference(mp, noise, tracking)
+    assert worse["interval"][1] < -0.4
+    # a run missing from either reading is left out of both (the comparison is on the same runs)
+    holed = tracking.copy(); holed[:5] = np.inf
+    assert cr.paired_difference(mp, holed, noise)["runs"] == 35
+    assert cr.paired_difference(mp[:3], tracking[:3], noise[:3])["interval"] is None
+    with pytest.raises(ValueError, match="y_control"):
+        cr.paired_difference(mp, tracking, noise[:5])
+
+
+def test_the_control_reading_is_computed_from_the_readout_curve():
+    states, labels = growing_states(length=40)
+    subspace = state_subspace(centroids(states[:, :20], labels[:, :20]))
+    pooled = drift(states, labels, subspace)
+    readout = np.r_[1.0, 0.5, np.ones(30), 0.8, np.ones(7)]                    # [40]
+    crossings = ec.definition_crossings(pooled, None, None, 20, burn_in=2, readout=readout)
+    assert crossings[ec.READOUT].value == 2 and crossings[ec.READOUT + ec.BURN_IN].value == 33
+    assert "control" in ec.reading_tests(ec.READOUT) and "threshold 0.5" not in ec.reading_tests(ec.READOUT)

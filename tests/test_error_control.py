@@ -208,7 +208,8 @@ def test_every_definition_and_the_readout_calibration(tiny_run):
     lenient = ec.calibrate_readout(model, task, result.subspace, 12, site, 16, 7, threshold=0.05, seed=1)
     assert lenient.fits and lenient.base_accuracy >= 0.05
     crossings = ec.definition_crossings(result.drift, result.drift_time, lenient, 12, fisher=result.fisher,
-                                        drift_same=result.drift_same, rank=result.subspace.rank, burn_in=1)
+                                        drift_same=result.drift_same, rank=result.subspace.rank, burn_in=1,
+                                        readout=result.readout_steps)
     assert list(crossings) == list(ec.DEFINITIONS)
     assert crossings["same/calibrated"].tau == pytest.approx(lenient.displacement / result.drift_same.M)
     assert crossings["time/calibrated"].tau == pytest.approx(lenient.displacement / result.drift_time.M)

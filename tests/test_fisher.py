@@ -7,7 +7,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from probes.fisher import FISHER_LEVEL, fisher_curve, fisher_tcross, separation
+from probes.fisher import FISHER_LEVEL, READOUT_LEVEL, fisher_curve, fisher_tcross, readout_tcross, separation
 
 
 def test_level_is_where_a_gaussian_pair_is_read_ninety_percent_right():
@@ -63,3 +63,12 @@ def test_separation_sees_what_the_isotropic_ratio_misses():
 def test_bad_shapes_and_labels_are_refused(coords, labels, match):
     with pytest.raises(ValueError, match=match):
         fisher_curve(coords, labels)
+
+
+def test_readout_crossing_is_the_first_step_below_ninety_percent_after_the_burn_in():
+    """The control reading: A(t) below READOUT_LEVEL, steps inside the burn-in not searched."""
+    curve = np.array([1.0, 0.5, 0.95, 0.92, 0.89, 0.7])
+    assert READOUT_LEVEL == 0.9
+    assert readout_tcross(curve).value == 2 and readout_tcross(curve, burn_in=2).value == 5
+    assert readout_tcross(curve, burn_in=2).index == 4 and readout_tcross(curve).tau == READOUT_LEVEL
+    assert math.isinf(readout_tcross(curve[:4], burn_in=2).value)

@@ -175,3 +175,17 @@ def test_circuit_figure_of_250_edges_gives_every_label_its_room():
     assert plot_width / (max(xs) - min(xs) + 1) * 0.5 >= 8 + 6 * len("h11")
     assert {label for t in nodes for label in t.text} >= {"h11", "mlp", "embed"}
     assert node_label("a3.h11@key") == "h11" and node_label("m2") == "m2"
+
+
+def test_a_table_prints_its_console_columns_as_aligned_text():
+    from interp.report.html import Table, text_table
+
+    table = Table([{"reading": "time/fixed", "r": 0.912345, "interval": None, "hidden": 1},
+                   {"reading": "fisher/fixed", "r": float("nan"), "interval": [0.1, 0.2]}],
+                  heading="Tcross vs mp at a site. More words.", console=("reading", "r", "interval"))
+    lines = text_table(table).split("\n")
+    assert lines[0] == "Tcross vs mp at a site"
+    assert lines[1].split() == ["reading", "r", "interval"] and "hidden" not in text_table(table)
+    assert lines[2].split() == ["time/fixed", "0.9123", "-"] and lines[3].split() == ["fisher/fixed", "nan", "[0.1,", "0.2]"]
+    column = lines[1].index("  r ") + 2                                      # columns aligned
+    assert lines[2].index("0.9123") == lines[3].index("nan") == column

@@ -27,7 +27,8 @@ def test_every_required_reproduction_is_registered():
 @pytest.mark.parametrize("name", sorted(REQUIRED | {"sample-efficiency", "pfsa"}))
 def test_quick_run_writes_report_and_claim_table(name, tmp_path):
     torch.set_num_threads(1)
-    report = reproduce(name, "quick", tmp_path, progress=False, log=quiet)
+    lines = []
+    report = reproduce(name, "quick", tmp_path, progress=False, log=lines.append)
     page = report.read_text()
     for header in ("claim", "what was measured", "runs and seeds", "verdict", "why (the verdict rule)"):
         assert f"<th>{header}</th>" in page
@@ -44,6 +45,13 @@ def test_quick_run_writes_report_and_claim_table(name, tmp_path):
             assert "seeds" in claim["rule"] and "of" in claim["rule"]
         assert claim["quote"] and claim["measured"] and claim["original"]
         assert claim["source"].endswith(".txt") or "arXiv" in claim["source"]
+        # the console says every claim: its verdict and sentence, then what was measured
+        assert any(line.startswith(f"[{claim['verdict']}] {claim['quote']}")
+                   and f"    measured: {claim['measured']}" in line for line in lines)
+    if name == "error-control":   # per site and reading: r between and within runs with intervals, printed
+        tables = [line for line in lines if line.startswith("Tcross vs mp at")]
+        assert len(tables) == 2 * len(claim_module(name).GROUP_SETS)
+        assert all("r between runs" in t and "r within models" in t and "its 95% paired interval" in t for t in tables)
     plan = claim_module(name).plan("quick")
     assert {row["run"] for row in saved["runs"]} == {r.label for r in plan.runs}
     assert all(row["status"] in ("fit", "did not fit", "diverged") for row in saved["runs"])

@@ -12,7 +12,7 @@ from interp.reproduce import claim_module, engine
 from interp.training.train import TrainingDiverged
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "reproduce"
-COLLAPSED = RESULTS / "error-control-medium" / "unfinished" / "S3-aussm-L2-s0"
+COLLAPSED = RESULTS / "error-control-medium" / "S3-aussm-L2-s0" / "attempts" / "S3-aussm-L2-s0"   # kept on commit
 
 
 def rows(path: Path) -> list[dict]:

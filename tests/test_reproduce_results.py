@@ -230,6 +230,12 @@ def test_a_collapsed_run_and_its_retry_are_kept_and_resumed_elsewhere(committed_
     assert set(trained) == {retry} and any(f"{retry}" in line and "step 6" in line for line in lines)
     for (name, a), (_, b) in zip(resumed.model.state_dict().items(), straight.model.state_dict().items()):
         assert torch.equal(a, b), name
+    # committed, the finished retry keeps the collapsed attempt's record beside it (attempts/<its directory>)
+    target = committed.commit_run(resumed, tmp_path / "committed")
+    kept = target / committed.ATTEMPTS / run.label
+    assert (kept / "collapsed.json").is_file() and (kept / "metrics.jsonl").read_bytes() == \
+        (tmp_path / "first" / run.label / "metrics.jsonl").read_bytes()
+    assert json.loads((target / "outcome.json").read_text())["trained_in"] == retry and changed_files(target) == {}
 
 
 @pytest.mark.parametrize("name", ["error-control", "reveal-gap"])

@@ -95,7 +95,7 @@ def test_error_control():
     assert found[3] == found[4] == "inconclusive" and "of those falling off" not in claims[3].measured
     plan, done = outcomes("error-control", lambda run: "fit", gradual)
     _, corr = claim_module("error-control").correlation_rows(done, ["time/calibrated"], 1000)
-    assert corr[0]["affine S3 runs fit"] == 10 and corr[0]["of those falling off (mp < longest)"] == 8
+    assert corr[0]["affine runs fit"] == 10 and corr[0]["of those falling off (mp < longest)"] == 8
 
 
 def test_error_control_correlation_needs_eight_runs_across_models():
@@ -420,3 +420,40 @@ def test_error_control_pattern_table_orders_models_by_median_mp_beside_the_seeds
     assert (gated["fall"], gated["of those sharply"], gated["mp median [min, max]"]) == (2, 0, "400 [400, 400]")
     assert (mamba["runs"], mamba["fit"], mamba["of those sharply"], mamba["measured"]) == (2, 1, 1, "falls")
     assert 100 < module.SHARP * train <= 400
+
+
+def test_error_control_readings_are_weighed_against_the_control_and_pooled_over_groups():
+    """The control reading (nearest-centroid accuracy on U below 90%) restates accuracy: a reading whose r is no
+    higher than the control's on the same runs is not 'beyond the control'; over S3 and C6 a model counts once
+    per group."""
+    module = claim_module("error-control")
+    plan = module.plan("medium")
+    noise = np.random.default_rng(0).lognormal(size=len(plan.runs))
+
+    def with_control(exact):
+        def measures(run, status):
+            out = ec_measures(run, status)
+            if status == "fit":
+                value = out["mp"] if exact else 50.0 * noise[plan.runs.index(run)]
+                out["crossings"][module.CONTROL] = {"value": value, "estimated": False}
+            return out
+        return measures
+
+    for exact, beyond in ((True, False), (False, True)):
+        done = [Outcome(run, "fit", None, 0.01, 60, 1.0, [], 1.0, measures=with_control(exact)(run, "fit"))
+                for run in plan.runs]
+        _, corr = module.correlation_rows(done, ["time/calibrated", module.CONTROL], 1000)
+        by = {c["definition"]: c for c in corr}
+        assert by["time/calibrated"]["beyond the control"] is beyond, by["time/calibrated"]
+        assert by[module.CONTROL]["beyond the control"] is None
+        assert by[module.CONTROL]["premise holds"] == f"{by[module.CONTROL]['runs placed']} of {by[module.CONTROL]['runs placed']}"
+        if exact:
+            assert by["time/calibrated"]["r minus the control"] == pytest.approx(0, abs=1e-12)
+    rows, corr = module.correlation_rows(done, ["time/calibrated"], 1000, groups=("S3", "C6"))
+    s3 = module.correlation_rows(done, ["time/calibrated"], 1000)[1][0]
+    assert corr[0]["affine runs fit"] == 2 * s3["affine runs fit"] == 60
+    assert {p["model"].split()[0] for p in rows["time/calibrated"]} == {"S3", "C6"}
+    assert corr[0]["models placed"] == 2 * s3["models placed"]
+    claims, sections = module.judge(done, plan)
+    headings = [getattr(s, "heading", "") or "" for s in sections]
+    assert sum("affine S3 and C6 runs" in h for h in headings) == 2 and sum("affine C6 runs" in h for h in headings) == 2

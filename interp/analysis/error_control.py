@@ -46,7 +46,10 @@ time and same, whose R is in units of M_ref) or `theory` (probes.readability.the
 rank: the ratio at which the closest pair of isotropic Gaussian classes errs 10%). Calibrated
 crossings exist only where the read-out fits (tau_cal is defined); a headline that does not exist is
 NaN. FISHER ("fisher/fixed", our own) is the first step with F(t) below probes.fisher.FISHER_LEVEL
-(2.563, where a linear read-out of two Gaussian classes errs 10%). A key ending in BURN_IN
+(2.563, where a linear read-out of two Gaussian classes errs 10%). READOUT ("readout/fixed", our
+control) is the first step with A(t) below probes.fisher.READOUT_LEVEL (0.9): no drift at all, the
+nearest-centroid accuracy on U itself; a reading whose Tcross correlates with mp no better than this
+one says nothing beyond accuracy. A key ending in BURN_IN
 ("+burn-in") is the same reading with the first B steps not searched (probes.fisher.burn_in: before
 the class is first read from U); it is undefined where the read-out never forms. READING_TESTS says
 which of the seed's sentences each part tests (docs/drift.md).
@@ -68,7 +71,7 @@ import torch
 
 from interp.analysis import dynamics
 from interp.training.evaluate import LengthEval, check_lengths, evaluate_lengths, stream_seed
-from probes.fisher import burn_in, fisher_curve, fisher_tcross, readout_curve, separation
+from probes.fisher import burn_in, fisher_curve, fisher_tcross, readout_curve, readout_tcross, separation
 from probes.readability import DIRECTIONS, Calibration, readability_threshold, theory_threshold
 from probes.subspace import (CentroidAccumulator, DriftAccumulator, DriftResult, Subspace, Tcross,
                              state_subspace, tcross)
@@ -78,10 +81,12 @@ DEFAULT_LENGTHS = (60, 100, 200, 500, 1000)
 DRIFTS = ("pooled", "excess", "time", "same")
 THRESHOLDS = ("fixed", "calibrated", "theory")
 FISHER = "fisher/fixed"   # F(t) below probes.fisher.FISHER_LEVEL (our own; no calibrated variant)
+READOUT = "readout/fixed"   # A(t) below probes.fisher.READOUT_LEVEL: the control reading (accuracy on U, no drift)
 BURN_IN = "+burn-in"      # suffix: the reading with the burn-in steps not searched (probes.fisher.burn_in)
 BURNED = ("pooled", "time", "same")   # the drifts read from step 1 (excess starts at the training length)
-DEFINITIONS = (tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS) + (FISHER,)
-               + tuple(f"{d}/{t}{BURN_IN}" for d in BURNED for t in THRESHOLDS) + (FISHER + BURN_IN,))
+DEFINITIONS = (tuple(f"{d}/{t}" for d in DRIFTS for t in THRESHOLDS) + (FISHER, READOUT)
+               + tuple(f"{d}/{t}{BURN_IN}" for d in BURNED for t in THRESHOLDS) + (FISHER + BURN_IN, READOUT + BURN_IN))
+SINGLE = ("fisher", "readout")   # readings with one threshold of their own (no fixed / calibrated / theory choice)
 # What each part of a reading tests: the seed's sentence (000_0db3ca63d101e4d0.txt, arXiv 2605.07755) or ours.
 READING_TESTS = {
     "pooled": "the S3 sentence's 'q(t) crosses the threshold' with centroids pooled over the training length "
@@ -92,6 +97,8 @@ READING_TESTS = {
     "same": "the abstract's 'distinguishability ratio crosses the readability threshold' as the decoder sees "
             "step t (spread and separation of the same step; scale-invariant)",
     "fisher": "ours: the class separation in within-class-whitened U (only spread that confuses classes)",
+    "readout": "control (ours): the class read from U by the nearest centroid of step t at 90%; no drift, accuracy "
+               "on U itself (a reading no better than this one restates accuracy)",
     "fixed": "the S3 sentence's 'threshold 0.5'",
     "calibrated": "'the readability threshold of the trained decoder' (its own read-out, 90%)",
     "theory": "the readability level of an ideal read-out of isotropic Gaussian classes in U's dimension (the "
@@ -103,7 +110,8 @@ READING_TESTS = {
 # The same, in a few words (a table column)
 READING_SHORT = {"pooled": "S3 sentence, pooled centroids", "excess": "ours: growth past training",
                  "time": "abstract: initial separation", "same": "abstract: decoder's view of step t",
-                 "fisher": "ours: whitened separation", "fixed": "threshold 0.5", "calibrated": "trained decoder's threshold",
+                 "fisher": "ours: whitened separation", "readout": "control: nearest-centroid accuracy on U",
+                 "fixed": "threshold 0.5", "calibrated": "trained decoder's threshold",
                  "theory": "isotropic-Gaussian readability", BURN_IN: "after burn-in"}
 
 
@@ -113,7 +121,7 @@ def reading_tests(key: str, short: bool = False) -> str:
     words = READING_SHORT if short else READING_TESTS
     base, burned = (key[: -len(BURN_IN)], True) if key.endswith(BURN_IN) else (key, False)
     drift, threshold = base.split("/")
-    parts = [words[drift]] + ([] if drift == "fisher" else [words[threshold]])
+    parts = [words[drift]] + ([] if drift in SINGLE else [words[threshold]])
     return "; ".join(parts + ([words[BURN_IN]] if burned else []))
 
 
@@ -333,7 +341,7 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
     start = burn_in(drifts.readout)
     crossings = definition_crossings(drifts.pooled, drifts.time, calibration, train_length, estimator, fit_start,
                                      drifts.fisher, drift_same=drifts.same, rank=subspace.rank,
-                                     burn_in=start)
+                                     burn_in=start, readout=drifts.readout)
     key = f"{drift_name}/{threshold_name}"
     headline = crossings.get(key, Tcross(float("nan"), False, float("nan")))
     excess = crossings.get("excess/fixed")
@@ -345,12 +353,13 @@ def analyze(model, task, train_length: int = 60, lengths=DEFAULT_LENGTHS, *, sit
 def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, calibration: Calibration | None,
                          train_length: int, estimator: str = "rate", fit_start: int = 1,
                          fisher: np.ndarray | None = None, *, drift_same: DriftResult | None = None,
-                         rank: int | None = None, burn_in: int | None = None) -> dict[str, Tcross]:
+                         rank: int | None = None, burn_in: int | None = None,
+                         readout: np.ndarray | None = None) -> dict[str, Tcross]:
     """{"DRIFT/THRESHOLD[+burn-in]": Tcross} of every definition that is defined (module docstring): the
     excess drift needs a horizon of at least train_length + 2, the calibrated threshold a read-out
     that fits (tau_cal finite), the time and same drifts drift_time and drift_same, FISHER the curve F(t),
-    the theory threshold U's rank (None: no theory readings), the +burn-in readings a burn-in B (None:
-    undefined)."""
+    READOUT the curve A(t), the theory threshold U's rank (None: no theory readings), the +burn-in readings
+    a burn-in B (None: undefined)."""
     taus = {"fixed": drift.tau, **({"theory": theory_threshold(rank, statistic=drift.statistic)} if rank else {})}
     if calibration is not None and calibration.fits and calibration.tau > 0:
         taus["calibrated"] = calibration.tau
@@ -369,6 +378,9 @@ def definition_crossings(drift: DriftResult, drift_time: DriftResult | None, cal
     if fisher is not None:
         for suffix, start in starts.items():
             out[FISHER + suffix] = fisher_tcross(fisher, burn_in=start)
+    if readout is not None:
+        for suffix, start in starts.items():
+            out[READOUT + suffix] = readout_tcross(readout, burn_in=start)
     return {key: out[key] for key in DEFINITIONS if key in out}
 
 

@@ -50,6 +50,7 @@ class Table:
     rows: Sequence[Mapping[str, Any]]
     heading: str | None = None
     prose: bool = False
+    console: tuple[str, ...] = ()   # columns `interp reproduce` also prints (text_table); none: not printed
 
 
 def render_table(rows: Sequence[Mapping[str, Any]], prose: bool = False) -> str:
@@ -61,6 +62,15 @@ def render_table(rows: Sequence[Mapping[str, Any]], prose: bool = False) -> str:
     )
     return (f'<div class="table-wrap"><table class="data{" prose" if prose else ""}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{body}</tbody></table></div>')
+
+
+def text_table(table: Table) -> str:
+    """The `console` columns of `table` as fixed-width text under the heading's first sentence."""
+    cells = [[_fmt(row.get(c, "")) if row.get(c) is not None else "-" for c in table.console] for row in table.rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(table.console)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(table.console, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join([(table.heading or "").split(". ")[0]] + ["    " + line.rstrip() for line in lines])
 
 
 def _fmt(value: Any) -> str:

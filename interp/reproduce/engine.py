@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import models
-from interp.report.html import Table, Text, write_report
+from interp.report.html import Table, Text, text_table, write_report
 from interp.reproduce import results as committed_runs
 from interp.reproduce.plan import COLLAPSE_FILE, Outcome, Plan, Run, train_config
 from interp.sweep.jobs import Job, Outcome as JobOutcome
@@ -438,8 +438,21 @@ def reproduce(claim, scale: str = "cpu", out: str | Path | None = None, device: 
         "name": claim.NAME, "scale": scale, "device": device, "seconds": round(time.perf_counter() - started, 1),
         "claims": [dataclasses.asdict(c) for c in claims], "pending": pending,
         "runs": [{**o.row(), "measures": o.measures} for o in done]})
+    for c in claims:
+        log(claim_lines(c))
+    for table in (s for s in sections if isinstance(s, Table) and s.console):
+        log(text_table(table))
     log(f"{claim.NAME}: report {report} ({time.perf_counter() - started:.0f} s)")
     return report
+
+
+def claim_lines(c: Claim) -> str:
+    """A claim as the console shows it after a reproduction: verdict and the seed's sentence, then what was
+    measured, what decides it and the rule's reason, each on its own indented line."""
+    lines = [f"[{c.verdict}] {c.quote}"] + [f"    {name}: {text}" for name, text in (
+        ("measured", c.measured), ("decided by", "; ".join(x for x in (c.decides, c.interval) if x)),
+        ("runs and seeds", c.basis), ("why", c.rule)) if text]
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- helpers for claim modules

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from interp.analysis import error_control as ec
-from interp.analysis.correlation import correlation_summary, loglog_pearson
+from interp.analysis.correlation import correlation_summary, loglog_pearson, paired_difference
 from interp.reproduce import verdicts as rule
 from interp.reproduce.engine import Plan, Run, fitted, size, unfit_note
 from interp.report import dynamics as fd
@@ -228,6 +228,8 @@ def judge(done, plan: Plan):
                                      + (f"; mp {', '.join(str(o.measures.get('mp')) for o in falls)}" if falls else ""))
                             if fits else ""))
     by_site = {site: correlation_rows(done, st["definitions"], longest, site) for site in [None, *st.get("sites", [])]}
+    beside = {site: {groups: correlation_rows(done, st["definitions"], longest, site, groups)[1]
+                     for groups in GROUP_SETS if groups != ("S3",)} for site in by_site}
     falling = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"
                and (o.measures.get("mp") or 0) < longest]
     claims.extend(correlation_claim(corr, site, falling) for site, (_rows, corr) in by_site.items())
@@ -267,7 +269,7 @@ def judge(done, plan: Plan):
                          if contraction.get(o.run.label) is not None],
                         decides="state-dependent contraction " + ", ".join(f"{v:.2f}" for v in sd_c) + " (claim: < 1)"
                         if sd_c else ""))
-    return claims, sections(done, by_site, theorem, holds, st)
+    return claims, sections(done, by_site, theorem, holds, st, beside)
 
 
 def _far(o, length) -> float:
@@ -291,6 +293,8 @@ def readable_in_distribution(measures: dict, definition: str) -> bool | None:
     None where q or tau is unknown. A "+burn-in" reading has its reading's premise."""
     drift, threshold = definition.removesuffix(ec.BURN_IN).split("/")
     readout = (measures.get("centroid_readout") or {}).get("nearest_centroid_accuracy")
+    if drift == "readout":   # the control: its premise is the read-out itself
+        return None if readout is None else bool(readout >= READOUT)
     if drift == "fisher":   # F falls: the premise is F above its level where the run is right
         q, tau = (None, None) if measures.get("fisher_train") is None else (FISHER_LEVEL, measures["fisher_train"])
     else:
@@ -313,14 +317,16 @@ def _placed(point: dict) -> bool:
     return math.isfinite(_value(point["mp"])) and 0 < _value(point["tcross"]) < math.inf
 
 
-def correlation_rows(done, definitions, longest, site: str | None = None):
-    """Per affine S3 run that fits and then falls off (mp < the longest length: a run that passes every
-    length has no failure point, only a bound) and definition: mp, Tcross at `site` (None: the recurrent
-    state) and whether the premise `readable_in_distribution` holds there; per definition (a reading) the
-    log-log correlation over the runs placed and what carries it (interp.analysis.correlation: r between
-    runs, its bootstrap interval and permutation p, r within models, leave-one-model-out), r over the runs
-    whose premise holds, the reading's verdict and the seed's sentence it tests."""
-    fits = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] == "S3"]
+def correlation_rows(done, definitions, longest, site: str | None = None, groups=("S3",)):
+    """Per affine run of `groups` that fits and then falls off (mp < the longest length: a run that passes
+    every length has no failure point, only a bound) and definition: mp, Tcross at `site` (None: the
+    recurrent state) and whether the premise `readable_in_distribution` holds there; per definition (a
+    reading) the log-log correlation over the runs placed and what carries it (interp.analysis.correlation:
+    r between runs, its bootstrap interval and permutation p, r within models, leave-one-model-out), r over
+    the runs whose premise holds, the reading's verdict, the seed's sentence it tests, and its r against the
+    control reading's on the same runs (`against_control`). Over several groups a model is one per group
+    ("C6 mamba3"): r within models removes each group's model mean."""
+    fits = [o for o in done if o.fit and o.run.info["kind"] == "affine" and o.run.info["group"] in groups]
     affine = [o for o in fits if (o.measures.get("mp") or 0) < longest]
     rows, corr = {}, []
     for definition in definitions:
@@ -329,12 +335,39 @@ def correlation_rows(done, definitions, longest, site: str | None = None):
             here = at_site(o.measures, site)
             t = here.get("crossings", {}).get(definition)
             if t is not None:
-                pts.append({"model": o.run.info["model"], "seed": o.run.info["seed"], "mp": o.measures.get("mp"),
+                model = o.run.info["model"] if len(groups) == 1 else f"{o.run.info['group']} {o.run.info['model']}"
+                pts.append({"run": o.run.label, "model": model, "seed": o.run.info["seed"], "mp": o.measures.get("mp"),
                             "tcross": t["value"], "tcross_estimated": t["estimated"],
                             "readable": readable_in_distribution(here, definition)})
         rows[definition] = pts
         corr.append(reading_row(definition, pts, len(fits), len(affine)))
+    against_control(rows, corr)
     return rows, corr
+
+
+CONSOLE = ("definition", "runs placed", "models placed", "r between runs", "r 95% bootstrap interval", "r within models",
+           "premise holds", "r minus the control", "its 95% paired interval", "verdict")   # printed by interp reproduce
+CONTROL = ec.READOUT   # the control reading: nearest-centroid accuracy on U crossing 90% (no drift)
+
+
+def against_control(rows: dict, corr: list[dict]) -> None:
+    """Add to each reading's row its r minus the control reading's r over the same runs, with a 95% paired
+    bootstrap interval (interp.analysis.correlation.paired_difference; a '+burn-in' reading against the
+    control's '+burn-in'), and whether it is 'beyond the control' (the interval above 0). A reading whose r
+    is no higher than the control's says nothing that accuracy on U does not."""
+    for row in corr:
+        definition = row["definition"]
+        control = CONTROL + (ec.BURN_IN if definition.endswith(ec.BURN_IN) else "")
+        base = {p["run"]: p for p in rows.get(control, [])}
+        pairs = [(p, base[p["run"]]) for p in rows[definition] if p["run"] in base]
+        if definition.removesuffix(ec.BURN_IN) == CONTROL or not pairs:
+            row.update({"r minus the control": math.nan, "its 95% paired interval": None, "beyond the control": None})
+            continue
+        got = paired_difference([_value(p["mp"]) for p, _ in pairs], [_value(p["tcross"]) for p, _ in pairs],
+                                [_value(c["tcross"]) for _, c in pairs])
+        interval = got["interval"]
+        row.update({"r minus the control": got["difference"], "its 95% paired interval": _rounded(interval),
+                    "beyond the control": None if interval is None else bool(interval[0] > 0)})
 
 
 def reading_row(definition: str, pts: list[dict], n_fit: int, n_falling: int) -> dict:
@@ -353,7 +386,7 @@ def reading_row(definition: str, pts: list[dict], n_fit: int, n_falling: int) ->
            "premise holds": f"{len(held)} of {len(pts)}", "r over those": r_held, "placed of those": n_held,
            "models of those": len({p["model"] for p in held if _placed(p)})}
     row["verdict"] = reading_verdict(row)
-    return row | {"affine S3 runs fit": n_fit, "of those falling off (mp < longest)": n_falling}
+    return row | {"affine runs fit": n_fit, "of those falling off (mp < longest)": n_falling}
 
 
 def _rounded(pair) -> list[float] | None:
@@ -412,7 +445,8 @@ def claim_verdict(verdict: str) -> str:
     return "partly reproduces" if verdict.endswith(" between models only") else verdict
 
 
-SUMMARY_READINGS = ("pooled/fixed", "time/calibrated", "time/fixed", "same/calibrated", "same/theory", FISHER)
+SUMMARY_READINGS = ("pooled/fixed", "time/calibrated", "time/fixed", "same/calibrated", "same/theory", FISHER, ec.READOUT)
+GROUP_SETS = (("S3",), ("C6",), ("S3", "C6"))   # the seed's sentence is on S3; C6 and both groups pooled beside it
 
 
 def _reading_line(row: dict) -> str:
@@ -421,7 +455,9 @@ def _reading_line(row: dict) -> str:
     return (f"{row['definition']}: r = {row['r between runs']:.2f} over {row['runs placed']} runs"
             + (f" (95% {interval}, p {row['permutation p']:.3f})" if interval else "")
             + f", within models {row['r within models']:.2f}, premise holds in {row['premise holds']}"
-            + (f" (r {row['r over those']:.2f})" if row["placed of those"] >= 3 else "") + f" -> {row['verdict']}")
+            + (f" (r {row['r over those']:.2f})" if row["placed of those"] >= 3 else "")
+            + (f", r minus the control's {row['r minus the control']:+.2f} {row['its 95% paired interval']}"
+               if row.get("its 95% paired interval") else "") + f" -> {row['verdict']}")
 
 
 def _drift_row(measures: dict, definitions) -> dict:
@@ -435,25 +471,11 @@ def _drift_row(measures: dict, definitions) -> dict:
             "tau_theory": measures.get("tau_theory"), "burn-in": measures.get("burn_in")}
 
 
-def _site_sections(done, site, rows, corr, st) -> list:
-    """The correlation table and the Tcross-vs-mp figures at one site (SUMMARY_READINGS), and at the other
-    sites the runs' drift columns there."""
+def _site_sections(done, site, rows, corr, st, beside: dict) -> list:
+    """The correlation table at one site, the tables over the other group sets beside it ({groups: rows}),
+    the Tcross-vs-mp figures (SUMMARY_READINGS), and at the other sites the runs' drift columns there."""
     where = site_name(site)
-    counts = corr[0] if corr else {}
-    hidden = ("affine S3 runs fit", "of those falling off (mp < longest)", "runs within", "placed of those",
-              "models of those")   # in the heading, or what the verdict reads
-    first = ("definition", "tests", "verdict", "premise holds", "r over those")   # what fits the page's width
-    shown = [{k: c[k] for k in first} | {k: v for k, v in c.items() if k not in hidden + first} for c in corr]
-    out = [Table(shown, heading=f"Tcross vs mp at {where}, per reading, over the {counts.get('of those falling off (mp < longest)', 0)} "
-                 f"of {counts.get('affine S3 runs fit', 0)} fitted affine S3 runs that fall off (mp < the longest length). "
-                 "tests: the seed's sentence the reading tests (in full: docs/drift.md). r between runs: log-log Pearson r over the runs placed "
-                 "(finite mp and Tcross), its 95% bootstrap interval (runs resampled) and two-sided permutation p; "
-                 "r within models: r after removing each model's mean of log mp and log Tcross (over the runs of "
-                 "models with >= 2 runs placed); r leaving one model out: the range of r over the runs of the other "
-                 "models. premise: at the training length, where the run is right, the class is read from U by "
-                 f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
-                 "the runs placed of the premise-holding ones. verdict: the bar of the claim below ('between models "
-                 f"only': |r within models| < {CARRIED})")]
+    out = [_correlation_table(corr, site, ("S3",))] + [_correlation_table(c, site, g) for g, c in beside.items()]
     shown_definitions = [d for d in rows if d in SUMMARY_READINGS]
     for definition in shown_definitions:
         pts = rows[definition]
@@ -468,6 +490,34 @@ def _site_sections(done, site, rows, corr, st) -> list:
         out.append(Table(table or [{"note": "no fitted run"}], heading=f"Fitted runs at {where}: the columns of the runs "
                          "table below, measured there"))
     return out
+
+
+def _correlation_table(corr, site: str | None, groups) -> Table:
+    """The table of every reading's correlation at `site` over the affine runs of `groups`."""
+    counts = corr[0] if corr else {}
+    hidden = ("affine runs fit", "of those falling off (mp < longest)", "runs within", "placed of those",
+              "models of those")   # in the heading, or what the verdict reads
+    first = ("definition", "tests", "verdict", "premise holds", "r over those")   # what fits the page's width
+    shown = [{k: c[k] for k in first} | {k: v for k, v in c.items() if k not in hidden + first} for c in corr]
+    named = " and ".join(groups)
+    return Table(shown, console=CONSOLE, heading=f"Tcross vs mp at {site_name(site)}, per reading, over the "
+                 f"{counts.get('of those falling off (mp < longest)', 0)} of {counts.get('affine runs fit', 0)} fitted "
+                 f"affine {named} runs that fall off (mp < the longest length)"
+                 + (". " if groups == ("S3",) else " (the seed's sentence is on S3; this table stands beside it: its "
+                    "verdict column applies the same bar but decides no claim). ")
+                 + "tests: the seed's sentence the reading tests (in full: docs/drift.md). r between runs: log-log Pearson r over the runs placed "
+                 "(finite mp and Tcross), its 95% bootstrap interval (runs resampled) and two-sided permutation p; "
+                 "r within models: r after removing each model's mean of log mp and log Tcross (over the runs of "
+                 "models with >= 2 runs placed); r leaving one model out: the range of r over the runs of the other "
+                 "models. premise: at the training length, where the run is right, the class is read from U by "
+                 f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
+                 "the runs placed of the premise-holding ones. verdict: the bar of the claim below ('between models "
+                 f"only': |r within models| < {CARRIED}). r minus the control: the reading's r between runs minus that "
+                 f"of the control {CONTROL} (the nearest-centroid read-out on U falling below 90%: accuracy, no drift) "
+                 "on the same runs, with its 95% paired bootstrap interval; 'beyond the control': that interval is "
+                 "above 0 (a reading that is not says nothing accuracy on U does not)"
+                 + ("" if len(groups) == 1 else "; over both groups a model counts once per group, and r within "
+                    "models removes each group's model mean"))
 
 
 def _mp_interval(measures: dict) -> list | None:
@@ -506,7 +556,7 @@ def pattern_rows(done, st) -> list[dict]:
     return rows
 
 
-def sections(done, by_site, theorem, holds, st):
+def sections(done, by_site, theorem, holds, st, beside=None):
     out = [Text("Drift readings measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
                 "in-distribution level; 'time' uses the centroids of step t relative to the initial separation (the "
@@ -528,7 +578,7 @@ def sections(done, by_site, theorem, holds, st):
                 "input-dependent C_t, and the class need not be linearly readable from it at all.",
                 heading="Tcross definitions and sites")]
     for site, (rows, corr) in by_site.items():
-        out.extend(_site_sections(done, site, rows, corr, st))
+        out.extend(_site_sections(done, site, rows, corr, st, (beside or {}).get(site, {})))
     table = [{"run": o.run.label, "kind": o.run.info["kind"], "status": o.status,
               "reading": ("never fit in distribution" if not o.fit else
                           "fits, generalises" if (o.measures.get("mp") or 0) >= st["lengths"][-1] else

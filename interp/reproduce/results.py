@@ -18,6 +18,8 @@ Layout: results/reproduce/<claim>-<scale>/<label>/ (`results_dir(name, scale)`),
                        wall seconds, and whatever `extra` the committer adds (CPU seconds, load)
     reproduce.json     the claim's measurement cache (interp.reproduce.engine.measured), when present
     early_stop.json, train_time.json   as in the training run directory, when present
+    attempts/<dir>/    metrics.jsonl (and collapsed.json) of each attempt before the one committed: a run
+                       that diverged or collapsed and finished in a retry at a lower lr keeps the record
     manifest.json      the sha256 of every other file (interp.reproduce.manifest), written last
 
 `interp reproduce` looks here before training a run: a committed run whose config is the one the
@@ -63,6 +65,7 @@ UNFINISHED = "unfinished"       # results/<claim>-<scale>/unfinished/<label>/: a
 OUTCOME = "outcome.json"
 MEASURES = "reproduce.json"     # engine.CACHE
 OPTIONAL = (MEASURES, "early_stop.json", "train_time.json")
+ATTEMPTS = "attempts"   # the records of the attempts before the one committed (retries)
 IGNORED = ("train.device",)     # a run trained on the CPU is the same run on a GPU
 
 
@@ -85,6 +88,7 @@ def commit_run(outcome, results: str | Path, extra: dict[str, Any] | None = None
     for name in OPTIONAL:
         if (source / name).exists():
             copy_file(source / name, target / name)
+    _keep_earlier_attempts(outcome.run, source, target / ATTEMPTS)
     row = outcome.row()
     ckpt.write_json(target / OUTCOME, {"status": outcome.status, "lr": outcome.lr,
                                        "length_reached": outcome.length_reached,
@@ -93,6 +97,18 @@ def commit_run(outcome, results: str | Path, extra: dict[str, Any] | None = None
                                        "trained_in": source.name, "row": row, **(extra or {})})
     write_manifest(target)
     return target
+
+
+def _keep_earlier_attempts(run, source: Path, into: Path) -> None:
+    """The training record (metrics.jsonl, collapsed.json) of every attempt of `run` beside `source` (the
+    attempt committed) into `into`/<attempt directory name>."""
+    for attempt in attempt_dirs(run, source.parent):
+        if attempt == source or not (attempt / ckpt.METRICS).is_file():
+            continue
+        for name in (ckpt.METRICS, COLLAPSE_FILE):
+            if (attempt / name).is_file():
+                (into / attempt.name).mkdir(parents=True, exist_ok=True)
+                copy_file(attempt / name, into / attempt.name / name)
 
 
 def finished(run, run_dir: Path) -> bool:
