@@ -140,9 +140,13 @@ def run_directory(text: str):
 def check_out(command: str, out, file: bool = False, flag: str = "--out") -> int | None:
     """Preflight of an --out directory (or, file=True, a report file; interp.training.preflight):
     None when it can be written, else the exit status of the one-line error `argument FLAG: ...`
-    (flag: what set the path, e.g. "run_dir" for a report written there by default)."""
+    (flag: what set the path, e.g. "run_dir" for a report written there by default). A report file is
+    never written into a committed run (`committed_run`)."""
     from interp.training.preflight import Refused, check_output_dir, check_output_file
 
+    if file and committed_run(Path(out).parent):
+        return fail(command, f"argument {flag}: {str(out)!r} would be written into {COMMITTED}; give "
+                             "--out FILE outside it")
     try:
         (check_output_file if file else check_output_dir)(out)
     except Refused as error:
@@ -150,12 +154,30 @@ def check_out(command: str, out, file: bool = False, flag: str = "--out") -> int
     return None
 
 
+COMMITTED_MANIFEST = "manifest.json"   # interp.reproduce.manifest.MANIFEST (importing it loads the engine)
+COMMITTED = ("a run committed by `interp reproduce` (its manifest.json lists every file, and a file added there "
+             "makes the reproduction refuse the run)")
+
+
+def committed_run(directory) -> bool:
+    """`directory` is a committed run of `interp reproduce` (results/reproduce/...: it carries a manifest);
+    an analysis reads it but writes nothing there."""
+    try:
+        return (Path(directory) / COMMITTED_MANIFEST).is_file()
+    except OSError:   # a name too long, a link loop: the command's own checks name it
+        return False
+
+
 def check_run_free(command: str, run_dir) -> int | None:
     """None when no other process holds the run directory's lock (models.storage.paths.locked; checked up
-    front so that an analysis does not run only to be refused its write), else the exit status of
-    the one-line error naming the holder."""
+    front so that an analysis does not run only to be refused its write) and the run is not a committed
+    one (`committed_run`: the command writes into the run directory), else the exit status of the
+    one-line error naming the holder or the committed run."""
     from models.storage.paths import DirectoryLocked, locked
 
+    if committed_run(run_dir):
+        return fail(command, f"argument run_dir: {str(run_dir)!r} is {COMMITTED}; `interp {command}` writes its "
+                             f"results into the run directory: analyse a copy (cp -r {run_dir} /tmp/run)")
     try:
         if not Path(run_dir).is_dir():
             return None   # the command's own reading names what is missing

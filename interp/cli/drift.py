@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = args.run_dir[0]
     out = args.out or run_dir / "drift.html"
-    refused = check_out("drift", out, file=True, flag="--out" if args.out else "run_dir") or check_run_free("drift", run_dir)
+    refused = check_run_free("drift", run_dir) or check_out("drift", out, file=True,
+                                                            flag="--out" if args.out else "run_dir")
     if refused is not None:
         return refused
     try:
