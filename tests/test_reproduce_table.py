@@ -20,7 +20,8 @@ def test_one_row_per_claim_and_the_recorded_ones_marked(tmp_path):
     lines = markdown([claims_file(tmp_path)], recorded).splitlines()
     assert len(lines) == 4 and lines[0].startswith("| reproduction | claim | verdict")
     assert "| parity cpu | A \\| claim long" in lines[2] and "... | reproduces | 3 runs, seeds 0, 1, 2 | r 0.9 |" in lines[2]
-    assert "not re-derived: runs not committed (last verdict reproduces on 2026-12-01)" in lines[3]
+    assert "| inconclusive |" in lines[3] and "recorded reproduces on 2026-12-01, runs not committed" in lines[3]
+    assert "neither their seeds nor whether one was still rising can be checked" in lines[3]
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

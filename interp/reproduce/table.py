@@ -8,8 +8,9 @@ One row per claim of each claims.json given (an `interp reproduce NAME --scale S
 the runs and seeds behind it, the number that decides it, its interval and the verdict rule's reason
 (interp.reproduce.verdicts). Reproductions whose runs are not here (not committed, never rerun) come from
 `recorded` (a JSON list of {"reproduction", "date", "verdicts": [{"claim", "verdict"}]}: the verdicts
-REPRODUCTIONS.md recorded when the runs existed) and read "not re-derived: runs not committed (last verdict
-X on DATE)"."""
+REPRODUCTIONS.md recorded when the runs existed). Under the verdict rule such a claim is "inconclusive":
+with no runs here neither its seeds nor whether a run was still rising can be checked; the recorded
+verdict is its "decided by" ("recorded X on DATE, runs not committed")."""
 
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def rows(claims_files, recorded=None) -> list[dict[str, str]]:
                         "interval": c.get("interval", ""), "why (the verdict rule)": c.get("rule", "")})
     for entry in recorded or []:
         for c in entry["verdicts"]:
-            out.append({"reproduction": entry["reproduction"], "claim": _short(c["claim"]),
-                        "verdict": f"not re-derived: runs not committed (last verdict {c['verdict']} on {entry['date']})",
-                        "runs and seeds": c.get("runs", ""), "decided by": "", "interval": "",
-                        "why (the verdict rule)": entry.get("note", "")})
+            out.append({"reproduction": entry["reproduction"], "claim": _short(c["claim"]), "verdict": "inconclusive",
+                        "runs and seeds": c.get("runs", ""),
+                        "decided by": f"recorded {c['verdict']} on {entry['date']}, runs not committed", "interval": "",
+                        "why (the verdict rule)": "inconclusive: the runs are not here, so neither their seeds nor "
+                        "whether one was still rising can be checked (rerun to re-derive); "
+                        + entry.get("note", "")})
     return out
 
 
