@@ -345,8 +345,9 @@ def correlation_rows(done, definitions, longest, site: str | None = None, groups
     return rows, corr
 
 
+# the correlation tables' columns `interp reproduce` prints (what each reading tests, last: the longest)
 CONSOLE = ("definition", "runs placed", "models placed", "r between runs", "r 95% bootstrap interval", "r within models",
-           "premise holds", "r minus the control", "its 95% paired interval", "verdict")   # printed by interp reproduce
+           "premise holds", "r minus the control", "its 95% paired interval", "verdict", "tests")
 CONTROL = ec.READOUT   # the control reading: nearest-centroid accuracy on U crossing 90% (no drift)
 
 
