@@ -232,3 +232,19 @@ def test_the_control_reading_is_computed_from_the_readout_curve():
     crossings = ec.definition_crossings(pooled, None, None, 20, burn_in=2, readout=readout)
     assert crossings[ec.READOUT].value == 2 and crossings[ec.READOUT + ec.BURN_IN].value == 33
     assert "control" in ec.reading_tests(ec.READOUT) and "threshold 0.5" not in ec.reading_tests(ec.READOUT)
+
+
+def test_within_model_interval_covers_zero_without_a_relation_and_not_with_one():
+    rng = np.random.default_rng(1)
+    groups = [g for g in ("a", "b", "c") for _ in range(8)]
+    shift = {"a": 0.0, "b": 1.5, "c": 3.0}                                        # model means far apart
+    log_mp = np.array([shift[g] for g in groups]) + rng.normal(scale=0.3, size=24)
+    unrelated = np.array([shift[g] for g in groups]) + rng.normal(scale=0.3, size=24)
+    related = log_mp + rng.normal(scale=0.05, size=24)                            # tracks mp inside each model too
+    low, high = cr.within_groups_interval(np.exp(log_mp), np.exp(unrelated), groups)
+    assert low < 0 < high
+    low, high = cr.within_groups_interval(np.exp(log_mp), np.exp(related), groups)
+    assert low > 0.8
+    # a model with one run carries nothing within; fewer than 4 runs in shared models: no interval
+    assert cr.within_groups_interval([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 5.0], ["a", "a", "b", "c"]) is None
+    assert cr.correlation_summary(np.exp(log_mp), np.exp(related), groups)["within_interval"][0] > 0.8

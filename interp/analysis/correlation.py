@@ -4,6 +4,7 @@
     bootstrap_interval(x, y) -> [low, high]        95% percentile interval of r, runs resampled with replacement
     permutation_p(x, y) -> p                       two-sided p of |r| with y permuted across runs
     within_groups_r(x, y, groups) -> (r, n)        r after removing each group's mean of log x and log y
+    within_groups_interval(x, y, groups) -> [lo, hi]  its 95% interval, runs resampled within each group
     leave_one_group_out(x, y, groups) -> {g: r}    r over the runs of every other group
     correlation_summary(x, y, groups) -> dict      all of the above, the row of a table
     paired_difference(x, y, y_control) -> dict     r(x, y) - r(x, y_control) on the same runs, with its 95%
@@ -93,6 +94,27 @@ def within_groups_r(x, y, groups) -> tuple[float, int]:
     return _pearson(rx, ry), int(shared.sum())
 
 
+def within_groups_interval(x, y, groups, resamples: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
+    """2.5 / 97.5 percentiles of `within_groups_r` over stratified resamples: each group's runs resampled with
+    replacement inside the group (a group keeps its size, so the model means stay the models'); None with
+    fewer than 4 runs in groups of >= 2."""
+    lx, ly, kept = _logs(x, y, groups)
+    members = [np.nonzero(kept == g)[0] for g in np.unique(kept)]
+    members = [m for m in members if len(m) >= 2]
+    if sum(len(m) for m in members) < 4:
+        return None
+    rng = np.random.default_rng(seed)
+    rs = []
+    for _ in range(resamples):
+        picks = [rng.choice(m, size=len(m)) for m in members]
+        rx = np.concatenate([lx[p] - lx[p].mean() for p in picks])
+        ry = np.concatenate([ly[p] - ly[p].mean() for p in picks])
+        rs.append(_pearson(rx, ry))
+    rs = np.array(rs)
+    rs = rs[np.isfinite(rs)]
+    return [float(v) for v in np.percentile(rs, [2.5, 97.5])] if len(rs) else None
+
+
 def leave_one_group_out(x, y, groups) -> dict[str, float]:
     """{group: log-log r over the runs of every other group} for each group present among the runs placed."""
     lx, ly, kept = _logs(x, y, groups)
@@ -101,12 +123,14 @@ def leave_one_group_out(x, y, groups) -> dict[str, float]:
 
 def correlation_summary(x, y, groups, seed: int = 0) -> dict:
     """The correlation of log x and log y across runs and what carries it: r, runs placed, the 95% bootstrap
-    interval, the permutation p, r within groups (and its runs), the leave-one-group-out range [min, max]."""
+    interval, the permutation p, r within groups (its runs and its stratified 95% interval), the
+    leave-one-group-out range [min, max]."""
     r, n = loglog_pearson(x, y)
     within, n_within = within_groups_r(x, y, groups)
     left_out = [v for v in leave_one_group_out(x, y, groups).values() if math.isfinite(v)]
     return {"r": r, "runs": n, "interval": bootstrap_interval(x, y, seed=seed), "p": permutation_p(x, y, seed=seed),
             "r_within": within, "runs_within": n_within,
+            "within_interval": within_groups_interval(x, y, groups, seed=seed),
             "leave_one_out": [min(left_out), max(left_out)] if left_out else None,
             "groups": len(set(_logs(x, y, groups)[2]))}
 

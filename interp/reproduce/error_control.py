@@ -347,7 +347,7 @@ def correlation_rows(done, definitions, longest, site: str | None = None, groups
 
 # the correlation tables' columns `interp reproduce` prints (what each reading tests, last: the longest)
 CONSOLE = ("definition", "runs placed", "models placed", "r between runs", "r 95% bootstrap interval", "r within models",
-           "premise holds", "r minus the control", "its 95% paired interval", "verdict", "tests")
+           "r within 95% interval", "premise holds", "r minus the control", "its 95% paired interval", "verdict", "tests")
 CONTROL = ec.READOUT   # the control reading: nearest-centroid accuracy on U crossing 90% (no drift)
 
 
@@ -382,7 +382,8 @@ def reading_row(definition: str, pts: list[dict], n_fit: int, n_falling: int) ->
            "r between runs": stats.get("r", math.nan), "runs placed": stats.get("runs", 0),
            "models placed": len({p["model"] for p in pts if _placed(p)}),
            "r 95% bootstrap interval": _rounded(stats.get("interval")), "permutation p": stats.get("p", math.nan),
-           "r within models": stats.get("r_within", math.nan), "runs within": stats.get("runs_within", 0),
+           "r within models": stats.get("r_within", math.nan),
+           "r within 95% interval": _rounded(stats.get("within_interval")), "runs within": stats.get("runs_within", 0),
            "r leaving one model out": _rounded(stats.get("leave_one_out")),
            "premise holds": f"{len(held)} of {len(pts)}", "r over those": r_held, "placed of those": n_held,
            "models of those": len({p["model"] for p in held if _placed(p)})}
@@ -455,7 +456,9 @@ def _reading_line(row: dict) -> str:
     interval = row["r 95% bootstrap interval"]
     return (f"{row['definition']}: r = {row['r between runs']:.2f} over {row['runs placed']} runs"
             + (f" (95% {interval}, p {row['permutation p']:.3f})" if interval else "")
-            + f", within models {row['r within models']:.2f}, premise holds in {row['premise holds']}"
+            + f", within models {row['r within models']:.2f}"
+            + (f" {row['r within 95% interval']}" if row.get("r within 95% interval") else "")
+            + f", premise holds in {row['premise holds']}"
             + (f" (r {row['r over those']:.2f})" if row["placed of those"] >= 3 else "")
             + (f", r minus the control's {row['r minus the control']:+.2f} {row['its 95% paired interval']}"
                if row.get("its 95% paired interval") else "") + f" -> {row['verdict']}")
@@ -509,7 +512,7 @@ def _correlation_table(corr, site: str | None, groups) -> Table:
                  + "tests: the seed's sentence the reading tests (in full: docs/drift.md). r between runs: log-log Pearson r over the runs placed "
                  "(finite mp and Tcross), its 95% bootstrap interval (runs resampled) and two-sided permutation p; "
                  "r within models: r after removing each model's mean of log mp and log Tcross (over the runs of "
-                 "models with >= 2 runs placed); r leaving one model out: the range of r over the runs of the other "
+                 "models with >= 2 runs placed), its 95% interval from runs resampled within each model; r leaving one model out: the range of r over the runs of the other "
                  "models. premise: at the training length, where the run is right, the class is read from U by "
                  f"nearest centroid (>= {READOUT}) and q is below tau (for {FISHER}: F above its level); r over those: "
                  "the runs placed of the premise-holding ones. verdict: the bar of the claim below ('between models "
