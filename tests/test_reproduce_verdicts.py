@@ -449,6 +449,8 @@ def test_error_control_readings_are_weighed_against_the_control_and_pooled_over_
         assert by[module.CONTROL]["premise holds"] == f"{by[module.CONTROL]['runs placed']} of {by[module.CONTROL]['runs placed']}"
         if exact:
             assert by["time/calibrated"]["r minus the control"] == pytest.approx(0, abs=1e-12)
+        said = module.correlation_claim(corr, None, done).measured.split("Beyond the control")[1]
+        assert said.endswith("none") if exact else said.endswith("): time/calibrated")
     rows, corr = module.correlation_rows(done, ["time/calibrated"], 1000, groups=("S3", "C6"))
     s3 = module.correlation_rows(done, ["time/calibrated"], 1000)[1][0]
     assert corr[0]["affine runs fit"] == 2 * s3["affine runs fit"] == 60

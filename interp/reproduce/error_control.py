@@ -425,7 +425,9 @@ def correlation_claim(corr, site: str | None = None, falling=()):
                 + f". Verdict read on {headline} (the abstract's wording); a verdict needs >= {MIN_RUNS} runs placed "
                 f"across >= 2 affine models, and as many whose premise holds (at the training length, where the run "
                 f"is right, U reads the class by nearest centroid and q is below tau, so a crossing can mean a "
-                f"misread); every reading's verdict is in the table below")
+                f"misread); every reading's verdict is in the table below. Beyond the control {CONTROL} (accuracy on "
+                f"U, no drift: a reading's r above its r on the same runs, paired 95% interval above 0): "
+                + (", ".join(c["definition"] for c in corr if c.get("beyond the control")) or "none"))
     verdict = claim_verdict(row.get("verdict", "inconclusive"))
     pooled = None if verdict == "inconclusive" else verdict in ("reproduces", "partly reproduces")
     return rule.claim(SEED_000, "In particular on S3, the correlation between the time Tcross at which the affine models' "
