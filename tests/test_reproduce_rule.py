@@ -76,6 +76,13 @@ def test_still_rising_reads_the_end_of_training():
     assert rule.still_rising(moved, 3000) is None
     # noise alone (a rise below 2 standard errors of the window means) is not a rise
     assert rule.still_rising(curve(0.70, 0.71, noise=0.08, seed=3), 3000) is None
+    # a climb that ends at the ceiling: the quarter windows hold the climb (0.78 -> 0.98), the end sits at 1.0
+    # (S3 AUSSM L2 s0 of error-control medium: 0.99 - 1.0 over its last 1500 of 10,000 steps)
+    climbed = curve(0.2, 1.3, steps=3000, noise=0.0)
+    assert rule.still_rising(climbed[:-30], 2250) is not None                      # stopped while climbing: rising
+    assert rule.still_rising(climbed, 3000) is None                                # at 1.0 over its last tenth
+    almost = [r | {"accuracy": min(r["accuracy"], 0.97)} for r in climbed]          # the end below the ceiling
+    assert "still rising" in rule.still_rising(almost, 3000)
 
 
 def test_the_issue_cases_on_committed_metrics():

@@ -18,8 +18,9 @@ gets a raw verdict; `rule` then checks that the data behind it carry it, and oth
    of the difference (Welch: the spread of the evaluations in each window); with fewer than two
    evaluations at that length in either window, when the curriculum reached it within the last half of
    training (too few evaluations to tell, and the run was still moving). A run stopped early at fit (fewer steps than planned, status fit) has
-   stopped improving by the early-stop rule, and so has one whose last window is at RISE["ceiling"] or
-   above. A run with no metrics (hand-made outcomes in tests) counts as not rising. The N* trials of
+   stopped improving by the early-stop rule, and so has one at RISE["ceiling"] or above at the end: the mean
+   of its last window, or of its last RISE["end"] of the steps (at least two evaluations; accuracy capped at
+   1 cannot rise further, while a quarter window can still hold the climb that led there). A run with no metrics (hand-made outcomes in tests) counts as not rising. The N* trials of
    sample-efficiency are not runs here: N* is defined at a fixed step budget per trial, so they are not tested.
 2. Seeds: each decided piece of evidence (supports True or False, not None) counts for its seed; a
    seed is in the claim's direction when all its decided evidence supports the claim, against it when
@@ -43,7 +44,7 @@ import numpy as np
 from interp.reproduce.engine import VERDICTS, Claim
 
 MIN_SEEDS = 2
-RISE = {"min": 0.02, "se": 2.0, "ceiling": 0.99}
+RISE = {"min": 0.02, "se": 2.0, "ceiling": 0.99, "end": 0.1}
 ASSERTIVE = ("reproduces", "partly reproduces", "does not reproduce", "premise fails")
 
 
@@ -80,7 +81,9 @@ def still_rising(metrics: list[dict], steps: int | None = None, stopped_at_fit: 
     half, quarter = end - end / 2, end - end / 4
     last = [r["accuracy"] for r in at if r["step"] > quarter]
     before = [r["accuracy"] for r in at if half < r["step"] <= quarter]
-    if last and float(np.mean(last)) >= rise["ceiling"]:
+    final = [r["accuracy"] for r in at if r["step"] > end - rise["end"] * end]
+    at_ceiling = [window for window in (last, final if len(final) >= 2 else []) if window]
+    if any(float(np.mean(window)) >= rise["ceiling"] for window in at_ceiling):
         return None
     if len(last) < 2 or len(before) < 2:
         reached = min(r["step"] for r in at)
