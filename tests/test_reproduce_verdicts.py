@@ -459,3 +459,23 @@ def test_error_control_readings_are_weighed_against_the_control_and_pooled_over_
     claims, sections = module.judge(done, plan)
     headings = [getattr(s, "heading", "") or "" for s in sections]
     assert sum("affine S3 and C6 runs" in h for h in headings) == 2 and sum("affine C6 runs" in h for h in headings) == 2
+
+
+def test_error_control_leaves_a_fitted_run_still_rising_out_of_every_claim():
+    """A fitted run whose evaluation accuracy was still rising when its training ended is no settled model: the
+    claims (which pool runs of several models) leave it out and name it, instead of all turning inconclusive."""
+    module = claim_module("error-control")
+    plan, done = outcomes("error-control", lambda run: "fit", ec_measures, seeds=(0, 1, 2))
+    rising = next(o for o in done if o.run.info["kind"] == "affine" and o.run.info["group"] == "S3")
+    rising.metrics = [{"kind": "eval", "step": s, "length": 60, "accuracy": 0.5 + 0.4 * s / 3000}
+                      for s in range(25, 3001, 25)]
+    rising.steps = 3000
+    assert set(module.unsettled(done)) == {rising.run.label}
+    claims, sections = module.judge(done, plan)
+    assert claims[1].verdict == "reproduces" and f"left out of every claim: {rising.run.label}" in claims[1].measured
+    affine = [o for o in done if o.run.info["kind"] == "affine"]
+    assert claims[1].basis.startswith(f"{len(affine) - 1} runs") and "still rising" not in claims[1].rule
+    left = next(s for s in sections if "still rising when their training ended" in (getattr(s, "heading", "") or ""))
+    assert [r["run"] for r in left.rows] == [rising.run.label]
+    _, corr = module.correlation_rows([o for o in done if o is not rising], ["time/calibrated"], 1000)
+    assert f"over {corr[0]['runs placed']} runs" in claims[3].decides and claims[3].verdict != "inconclusive"

@@ -175,9 +175,17 @@ def _value(x) -> float:
     return float("nan") if x is None else float(x)
 
 
+def unsettled(done) -> dict[str, str]:
+    """{label: why} of the fitted runs whose evaluation accuracy was still rising when training ended (the
+    verdict rule's still_rising). The claims here pool runs of several models, so such a run is left out of
+    every claim and named, as a run that never fit is, instead of making each claim inconclusive."""
+    return {o.run.label: why for o in done if o.fit and (why := rule.evidence(o, None).rising)}
+
+
 def judge(done, plan: Plan):
     st, longest = plan.settings, plan.settings["lengths"][-1]
-    claims = []
+    claims, rising, every_run = [], unsettled(done), done
+    done = [o for o in done if o.run.label not in rising]
 
     def mp_line(outcomes):
         return ", ".join(f"{o.run.label} mp {o.measures.get('mp')}" for o in outcomes) or "none fit"
@@ -218,6 +226,8 @@ def judge(done, plan: Plan):
                             f"{len(falls)} fall below 90% before {longest}, {len(sharp)} of them sharply (mp < "
                             f"{SHARP} x {st['train_length']}): {mp_line(fits)}. Never fit (reported apart, "
                             "not as a fall-off)" + (unfit_note(group_all) or ": none")
+                            + "".join(f"; fitted but still rising when training ended, left out of every claim: {o.run.label}"
+                                      for o in every_run if o.run.label in rising and o.run.info["kind"] in kinds)
                             + (f"; at the 90% threshold at {longest} (its 95% interval holds 0.9: neither falls nor "
                                f"holds, left out of the seed count): " + ", ".join(
                                    f"{o.run.label} {_far(o, longest):.2f}" for o in edge) if edge else ""),
@@ -269,7 +279,7 @@ def judge(done, plan: Plan):
                          if contraction.get(o.run.label) is not None],
                         decides="state-dependent contraction " + ", ".join(f"{v:.2f}" for v in sd_c) + " (claim: < 1)"
                         if sd_c else ""))
-    return claims, sections(done, by_site, theorem, holds, st, beside)
+    return claims, sections(every_run, by_site, theorem, holds, st, beside, rising)
 
 
 def _far(o, length) -> float:
@@ -562,7 +572,10 @@ def pattern_rows(done, st) -> list[dict]:
     return rows
 
 
-def sections(done, by_site, theorem, holds, st, beside=None):
+def sections(done, by_site, theorem, holds, st, beside=None, rising=None):
+    """The report's sections; done: every run (the runs table marks those in `rising`, {label: why}, which
+    no claim reads)."""
+    rising = rising or {}
     out = [Text("Drift readings measured: " + ", ".join(st["definitions"]) + ". 'pooled' measures each state "
                 "against class centroids pooled over every position of the training length; 'excess' subtracts its "
                 "in-distribution level; 'time' uses the centroids of step t relative to the initial separation (the "
@@ -583,16 +596,23 @@ def sections(done, by_site, theorem, holds, st, beside=None):
                 "the trained decoder sees). In a selective SSM the recurrent state is read through an "
                 "input-dependent C_t, and the class need not be linearly readable from it at all.",
                 heading="Tcross definitions and sites")]
+    if rising:
+        out.append(Table([{"run": label, "why": why} for label, why in rising.items()],
+                         heading="Fitted runs still rising when their training ended (the verdict rule): left out of "
+                         "every claim and table below but the runs table, as runs that never fit are; train to a "
+                         "plateau to count them"))
+    settled = [o for o in done if o.run.label not in rising]
     for site, (rows, corr) in by_site.items():
-        out.extend(_site_sections(done, site, rows, corr, st, (beside or {}).get(site, {})))
+        out.extend(_site_sections(settled, site, rows, corr, st, (beside or {}).get(site, {})))
     table = [{"run": o.run.label, "kind": o.run.info["kind"], "status": o.status,
               "reading": ("never fit in distribution" if not o.fit else
+                          "fits, still rising (left out)" if o.run.label in rising else
                           "fits, generalises" if (o.measures.get("mp") or 0) >= st["lengths"][-1] else
                           "fits, then falls off"), "mp": o.measures.get("mp"),
               "mp 95% interval": _mp_interval(o.measures),
               **_drift_row(o.measures, st["definitions"]), "contraction_mean": o.measures.get("contraction_mean")}
              for o in done]
-    out.append(Table(pattern_rows(done, st) or [{"note": "no runs"}],
+    out.append(Table(pattern_rows(settled, st) or [{"note": "no runs"}],
                      heading="Which models hold and which fall, per group, beside the seed's pattern (models ordered "
                      "by the fitted runs' median mp, holding longest first; 'fall': mp below the longest length, "
                      f"'sharply': mp < {SHARP} x the training length)"))
