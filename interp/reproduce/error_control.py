@@ -600,7 +600,7 @@ def sections(done, by_site, theorem, holds, st, beside=None, rising=None):
         out.append(Table([{"run": label, "why": why} for label, why in rising.items()],
                          heading="Fitted runs still rising when their training ended (the verdict rule): left out of "
                          "every claim and table below but the runs table, as runs that never fit are; train to a "
-                         "plateau to count them"))
+                         "plateau to count them", prose=True))
     settled = [o for o in done if o.run.label not in rising]
     for site, (rows, corr) in by_site.items():
         out.extend(_site_sections(settled, site, rows, corr, st, (beside or {}).get(site, {})))
