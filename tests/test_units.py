@@ -129,6 +129,30 @@ def test_a_raising_unit_fails_the_grid_and_a_dead_worker_is_retried(tmp_path):
         executor.close()
 
 
+def test_a_pool_that_breaks_between_two_submits_is_replaced(tmp_path, monkeypatch):
+    """A worker can die while the driver is still submitting (the pool raises on submit before any future
+    reports it): the unit is resubmitted on a fresh pool, the grid completes and equals the in-process one."""
+    from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+
+    work, units = linear_work(tmp_path)
+    reference = merged(run_units(work, units, progress=False), units)
+    submit, calls = ProcessPoolExecutor.submit, []
+
+    def breaks_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise BrokenProcessPool("a worker died")
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", breaks_once)
+    executor = make_executor("local", workers=2)
+    try:
+        got = run_units(work, units, executor=executor, progress=False)
+    finally:
+        executor.close()
+    assert len(calls) > len(units) and torch.equal(merged(got, units), reference)
+
+
 def test_run_units_refuses_what_is_not_an_executor(tmp_path):
     work, units = linear_work(tmp_path)
     with pytest.raises(TypeError, match="executor must be None or an executor"):

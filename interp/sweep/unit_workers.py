@@ -107,11 +107,16 @@ class ProcessPool:
         pending, attempts, inflight = collections.deque(units), collections.Counter(), {}
         try:
             while pending or inflight:
+                broken = False
                 while pending and len(inflight) < self.workers:
                     unit = pending.popleft()
-                    inflight[pool.submit(_pool_run, grid, shared, unit.spec)] = unit
-                finished, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                broken = False
+                    try:
+                        inflight[pool.submit(_pool_run, grid, shared, unit.spec)] = unit
+                    except BrokenProcessPool:   # a worker died before its future said so: not this unit's fault
+                        pending.appendleft(unit)
+                        broken = True
+                        break
+                finished = wait(list(inflight), return_when=FIRST_COMPLETED)[0] if inflight else set()
                 for future in finished:
                     unit = inflight.pop(future)
                     try:
